@@ -1,0 +1,85 @@
+"""Gather what scripts/gpu-check wrote into one results.md and results.json.
+
+    python benchmarks/gpu_summary.py WORK_DIR OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+
+def last_line(path: Path) -> str:
+    lines = [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return lines[-1] if lines else "(no output)"
+
+
+def doctor_markdown(doctor: dict) -> str:
+    d, c, sheet = doctor["device"], doctor["ceilings"], doctor.get("datasheet") or {}
+    rows = ["| ceiling | measured | datasheet | of datasheet |", "|---|---|---|---|"]
+
+    def add(label, value, peak, unit):
+        pct = f"{value / peak:.0%}" if value and peak else ""
+        rows.append(f"| {label} | {value:,.1f} {unit} | {f'{peak:,.1f} {unit}' if peak else ''} | {pct} |")
+
+    add("DRAM bandwidth (1 GiB copy, read+write)", c["dram_gbps"], sheet.get("dram_gbps"), "GB/s")
+    for key, value in c["matmul_tflops"].items():
+        add(f"{key} matmul {c['details'].get(f'matmul_{key}_n')}^3", value, sheet.get("matmul_tflops", {}).get(key), "TFLOP/s")
+    return "\n".join(rows)
+
+
+def main(work: Path, out: Path) -> None:
+    doctor = json.loads((work / "doctor.json").read_text())
+    d = doctor["device"]
+    sweeps = {p.stem: json.loads(p.read_text()) for p in sorted(work.glob("gelu-*.json"))}
+    lines = [
+        f"# roofline results on {d['name']}",
+        "",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
+        f"- GPU: {d['name']}, {d['sm_count']} SMs, L2 {d['l2_bytes'] / 2**20:.0f} MiB, "
+        f"{d['memory_bytes'] / 2**30:.0f} GiB; SM clock max {d['sm_clock_max_mhz']} MHz",
+        f"- driver {d['driver']}, CUDA {d['cuda']}, torch {d['torch']}, triton {d['triton']}",
+        "- command: `scripts/gpu-check` (from the repository root)",
+        f"- GPU tests: {last_line(work / 'gpu-tests.log')}",
+        f"- CPU test suite run on the GPU machine: {last_line(work / 'cpu-tests-on-gpu.log')}",
+        "",
+        "## Ceilings (`roofline doctor --remeasure`)",
+        "",
+        doctor_markdown(doctor),
+        "",
+        "## Is the measurement right? (`benchmarks/validate_timing.py`)",
+        "",
+        (work / "validate_timing.md").read_text() if (work / "validate_timing.md").exists() else "(validation did not run)",
+    ]
+    for name, sweep in sweeps.items():
+        md = work / f"{name}.md"
+        skipped = sorted({(r["provider"], r["reason"]) for r in sweep["rows"] if r["status"] == "skipped"})
+        lines += [
+            f"## {sweep['name']}: the classic comparison (`roofline bench examples/gelu_classic.py:{name.removeprefix('gelu-')}`)",
+            "",
+            f"Timing: CUDA events, L2 flushed before each call, median; speedup vs {sweep['baseline']} with a "
+            f"95% bootstrap CI; % roofline against the measured copy bandwidth ({sweep['ceilings']['dram_gbps']:,.0f} GB/s). "
+            f"Plot: `{name}.png`.",
+            "",
+            md.read_text() if md.exists() else "(sweep did not run)",
+            *[f"- skipped {p}: {r}" for p, r in skipped],
+            "",
+        ]
+        png = work / f"{name}.png"
+        if png.exists():
+            shutil.copy(png, out / png.name)
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    validation = work / "validate_timing.json"
+    (out / "results.json").write_text(json.dumps({
+        "doctor": doctor,
+        "validation": json.loads(validation.read_text()) if validation.exists() else None,
+        "sweeps": sweeps,
+    }, indent=1))
+    print((out / "results.md").read_text())
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -1,0 +1,22 @@
+"""roofline: make PyTorch programs run as fast as the GPU allows, and show how far each piece is from that limit.
+
+Submodules load on first use, so `import roofline` is instant and touches no GPU:
+    roofline.bench   timing, comparisons, sweeps
+    roofline.device  what the device is and its measured ceilings
+    roofline.ops     fused kernels
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+_SUBMODULES = ("bench", "device", "ops")
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"roofline.{name}")
+    raise AttributeError(f"module 'roofline' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_SUBMODULES])

@@ -1,0 +1,173 @@
+"""The `roofline` command: doctor, bench."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    help="Make PyTorch programs run as fast as the GPU allows, and show how far each piece is from that limit.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+
+def _gib(n: int | None) -> str:
+    return "" if n is None else f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _device_facts(d) -> list[tuple[str, str]]:
+    if d.kind == "cpu":
+        facts = [("CPU", d.name), ("cores / threads", f"{d.cores} / {d.threads}"),
+                 ("last-level cache", _gib(d.llc_bytes))]
+    else:
+        clocks = lambda now, top: f"{now} MHz (max {top} MHz)" if now else ""  # noqa: E731
+        facts = [
+            ("GPU", f"{d.name} (cuda:{d.index}, compute capability {d.capability})"),
+            ("SMs", str(d.sm_count)),
+            ("L2 cache", _gib(d.l2_bytes)),
+            ("memory", _gib(d.memory_bytes)),
+            ("SM clock", clocks(d.sm_clock_mhz, d.sm_clock_max_mhz) or "unknown (NVML unavailable)"),
+            ("memory clock", clocks(d.mem_clock_mhz, d.mem_clock_max_mhz) or "unknown (NVML unavailable)"),
+            ("driver / CUDA", f"{d.driver or 'unknown'} / {d.cuda}"),
+        ]
+    return facts + [("torch / triton", f"{d.torch} / {d.triton or 'not installed'}")]
+
+
+@app.command()
+def doctor(
+    remeasure: bool = typer.Option(False, "--remeasure", help="Measure the ceilings again, even if cached."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here."),
+    device: Optional[str] = typer.Option(None, help="Device to examine, e.g. cuda:1 or cpu (default: the current GPU, else the CPU)."),
+):
+    """Say what this machine is and measure the ceilings every '% of roofline' is relative to."""
+    from rich.table import Table
+
+    from roofline import device as dev_mod
+
+    try:
+        dev = dev_mod.resolve(device)
+    except (ValueError, RuntimeError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--device") from exc
+    d = dev_mod.info(dev)
+    facts = Table(title="device", show_header=False)
+    facts.add_column(style="bold")
+    facts.add_column()
+    for k, v in _device_facts(d):
+        facts.add_row(k, v)
+    console.print(facts)
+
+    c = dev_mod.ceilings(dev)
+    if remeasure or c.source != "measured":
+        with console.status("measuring ceilings") as status:
+            c = dev_mod.measure_ceilings(dev, progress=lambda text: status.update(f"measuring {text}"))
+        note = f"measured now, cached in {dev_mod.cache_dir()}"
+    else:
+        note = f"measured {c.measured_at}, cached (--remeasure to measure again)"
+    sheet = dev_mod.datasheet(d.name) if d.kind == "cuda" else None
+    t = Table(title=f"ceilings ({note})")
+    for col in ("what", "measured", "datasheet", "of datasheet"):
+        t.add_column(col, justify="left" if col == "what" else "right")
+
+    def add(label, value, unit, scale, peak):
+        pct = f"{value / peak:.0%}" if value and peak else ""
+        t.add_row(label, f"{value * scale:,.1f} {unit}" if value else "",
+                  f"{peak * scale:,.1f} {unit}" if peak else "", pct)
+
+    add("DRAM bandwidth (copy, read+write)", c.dram_gbps, "GB/s", 1, sheet.dram_gbps if sheet else None)
+    for key, value in c.matmul_tflops.items():
+        if d.kind == "cpu":
+            add(f"{key} matmul", value, "GFLOP/s", 1e3, None)
+        else:
+            add(f"{key} matmul", value, "TFLOP/s", 1, sheet.matmul_tflops.get(key) if sheet else None)
+    console.print(t)
+    if d.kind == "cpu":
+        console.print("No CUDA GPU here: these are the CPU's ceilings; GPU measurements need a GPU.")
+    if json_path:
+        json_path.write_text(json.dumps({"device": d.to_dict(), "ceilings": c.to_dict(),
+                                         "datasheet": sheet.__dict__ if sheet else None}, indent=1))
+
+
+def load_target(target: str):
+    """'path/to/file.py:name' or 'package.module:name' -> the sweeps that name gives."""
+    from roofline.bench import Sweep
+
+    if ":" not in target:
+        raise typer.BadParameter(f"expected FILE_OR_MODULE:FUNCTION, got {target!r}", param_hint="TARGET")
+    where, name = target.rsplit(":", 1)
+    try:
+        if where.endswith(".py") or "/" in where:
+            path = Path(where)
+            if not path.is_file():
+                raise typer.BadParameter(f"no such file: {where}", param_hint="TARGET")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.path.insert(0, str(path.parent.resolve()))
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except ImportError as exc:
+        raise typer.BadParameter(f"cannot import {where}: {exc}", param_hint="TARGET") from exc
+    if not hasattr(module, name):
+        raise typer.BadParameter(f"{where} has no attribute {name!r}", param_hint="TARGET")
+    obj = getattr(module, name)
+    if callable(obj) and not isinstance(obj, Sweep):
+        obj = obj()
+    sweeps = [obj] if isinstance(obj, Sweep) else list(obj) if isinstance(obj, (list, tuple)) else None
+    if not sweeps or not all(isinstance(s, Sweep) for s in sweeps):
+        raise typer.BadParameter(f"{target} must be a Sweep, a list of them, or a function returning one",
+                                 param_hint="TARGET")
+    return sweeps
+
+
+def _numbered(path: Path, i: int, count: int) -> Path:
+    return path if count == 1 else path.with_name(f"{path.stem}-{i}{path.suffix}")
+
+
+@app.command()
+def bench(
+    target: str = typer.Argument(..., help="FILE_OR_MODULE:FUNCTION giving a roofline.bench.Sweep."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results (with samples) as JSON."),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the results as CSV."),
+    markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as markdown."),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Plot throughput (or time) against size, as PNG/SVG/PDF."),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Time CUDA-graph replays (for microsecond kernels)."),
+    flush: bool = typer.Option(True, "--flush/--no-flush", help="Flush the cache before every timed call."),
+    rep_ms: float = typer.Option(100.0, min=1, help="Time budget for the timed repetitions, per provider and size."),
+    device: Optional[str] = typer.Option(None, help="Device, e.g. cuda:0 or cpu."),
+):
+    """Run a sweep defined in Python: check every provider, time them side by side, show the table."""
+    from roofline.bench import report, run_sweep
+
+    sweeps = load_target(target)
+    for i, sweep in enumerate(sweeps):
+        try:
+            result = run_sweep(sweep, device=device, cuda_graph=cuda_graph, flush=flush, rep_ms=rep_ms,
+                               console=console)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        console.print(report.table(result))
+        skipped = sorted({(r.provider, r.reason) for r in result.rows if r.status == "skipped"})
+        for provider, reason in skipped:
+            console.print(f"[dim]skipped {provider}: {reason}[/dim]")
+        console.print(f"[dim]{result.seconds:.0f} s; timing: {'CUDA graphs' if cuda_graph else 'events' if result.device['kind'] == 'cuda' else 'perf_counter'}, "
+                      f"{'cache flushed before each call' if flush else 'hot cache'}; roofline from {result.ceilings['source']} ceilings[/dim]")
+        for path, write in ((json_path, report.write_json), (csv_path, report.write_csv), (plot_path, report.plot)):
+            if path:
+                write(result, _numbered(path, i, len(sweeps)))
+        if markdown_path:
+            _numbered(markdown_path, i, len(sweeps)).write_text(report.to_markdown(result) + "\n")
+
+
+if __name__ == "__main__":
+    app()

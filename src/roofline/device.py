@@ -1,0 +1,458 @@
+"""What the device is, what its datasheet promises, and what it measurably delivers.
+
+Every "% of roofline" in roofline is relative to `ceilings()`: measured on this
+very device when `roofline doctor` has run (cached per device and software
+versions), the datasheet's figures otherwise, and it always says which.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+MATMUL_DTYPES = ("bf16", "fp16", "tf32", "fp32")
+
+
+def resolve(device=None) -> torch.device:
+    """The device to work on: the one given, else the current CUDA device, else the CPU."""
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device} was asked for, but CUDA is not available")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    elif device.type != "cpu":
+        raise ValueError(f"device must be a CUDA device or the CPU, got {device}")
+    return device
+
+
+def cache_dir() -> Path:
+    """Where roofline keeps measured ceilings and compiled extensions."""
+    if os.environ.get("ROOFLINE_CACHE_DIR"):
+        return Path(os.environ["ROOFLINE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "roofline"
+
+
+# --------------------------------------------------------------------------- NVML
+
+@functools.cache
+def _nvml():
+    """The initialized pynvml module, or None where NVML cannot be used."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:
+        return None
+
+
+def _nvml_handle(device: torch.device):
+    nvml = _nvml()
+    if nvml is None or device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    try:
+        # By PCI address, because CUDA_VISIBLE_DEVICES renumbers devices for CUDA but not for NVML.
+        bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        return nvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+    except Exception:
+        try:
+            return nvml.nvmlDeviceGetHandleByIndex(device.index)
+        except Exception:
+            return None
+
+
+def sm_clock_mhz(device=None) -> int | None:
+    """The SM clock right now, from NVML; None where NVML cannot tell."""
+    device = resolve(device)
+    handle = _nvml_handle(device)
+    if handle is None:
+        return None
+    try:
+        return int(_nvml().nvmlDeviceGetClockInfo(handle, _nvml().NVML_CLOCK_SM))
+    except Exception:
+        return None
+
+
+# NVML's clock-event reasons that mean the chip slowed itself down.
+_SLOWDOWN_REASONS = {
+    "nvmlClocksEventReasonSwPowerCap": "software power cap",
+    "nvmlClocksEventReasonHwSlowdown": "hardware slowdown",
+    "nvmlClocksEventReasonSwThermalSlowdown": "software thermal slowdown",
+    "nvmlClocksEventReasonHwThermalSlowdown": "hardware thermal slowdown",
+    "nvmlClocksEventReasonHwPowerBrakeSlowdown": "power brake",
+}
+
+
+def slowdown_reasons(device=None) -> list[str]:
+    """Why the GPU is running below its clock right now (power, thermal), per NVML."""
+    device = resolve(device)
+    handle = _nvml_handle(device)
+    if handle is None:
+        return []
+    nvml = _nvml()
+    try:
+        mask = nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+    except Exception:
+        return []
+    return [text for name, text in _SLOWDOWN_REASONS.items() if mask & getattr(nvml, name, 0)]
+
+
+# --------------------------------------------------------------------------- what the device is
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # "cuda" or "cpu"
+    name: str
+    torch: str
+    triton: str | None
+    # CUDA devices
+    index: int | None = None
+    uuid: str | None = None
+    capability: str | None = None
+    sm_count: int | None = None
+    l2_bytes: int | None = None
+    memory_bytes: int | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    mem_clock_max_mhz: int | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    # CPU
+    cores: int | None = None
+    threads: int | None = None
+    llc_bytes: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _size_bytes(text: str) -> int:
+    """'32768K' or '36M' (as sysfs writes cache sizes) in bytes."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def _cpu_last_level_cache_bytes() -> int | None:
+    best_level, best_size = -1, None
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            size = _size_bytes((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if level > best_level:
+            best_level, best_size = level, size
+    return best_size
+
+
+def _physical_cores() -> int | None:
+    try:
+        pairs = {
+            tuple(line.split(":", 1)[1].strip() for line in block.splitlines()
+                  if line.startswith(("physical id", "core id")))
+            for block in Path("/proc/cpuinfo").read_text().split("\n\n") if block.strip()
+        }
+        return len(pairs) or None
+    except OSError:
+        return None
+
+
+@functools.cache
+def _info(device: torch.device) -> DeviceInfo:
+    common = dict(torch=torch.__version__, triton=_package_version("triton"))
+    if device.type == "cpu":
+        return DeviceInfo(
+            kind="cpu",
+            name=_cpu_model(),
+            cores=_physical_cores(),
+            threads=os.cpu_count(),
+            llc_bytes=_cpu_last_level_cache_bytes(),
+            **common,
+        )
+    props = torch.cuda.get_device_properties(device)
+    clocks: dict = {}
+    driver = None
+    handle = _nvml_handle(device)
+    if handle is not None:
+        nvml = _nvml()
+        for key, fn, clock in (
+            ("sm_clock_mhz", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM),
+            ("sm_clock_max_mhz", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_SM),
+            ("mem_clock_mhz", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM),
+            ("mem_clock_max_mhz", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_MEM),
+        ):
+            try:
+                clocks[key] = int(fn(handle, clock))
+            except Exception:
+                pass
+        try:
+            driver = nvml.nvmlSystemGetDriverVersion()
+            driver = driver.decode() if isinstance(driver, bytes) else driver
+        except Exception:
+            pass
+    return DeviceInfo(
+        kind="cuda",
+        name=props.name,
+        index=device.index,
+        uuid=str(getattr(props, "uuid", "")) or None,
+        capability=f"{props.major}.{props.minor}",
+        sm_count=props.multi_processor_count,
+        l2_bytes=props.L2_cache_size,
+        memory_bytes=props.total_memory,
+        driver=driver,
+        cuda=torch.version.cuda,
+        **clocks,
+        **common,
+    )
+
+
+def info(device=None) -> DeviceInfo:
+    """What the device is. Clocks are as read the first time it is asked for."""
+    return _info(resolve(device))
+
+
+# --------------------------------------------------------------------------- datasheets
+
+@dataclass(frozen=True)
+class Datasheet:
+    """Vendor peak figures: DRAM GB/s and dense (no sparsity) matrix TFLOP/s."""
+
+    model: str
+    dram_gbps: float
+    matmul_tflops: dict[str, float]
+
+
+def _sheet(model, gbps, bf16, tf32, fp32, fp16=None):
+    tflops = {"bf16": bf16, "fp16": fp16 if fp16 is not None else bf16, "tf32": tf32, "fp32": fp32}
+    return Datasheet(model, gbps, {k: v for k, v in tflops.items() if v is not None})
+
+
+# NVIDIA datasheets, dense figures. Order matters: the first pattern that
+# matches the name torch reports wins, so specific names come first.
+DATASHEETS: list[tuple[str, Datasheet]] = [
+    (r"H200 NVL", _sheet("H200 NVL", 4800, bf16=835.5, tf32=417.5, fp32=60.0)),
+    (r"H200", _sheet("H200 SXM", 4800, bf16=989.4, tf32=494.7, fp32=66.9)),
+    (r"H100 NVL", _sheet("H100 NVL", 3900, bf16=835.5, tf32=417.5, fp32=60.0)),
+    (r"H100 PCIe", _sheet("H100 PCIe", 2000, bf16=756.0, tf32=378.0, fp32=51.2)),
+    (r"H100", _sheet("H100 SXM", 3350, bf16=989.4, tf32=494.7, fp32=66.9)),
+    (r"A100.*(80GB PCIe|PCIE-80GB)", _sheet("A100 PCIe 80GB", 1935, bf16=312.0, tf32=156.0, fp32=19.5)),
+    (r"A100.*PCIE", _sheet("A100 PCIe 40GB", 1555, bf16=312.0, tf32=156.0, fp32=19.5)),
+    (r"A100.*80GB", _sheet("A100 SXM 80GB", 2039, bf16=312.0, tf32=156.0, fp32=19.5)),
+    (r"A100", _sheet("A100 SXM 40GB", 1555, bf16=312.0, tf32=156.0, fp32=19.5)),
+    (r"L40S", _sheet("L40S", 864, bf16=362.1, tf32=183.0, fp32=91.6)),
+    (r"\bL4\b", _sheet("L4", 300, bf16=121.0, tf32=60.0, fp32=30.3)),
+    (r"\bA10\b", _sheet("A10", 600, bf16=125.0, tf32=62.5, fp32=31.2)),
+    (r"\bT4\b", _sheet("T4", 320, bf16=None, tf32=None, fp32=8.1, fp16=65.0)),
+    (r"V100.*PCIE", _sheet("V100 PCIe", 900, bf16=None, tf32=None, fp32=14.0, fp16=112.0)),
+    (r"V100", _sheet("V100 SXM2", 900, bf16=None, tf32=None, fp32=15.7, fp16=125.0)),
+]
+
+
+def datasheet(name: str) -> Datasheet | None:
+    """The datasheet for a GPU, by the name torch reports; None for an unknown GPU."""
+    for pattern, sheet in DATASHEETS:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return sheet
+    return None
+
+
+# --------------------------------------------------------------------------- ceilings
+
+@dataclass
+class Ceilings:
+    """The limits a "% of roofline" is relative to.
+
+    source is "measured" (by `measure_ceilings`, on this device and software),
+    "datasheet" (vendor peaks), or "none" (an unknown GPU that was never measured).
+    """
+
+    device: str
+    source: str
+    dram_gbps: float | None
+    matmul_tflops: dict[str, float] = field(default_factory=dict)
+    measured_at: str | None = None
+    versions: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+
+    def tflops(self, dtype: torch.dtype) -> float | None:
+        """The matrix ceiling that applies to a matmul on inputs of this dtype.
+
+        float32 uses the TF32 ceiling when torch lets matmuls use TF32.
+        """
+        return self.matmul_tflops.get(matmul_key(dtype))
+
+    def ridge_point(self, dtype: torch.dtype) -> float | None:
+        """FLOPs per byte above which a kernel on this dtype is compute-bound."""
+        peak = self.tflops(dtype)
+        if peak is None or not self.dram_gbps:
+            return None
+        return peak * 1e12 / (self.dram_gbps * 1e9)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def matmul_key(dtype: torch.dtype) -> str | None:
+    if dtype == torch.float32:
+        return "tf32" if torch.get_float32_matmul_precision() != "highest" else "fp32"
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+
+
+def _cache_key(device: torch.device) -> str:
+    d = info(device)
+    parts = [d.kind, d.name, d.uuid or "", d.driver or "", d.cuda or "", d.torch]
+    return "|".join(parts)
+
+
+def _cache_file() -> Path:
+    return cache_dir() / "ceilings.json"
+
+
+def _read_cache() -> dict:
+    try:
+        return json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(key: str, c: Ceilings) -> None:
+    entries = _read_cache()
+    entries[key] = c.to_dict()
+    path = _cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(entries, indent=2))
+    tmp.replace(path)  # atomic: a reader never sees half a file
+
+
+def ceilings(device=None) -> Ceilings:
+    """Measured ceilings if this device was measured with this software, else the datasheet's."""
+    device = resolve(device)
+    cached = _read_cache().get(_cache_key(device))
+    if cached is not None:
+        return Ceilings(**cached)
+    d = info(device)
+    sheet = datasheet(d.name) if d.kind == "cuda" else None
+    if sheet is None:
+        return Ceilings(device=d.name, source="none", dram_gbps=None)
+    return Ceilings(
+        device=d.name,
+        source="datasheet",
+        dram_gbps=sheet.dram_gbps,
+        matmul_tflops=dict(sheet.matmul_tflops),
+        details={"datasheet": sheet.model},
+    )
+
+
+class _float32_matmul_precision:
+    def __init__(self, precision: str):
+        self.precision = precision
+
+    def __enter__(self):
+        self.saved = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(self.precision)
+
+    def __exit__(self, *exc):
+        torch.set_float32_matmul_precision(self.saved)
+
+
+def _copy_bytes(device: torch.device) -> int:
+    """A copy size far larger than every cache, that still fits in memory."""
+    d = info(device)
+    if d.kind == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(min(max(1 << 30, 16 * (d.l2_bytes or 0)), free // 4))
+    return int(max(256 << 20, 16 * (d.llc_bytes or 0)))
+
+
+def measure_bandwidth_gbps(device=None, nbytes: int | None = None, rep_ms: float = 300) -> tuple[float, dict]:
+    """DRAM bandwidth of a large device-to-device copy, counting bytes read plus written."""
+    from roofline import bench
+
+    device = resolve(device)
+    nbytes = nbytes or _copy_bytes(device)
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    m = bench.time(dst.copy_, src, flush=False, rep_ms=rep_ms)
+    return 2 * nbytes / (m.median * 1e-3) / 1e9, {"copy_bytes": nbytes, "copy_ms": m.median}
+
+
+def measure_matmul_tflops(dtype_key: str, device=None, n: int | None = None, rep_ms: float = 300) -> tuple[float, dict]:
+    """Throughput of an n x n x n matmul on random inputs (not zeros: they run faster)."""
+    from roofline import bench
+
+    device = resolve(device)
+    if n is None:
+        n = 8192 if device.type == "cuda" else 1024
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}[dtype_key]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    with _float32_matmul_precision("high" if dtype_key == "tf32" else "highest"):
+        m = bench.time(torch.matmul, a, b, flush=False, rep_ms=rep_ms)
+    return 2 * n**3 / (m.median * 1e-3) / 1e12, {f"matmul_{dtype_key}_n": n, f"matmul_{dtype_key}_ms": m.median}
+
+
+def measure_ceilings(device=None, save: bool = True, progress=None) -> Ceilings:
+    """Measure this device's ceilings now (seconds of work) and cache them.
+
+    progress, if given, is called with a short text before each measurement.
+    """
+    device = resolve(device)
+    d = info(device)
+    step = progress or (lambda text: None)
+    details: dict = {}
+    step("DRAM bandwidth (device-to-device copy)")
+    gbps, extra = measure_bandwidth_gbps(device)
+    details.update(extra)
+    tflops = {}
+    # The CPU's matrix ceiling is its fp32 rate: it has no bf16/tf32 matrix units that torch uses.
+    keys = MATMUL_DTYPES if d.kind == "cuda" else ("fp32",)
+    for key in keys:
+        step(f"{key} matmul")
+        tflops[key], extra = measure_matmul_tflops(key, device)
+        details.update(extra)
+    c = Ceilings(
+        device=d.name,
+        source="measured",
+        dram_gbps=gbps,
+        matmul_tflops=tflops,
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        versions={"torch": d.torch, "cuda": d.cuda, "driver": d.driver, "triton": d.triton},
+        details=details,
+    )
+    if save:
+        _write_cache(_cache_key(device), c)
+    return c

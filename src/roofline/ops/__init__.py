@@ -1,0 +1,9 @@
+"""Fused kernels that drop in where torch.nn.functional's ops stand.
+
+Each op takes backend= ("triton", "torch", "compile", and "cuda" where a CUDA C++
+version exists) so that implementations compare in one table.
+"""
+
+from roofline.ops.gelu import gelu
+
+__all__ = ["gelu"]

@@ -1,0 +1,171 @@
+"""GeLU: reference, Triton kernels, CUDA C++ kernel, autograd, functional entry point.
+
+    gelu(x)             = x * Phi(x)                          (approximate="none", erf)
+    gelu(x, "tanh")     = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+
+Elementwise and memory-bound: one read of x and one write of y is the whole
+cost, so a kernel is as good as the bandwidth it reaches. The math runs in fp32
+whatever the storage dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:  # Triton ships with CUDA builds of torch; elsewhere it is optional.
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
+
+APPROXIMATIONS = ("none", "tanh")
+BACKENDS = ("torch", "triton", "compile", "cuda")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+# --------------------------------------------------------------------------- reference
+
+def gelu_reference(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """Torch's own GeLU: the reference the kernels are checked against."""
+    return F.gelu(x, approximate=approximate)
+
+
+def gelu_tanh_by_hand(x: torch.Tensor) -> torch.Tensor:
+    """The tanh formula written out in eager PyTorch: eight kernels, each a full pass over memory.
+
+    This is the classic example of what fusion fixes; it is kept as a provider in the benchmark.
+    """
+    return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3))))
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+if triton is not None:
+
+    @triton.jit
+    def _gelu_and_grad(x, APPROX_TANH: tl.constexpr):
+        """GeLU of fp32 x and its derivative."""
+        if APPROX_TANH:
+            inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+            # tanh(v) = 2 sigmoid(2v) - 1, written with exp so it is exact at both infinities.
+            s = 1.0 / (1.0 + tl.exp(-2.0 * inner))
+            t = 2.0 * s - 1.0
+            y = x * s
+            dy = s + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * x * x)
+        else:
+            cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
+            y = x * cdf
+            dy = cdf + x * 0.3989422804014327 * tl.exp(-0.5 * x * x)  # x * pdf(x)
+        return y, dy
+
+    @triton.jit
+    def gelu_forward_kernel(x_ptr, y_ptr, n, APPROX_TANH: tl.constexpr, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+        y, _ = _gelu_and_grad(x, APPROX_TANH)
+        tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def gelu_backward_kernel(dy_ptr, x_ptr, dx_ptr, n, APPROX_TANH: tl.constexpr, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+        g = tl.load(dy_ptr + offsets, mask=mask).to(tl.float32)
+        _, d = _gelu_and_grad(x, APPROX_TANH)
+        tl.store(dx_ptr + offsets, (g * d).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(kernel, out: torch.Tensor, *tensors: torch.Tensor, approximate: str) -> torch.Tensor:
+    n = out.numel()
+    # 32 bytes per thread (two 16-byte accesses) with 4 warps: enough bytes in flight per SM.
+    block = 32 * 4 * (32 // out.element_size())
+    kernel[(triton.cdiv(n, block),)](*tensors, out, n, APPROX_TANH=approximate == "tanh", BLOCK=block, num_warps=4)
+    return out
+
+
+class _TritonGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, approximate: str) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.approximate = approximate
+        return _launch(gelu_forward_kernel, torch.empty_like(x), x, approximate=approximate)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        dx = _launch(gelu_backward_kernel, torch.empty_like(x), dy.contiguous(), x, approximate=ctx.approximate)
+        return dx, None
+
+
+# --------------------------------------------------------------------------- CUDA C++ and compile
+
+def _cuda_gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    from roofline.ops import cuda
+
+    if x.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError(
+            "gelu(backend='cuda') has a forward pass only (it is the CUDA C++ entry of the classic "
+            "comparison); use backend='triton' where gradients are needed")
+    return cuda.load("gelu", ("gelu_forward",)).gelu_forward(x, approximate == "tanh")
+
+
+@functools.cache
+def _compiled(approximate: str):
+    # Default dynamism: one recompile to a dynamic-shape kernel when the size changes. dynamic=False
+    # would recompile per size and, past the recompile limit, silently fall back to eager.
+    return torch.compile(functools.partial(F.gelu, approximate=approximate))
+
+
+# --------------------------------------------------------------------------- functional entry point
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _check(x, approximate: str, backend: str | None) -> str:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"gelu: x must be a torch.Tensor, got {type(x).__name__}")
+    if approximate not in APPROXIMATIONS:
+        raise ValueError(f"gelu: approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
+    if backend is None:
+        backend = "triton" if x.is_cuda else "torch"
+    if backend not in BACKENDS:
+        raise ValueError(f"gelu: backend must be one of {BACKENDS} or None, got {backend!r}")
+    if backend == "triton" and triton is None:
+        raise RuntimeError("gelu: backend='triton' needs Triton, which is not installed (pip install triton)")
+    if backend in ("triton", "cuda"):
+        if x.dtype not in DTYPES:
+            raise TypeError(f"gelu: backend={backend!r} takes x of dtype float32, float16 or bfloat16, got {x.dtype}")
+        on_cpu_ok = backend == "triton" and _interpreting()
+        if not x.is_cuda and not on_cpu_ok:
+            raise ValueError(
+                f"gelu: backend={backend!r} needs x on a CUDA device, got x on {x.device}"
+                + (" (set TRITON_INTERPRET=1 to run Triton kernels on the CPU)" if backend == "triton" else ""))
+    return backend
+
+
+def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str | None = None) -> torch.Tensor:
+    """GeLU with the signature of torch.nn.functional.gelu.
+
+    backend: "triton" (the default on CUDA), "torch" (eager PyTorch; the default on CPU),
+    "compile" (torch.compile of F.gelu) or "cuda" (CUDA C++, forward only).
+    Non-contiguous inputs are made contiguous once before a kernel runs.
+    """
+    backend = _check(x, approximate, backend)
+    if backend == "torch":
+        return gelu_reference(x, approximate)
+    if backend == "compile":
+        return _compiled(approximate)(x)
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    x = x.contiguous()
+    if backend == "cuda":
+        return _cuda_gelu(x, approximate)
+    return _TritonGelu.apply(x, approximate)

@@ -1,0 +1,103 @@
+"""bench.time and sweeps on a CUDA device: run through scripts/gpu-check."""
+
+import math
+import time as systime
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from roofline import bench
+from roofline.bench.sweep import _poison
+
+pytestmark = pytest.mark.gpu
+
+
+def test_events_and_graph_agree_on_a_long_kernel():
+    x = torch.randn(1 << 26, device="cuda")
+    events = bench.time(F.gelu, x, warn=False)
+    graph = bench.time(F.gelu, x, cuda_graph=True, warn=False)
+    assert (events.mode, graph.mode) == ("cuda-events", "cuda-graph")
+    assert graph.median == pytest.approx(events.median, rel=0.05)
+    assert events.sm_clock_before_mhz and events.sm_clock_after_mhz  # NVML read the clock
+    assert events.wall_ms_per_call >= events.median * 0.9
+
+
+def test_graph_removes_launch_overhead_of_a_tiny_kernel():
+    x = torch.randn(1024, device="cuda")
+    events = bench.time(torch.neg, x, flush=False, warn=False)
+    graph = bench.time(torch.neg, x, flush=False, cuda_graph=True, warn=False)
+    assert graph.median < events.median
+    assert any(w.startswith("short") for w in events.warnings)
+
+
+def test_flush_makes_a_cache_resident_kernel_slower():
+    x = torch.randn(1 << 20, device="cuda")  # 4 MiB: fits in L2
+    hot = bench.time(torch.neg, x, flush=False, cuda_graph=True, warn=False)
+    cold = bench.time(torch.neg, x, flush=True, cuda_graph=True, warn=False)
+    assert cold.median > hot.median
+
+
+def test_work_escaping_to_another_stream_is_detected():
+    side = torch.cuda.Stream()
+    a = torch.randn(4096, 4096, device="cuda")
+
+    def escapes():
+        with torch.cuda.stream(side):
+            for _ in range(10):
+                a @ a
+
+    m = bench.time(escapes, flush=False, warn=False)
+    assert any(w.startswith("escaped work") for w in m.warnings), m.warnings
+    side.synchronize()
+
+
+def test_a_function_that_launches_nothing_is_flagged():
+    m = bench.time(lambda: None, device="cuda", warn=False)
+    assert any(w.startswith("short") for w in m.warnings)
+
+
+def test_a_kernel_that_never_ends_times_out():
+    t0 = systime.monotonic()
+    with pytest.raises(bench.BenchTimeout, match="did not finish on the GPU"):
+        bench.time(lambda: torch.cuda._sleep(3_000_000_000), device="cuda", timeout_s=0.5)
+    assert systime.monotonic() - t0 < 2.0
+    torch.cuda.synchronize()  # let the sleeping kernel drain before the next test
+
+
+def test_graph_mode_refuses_grad_to_none():
+    w = torch.randn(4, device="cuda", requires_grad=True)
+    with pytest.raises(ValueError, match="grad_to_none"):
+        bench.time(lambda: w.sum().backward(), cuda_graph=True, grad_to_none=[w])
+
+
+def test_poison_reaches_the_next_allocation_of_that_size():
+    ref = torch.randn(12345, device="cuda")
+    _poison(ref, ref.device)
+    fresh = torch.empty_like(ref)
+    assert torch.isnan(fresh).all()
+
+
+def test_sweep_catches_an_unwritten_output_as_nan():
+    def unwritten(x):
+        y = torch.empty_like(x)
+        y[:100] = x[:100] * 2
+        return y
+
+    sweep = bench.Sweep(name="s", x_name="n", x_values=[1 << 16],
+                        inputs=lambda n, dev: (torch.randn(n, device=dev),),
+                        providers={"torch": lambda x: x * 2, "unwritten": unwritten})
+    row = sweep.run(rep_ms=5, progress=False).row(1 << 16, "unwritten")
+    assert row.status == "failed" and "NaN (unwritten?)" in row.reason
+
+
+def test_measured_ceilings_on_this_gpu_are_plausible():
+    from roofline import device
+
+    c = device.measure_ceilings(save=False)
+    sheet = device.datasheet(torch.cuda.get_device_name())
+    assert c.source == "measured" and set(c.matmul_tflops) == {"bf16", "fp16", "tf32", "fp32"}
+    if sheet:  # measured below the datasheet, and not absurdly so
+        assert 0.5 * sheet.dram_gbps < c.dram_gbps < 1.05 * sheet.dram_gbps
+        assert 0.4 * sheet.matmul_tflops["bf16"] < c.matmul_tflops["bf16"] < 1.05 * sheet.matmul_tflops["bf16"]
+    assert math.isfinite(c.ridge_point(torch.bfloat16))
