@@ -3,11 +3,16 @@
 import time as systime
 import warnings
 
+import functools
+
 import pytest
 import torch
 
 from roofline import bench
 from roofline.bench.timer import BenchTimeout, TimingWarning
+
+# The CPU path, also on a machine with a GPU (where a callable without tensors would be timed with CUDA events).
+cpu_time = functools.partial(bench.time, device="cpu")
 
 
 def sleeper(ms):
@@ -17,7 +22,7 @@ def sleeper(ms):
 
 
 def test_times_a_known_duration():
-    m = bench.time(sleeper(2), flush=False, rep_ms=60, warn=False)
+    m = cpu_time(sleeper(2), flush=False, rep_ms=60, warn=False)
     assert m.mode == "cpu" and m.device == "cpu"
     assert 2.0 <= m.median < 3.0  # sleep never returns early; the scheduler adds a little
     assert m.min <= m.p10 <= m.median <= m.p90 <= m.max
@@ -27,17 +32,17 @@ def test_times_a_known_duration():
 
 
 def test_repetitions_follow_the_time_budget_within_bounds():
-    assert bench.time(sleeper(1), flush=False, rep_ms=30, warn=False).n in range(10, 31)
-    assert bench.time(sleeper(1), flush=False, rep_ms=1000, max_reps=15, warn=False).n == 15
-    assert bench.time(sleeper(5), flush=False, rep_ms=1, min_reps=12, warn=False).n == 12
+    assert cpu_time(sleeper(1), flush=False, rep_ms=30, warn=False).n in range(10, 31)
+    assert cpu_time(sleeper(1), flush=False, rep_ms=1000, max_reps=15, warn=False).n == 15
+    assert cpu_time(sleeper(5), flush=False, rep_ms=1, min_reps=12, warn=False).n == 12
 
 
 def test_flush_happens_outside_the_timed_window():
     x = torch.randn(1000)
-    hot = bench.time(torch.add, x, x, flush=False, warn=False)
-    flushed = bench.time(torch.add, x, x, flush=True, warn=False)
+    hot = cpu_time(torch.add, x, x, flush=False, warn=False)
+    flushed = cpu_time(torch.add, x, x, flush=True, warn=False)
     assert flushed.flush.startswith("cache flushed")
-    # Writing twice the last-level cache takes far longer than adding 1000 floats: had it been
+    # Reading twice the last-level cache takes far longer than adding 1000 floats: had it been
     # timed, the median would be milliseconds.
     assert flushed.median < 0.5 and hot.median < 0.5
 
@@ -45,10 +50,10 @@ def test_flush_happens_outside_the_timed_window():
 def test_arguments_are_passed_and_rotated():
     seen = []
     sets = [(torch.tensor(i),) for i in range(3)]
-    bench.time(lambda t: seen.append(int(t)), rotate=sets, flush=False, rep_ms=1, warn=False)
+    cpu_time(lambda t: seen.append(int(t)), rotate=sets, flush=False, rep_ms=1, warn=False)
     assert set(seen) == {0, 1, 2}
     assert all(b == (a + 1) % 3 for a, b in zip(seen, seen[1:]))  # in turn, every call
-    m = bench.time(lambda t: None, rotate=sets, flush=False, rep_ms=1, warn=False)
+    m = cpu_time(lambda t: None, rotate=sets, flush=False, rep_ms=1, warn=False)
     assert "rotating 3 input sets" in m.flush
 
 
@@ -60,7 +65,7 @@ def test_grad_to_none_resets_gradients_before_every_call():
         grads_seen.append(w.grad is None)
         (w * 2).sum().backward()
 
-    bench.time(step, grad_to_none=[w], flush=False, rep_ms=1, warn=False)
+    cpu_time(step, grad_to_none=[w], flush=False, rep_ms=1, warn=False)
     assert all(grads_seen)
     assert torch.equal(w.grad, torch.full_like(w, 2.0))  # never accumulated
 
@@ -68,13 +73,13 @@ def test_grad_to_none_resets_gradients_before_every_call():
 def test_noisy_run_is_flagged_in_the_result_and_on_the_terminal():
     durations = iter([1, 1, 1, 1, 1, 1] + [1, 6] * 100)
     with pytest.warns(TimingWarning, match="noisy"):
-        m = bench.time(lambda: systime.sleep(next(durations) / 1e3), flush=False, min_reps=20, rep_ms=1)
+        m = cpu_time(lambda: systime.sleep(next(durations) / 1e3), flush=False, min_reps=20, rep_ms=1)
     assert m.cv > 0.05
     assert any(w.startswith("noisy") for w in m.warnings)
 
 
 def test_a_run_at_the_timer_floor_is_flagged_as_short():
-    m = bench.time(lambda: None, flush=False, warn=False)
+    m = cpu_time(lambda: None, flush=False, warn=False)
     assert m.floor_ms is not None and m.floor_ms > 0
     assert any(w.startswith("short") for w in m.warnings)
 
@@ -82,7 +87,7 @@ def test_a_run_at_the_timer_floor_is_flagged_as_short():
 def test_a_steady_run_has_no_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error", TimingWarning)
-        m = bench.time(sleeper(3), flush=False, rep_ms=60)
+        m = cpu_time(sleeper(3), flush=False, rep_ms=60)
     assert m.warnings == []
 
 
@@ -96,7 +101,7 @@ def test_hang_raises_timeout_instead_of_hanging():
 
     t0 = systime.monotonic()
     with pytest.raises(BenchTimeout, match="did not finish within 1 s"):
-        bench.time(hangs_on_third_call, flush=False, timeout_s=1)
+        cpu_time(hangs_on_third_call, flush=False, timeout_s=1)
     assert systime.monotonic() - t0 < 10
 
 
@@ -105,7 +110,7 @@ def test_errors_in_fn_propagate_unchanged():
         raise KeyError("inside fn")
 
     with pytest.raises(KeyError, match="inside fn"):
-        bench.time(boom, flush=False)
+        cpu_time(boom, flush=False)
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -114,7 +119,7 @@ def test_errors_in_fn_propagate_unchanged():
 ])
 def test_bad_options_are_named(kwargs, error, match):
     with pytest.raises(error, match=match):
-        bench.time(lambda: None, device="cpu", **kwargs)
+        cpu_time(lambda: None, device="cpu", **kwargs)
 
 
 def test_fn_must_be_callable():
@@ -123,7 +128,7 @@ def test_fn_must_be_callable():
 
 
 def test_measurement_serializes_with_and_without_samples():
-    m = bench.time(sleeper(1), flush=False, rep_ms=15, warn=False)
+    m = cpu_time(sleeper(1), flush=False, rep_ms=15, warn=False)
     d = m.to_dict()
     assert d["median"] == m.median and d["samples_ms"] == m.samples_ms and d["cv"] == m.cv
     assert "samples_ms" not in m.to_dict(samples=False)
@@ -131,7 +136,7 @@ def test_measurement_serializes_with_and_without_samples():
 
 
 def test_compare_finds_a_real_speedup():
-    c = bench.compare(sleeper(6), sleeper(2), flush=False, rep_ms=60, warn=False)
+    c = bench.compare(sleeper(6), sleeper(2), device="cpu", flush=False, rep_ms=60, warn=False)
     assert c.baseline.n >= 20 and c.candidate.n >= 20
     assert 2.0 < c.speedup.low <= c.speedup.ratio <= c.speedup.high < 3.5
     assert c.speedup.significant and "faster" in c.speedup.verdict

@@ -39,17 +39,31 @@ def test_flush_makes_a_cache_resident_kernel_slower():
 
 
 def test_work_escaping_to_another_stream_is_detected():
-    side = torch.cuda.Stream()
+    # Timed on a side stream: the legacy default stream would wait for the other stream implicitly.
+    timed, other = torch.cuda.Stream(), torch.cuda.Stream()
     a = torch.randn(4096, 4096, device="cuda")
 
     def escapes():
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(other):
             for _ in range(10):
                 a @ a
 
-    m = bench.time(escapes, flush=False, warn=False)
+    with torch.cuda.stream(timed):
+        m = bench.time(escapes, flush=False, warn=False)
     assert any(w.startswith("escaped work") for w in m.warnings), m.warnings
-    side.synchronize()
+    torch.cuda.synchronize()
+
+
+def test_launch_bound_calls_are_flagged():
+    x = torch.randn(256, device="cuda")
+
+    def many_tiny_kernels():
+        for _ in range(50):
+            x.add_(1.0)
+
+    m = bench.time(many_tiny_kernels, flush=False, warn=False)
+    assert m.host_ms_per_call is not None
+    assert any(w.startswith("launch-bound") for w in m.warnings), m.warnings
 
 
 def test_a_function_that_launches_nothing_is_flagged():
@@ -59,7 +73,7 @@ def test_a_function_that_launches_nothing_is_flagged():
 
 def test_a_kernel_that_never_ends_times_out():
     t0 = systime.monotonic()
-    with pytest.raises(bench.BenchTimeout, match="did not finish on the GPU"):
+    with pytest.raises(bench.BenchTimeout, match="did not finish on the GPU within 0.5 s"):
         bench.time(lambda: torch.cuda._sleep(3_000_000_000), device="cuda", timeout_s=0.5)
     assert systime.monotonic() - t0 < 2.0
     torch.cuda.synchronize()  # let the sleeping kernel drain before the next test

@@ -30,6 +30,8 @@ from roofline.bench.stats import NOISY_CV, Summary, summarize
 # A median within this factor of the timer's floor (the time of an empty timed
 # region) is dominated by the timer, not the work.
 RESOLUTION_FACTOR = 10
+# Issuing a call in more than this share of its measured time makes it launch-bound.
+LAUNCH_BOUND = 0.5
 # A clock that ends more than this far below where it started has dropped.
 CLOCK_DROP = 0.05
 
@@ -54,6 +56,7 @@ class Measurement:
     sm_clock_before_mhz: int | None = None
     sm_clock_after_mhz: int | None = None
     wall_ms_per_call: float | None = None  # device-synchronized wall time, the escaped-work check
+    host_ms_per_call: float | None = None  # host time to issue a call (median), events mode
     floor_ms: float | None = None  # the timer's own time for an empty region
     warnings: list[str] = field(default_factory=list)
 
@@ -102,7 +105,7 @@ def _host_deadline(seconds: float, what: str):
         return
 
     def expire(signum, frame):
-        raise BenchTimeout(f"{what} did not finish within {seconds:.0f} s")
+        raise BenchTimeout(f"{what} did not finish within {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -119,7 +122,7 @@ def _wait_for(event: torch.cuda.Event, seconds: float, what: str) -> None:
     while not event.query():
         if _time.monotonic() > deadline:
             raise BenchTimeout(
-                f"{what} did not finish on the GPU within {seconds:.0f} s; the GPU may still be "
+                f"{what} did not finish on the GPU within {seconds:g} s; the GPU may still be "
                 "running it, and later work on this device will wait for it"
             )
         _time.sleep(1e-4)
@@ -129,16 +132,22 @@ def _wait_for(event: torch.cuda.Event, seconds: float, what: str) -> None:
 
 @functools.cache
 def _flush_buffer(dev: torch.device) -> torch.Tensor:
-    """A buffer twice the size of the last-level cache: writing it evicts everything else."""
+    """A buffer twice the size of the last-level cache: reading it evicts everything else."""
     d = _device.info(dev)
     cache = d.l2_bytes if d.kind == "cuda" else d.llc_bytes
     nbytes = 2 * (cache or (64 << 20))
-    return torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    return torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
 
 
 def flush_cache(dev=None) -> None:
-    """Evict the device's last-level cache (GPU L2, CPU LLC) by writing a buffer twice its size."""
-    _flush_buffer(_device.resolve(dev)).zero_()
+    """Evict the device's last-level cache (GPU L2, CPU LLC) by reading a buffer twice its size.
+
+    Reading, not writing: a write would leave the cache full of dirty lines, and
+    the timed call would then pay for writing them back to memory (seen on an
+    H100 as +9% on a 90 us kernel against Nsight Compute). A read evicts the
+    previous call's dirty lines here, outside the timed window, and leaves clean ones.
+    """
+    _flush_buffer(_device.resolve(dev)).sum()
 
 
 # --------------------------------------------------------------------------- the runner
@@ -195,6 +204,7 @@ class _Runner:
         self.samples: list[float] = []
         self._graph = None
         self._graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.host_ms: list[float] = []  # host time to issue each call (events mode)
         self.clock_first_mhz: int | None = None  # SM clock when sampling began
         self.clock_last_mhz: int | None = None  # and when it last ended
 
@@ -237,14 +247,14 @@ class _Runner:
     def _warmup(self, warmup_ms: float, min_calls: int) -> float:
         with _host_deadline(self.timeout_s, self.what):
             self.fn(*self._prepare_call())  # compiles, autotunes, allocates
-            self._sync(self.timeout_s)
+        self._sync(self.timeout_s)
         self.warmup_calls = 1
         estimate = self._estimate()
         calls = max(min_calls, math.ceil(warmup_ms / max(estimate, 1e-4)))
         with _host_deadline(self._call_budget_s(calls, estimate), self.what):
             for _ in range(calls):
                 self.fn(*self._prepare_call())
-            self._sync(self._call_budget_s(calls, estimate))
+        self._sync(self._call_budget_s(calls, estimate))
         self.warmup_calls += calls
         return min(estimate, self._estimate())
 
@@ -265,13 +275,17 @@ class _Runner:
                     times.append((_time.perf_counter() - t0) * 1e3)
             return times
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        host = []
         with _host_deadline(seconds, self.what):
             for start, end in pairs:
                 args = self._prepare_call()
                 start.record()
+                t0 = _time.perf_counter()
                 self.fn(*args)
+                host.append((_time.perf_counter() - t0) * 1e3)
                 end.record()
         _wait_for(pairs[-1][1], seconds, self.what)
+        self.host_ms += host
         return [start.elapsed_time(end) for start, end in pairs]
 
     def _capture(self, estimate_ms: float, stream: torch.cuda.Stream) -> None:
@@ -312,10 +326,11 @@ class _Runner:
     def _last_estimate(self) -> float:
         return sorted(self.samples)[len(self.samples) // 2] if self.samples else 1.0
 
-    def wall_ms_per_call(self, calls: int = 3) -> float:
-        """Median wall time of a call with the whole device synchronized around it.
+    def wall_ms_per_call(self, calls: int = 5) -> float:
+        """Shortest wall time of a call with the whole device synchronized around it.
 
         Unlike events on one stream, this sees work that fn sent to other streams.
+        The shortest, because host noise only ever adds time, and escaped work always does.
         """
         times = []
         with _host_deadline(self._call_budget_s(calls, self._last_estimate()), self.what):
@@ -326,12 +341,12 @@ class _Runner:
                 self.fn(*args)
                 torch.cuda.synchronize(self.device)
                 times.append((_time.perf_counter() - t0) * 1e3)
-        return sorted(times)[len(times) // 2]
+        return min(times)
 
     def flush_label(self) -> str:
         parts = []
         if self.flush:
-            parts.append(f"cache flushed ({_flush_buffer(self.device).numel() >> 20} MiB written)")
+            parts.append(f"cache flushed ({_flush_buffer(self.device).numel() * 4 >> 20} MiB read)")
         if len(self.arg_sets) > 1:
             parts.append(f"rotating {len(self.arg_sets)} input sets")
         return ", ".join(parts) or "hot cache (no flush)"
@@ -339,10 +354,17 @@ class _Runner:
 
 @functools.cache
 def _timer_floor_ms(dev: torch.device, mode: str) -> float:
-    """The time the timer reports for an empty region, in this mode."""
+    """The time the timer itself reports for an empty region, in this mode.
+
+    On a GPU the empty regions are queued behind a sleeping kernel, so this is
+    the events' own resolution, not the host's speed at recording them (which
+    the launch-bound check covers).
+    """
     runner = _Runner(lambda: None, [()], device=dev, flush=False, cuda_graph=mode == "cuda-graph",
                      grad_to_none=None, timeout_s=60, what="empty region")
     runner.warmup(warmup_ms=1, min_calls=5)
+    if mode == "cuda-events":
+        torch.cuda._sleep(20_000_000)  # ~10 ms at 2 GHz: the host queues all 100 pairs meanwhile
     return sorted(runner.sample(100))[50]
 
 
@@ -365,7 +387,14 @@ def _diagnose(runner: _Runner, m: Measurement) -> list[str]:
         reasons = _device.slowdown_reasons(runner.device)
         if reasons:
             found.append("GPU slowed itself down during the run: " + ", ".join(reasons))
-    if m.wall_ms_per_call is not None and m.wall_ms_per_call > 3 * s.median + 0.05:
+    # A GPU-bound call is issued in a small fraction of its GPU time; when issuing it takes
+    # the host about as long as the measured time, the GPU was (or could have been) waiting.
+    if m.host_ms_per_call is not None and m.host_ms_per_call > LAUNCH_BOUND * s.median:
+        found.append(
+            f"launch-bound: issuing a call takes the host {_fmt_ms(m.host_ms_per_call)} of the "
+            f"{_fmt_ms(s.median)} measured, so host launch gaps may be in the times (and in eager use "
+            "the GPU would wait on the host); cuda_graph=True times the GPU alone")
+    if m.wall_ms_per_call is not None and m.wall_ms_per_call > 3 * s.median + 0.1:
         found.append(
             f"escaped work: with the device synchronized a call takes {_fmt_ms(m.wall_ms_per_call)}, "
             f"but the timed stream saw {_fmt_ms(s.median)}; fn may run its work on another stream "
@@ -425,6 +454,8 @@ def finish(runner: _Runner, warn: bool) -> Measurement:
     )
     if runner.cuda:
         m.wall_ms_per_call = runner.wall_ms_per_call()
+    if runner.host_ms:
+        m.host_ms_per_call = sorted(runner.host_ms)[len(runner.host_ms) // 2]
     m.warnings = _diagnose(runner, m)
     if warn:
         for w in m.warnings:
