@@ -57,10 +57,14 @@ def main(work: Path, out: Path) -> None:
     for name, sweep in sweeps.items():
         md = work / f"{name}.md"
         skipped = sorted({(r["provider"], r["reason"]) for r in sweep["rows"] if r["status"] == "skipped"})
+        graphs = sweep["options"]["cuda_graph"]
+        command = (f"roofline bench examples/gelu_classic.py:{'sweep_bf16' if 'bf16' in name else 'sweep'}"
+                   + (" --cuda-graph" if graphs else ""))
         lines += [
-            f"## {sweep['name']}: the classic comparison (`roofline bench examples/gelu_classic.py:{name.removeprefix('gelu-')}`)",
+            f"## {sweep['name']}, {'CUDA graphs' if graphs else 'CUDA events'}: the classic comparison (`{command}`)",
             "",
-            f"Timing: CUDA events, L2 flushed before each call, median; speedup vs {sweep['baseline']} with a "
+            f"Timing: {'CUDA graphs (the kernels alone)' if graphs else 'CUDA events (per-call cost in eager use, host launch gaps included where the host is slower than the GPU)'}, "
+            f"L2 flushed before each call, median; speedup vs {sweep['baseline']} with a "
             f"95% bootstrap CI; % roofline against the measured copy bandwidth ({sweep['ceilings']['dram_gbps']:,.0f} GB/s). "
             f"Plot: `{name}.png`.",
             "",
