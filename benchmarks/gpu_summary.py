@@ -35,6 +35,9 @@ def main(work: Path, out: Path) -> None:
     doctor = json.loads((work / "doctor.json").read_text())
     d = doctor["device"]
     sweeps = {p.stem: json.loads(p.read_text()) for p in sorted(work.glob("gelu-*.json"))}
+    for sweep in sweeps.values():  # samples stay in the bundle's per-sweep JSON; results.json is the summary
+        for row in sweep["rows"]:
+            row.get("timing", {}).pop("samples_ms", None)
     lines = [
         f"# roofline results on {d['name']}",
         "",

@@ -80,8 +80,14 @@ def test_noisy_run_is_flagged_in_the_result_and_on_the_terminal():
 
 def test_a_run_at_the_timer_floor_is_flagged_as_short():
     m = cpu_time(lambda: None, flush=False, warn=False)
-    assert m.floor_ms is not None and m.floor_ms > 0
+    assert m.floor_ms is not None and 0 < m.floor_ms < 0.1
     assert any(w.startswith("short") for w in m.warnings)
+
+
+def test_the_timers_tare_is_subtracted_from_every_sample():
+    m = cpu_time(sleeper(1), flush=False, rep_ms=20, warn=False)
+    assert all(t >= 1.0 - m.floor_ms for t in m.samples_ms)  # sleep(1 ms) minus a tare of microseconds
+    assert m.floor_ms < 0.01
 
 
 def test_a_steady_run_has_no_warnings():
