@@ -29,7 +29,6 @@ def test_graph_removes_launch_overhead_of_a_tiny_kernel():
     events = bench.time(torch.neg, x, flush=False, warn=False)
     graph = bench.time(torch.neg, x, flush=False, cuda_graph=True, warn=False)
     assert graph.median < events.median
-    assert any(w.startswith("launch-bound") for w in events.warnings), events.warnings
     assert any(w.startswith("short") for w in graph.warnings), graph.warnings  # ~2 us: near the tare
 
 
@@ -51,7 +50,8 @@ def test_work_escaping_to_another_stream_is_detected():
             a @ a
 
     with torch.cuda.stream(timed):
-        m = bench.time(escapes, flush=False, warn=False)
+        # Few calls: thousands would fill the launch queue, and then the host itself waits inside fn.
+        m = bench.time(escapes, flush=False, warn=False, warmup_ms=1, min_warmup=1, min_reps=10, max_reps=10)
     assert any(w.startswith("escaped work") for w in m.warnings), m.warnings
     torch.cuda.synchronize()
 
