@@ -91,6 +91,10 @@ def doctor(
         else:
             add(f"{key} matmul", value, "TFLOP/s", 1, sheet.matmul_tflops.get(key) if sheet else None)
     console.print(t)
+    for key, found in c.details.items():
+        if key.endswith("_warnings"):
+            for w in found:
+                console.print(f"[yellow]{key.removesuffix('_warnings').replace('_', ' ')}: {w}[/yellow]")
     if d.kind == "cpu":
         console.print("No CUDA GPU here: these are the CPU's ceilings; GPU measurements need a GPU.")
     if json_path:

@@ -408,8 +408,11 @@ def measure_bandwidth_gbps(device=None, nbytes: int | None = None, rep_ms: float
     nbytes = nbytes or _copy_bytes(device)
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    m = bench.time(dst.copy_, src, flush=False, rep_ms=rep_ms)
-    return 2 * nbytes / (m.median * 1e-3) / 1e9, {"copy_bytes": nbytes, "copy_ms": m.median}
+    m = bench.time(dst.copy_, src, flush=False, rep_ms=rep_ms, warn=False)
+    details = {"copy_bytes": nbytes, "copy_ms": m.median}
+    if m.warnings:
+        details["copy_warnings"] = m.warnings
+    return 2 * nbytes / (m.median * 1e-3) / 1e9, details
 
 
 def measure_matmul_tflops(dtype_key: str, device=None, n: int | None = None, rep_ms: float = 100) -> tuple[float, dict]:
@@ -423,8 +426,11 @@ def measure_matmul_tflops(dtype_key: str, device=None, n: int | None = None, rep
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     with _float32_matmul_precision("high" if dtype_key == "tf32" else "highest"):
-        m = bench.time(torch.matmul, a, b, flush=False, rep_ms=rep_ms)
-    return 2 * n**3 / (m.median * 1e-3) / 1e12, {f"matmul_{dtype_key}_n": n, f"matmul_{dtype_key}_ms": m.median}
+        m = bench.time(torch.matmul, a, b, flush=False, rep_ms=rep_ms, warn=False)
+    details = {f"matmul_{dtype_key}_n": n, f"matmul_{dtype_key}_ms": m.median}
+    if m.warnings:
+        details[f"matmul_{dtype_key}_warnings"] = m.warnings
+    return 2 * n**3 / (m.median * 1e-3) / 1e12, details
 
 
 def measure_ceilings(device=None, save: bool = True, progress=None) -> Ceilings:
