@@ -398,6 +398,15 @@ def _copy_bytes(device: torch.device) -> int:
     return int(max(256 << 20, 16 * (d.llc_bytes or 0)))
 
 
+def _details(prefix: str, m, **facts) -> dict:
+    """How a ceiling was measured: its facts, the median time and any warnings, keys prefixed."""
+    details = {f"{prefix}_{k}": v for k, v in facts.items()}
+    details[f"{prefix}_ms"] = m.median
+    if m.warnings:
+        details[f"{prefix}_warnings"] = m.warnings
+    return details
+
+
 # Budgets as in bench.time: long runs of matmuls hit the power cap (an H100 went from 1980 to
 # 1425 MHz in 300 ms), and a ceiling should be what a benchmark of usual length can reach.
 def measure_bandwidth_gbps(device=None, nbytes: int | None = None, rep_ms: float = 100) -> tuple[float, dict]:
@@ -409,10 +418,7 @@ def measure_bandwidth_gbps(device=None, nbytes: int | None = None, rep_ms: float
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     m = bench.time(dst.copy_, src, flush=False, rep_ms=rep_ms, warn=False)
-    details = {"copy_bytes": nbytes, "copy_ms": m.median}
-    if m.warnings:
-        details["copy_warnings"] = m.warnings
-    return 2 * nbytes / (m.median * 1e-3) / 1e9, details
+    return 2 * nbytes / (m.median * 1e-3) / 1e9, _details("copy", m, bytes=nbytes)
 
 
 def measure_matmul_tflops(dtype_key: str, device=None, n: int | None = None, rep_ms: float = 100) -> tuple[float, dict]:
@@ -427,10 +433,7 @@ def measure_matmul_tflops(dtype_key: str, device=None, n: int | None = None, rep
     b = torch.randn(n, n, device=device, dtype=dtype)
     with _float32_matmul_precision("high" if dtype_key == "tf32" else "highest"):
         m = bench.time(torch.matmul, a, b, flush=False, rep_ms=rep_ms, warn=False)
-    details = {f"matmul_{dtype_key}_n": n, f"matmul_{dtype_key}_ms": m.median}
-    if m.warnings:
-        details[f"matmul_{dtype_key}_warnings"] = m.warnings
-    return 2 * n**3 / (m.median * 1e-3) / 1e12, details
+    return 2 * n**3 / (m.median * 1e-3) / 1e12, _details(f"matmul_{dtype_key}", m, n=n)
 
 
 def measure_ceilings(device=None, save: bool = True, progress=None) -> Ceilings:

@@ -11,8 +11,8 @@ from roofline.bench.sweep import SweepResult
 JSON_SCHEMA_VERSION = 1
 
 # Short tags for a measurement's warnings, for the table's note column.
-_WARNING_TAGS = (("noisy", "noisy"), ("short", "short: timer-bound"), ("launch-bound", "launch-bound"), ("clock", "clock dropped"),
-                 ("GPU slowed", "GPU slowed"), ("escaped", "escaped stream?"))
+_WARNING_TAGS = (("noisy", "noisy"), ("short", "short: timer-bound"), ("launch-bound", "launch-bound"),
+                 ("clock", "clock dropped"), ("GPU slowed", "GPU slowed"), ("escaped", "escaped stream?"))
 
 
 def format_x(x) -> str:
