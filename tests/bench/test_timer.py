@@ -90,11 +90,21 @@ def test_the_timers_tare_is_subtracted_from_every_sample():
     assert m.floor_ms < 0.01
 
 
-def test_a_steady_run_has_no_warnings():
+def test_steady_samples_get_no_warnings():
+    # Synthetic samples: whether a real sleep is steady depends on the machine's scheduler.
+    from roofline.bench.timer import Measurement, _diagnose, _Runner
+
+    runner = _Runner(sleeper(3), [()], device="cpu", flush=False, cuda_graph=False, grad_to_none=None, timeout_s=5)
+    m = Measurement(samples_ms=[3.0 + 0.01 * (i % 7) for i in range(50)], mode="cpu", device="cpu",
+                    flush="hot cache (no flush)", warmup_calls=3, floor_ms=1e-4)
+    assert _diagnose(runner, m) == []
+
+
+def test_a_real_run_gets_no_warning_that_noise_cannot_explain():
     with warnings.catch_warnings():
-        warnings.simplefilter("error", TimingWarning)
+        warnings.simplefilter("ignore", TimingWarning)
         m = cpu_time(sleeper(3), flush=False, rep_ms=60)
-    assert m.warnings == []
+    assert [w for w in m.warnings if not w.startswith("noisy")] == []
 
 
 def test_hang_raises_timeout_instead_of_hanging():
