@@ -1,0 +1,404 @@
+"""The trace model: one PyTorch profiler trace (Chrome/Perfetto JSON, as torch.profiler writes it),
+read into flat lists of events with every link the analyses need already resolved:
+
+    GPU activity --correlation--> runtime call --time nesting, same thread--> innermost host op
+    host op --time nesting--> enclosing op (parent) and innermost Python frame (with file and line)
+    backward op --autograd sequence number--> the forward op that created it
+
+The file is read once, event by event (`iter_events`): the raw JSON is never held
+as one parsed document, so a trace of a million events costs its text and the
+compact events, not a tree of dicts besides.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MODULE_MARK = "roofline.module: "   # prefix of the annotations that carry module paths (see capture)
+
+
+class TraceError(ValueError):
+    """The file is not a trace roofline can read."""
+
+
+@dataclass(slots=True)
+class Frame:
+    """One Python function call the profiler's Python tracer saw (or an nn.Module call it named)."""
+    name: str
+    tid: int
+    ts: float
+    end: float
+    file: str | None = None       # None for built-ins and module markers
+    line: int = 0
+    function: str = ""
+    parent: int = -1              # index of the calling frame
+
+
+@dataclass(slots=True)
+class Op:
+    """A host-side range: an aten op, an autograd node, or a user annotation (record_function)."""
+    name: str
+    tid: int
+    ts: float
+    end: float
+    annotation: bool = False      # record_function / module mark rather than an operator
+    shapes: list | None = None    # "Input Dims"
+    dtypes: list | None = None    # "Input type"
+    strides: list | None = None
+    scalars: list | None = None   # "Concrete Inputs"
+    seq: int = -1                 # autograd sequence number (links forward and backward)
+    backward: bool = False        # recorded by the autograd engine ("Fwd thread id" set)
+    parent: int = -1              # enclosing op on the same thread
+    frame: int = -1               # innermost Python frame enclosing the op's start
+    forward: int = -1             # for backward ops: the forward op with the same sequence number
+
+
+@dataclass(slots=True)
+class Runtime:
+    """A CUDA runtime or driver call on the host (cudaLaunchKernel, cudaMemcpyAsync, cudaStreamSynchronize...)."""
+    name: str
+    tid: int
+    ts: float
+    end: float
+    correlation: int = -1
+    op: int = -1                  # innermost op enclosing the call
+    frame: int = -1               # innermost Python frame enclosing the call
+
+
+@dataclass(slots=True)
+class GpuEvent:
+    """Work the GPU did: a kernel, a memcpy or a memset."""
+    kind: str                     # "kernel" | "memcpy" | "memset"
+    name: str
+    ts: float
+    end: float
+    device: int = 0
+    stream: int = 0
+    correlation: int = -1
+    grid: tuple | None = None
+    block: tuple | None = None
+    registers: int | None = None
+    shared_bytes: int | None = None
+    bytes: int | None = None      # copies and memsets
+    launch: int = -1              # index of the runtime call that launched it
+
+    @property
+    def dur(self) -> float:
+        return self.end - self.ts
+
+
+@dataclass(slots=True)
+class Sync:
+    """A host wait on the GPU that CUPTI recorded (Context/Stream/Event Sync, Stream Wait Event)."""
+    name: str
+    ts: float
+    end: float
+    stream: int = -1
+    correlation: int = -1
+    launch: int = -1              # the runtime call that waited (cudaStreamSynchronize...)
+
+
+@dataclass
+class Trace:
+    frames: list[Frame] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+    runtime: list[Runtime] = field(default_factory=list)
+    gpu: list[GpuEvent] = field(default_factory=list)
+    syncs: list[Sync] = field(default_factory=list)
+    steps: list[tuple[float, float]] = field(default_factory=list)   # ProfilerStep#N ranges
+    meta: dict = field(default_factory=dict)                         # the file's other top-level keys
+    path: str | None = None
+    start: float = 0.0
+    end: float = 0.0
+
+    @property
+    def kernels(self) -> list[GpuEvent]:
+        return [g for g in self.gpu if g.kind == "kernel"]
+
+    @property
+    def wall_us(self) -> float:
+        return self.end - self.start
+
+    @property
+    def device_properties(self) -> list[dict]:
+        return self.meta.get("deviceProperties") or []
+
+
+# ----------------------------------------------------------------------- reading
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _open_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise TraceError(f"{path} is a damaged gzip file: {exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceError(f"{path} is not a JSON trace (not UTF-8 text)") from None
+
+
+def iter_events(text: str, meta: dict, source: str = "trace"):
+    """Yield the trace's events one at a time; the other top-level keys are put in `meta`.
+
+    Accepts the Chrome trace object form ({"traceEvents": [...], ...}) and the bare array form.
+    """
+    decoder = json.JSONDecoder()
+    pos = _WS.match(text, 0).end()
+
+    def fail(what):
+        raise TraceError(f"{source} is not a Chrome/Perfetto JSON trace: {what} at character {pos}")
+
+    def decode():
+        nonlocal pos
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{source} is not valid JSON: {exc.msg} at character {exc.pos}") from None
+        pos = _WS.match(text, pos).end()
+        return value
+
+    def expect(char):
+        nonlocal pos
+        if not text.startswith(char, pos):
+            fail(f"expected {char!r}")
+        pos = _WS.match(text, pos + 1).end()
+
+    def array():
+        nonlocal pos
+        expect("[")
+        if text.startswith("]", pos):
+            pos = _WS.match(text, pos + 1).end()
+            return
+        while True:
+            event = decode()
+            if isinstance(event, dict):
+                yield event
+            if text.startswith(",", pos):
+                pos = _WS.match(text, pos + 1).end()
+                if text.startswith("]", pos):   # tolerate a trailing comma, as Chrome does
+                    pos = _WS.match(text, pos + 1).end()
+                    return
+            elif text.startswith("]", pos):
+                pos = _WS.match(text, pos + 1).end()
+                return
+            else:
+                fail("expected ',' or ']' between events")
+
+    if text.startswith("[", pos):
+        yield from array()
+        return
+    expect("{")
+    found = False
+    while not text.startswith("}", pos):
+        key = decode()
+        if not isinstance(key, str):
+            fail("expected a key")
+        expect(":")
+        if key == "traceEvents":
+            found = True
+            yield from array()
+        else:
+            meta[key] = decode()
+        if text.startswith(",", pos):
+            pos = _WS.match(text, pos + 1).end()
+        elif not text.startswith("}", pos):
+            fail("expected ',' or '}'")
+    if not found:
+        raise TraceError(f"{source} has no traceEvents: not a Chrome/Perfetto trace")
+
+
+_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
+_GPU_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
+
+
+def _int(value, default=-1) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _tid(event) -> int:
+    # Kineto writes thread ids as numbers; GPU rows sometimes as "stream 7" strings.
+    tid = event.get("tid", 0)
+    if isinstance(tid, str):
+        digits = re.sub(r"\D", "", tid)
+        return int(digits) if digits else hash(tid)
+    return int(tid)
+
+
+def _add(trace: Trace, e: dict) -> None:
+    ph = e.get("ph")
+    if ph != "X":
+        return
+    cat = e.get("cat", "")
+    name = e.get("name", "")
+    try:
+        ts = float(e["ts"])
+        end = ts + float(e.get("dur", 0.0))
+    except (KeyError, TypeError, ValueError):
+        return
+    args = e.get("args") or {}
+    if cat == "cpu_op" or cat == "user_annotation" or cat == "operator":
+        if cat == "user_annotation" and name.startswith("ProfilerStep#"):
+            trace.steps.append((ts, end))
+            return
+        trace.ops.append(Op(
+            name, _tid(e), ts, end, annotation=cat == "user_annotation",
+            shapes=args.get("Input Dims"), dtypes=args.get("Input type"), strides=args.get("Input Strides"),
+            scalars=args.get("Concrete Inputs"), seq=_int(args.get("Sequence number")),
+            backward=bool(args.get("Fwd thread id"))))
+    elif cat == "python_function":
+        found = _FRAME.match(name)
+        frame = Frame(name, _tid(e), ts, end)
+        if found:
+            frame.file, frame.line, frame.function = found[1], int(found[2]), found[3]
+        trace.frames.append(frame)
+    elif cat in _GPU_KINDS:
+        kind = _GPU_KINDS[cat]
+        g = GpuEvent(kind, name, ts, end, device=_int(args.get("device"), 0), stream=_int(args.get("stream"), 0),
+                     correlation=_int(args.get("correlation")))
+        if kind == "kernel":
+            g.grid, g.block = _dims(args.get("grid")), _dims(args.get("block"))
+            g.registers = _int(args.get("registers per thread"), None)
+            g.shared_bytes = _int(args.get("shared memory"), None)
+        else:
+            g.bytes = _int(args.get("bytes"), None)
+        trace.gpu.append(g)
+    elif cat in _RUNTIME_CATS:
+        trace.runtime.append(Runtime(name, _tid(e), ts, end, correlation=_int(args.get("correlation"))))
+    elif cat == "cuda_sync":
+        trace.syncs.append(Sync(name, ts, end, stream=_int(args.get("stream")),
+                                correlation=_int(args.get("correlation"))))
+
+
+def _dims(value) -> tuple | None:
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
+        return tuple(int(v) for v in value)
+    return None
+
+
+def load(path: str | Path) -> Trace:
+    """Read a torch.profiler trace (.json or .json.gz) into the linked trace model."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"no such trace file: {path}")
+    trace = Trace(path=str(path))
+    text = _open_text(path)
+    for event in iter_events(text, trace.meta, source=str(path)):
+        _add(trace, event)
+    del text
+    link(trace)
+    return trace
+
+
+# ----------------------------------------------------------------------- linking
+
+class _Nesting:
+    """For events on one thread, sorted by start: which range innermost encloses a given time."""
+
+    def __init__(self, items: list, indices: list[int]):
+        # Ranges nest (a call stack), so a sweep with a stack gives each range its parent,
+        # and a lookup walks parents from the last range starting at or before t.
+        self.starts = [items[i].ts for i in indices]
+        self.indices = indices
+        self.items = items
+        self.parent = [-1] * len(indices)
+        stack: list[int] = []
+        for k, i in enumerate(indices):
+            ts = items[i].ts
+            while stack and items[indices[stack[-1]]].end <= ts:
+                stack.pop()
+            self.parent[k] = stack[-1] if stack else -1
+            stack.append(k)
+
+    def enclosing(self, t: float, inclusive_end: bool = False) -> int:
+        """Index (into items) of the innermost range with ts <= t < end, or -1."""
+        k = bisect.bisect_right(self.starts, t) - 1
+        while k >= 0:
+            end = self.items[self.indices[k]].end
+            if t < end or (inclusive_end and t <= end):
+                return self.indices[k]
+            k = self.parent[k]
+        return -1
+
+
+def _by_thread(items) -> dict[int, list[int]]:
+    threads: dict[int, list[int]] = {}
+    for i, item in enumerate(items):
+        threads.setdefault(item.tid, []).append(i)
+    for indices in threads.values():
+        # Outer ranges first when two start together, so the inner one nests inside.
+        indices.sort(key=lambda i: (items[i].ts, -items[i].end))
+    return threads
+
+
+def link(trace: Trace) -> None:
+    """Resolve every cross-reference (parents, frames, launches, forward ops) in place."""
+    frame_nest = {tid: _Nesting(trace.frames, idx) for tid, idx in _by_thread(trace.frames).items()}
+    for nest in frame_nest.values():
+        for k, i in enumerate(nest.indices):
+            trace.frames[i].parent = nest.indices[nest.parent[k]] if nest.parent[k] >= 0 else -1
+    op_nest = {tid: _Nesting(trace.ops, idx) for tid, idx in _by_thread(trace.ops).items()}
+    for nest in op_nest.values():
+        for k, i in enumerate(nest.indices):
+            trace.ops[i].parent = nest.indices[nest.parent[k]] if nest.parent[k] >= 0 else -1
+
+    def frame_at(tid, t):
+        nest = frame_nest.get(tid)
+        return nest.enclosing(t) if nest else -1
+
+    for op in trace.ops:
+        op.frame = frame_at(op.tid, op.ts)
+    for call in trace.runtime:
+        nest = op_nest.get(call.tid)
+        call.op = nest.enclosing(call.ts) if nest else -1
+        call.frame = frame_at(call.tid, call.ts)
+
+    forward_by_seq: dict[int, list[int]] = {}
+    for i, op in enumerate(trace.ops):
+        if op.seq >= 0 and not op.backward and not op.annotation:
+            forward_by_seq.setdefault(op.seq, []).append(i)
+    for op in trace.ops:
+        if op.backward and op.seq in forward_by_seq:
+            # Sequence numbers count per forward thread; with several, take the latest forward before.
+            candidates = [i for i in forward_by_seq[op.seq] if trace.ops[i].ts <= op.ts]
+            if candidates:
+                op.forward = max(candidates, key=lambda i: trace.ops[i].ts)
+
+    launch_by_corr = {c.correlation: i for i, c in enumerate(trace.runtime) if c.correlation >= 0}
+    for g in trace.gpu:
+        g.launch = launch_by_corr.get(g.correlation, -1)
+    for s in trace.syncs:
+        s.launch = launch_by_corr.get(s.correlation, -1)
+
+    times = [t for items in (trace.ops, trace.gpu, trace.runtime) for t in
+             (min((x.ts for x in items), default=None), max((x.end for x in items), default=None)) if t is not None]
+    trace.start, trace.end = (min(times), max(times)) if times else (0.0, 0.0)
+
+
+# ----------------------------------------------------------------------- queries
+
+def module_path(trace: Trace, op_index: int) -> str | None:
+    """The attribute path of the innermost module whose call encloses the op (see capture's module marks)."""
+    i = op_index
+    while i >= 0:
+        op = trace.ops[i]
+        if op.annotation and op.name.startswith(MODULE_MARK):
+            return op.name[len(MODULE_MARK):]
+        i = op.parent
+    return None
