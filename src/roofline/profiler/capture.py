@@ -23,12 +23,14 @@ import os
 import runpy
 import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
 import torch
+from torch._C._profiler import _RecordFunctionFast
 
-from roofline.profiler.trace import MODULE_MARK
+from roofline.profiler.trace import LINE_MARK, MODULE_MARK
 
 _active: "Profiler | None" = None
 
@@ -63,16 +65,17 @@ class _ModulePaths:
             path = f"{parent_path}.{self._child_name(parent, module)}"
         else:
             path = type(module).__name__
-        handle = torch.ops.profiler._record_function_enter_new(MODULE_MARK + path, None)
-        self._stack.append((module, path, handle))
+        annotation = _RecordFunctionFast(MODULE_MARK + path)
+        annotation.__enter__()
+        self._stack.append((module, path, annotation))
 
     def _exit(self, module, args, output):
         if torch.compiler.is_compiling():
             return
         # Unwind to this module: a module that raised inside a child leaves the child's entry behind.
         while self._stack:
-            entered, _, handle = self._stack.pop()
-            torch.ops.profiler._record_function_exit._RecordFunction(handle)
+            entered, _, annotation = self._stack.pop()
+            annotation.__exit__(None, None, None)
             if entered is module:
                 break
 
@@ -87,7 +90,154 @@ class _ModulePaths:
             h.remove()
         self._handles = []
         while self._stack:
-            torch.ops.profiler._record_function_exit._RecordFunction(self._stack.pop()[2])
+            self._stack.pop()[2].__exit__(None, None, None)
+
+
+def _library_roots() -> list[str]:
+    import sysconfig
+
+    roots = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= {str(Path(torch.__file__).resolve().parent.parent), str(Path(__file__).resolve().parents[1]),
+              tempfile.gettempdir() + os.sep + "torchinductor_"}   # code torch.compile generated
+    return sorted(os.path.join(r, "") if not r.endswith("_") else r for r in roots if r)
+
+
+class _LineMarks:
+    """Mark, in the trace, each moment the user's code moves to another line, with its whole call stack.
+
+    torch.profiler's Python tracer knows which functions ran, but not the line within each
+    (it records a function's first line), and torch calls written as operators (`a @ b`)
+    are no calls at all. So while recording, every line the user's code starts, and every
+    return into it, adds a zero-length annotation naming the user's stack at that moment
+    (interned: the annotation carries an id into `table()`). An op then belongs to the last
+    mark before it on its thread; its backward, through the autograd sequence number, to
+    the same. Library code is never marked: on Python 3.12+ sys.monitoring disables its
+    events at the first hit; before, sys.settrace declines to trace its frames.
+    """
+
+    def __init__(self):
+        self.roots = tuple(_library_roots())
+        self.stacks: dict[tuple, int] = {}
+        self._library: dict[str, bool] = {}
+        self._cwd = os.path.join(os.getcwd(), "")
+        self._last = threading.local()
+        self._tool = None
+        self._previous_trace = None
+
+    def _is_library(self, filename: str) -> bool:
+        known = self._library.get(filename)
+        if known is None:
+            known = self._library[filename] = filename.startswith("<") or filename.startswith(self.roots)
+        return known
+
+    def mark(self, frame) -> None:
+        found = []
+        while frame is not None:
+            code = frame.f_code
+            if not self._is_library(code.co_filename):
+                found.append((code.co_filename.removeprefix(self._cwd), frame.f_lineno, code.co_name))
+            frame = frame.f_back
+        if not found:
+            return
+        stack = tuple(reversed(found))
+        sid = self.stacks.setdefault(stack, len(self.stacks))
+        if getattr(self._last, "sid", None) != sid:   # a loop re-running one line needs one mark
+            self._last.sid = sid
+            with _RecordFunctionFast(f"{LINE_MARK}{sid}"):
+                pass
+
+    # Python 3.12+: sys.monitoring, cheap, and independent of the profiler's own hooks.
+    def _on_line(self, code, line):
+        if self._is_library(code.co_filename):
+            return sys.monitoring.DISABLE
+        self.mark(sys._getframe(1))
+
+    def _on_return(self, code, offset, value):
+        if self._is_library(code.co_filename):
+            return sys.monitoring.DISABLE
+        self.mark(sys._getframe(1).f_back)
+
+    # Before 3.12: sys.settrace, local tracing in the user's frames only.
+    def _global_trace(self, frame, event, arg):
+        return None if self._is_library(frame.f_code.co_filename) else self._local_trace
+
+    def _local_trace(self, frame, event, arg):
+        if event == "line":
+            self.mark(frame)
+        elif event == "return":
+            self.mark(frame.f_back)
+        return self._local_trace
+
+    def __enter__(self):
+        monitoring = getattr(sys, "monitoring", None)
+        if monitoring is not None:
+            free = [i for i in range(monitoring.PROFILER_ID + 1, 6) if monitoring.get_tool(i) is None]
+            if free:
+                self._tool = free[0]
+                monitoring.use_tool_id(self._tool, "roofline")
+                monitoring.register_callback(self._tool, monitoring.events.LINE, self._on_line)
+                monitoring.register_callback(self._tool, monitoring.events.PY_RETURN, self._on_return)
+                monitoring.set_events(self._tool, monitoring.events.LINE | monitoring.events.PY_RETURN)
+                monitoring.restart_events()   # lines another recording disabled count again
+                return self
+        self._previous_trace = sys.gettrace()
+        sys.settrace(self._global_trace)
+        threading.settrace(self._global_trace)
+        frame = sys._getframe(1)
+        while frame is not None:   # frames already running (the caller's) trace their lines from now on
+            if not self._is_library(frame.f_code.co_filename):
+                frame.f_trace = self._local_trace
+            frame = frame.f_back
+        return self
+
+    def __exit__(self, *exc):
+        if self._tool is not None:
+            monitoring = sys.monitoring
+            monitoring.set_events(self._tool, 0)
+            monitoring.register_callback(self._tool, monitoring.events.LINE, None)
+            monitoring.register_callback(self._tool, monitoring.events.PY_RETURN, None)
+            monitoring.free_tool_id(self._tool)
+            self._tool = None
+        else:
+            sys.settrace(self._previous_trace)
+            threading.settrace(self._previous_trace)
+            frame = sys._getframe(1)
+            while frame is not None:
+                if frame.f_trace == self._local_trace:
+                    frame.f_trace = None
+                frame = frame.f_back
+
+    def table(self) -> list:
+        """The interned stacks, by id: [[file, line, function], ...] outermost first."""
+        out = [None] * len(self.stacks)
+        for stack, sid in self.stacks.items():
+            out[sid] = [list(f) for f in stack]
+        return out
+
+
+def run_facts(stacks: list | None = None) -> dict:
+    """What the analysis needs to know about this process: how to tell the user's code from libraries,
+    and the user call stacks that the line marks refer to."""
+    return {"version": 1, "cwd": os.getcwd(), "argv": sys.argv[:],
+            "sys_path": [p or os.getcwd() for p in sys.path], "library_roots": _library_roots(),
+            "stacks": stacks or []}
+
+
+def _with_metadata(raw: Path, dest: Path, facts: dict) -> None:
+    """Copy torch's JSON trace to dest (gzipped if dest ends in .gz), with {"roofline": facts} first."""
+    import gzip
+    import json
+    import shutil
+
+    opener = gzip.open if dest.suffix == ".gz" else open
+    with open(raw, "rb") as src, opener(dest, "wb") as out:
+        head = src.read(1)
+        while head.isspace():
+            head = src.read(1)
+        if head != b"{":
+            raise RuntimeError(f"torch.profiler wrote an unexpected trace format (starts with {head!r})")
+        out.write(b'{"roofline": ' + json.dumps(facts).encode() + b",")
+        shutil.copyfileobj(src, out, 1 << 20)
 
 
 def _schedule(skip: int, active: int | None):
@@ -109,14 +259,14 @@ class Profiler:
     """
 
     def __init__(self, *, skip: int = 0, active: int | None = None, shapes: bool = True,
-                 memory: bool = False, modules: bool = True, trace: str | os.PathLike | None = None,
+                 memory: bool = False, modules: bool = True, lines: bool = True, trace: str | os.PathLike | None = None,
                  device=None):
         if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
             raise ValueError(f"skip must be a non-negative int (steps to leave out), got {skip!r}")
         if active is not None and (not isinstance(active, int) or isinstance(active, bool) or active < 1):
             raise ValueError(f"active must be a positive int (steps to record) or None for all, got {active!r}")
         self.skip, self.active = skip, active
-        self.shapes, self.memory, self.modules = shapes, memory, modules
+        self.shapes, self.memory, self.modules, self.lines = shapes, memory, modules, lines
         self.device = device
         self._own_dir = None
         if trace is None:
@@ -128,6 +278,7 @@ class Profiler:
         self._report = None
         self._torch = None
         self._modules = None
+        self._lines = None
         self._exported = False
         self._previous = None
 
@@ -139,8 +290,12 @@ class Profiler:
         return acts
 
     def _export(self, prof) -> None:
+        """Write torch's trace with roofline's facts about the run added as a top-level "roofline" key."""
         self.trace_path.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(self.trace_path))
+        with tempfile.TemporaryDirectory(prefix="roofline-export-") as tmp:
+            raw = Path(tmp) / "torch.json"
+            prof.export_chrome_trace(str(raw))
+            _with_metadata(raw, self.trace_path, run_facts(self._lines.table() if self._lines else None))
         self._exported = True
 
     def __enter__(self) -> "Profiler":
@@ -158,6 +313,8 @@ class Profiler:
                 with_stack=True, with_modules=True, experimental_config=config)
         if self.modules:
             self._modules = _ModulePaths().__enter__()
+        if self.lines:
+            self._lines = _LineMarks().__enter__()
         self._previous, _active = _active, self
         self._torch.__enter__()
         return self
@@ -179,6 +336,8 @@ class Profiler:
             self._torch.__exit__(None, None, None)
             if self._modules is not None:
                 self._modules.__exit__()
+            if self._lines is not None:
+                self._lines.__exit__(None, None, None)
             _active = self._previous
         if not self._exported and self.steps >= self.skip:
             self._export(self._torch)

@@ -19,7 +19,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MODULE_MARK = "roofline.module: "   # prefix of the annotations that carry module paths (see capture)
+# Annotations roofline adds while recording (see capture): module attribute paths, and user call stacks.
+MODULE_MARK = "roofline.module: "
+LINE_MARK = "roofline.line: "
 
 
 class TraceError(ValueError):
@@ -111,6 +113,7 @@ class Trace:
     gpu: list[GpuEvent] = field(default_factory=list)
     syncs: list[Sync] = field(default_factory=list)
     steps: list[tuple[float, float]] = field(default_factory=list)   # ProfilerStep#N ranges
+    marks: dict = field(default_factory=dict)    # tid -> ([ts, ...], [stack id, ...]): roofline's line marks
     meta: dict = field(default_factory=dict)                         # the file's other top-level keys
     path: str | None = None
     start: float = 0.0
@@ -257,8 +260,13 @@ def _add(trace: Trace, e: dict) -> None:
         if cat == "user_annotation" and name.startswith("ProfilerStep#"):
             trace.steps.append((ts, end))
             return
+        if name.startswith(LINE_MARK):
+            times, ids = trace.marks.setdefault(_tid(e), ([], []))
+            times.append(ts)
+            ids.append(_int(name[len(LINE_MARK):]))
+            return
         trace.ops.append(Op(
-            name, _tid(e), ts, end, annotation=cat == "user_annotation",
+            name, _tid(e), ts, end, annotation=cat == "user_annotation" or name.startswith(MODULE_MARK),
             shapes=args.get("Input Dims"), dtypes=args.get("Input type"), strides=args.get("Input Strides"),
             scalars=args.get("Concrete Inputs"), seq=_int(args.get("Sequence number")),
             backward=bool(args.get("Fwd thread id"))))
@@ -380,6 +388,10 @@ def link(trace: Trace) -> None:
             if candidates:
                 op.forward = max(candidates, key=lambda i: trace.ops[i].ts)
 
+    for times, ids in trace.marks.values():
+        order = sorted(range(len(times)), key=times.__getitem__)
+        times[:], ids[:] = [times[k] for k in order], [ids[k] for k in order]
+
     launch_by_corr = {c.correlation: i for i, c in enumerate(trace.runtime) if c.correlation >= 0}
     for g in trace.gpu:
         g.launch = launch_by_corr.get(g.correlation, -1)
@@ -402,3 +414,18 @@ def module_path(trace: Trace, op_index: int) -> str | None:
             return op.name[len(MODULE_MARK):]
         i = op.parent
     return None
+
+
+def line_stack(trace: Trace, op_index: int) -> list | None:
+    """The user's call stack ([[file, line, function], ...]) at the op's start: the last line mark
+    on its thread before it (see capture._LineMarks), or None where there is none."""
+    op = trace.ops[op_index]
+    found = trace.marks.get(op.tid)
+    if not found:
+        return None
+    times, ids = found
+    k = bisect.bisect_right(times, op.ts) - 1
+    stacks = (trace.meta.get("roofline") or {}).get("stacks") or []
+    if k < 0 or not 0 <= ids[k] < len(stacks):
+        return None
+    return stacks[ids[k]]
