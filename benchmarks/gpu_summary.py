@@ -31,6 +31,34 @@ def doctor_markdown(doctor: dict) -> str:
     return "\n".join(rows)
 
 
+def _json_or_none(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def profiler_section(work: Path) -> list[str]:
+    """roofline profile on the planted-problem programs, and the profiler's overhead."""
+    examples, overhead = work / "profile" / "profile_examples.md", _json_or_none(work / "profile_overhead.json")
+    if not examples.exists() and overhead is None:
+        return []
+    lines = ["## roofline profile: planted problems, found and fixed (`benchmarks/profile_examples.py`)", "",
+             "Each program in examples/problems carries one planted problem on a line marked `# planted: <id>`. "
+             "`roofline profile --skip 3` ran on it and on its `--fixed` version; measured gain = profiled wall time "
+             "of the window before minus after, same steps.", "",
+             examples.read_text() if examples.exists() else "(did not run)", ""]
+    if overhead is not None:
+        lines += ["## Profiler overhead (`benchmarks/profile_overhead.py`)", "",
+                  f"examples/mlp_train.py's training step ({overhead['batch']}x{overhead['width']}, bf16 autocast), "
+                  f"{overhead['steps']} steps, alternately plain and inside `roofline.profile()`: median "
+                  f"{min(overhead['plain_ms_per_step']):.2f}-{max(overhead['plain_ms_per_step']):.2f} ms/step plain, "
+                  f"{min(overhead['profiled_ms_per_step']):.2f}-{max(overhead['profiled_ms_per_step']):.2f} ms/step "
+                  f"profiled; ratio of medians **{overhead['ratio']:.2f}x** (target: at most 1.5x).", ""]
+    main_job = work / "profile" / "mlp_train.txt"
+    if main_job.exists():
+        lines += ["## The main job: `roofline profile --skip 3 examples/mlp_train.py`", "", "```",
+                  main_job.read_text().rstrip(), "```", ""]
+    return lines
+
+
 def main(work: Path, out: Path) -> None:
     doctor = json.loads((work / "doctor.json").read_text())
     d = doctor["device"]
@@ -78,12 +106,15 @@ def main(work: Path, out: Path) -> None:
         png = work / f"{name}.png"
         if png.exists():
             shutil.copy(png, out / png.name)
+    lines += profiler_section(work)
     (out / "results.md").write_text("\n".join(lines) + "\n")
     validation = work / "validate_timing.json"
     (out / "results.json").write_text(json.dumps({
         "doctor": doctor,
         "validation": json.loads(validation.read_text()) if validation.exists() else None,
         "sweeps": sweeps,
+        "profile_examples": _json_or_none(work / "profile" / "profile_examples.json"),
+        "profile_overhead": _json_or_none(work / "profile_overhead.json"),
     }, indent=1))
     print((out / "results.md").read_text())
 

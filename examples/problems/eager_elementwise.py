@@ -19,7 +19,7 @@ args = p.parse_args()
 
 
 def gelu_residual(x, bias, residual):
-    h = x + bias
+    h = x + bias   # planted: eager-elementwise-chain
     inner = math.sqrt(2 / math.pi) * (h + 0.044715 * h * h * h)
     return residual + 0.5 * h * (1 + torch.tanh(inner))
 

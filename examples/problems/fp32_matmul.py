@@ -22,7 +22,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 x = torch.randn(batch, width, device=device)
 
 for _ in range(args.steps):
-    loss = model(x).square().mean()
+    loss = model(x).square().mean()   # planted: fp32-matmul-no-tf32
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()

@@ -15,21 +15,24 @@ p.add_argument("--steps", type=int, default=30)
 args = p.parse_args()
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-width, batch = (1024, 2048) if device == "cuda" else (128, 64)
-model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)).to(device)
+width, batch, classes = (4096, 4096, 1024) if device == "cuda" else (128, 64, 16)
+model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                      nn.Linear(width, classes)).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-data = torch.randn(args.steps, batch, width, device=device)
-labels = torch.randint(0, 10, (args.steps, batch), device=device)
+data = torch.randn(4, batch, width, device=device)
+labels = torch.randint(0, classes, (4, batch), device=device)
 
 losses = []
-for x, y in zip(data, labels):
-    loss = nn.functional.cross_entropy(model(x), y)
+for step in range(args.steps):
+    x, y = data[step % 4], labels[step % 4]
+    with torch.autocast(device, dtype=torch.bfloat16):
+        loss = nn.functional.cross_entropy(model(x), y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
     if args.fixed:
         losses.append(loss.detach())
     else:
-        losses.append(loss.item())   # the planted sync
+        losses.append(loss.item())   # planted: host-sync-in-loop
 mean = torch.stack(losses).mean().item() if args.fixed else sum(losses) / len(losses)
 print(f"mean loss {mean:.4f}")

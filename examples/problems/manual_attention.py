@@ -26,7 +26,7 @@ q, k, v = (torch.randn(batch, heads, seq, dim, device=device, dtype=dtype, requi
 
 def attention(q, k, v):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    return torch.softmax(scores, dim=-1) @ v
+    return torch.softmax(scores, dim=-1) @ v   # planted: manual-attention
 
 
 for _ in range(args.steps):

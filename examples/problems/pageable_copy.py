@@ -24,7 +24,7 @@ if args.fixed and device == "cuda":
     host_batches = [b.pin_memory() for b in host_batches]
 
 for step in range(args.steps):
-    x = host_batches[step % len(host_batches)].to(device, non_blocking=args.fixed)
+    x = host_batches[step % len(host_batches)].to(device, non_blocking=args.fixed)   # planted: pageable-copy
     with torch.autocast(device, dtype=torch.bfloat16):
         loss = model(x).float().square().mean()
     optimizer.zero_grad(set_to_none=True)

@@ -4,19 +4,22 @@ Submodules load on first use, so `import roofline` is instant and touches no GPU
     roofline.bench   timing, comparisons, sweeps
     roofline.device  what the device is and its measured ceilings
     roofline.ops     fused kernels
+    roofline.profiler / roofline.profile   where a program's time goes, line by line
 """
 
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("bench", "device", "ops")
+_SUBMODULES = ("bench", "device", "ops", "profiler")
 
 
 def __getattr__(name):
     if name in _SUBMODULES:
         return importlib.import_module(f"roofline.{name}")
+    if name == "profile":
+        return importlib.import_module("roofline.profiler").profile
     raise AttributeError(f"module 'roofline' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted([*globals(), *_SUBMODULES])
+    return sorted([*globals(), *_SUBMODULES, "profile"])

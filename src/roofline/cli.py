@@ -1,4 +1,4 @@
-"""The `roofline` command: doctor, bench."""
+"""The `roofline` command: doctor, bench, profile, analyze."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -171,6 +171,95 @@ def bench(
                 write(result, _numbered(path, i, len(sweeps)))
         if markdown_path:
             _numbered(markdown_path, i, len(sweeps)).write_text(report.to_markdown(result) + "\n")
+
+
+def _show_report(report, json_path: Optional[Path], top: int) -> None:
+    report.print(console, top=top)
+    if json_path:
+        report.write_json(json_path)
+        console.print(f"[dim]report written to {json_path}[/dim]")
+
+
+def _program_traceback(error: BaseException) -> str:
+    """The program's traceback as Python would print it, without roofline's and runpy's frames above it."""
+    import traceback
+
+    tb = error.__traceback__
+    while tb is not None and ("roofline" + "/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
+                              or tb.tb_frame.f_code.co_filename.endswith("runpy.py")):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(error), error, tb))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def profile(
+    target: str = typer.Argument(..., help="The script to run (or, with -m, the module)."),
+    args: Optional[List[str]] = typer.Argument(None, help="Arguments passed to the program."),
+    module: bool = typer.Option(False, "-m", "--module", help="Run TARGET as a module, like python -m."),
+    skip: int = typer.Option(0, min=0, help="Steps to leave out before recording (warm-up). A step is an "
+                             "optimizer.step() or a call of roofline.profiler.step()."),
+    steps: Optional[int] = typer.Option(None, min=1, help="Steps to record after the skipped ones (default: all)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the analysis as JSON (schema roofline.profile/1)."),
+    trace_path: Optional[Path] = typer.Option(None, "--trace", help="Keep the Chrome/Perfetto trace here (.json or .json.gz)."),
+    memory: bool = typer.Option(False, help="Also record memory allocations."),
+    shapes: bool = typer.Option(True, help="Record op input shapes (needed for FLOPs, bytes and the roofline)."),
+    python_stack: bool = typer.Option(False, help="Also record torch's Python tracer (function-level stacks "
+                                      "for work outside the user's lines; costs more)."),
+    top: int = typer.Option(10, min=1, help="Rows per table in the terminal summary."),
+):
+    """Run a Python program under the profiler and say where its GPU time goes, line by line, and what to do about it.
+
+    Options come before the program; everything after it is the program's own arguments:
+    roofline profile --skip 3 train.py --epochs 1
+    """
+    from roofline.profiler import run_program
+    from roofline.profiler.trace import TraceError
+
+    try:
+        prof, status, error = run_program(target, list(args or []), module=module, skip=skip, active=steps,
+                                          memory=memory, shapes=shapes, python_stack=python_stack, trace=trace_path)
+    except FileNotFoundError as exc:
+        err.print(f"roofline: {exc}")
+        raise typer.Exit(2)
+    if error is not None:
+        err.print(_program_traceback(error), end="", markup=False, highlight=False)
+    if not prof.recorded:
+        err.print(f"roofline: nothing was recorded: --skip {skip} steps were to be left out, but the program "
+                  f"marked only {prof.steps} (optimizer.step() or roofline.profiler.step() calls)")
+        raise typer.Exit(status or 2)
+    try:
+        report = prof.report
+    except TraceError as exc:
+        err.print(f"roofline: {exc}")
+        raise typer.Exit(status or 2)
+    if not report.attribution.work:
+        err.print("roofline: nothing to analyze: the program ran no PyTorch operations in the profiled window")
+        raise typer.Exit(status or 2)
+    _show_report(report, json_path, top)
+    if trace_path:
+        console.print(f"[dim]trace written to {trace_path} (open it in https://ui.perfetto.dev)[/dim]")
+    raise typer.Exit(status)
+
+
+@app.command()
+def analyze(
+    trace: Path = typer.Argument(..., help="A torch.profiler trace (.json or .json.gz)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the analysis as JSON."),
+    top: int = typer.Option(10, min=1, help="Rows per table in the terminal summary."),
+):
+    """Analyze a trace recorded earlier (by roofline profile --trace, or torch.profiler's export_chrome_trace)."""
+    from roofline.profiler.report import analyze as run_analysis
+    from roofline.profiler.trace import TraceError
+
+    try:
+        report = run_analysis(trace)
+    except TraceError as exc:
+        err.print(f"roofline: {exc}")
+        raise typer.Exit(2)
+    if not report.attribution.work:
+        err.print(f"roofline: nothing to analyze: {trace} holds no PyTorch operations or GPU activity")
+        raise typer.Exit(2)
+    _show_report(report, json_path, top)
 
 
 if __name__ == "__main__":

@@ -248,8 +248,8 @@ class ModuleRow:
     path: str
     self_us: float = 0.0          # in this module and not in a child module
     total_us: float = 0.0         # in this module or its children
-    forward_us: float = 0.0
-    backward_us: float = 0.0
+    forward_us: float = 0.0       # of total_us: the forward pass
+    backward_us: float = 0.0      # of total_us: the backward of its forward ops
 
 
 def modules(attr: Attribution) -> list[ModuleRow]:
@@ -260,13 +260,13 @@ def modules(attr: Attribution) -> list[ModuleRow]:
             continue
         parts = w.module.split(".")
         for k in range(1, len(parts) + 1):
-            rows.setdefault(".".join(parts[:k]), ModuleRow(".".join(parts[:k]))).total_us += w.us
-        row = rows[w.module]
-        row.self_us += w.us
-        if w.backward:
-            row.backward_us += w.us
-        else:
-            row.forward_us += w.us
+            row = rows.setdefault(".".join(parts[:k]), ModuleRow(".".join(parts[:k])))
+            row.total_us += w.us
+            if w.backward:
+                row.backward_us += w.us
+            else:
+                row.forward_us += w.us
+        rows[w.module].self_us += w.us
     return sorted(rows.values(), key=lambda r: r.path)
 
 

@@ -259,15 +259,15 @@ class Profiler:
     """
 
     def __init__(self, *, skip: int = 0, active: int | None = None, shapes: bool = True,
-                 memory: bool = False, modules: bool = True, lines: bool = True, trace: str | os.PathLike | None = None,
-                 device=None):
+                 memory: bool = False, modules: bool = True, lines: bool = True, python_stack: bool = False,
+                 trace: str | os.PathLike | None = None):
         if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
             raise ValueError(f"skip must be a non-negative int (steps to leave out), got {skip!r}")
         if active is not None and (not isinstance(active, int) or isinstance(active, bool) or active < 1):
             raise ValueError(f"active must be a positive int (steps to record) or None for all, got {active!r}")
         self.skip, self.active = skip, active
         self.shapes, self.memory, self.modules, self.lines = shapes, memory, modules, lines
-        self.device = device
+        self.python_stack = python_stack
         self._own_dir = None
         if trace is None:
             self._own_dir = tempfile.TemporaryDirectory(prefix="roofline-trace-")
@@ -310,7 +310,7 @@ class Profiler:
                 activities=self._activities(), schedule=schedule,
                 on_trace_ready=self._export if schedule else None,
                 record_shapes=self.shapes, profile_memory=self.memory,
-                with_stack=True, with_modules=True, experimental_config=config)
+                with_stack=self.python_stack, with_modules=self.python_stack, experimental_config=config)
         if self.modules:
             self._modules = _ModulePaths().__enter__()
         if self.lines:
@@ -359,7 +359,7 @@ class Profiler:
             if not self._exported:
                 raise RuntimeError(f"nothing was recorded: skip={self.skip} steps were to be left out, "
                                    f"but only {self.steps} were marked with step()")
-            self._report = analyze(self.trace_path, device=self.device, steps=self.steps)
+            self._report = analyze(self.trace_path, steps=self.steps)
         return self._report
 
     def run(self, fn, *args, **kwargs):

@@ -47,6 +47,7 @@ def category(name: str, kind: str = "kernel") -> str:
 
 _FUNCTOR = re.compile(r"([A-Za-z_]\w*(?:_kernel_cuda|Functor|_functor|KernelImpl|_impl|Impl|Ops|Op|_op|_kernel)\b)")
 # Wrappers that appear in many kernels' template arguments and say nothing about what is computed.
+_GENERIC_KERNELS = {"Kernel", "Kernel2", "kernel", "device_kernel", "GemmKernel"}
 _GENERIC = {"gpu_kernel_impl_nocast", "gpu_kernel_impl", "ReduceOp", "func_wrapper_t", "launch_vectorized_kernel",
             "launch_legacy_kernel", "elementwise_kernel", "vectorized_elementwise_kernel"}
 
@@ -85,6 +86,8 @@ def short_name(name: str, limit: int = 90) -> str:
     if i < len(text) and text[i] == "<":
         end = _skip_balanced(text, i, "<", ">")
         found = [m for m in _FUNCTOR.findall(text[i:end]) if m != base and m not in _GENERIC]
+        if not found and base in _GENERIC_KERNELS:   # cutlass::Kernel2<cutlass_80_simt_sgemm_...>: the argument is the kernel
+            found = re.findall(r"[A-Za-z_]\w{3,}", text[i:end])[:1]
         if found:
             detail = f"<{found[0]}>"
     short = base + detail

@@ -1,0 +1,193 @@
+"""One analysis of one trace: every table and finding, and its JSON form (schema below, versioned).
+
+    report = analyze("trace.json.gz")      # or Profiler.report
+    report.print()                          # the terminal summary
+    report.write_json("profile.json")
+
+JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
+    schema              "roofline.profile/1"
+    device              {kind, name, sm_count, ceilings: {source, dram_gbps, matmul_tflops}}
+    totals              {wall_ms, busy_ms, idle_ms, idle: {sync, launch, host, gpu}, work_ms,
+                         steps, step_ms, attributed_share, unattributed_ms, exact_share}
+    kernels[]           {name, full_name, category, count, total_ms, avg_ms, min_ms, max_ms, share}
+    categories          {category: ms}
+    memory_ops[]        {kind, source, destination, pageable, count, bytes, total_ms, gbps}
+    lines[]             {file, line, function, self_ms, total_ms, backward_ms, count}
+    modules[]           {path, self_ms, total_ms, forward_ms, backward_ms}
+    tree                {file, line, function, total_ms, self_ms, children[]}  (top-down; root has no file)
+    syncs[]             {call, file, line, function, count, wait_ms, idle_ms}
+    launch_regions[]    {start_ms, span_ms, kernels, busy_ms, idle_ms, file, line}
+    ops[]               {name, shapes, dtypes, pass, rule, count, ms, flops, bytes, intensity, tflops, gbps,
+                         bound, peak_tflops, peak_gbps, roofline_ms, pct_of_roofline, headroom_ms, file, line,
+                         module, kernels}
+    findings[]          {id, severity, title, message, evidence, location: {file, line}, est_gain_ms}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from roofline.profiler import attribution, costs, kernels, timeline
+from roofline.profiler.trace import Trace, load
+
+SCHEMA = "roofline.profile/1"
+_TREE_MIN_SHARE = 0.001       # tree nodes under 0.1% of the work are folded, so the JSON stays small
+
+
+@dataclass
+class Report:
+    trace: Trace
+    device: dict
+    peaks: costs.Peaks
+    attribution: attribution.Attribution
+    kernels: list
+    memory: list
+    timeline: timeline.Timeline
+    ops: list
+    findings: list = field(default_factory=list)
+    python_steps: int = 0
+
+    # ---------------------------------------------------------------- views
+    @property
+    def lines(self):
+        return attribution.lines(self.attribution)
+
+    @property
+    def modules(self):
+        return attribution.modules(self.attribution)
+
+    @property
+    def tree(self):
+        return attribution.tree(self.attribution)
+
+    @property
+    def totals(self) -> dict:
+        tl, at = self.timeline, self.attribution
+        exact = sum(w.us for w in at.work if w.exact)
+        steps = tl.steps or self.python_steps
+        return {"wall_ms": tl.window_us / 1e3, "busy_ms": tl.busy_us / 1e3, "idle_ms": tl.idle_total_us / 1e3,
+                "idle": {k: v / 1e3 for k, v in tl.idle_us.items()}, "work_ms": at.total_us / 1e3,
+                "steps": steps, "step_ms": tl.step_us / 1e3 if tl.step_us else None,
+                "attributed_share": at.attributed_share, "unattributed_ms": at.unattributed_us / 1e3,
+                "exact_share": exact / at.total_us if at.total_us else 1.0}
+
+    # ---------------------------------------------------------------- output
+    def to_dict(self) -> dict:
+        ms = 1e-3
+        loc = _location
+        return {
+            "schema": SCHEMA,
+            "device": self.device,
+            "totals": self.totals,
+            "kernels": [{"name": k.name, "full_name": k.full_name, "category": k.category, "count": k.count,
+                         "total_ms": k.total_us * ms, "avg_ms": k.avg_us * ms, "min_ms": k.min_us * ms,
+                         "max_ms": k.max_us * ms, "share": k.share} for k in self.kernels],
+            "categories": {k: v * ms for k, v in kernels.category_table(self.kernels, self.memory).items()},
+            "memory_ops": [{"kind": m.kind, "source": m.source, "destination": m.destination, "pageable": m.pageable,
+                            "count": m.count, "bytes": m.bytes, "total_ms": m.total_us * ms, "gbps": m.gbps}
+                           for m in self.memory],
+            "lines": [{**loc(r.location), "self_ms": r.self_us * ms, "total_ms": r.total_us * ms,
+                       "backward_ms": r.backward_us * ms, "count": r.count} for r in self.lines],
+            "modules": [{"path": m.path, "self_ms": m.self_us * ms, "total_ms": m.total_us * ms,
+                         "forward_ms": m.forward_us * ms, "backward_ms": m.backward_us * ms} for m in self.modules],
+            "tree": _tree_dict(self.tree, self.attribution.total_us * _TREE_MIN_SHARE),
+            "syncs": [{"call": s.call, **loc(s.location), "count": s.count, "wait_ms": s.wait_us * ms,
+                       "idle_ms": s.idle_us * ms} for s in self.timeline.syncs],
+            "launch_regions": [{"start_ms": (r.start - self.trace.start) * ms, "span_ms": r.span_us * ms,
+                                "kernels": r.kernels, "busy_ms": r.busy_us * ms, "idle_ms": r.idle_us * ms,
+                                **loc(_top(r.locations))} for r in self.timeline.launch_regions],
+            "ops": [_op_dict(o) for o in self.ops],
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+    def write_json(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1, default=str))
+
+    def print(self, console=None, top: int = 10) -> None:
+        from roofline.profiler.terminal import render
+
+        render(self, console, top=top)
+
+
+def _location(loc) -> dict:
+    if loc is None:
+        return {"file": None, "line": None, "function": None}
+    return {"file": loc.file, "line": loc.line, "function": loc.function}
+
+
+def _top(counts: dict):
+    return max(counts, key=counts.get) if counts else None
+
+
+def _tree_dict(node, min_us: float) -> dict:
+    out = {**_location(node.location), "total_ms": node.total_us / 1e3, "self_ms": node.self_us / 1e3}
+    kids = [c for c in node.sorted_children() if c.total_us >= min_us]
+    out["children"] = [_tree_dict(c, min_us) for c in kids]
+    folded = node.total_us - node.self_us - sum(c.total_us for c in kids)
+    if kids != list(node.children.values()) and folded > 0:
+        out["folded_ms"] = folded / 1e3
+    return out
+
+
+def _op_dict(o: costs.OpRow) -> dict:
+    ms = 1e-3
+    roof, head = o.roofline_us, o.headroom_us
+    return {"name": o.name, "shapes": o.shapes, "dtypes": o.dtypes, "pass": "backward" if o.backward else "forward",
+            "rule": o.rule, "count": o.count, "ms": o.us * ms, "flops": o.flops, "bytes": o.bytes,
+            "intensity": o.intensity, "tflops": o.tflops, "gbps": o.gbps, "bound": o.bound,
+            "peak_tflops": o.peak_tflops, "peak_gbps": o.peak_gbps,
+            "roofline_ms": roof * ms if roof is not None else None, "pct_of_roofline": o.pct_of_roofline,
+            "headroom_ms": head * ms if head is not None else None, **_location(_top(o.locations)),
+            "module": _top({k: v for k, v in o.modules.items() if k is not None}),
+            "kernels": sorted(o.kernels, key=o.kernels.get, reverse=True)[:3]}
+
+
+# --------------------------------------------------------------------------- analysis
+
+def device_of(trace: Trace) -> tuple[dict, costs.Peaks]:
+    """What the trace ran on, and the ceilings to hold it against: measured on this machine when it is the
+    same GPU (or CPU) and `roofline doctor` has measured it, the datasheet's otherwise."""
+    from roofline import device as dev
+
+    props = trace.device_properties
+    if trace.gpu and props:
+        name = props[0].get("name", "unknown GPU")
+        c = None
+        try:
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.get_device_name() == name:
+                c = dev.ceilings()
+        except Exception:   # an analysis machine without a working CUDA stack still has the datasheet
+            c = None
+        if c is None:
+            sheet = dev.datasheet(name)
+            c = dev.Ceilings(device=name, source="datasheet" if sheet else "none",
+                             dram_gbps=sheet.dram_gbps if sheet else None,
+                             matmul_tflops=dict(sheet.matmul_tflops) if sheet else {})
+        info = {"kind": "cuda", "name": name, "sm_count": props[0].get("numSms"),
+                "memory_bytes": props[0].get("totalGlobalMem")}
+    else:
+        c = dev.ceilings("cpu") if not trace.gpu else dev.Ceilings(device="unknown", source="none", dram_gbps=None)
+        info = {"kind": "cpu" if not trace.gpu else "cuda", "name": dev.info("cpu").name if not trace.gpu else "unknown",
+                "sm_count": None, "memory_bytes": None}
+    info["ceilings"] = {"source": c.source, "dram_gbps": c.dram_gbps, "matmul_tflops": dict(c.matmul_tflops)}
+    return info, costs.Peaks.from_ceilings(c)
+
+
+def analyze(source, steps: int = 0) -> Report:
+    """Run every analysis over a trace (a Trace, or the path of a torch.profiler JSON trace)."""
+    from roofline.profiler import findings
+
+    trace = source if isinstance(source, Trace) else load(source)
+    info, peaks = device_of(trace)
+    resolver = attribution.Resolver(trace)
+    attr = attribution.attribute(trace, resolver)
+    report = Report(trace=trace, device=info, peaks=peaks, attribution=attr,
+                    kernels=kernels.kernel_table(trace), memory=kernels.memory_table(trace),
+                    timeline=timeline.analyze(trace, resolver), ops=costs.op_table(trace, attr, peaks),
+                    python_steps=steps)
+    report.findings = findings.find(report)
+    return report

@@ -1,0 +1,114 @@
+"""The terminal summary of a Report: short, ranked, and never the whole trace."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:,.2f}"
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:.0%}"
+
+
+def _shapes(shapes: list, limit: int = 40) -> str:
+    text = ", ".join("x".join(map(str, s)) if isinstance(s, list) and all(isinstance(d, int) for d in s) and s else
+                     ("[...]" if isinstance(s, list) and s else "") for s in shapes)
+    text = ", ".join(p for p in text.split(", ") if p)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _loc(loc) -> str:
+    return f"{loc.file}:{loc.line}" if loc else "[dim](unattributed)[/dim]"
+
+
+def render(report, console: Console | None = None, top: int = 10) -> None:
+    console = console or Console()
+    t = report.totals
+    tl, at = report.timeline, report.attribution
+    d = report.device
+    gpu = at.device == "cuda"
+    ceil = d["ceilings"]
+    console.print(f"[bold]{d['name']}[/bold]  ceilings: {ceil['source']}"
+                  + ("" if ceil["source"] == "measured" else "  (run `roofline doctor` on this machine to measure them)"))
+    if not gpu:
+        console.print("[yellow]No GPU activity in this trace: CPU op times below; GPU analysis (kernels, idle time, "
+                      "findings) needs a run on a GPU.[/yellow]")
+    steps = f", {t['steps']} steps of {t['step_ms']:.2f} ms" if t["step_ms"] else ""
+    if gpu:
+        idle = t["idle"]
+        console.print(f"window {t['wall_ms']:,.1f} ms{steps}: GPU busy {t['busy_ms']:,.1f} ms "
+                      f"({t['busy_ms'] / t['wall_ms']:.0%}), idle {t['idle_ms']:,.1f} ms = sync {idle['sync']:,.1f} + "
+                      f"launch {idle['launch']:,.1f} + host {idle['host']:,.1f} + GPU-side {idle['gpu']:,.1f}")
+    else:
+        console.print(f"window {t['wall_ms']:,.1f} ms{steps}: op time {t['work_ms']:,.1f} ms")
+    console.print(f"attributed to source lines: {t['attributed_share']:.1%} of {'GPU' if gpu else 'op'} time "
+                  f"({t['exact_share']:.1%} to exact lines)")
+
+    if report.findings:
+        ft = Table(title="findings (estimated gains overlap; do not add them up)", title_justify="left")
+        for col in ("", "finding", "where", "gain ms"):
+            ft.add_column(col, justify="right" if col == "gain ms" else "left", overflow="fold")
+        for f in report.findings[:top]:
+            color = {"high": "red", "medium": "yellow"}.get(f.severity, "dim")
+            ft.add_row(f"[{color}]{f.severity}[/{color}]", f"[bold]{f.title}[/bold]\n{f.message}", _loc(f.location),
+                       f"{f.est_gain_ms:,.2f}")
+        console.print(ft)
+    elif gpu:
+        console.print("[green]no findings above 1% of the profiled time[/green]")
+
+    lt = Table(title=f"top lines by {'GPU' if gpu else 'op'} time", title_justify="left")
+    for col in ("line", "function", "ms", "share", "backward", "count"):
+        lt.add_column(col, justify="left" if col in ("line", "function") else "right")
+    for r in report.lines[:top]:
+        if r.self_us <= 0:
+            break
+        lt.add_row(_loc(r.location), r.location.function, _ms(r.self_us), _pct(r.self_us / at.total_us),
+                   _pct(r.backward_us / r.self_us if r.self_us else None), str(r.count))
+    console.print(lt)
+
+    ot = Table(title="top ops on the roofline", title_justify="left")
+    for col in ("op", "inputs", "pass", "calls", "ms", "TFLOP/s", "GB/s", "bound", "of roofline", "headroom ms"):
+        ot.add_column(col, justify="left" if col in ("op", "inputs", "pass", "bound") else "right")
+    for o in report.ops[:top]:
+        ot.add_row(o.name.removeprefix("aten::"), _shapes(o.shapes), "bwd" if o.backward else "fwd", str(o.count),
+                   _ms(o.us), f"{o.tflops:,.1f}" if o.tflops else "", f"{o.gbps:,.0f}" if o.gbps else "",
+                   o.bound or "", _pct(o.pct_of_roofline), _ms(o.headroom_us) if o.headroom_us is not None else "")
+    console.print(ot)
+
+    if gpu:
+        kt = Table(title="top kernels", title_justify="left")
+        for col in ("kernel", "category", "count", "total ms", "avg us", "share"):
+            kt.add_column(col, justify="left" if col in ("kernel", "category") else "right")
+        for k in report.kernels[:top]:
+            kt.add_row(k.name, k.category, str(k.count), _ms(k.total_us), f"{k.avg_us:,.1f}", _pct(k.share))
+        console.print(kt)
+
+    mods = [m for m in report.modules if m.total_us > 0]
+    if mods:
+        mt = Table(title="modules (forward, and the backward of their forward ops)", title_justify="left")
+        for col in ("module", "total ms", "forward", "backward"):
+            mt.add_column(col, justify="left" if col == "module" else "right")
+        for m in sorted(mods, key=lambda m: -m.total_us)[:top]:
+            mt.add_row(m.path, _ms(m.total_us), _ms(m.forward_us), _ms(m.backward_us))
+        console.print(mt)
+
+    if report.memory:
+        memt = Table(title="memory operations", title_justify="left")
+        for col in ("kind", "memory", "count", "MB", "ms", "GB/s"):
+            memt.add_column(col, justify="left" if col in ("kind", "memory") else "right")
+        for m in report.memory[:top]:
+            memt.add_row(m.kind, f"{m.source} -> {m.destination}" if m.source else m.destination, str(m.count),
+                         f"{m.bytes / 1e6:,.1f}", _ms(m.total_us), f"{m.gbps:,.1f}" if m.gbps else "")
+        console.print(memt)
+
+    if tl.syncs:
+        st = Table(title="host synchronizations", title_justify="left")
+        for col in ("call", "line", "count", "host wait ms", "GPU idle after ms"):
+            st.add_column(col, justify="left" if col in ("call", "line") else "right")
+        for s in tl.syncs[:top]:
+            st.add_row(s.call, _loc(s.location), str(s.count), _ms(s.wait_us), _ms(s.idle_us))
+        console.print(st)

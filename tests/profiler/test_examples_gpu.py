@@ -1,0 +1,50 @@
+"""On a GPU: each program with a planted problem yields that finding, at the planted line."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = sorted((ROOT / "examples/problems").glob("*.py"))
+
+pytestmark = pytest.mark.gpu
+
+
+def _planted(path: Path) -> tuple[str, int]:
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        found = re.search(r"#\s*planted:\s*([\w-]+)", text)
+        if found:
+            return found[1], number
+    raise AssertionError(f"{path} has no planted line")
+
+
+def _profile(path: Path, tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "roofline.cli", "profile", "--skip", "3", "--json", str(out),
+                           str(path.relative_to(ROOT)), *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_planted_problem_is_found_at_its_line(path, tmp_path):
+    finding_id, line = _planted(path)
+    report = _profile(path, tmp_path)
+    hits = [f for f in report["findings"] if f["id"] == finding_id]
+    assert hits, f"{finding_id} not found; found {[f['id'] for f in report['findings']]}"
+    assert hits[0]["location"] == {"file": str(path.relative_to(ROOT)), "line": line}
+    assert hits[0]["est_gain_ms"] > 0
+    assert report["totals"]["attributed_share"] >= 0.99
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_fixed_program_no_longer_has_the_finding(path, tmp_path):
+    finding_id, _ = _planted(path)
+    report = _profile(path, tmp_path, "--fixed")
+    assert finding_id not in [f["id"] for f in report["findings"]]
