@@ -223,6 +223,11 @@ def run_facts(stacks: list | None = None) -> dict:
             "stacks": stacks or []}
 
 
+def _sync_if_cuda() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _with_metadata(raw: Path, dest: Path, facts: dict) -> None:
     """Copy torch's JSON trace to dest (gzipped if dest ends in .gz), with {"roofline": facts} first."""
     import gzip
@@ -324,14 +329,19 @@ class Profiler:
         if self._torch is None:
             raise RuntimeError("Profiler.step() called outside the profiled window")
         self.steps += 1
-        self._torch.step()
+        if self.steps == self.skip:
+            # Recording starts now: let the skipped steps' queued GPU work finish first, so that the window
+            # holds exactly the work launched in it, and a program that runs far ahead of the GPU is not
+            # charged for what came before.
+            _sync_if_cuda()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle.*")
+            self._torch.step()
 
     def __exit__(self, exc_type, exc, tb):
         global _active
         try:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                # Let queued GPU work finish inside the window, so its kernels are recorded.
-                torch.cuda.synchronize()
+            _sync_if_cuda()   # let queued GPU work finish inside the window, so its kernels are recorded
         finally:
             self._torch.__exit__(None, None, None)
             if self._modules is not None:

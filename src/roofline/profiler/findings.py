@@ -161,7 +161,8 @@ def eager_elementwise_chain(report) -> list[Finding]:
     run: list[int] = []
     for i in order:
         w = work[i]
-        ok = (not w.backward and w.location is not None and category(w.name) == "elementwise")
+        ok = (not w.backward and w.location is not None and category(w.name) == "elementwise"
+              and "multi_tensor_apply" not in w.name)   # foreach kernels: see unfused_optimizer
         if ok and run and (work[run[-1]].location.file, work[run[-1]].location.function) == (w.location.file, w.location.function):
             run.append(i)
             continue
@@ -177,6 +178,37 @@ def eager_elementwise_chain(report) -> list[Finding]:
             "costs about its largest kernel: wrap the function in `torch.compile`, or use a fused op from roofline.ops.",
             gain / 1e3, first, {"chains": runs, "kernels": kernels, "ms": total / 1e3}))
     return out
+
+
+_ADAM_LIKE = ("lerp", "addcdiv", "addcmul", "sqrt")
+
+
+def unfused_optimizer(report) -> list[Finding]:
+    """An optimizer stepping with foreach (multi-tensor) kernels, one pass over the parameters per operation,
+    where its fused implementation makes one pass in all."""
+    foreach = [o for o in report.ops if o.rule == "foreach" and not o.backward]
+    if not foreach or not report.peaks.gbps:
+        return []
+    us = sum(o.us for o in foreach)
+    steps = min(o.count for o in foreach)   # an op that runs once per step (Adam calls some twice)
+    params = max(sum(_numel(s) for s in o.shapes[0] if isinstance(s, list)) for o in foreach
+                 if o.shapes and isinstance(o.shapes[0], list))
+    adam = any(k in o.name for o in foreach for k in _ADAM_LIKE)
+    # Fused Adam(W) reads params, grads and both moments and writes params and moments: 7 passes of fp32;
+    # fused SGD with momentum about 5.
+    fused_us = steps * (7 if adam else 5) * params * 4 / (report.peaks.gbps * 1e3)
+    locations: dict = {}
+    for o in foreach:
+        for loc, t in o.locations.items():
+            locations[loc] = locations.get(loc, 0.0) + t
+    return [Finding(
+        "unfused-optimizer", "the optimizer runs unfused, one pass over the parameters per operation",
+        f"{sum(o.count for o in foreach)} foreach kernels ({len(foreach)} kinds) updated {params / 1e6:.1f} M parameters "
+        f"in {us / 1e3:.1f} ms over {steps} steps. The fused implementation (`fused=True`, e.g. "
+        f"`torch.optim.{'AdamW' if adam else 'SGD'}(params, fused=True)`) reads and writes each parameter and its "
+        f"state once per step: about {fused_us / 1e3:.1f} ms at the measured bandwidth.",
+        max(us - fused_us, 0.0) / 1e3, _where(locations),
+        {"ms": us / 1e3, "steps": steps, "parameters": params, "fused_estimate_ms": fused_us / 1e3})]
 
 
 def launch_bound(report) -> list[Finding]:
@@ -339,7 +371,7 @@ def below_roofline(report) -> list[Finding]:
 
 
 RULES = [host_sync_in_loop, pageable_copies, fp32_matmul_without_tf32, no_autocast, eager_elementwise_chain,
-         launch_bound, manual_attention, misaligned_matmul, small_grid, below_roofline]
+         unfused_optimizer, launch_bound, manual_attention, misaligned_matmul, small_grid, below_roofline]
 
 
 def find(report) -> list[Finding]:
