@@ -177,12 +177,19 @@ def device_of(trace: Trace) -> tuple[dict, costs.Peaks]:
     return info, costs.Peaks.from_ceilings(c)
 
 
-def analyze(source, steps: int = 0) -> Report:
-    """Run every analysis over a trace (a Trace, or the path of a torch.profiler JSON trace)."""
+def analyze(source, steps: int = 0, peaks: costs.Peaks | None = None) -> Report:
+    """Run every analysis over a trace (a Trace, or the path of a torch.profiler JSON trace).
+
+    peaks: the ceilings to place ops against; by default those of the trace's device (see device_of).
+    """
     from roofline.profiler import findings
 
     trace = source if isinstance(source, Trace) else load(source)
-    info, peaks = device_of(trace)
+    info, device_peaks = device_of(trace)
+    if peaks is None:
+        peaks = device_peaks
+    else:
+        info["ceilings"] = {"source": peaks.source, "dram_gbps": peaks.gbps, "matmul_tflops": dict(peaks.matmul_tflops)}
     resolver = attribution.Resolver(trace)
     attr = attribution.attribute(trace, resolver)
     report = Report(trace=trace, device=info, peaks=peaks, attribution=attr,

@@ -1,0 +1,100 @@
+"""Attribution: kernel -> op -> module -> user line, and the views over it."""
+
+import pytest
+
+from roofline.profiler import attribution
+from roofline.profiler.trace import load
+
+from .synth import AUTOGRAD, TraceBuilder, at
+
+
+def _trace(tmp_path, build):
+    b = TraceBuilder()
+    build(b)
+    return load(b.write(tmp_path / "t.json"))
+
+
+def _forward_backward(b):
+    b.mark(0, at(10, "forward", "model.py"))
+    b.module("Net", 1, 300)
+    b.module("Net.fc", 2, 100)
+    b.op("aten::addmm", 5, 50, seq=1, shapes=[[16], [4, 8], [8, 16]])
+    b.kernel("gemm", 100, 40, launch_ts=10)
+    b.mark(120, at(12, "forward", "model.py"))
+    b.op("aten::relu", 130, 20, seq=2, shapes=[[4, 16]])
+    b.kernel("elementwise_relu", 150, 10, launch_ts=135)
+    b.op("autograd::engine::evaluate_function: AddmmBackward0", 400, 50, tid=AUTOGRAD, seq=1, backward=True)
+    b.op("aten::mm", 405, 30, tid=AUTOGRAD, shapes=[[4, 16], [16, 8]])
+    b.kernel("gemm_bwd", 460, 60, launch_ts=410, tid=AUTOGRAD)
+    b.kernel("orphan", 600, 5, launch_ts=590, tid=999)   # launched outside any op or mark: unattributable
+
+
+def test_work_gets_op_module_line_and_pass(tmp_path):
+    t = _trace(tmp_path, _forward_backward)
+    a = attribution.attribute(t)
+    by_name = {w.name: w for w in a.work}
+    gemm, bwd, relu, orphan = by_name["gemm"], by_name["gemm_bwd"], by_name["elementwise_relu"], by_name["orphan"]
+    assert t.ops[gemm.op].name == "aten::addmm" and gemm.module == "Net.fc" and not gemm.backward
+    assert gemm.location == attribution.Location("model.py", 10, "forward") and gemm.exact
+    assert relu.location.line == 12 and relu.module == "Net"
+    # The backward kernel belongs to the forward line and module that created it.
+    assert bwd.backward and bwd.location.line == 10 and bwd.module == "Net.fc" and t.ops[bwd.op].name == "aten::mm"
+    assert orphan.stack == () and a.unattributed_us == pytest.approx(5)
+    assert a.total_us == pytest.approx(40 + 10 + 60 + 5)
+    assert a.attributed_share == pytest.approx(1 - 5 / 115)
+
+
+def test_views(tmp_path):
+    a = attribution.attribute(_trace(tmp_path, _forward_backward))
+    rows = {r.location.line: r for r in attribution.lines(a)}
+    assert rows[10].self_us == pytest.approx(100) and rows[10].backward_us == pytest.approx(60) and rows[10].count == 2
+    assert rows[12].self_us == pytest.approx(10)
+    assert rows[50].self_us == 0 and rows[50].total_us == pytest.approx(110)   # the caller's line: total only
+    assert [r.location.line for r in attribution.lines(a)][:2] == [10, 12]
+
+    mods = {m.path: m for m in attribution.modules(a)}
+    assert mods["Net"].total_us == pytest.approx(110) and mods["Net"].self_us == pytest.approx(10)
+    assert mods["Net.fc"].forward_us == pytest.approx(40) and mods["Net.fc"].backward_us == pytest.approx(60)
+    assert mods["Net"].backward_us == pytest.approx(60)
+
+    root = attribution.tree(a)
+    assert root.total_us == pytest.approx(115) and root.self_us == pytest.approx(5)   # the orphan stays at the root
+    (top,) = root.sorted_children()
+    assert top.location.line == 50 and top.total_us == pytest.approx(110)
+    assert [c.location.line for c in top.sorted_children()] == [10, 12]
+
+    up = attribution.bottom_up(a)
+    assert [c.location.line for c in up.sorted_children()] == [10, 12]
+    assert up.sorted_children()[0].sorted_children()[0].location.line == 50   # its caller below it
+
+
+def test_cpu_trace_uses_self_time(tmp_path):
+    def build(b):
+        b.gpu = False
+        b.mark(0, at(7))
+        b.op("aten::linear", 10, 100)
+        b.op("aten::addmm", 20, 70)
+        b.op("aten::copy_", 30, 20)
+    a = attribution.attribute(_trace(tmp_path, build))
+    assert a.device == "cpu"
+    assert {w.name: w.us for w in a.work} == pytest.approx({"aten::linear": 30, "aten::addmm": 50, "aten::copy_": 20})
+    assert all(w.location.line == 7 for w in a.work)
+
+
+@pytest.mark.parametrize("file, library", [
+    ("train.py", False), ("queue.py", False),             # a bare script name is the user's, even if it shadows stdlib
+    ("torch/nn/modules/module.py", True), ("roofline/profiler/capture.py", True),
+    ("json/decoder.py", True), ("<frozen runpy>", True), (None, True),
+    ("/opt/venv/lib/python3.12/site-packages/foo/bar.py", True), ("mypkg/model.py", False),
+])
+def test_library_frames(file, library):
+    assert attribution._Classifier(None).is_library(file) is library
+
+
+def test_library_roots_from_the_run(tmp_path):
+    lib = tmp_path / "lib"
+    (lib / "vendored").mkdir(parents=True)
+    (lib / "vendored" / "x.py").write_text("")
+    (tmp_path / "mine.py").write_text("")
+    c = attribution._Classifier({"sys_path": [str(tmp_path), str(lib)], "library_roots": [str(lib) + "/"]})
+    assert c.is_library("vendored/x.py") and not c.is_library("mine.py")

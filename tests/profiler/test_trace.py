@@ -1,0 +1,92 @@
+"""The trace model: reading Chrome JSON event by event, and linking ops, launches, kernels and marks."""
+
+import gzip
+import json
+
+import pytest
+
+from roofline.profiler.trace import TraceError, iter_events, line_stack, load, module_path
+
+from .synth import AUTOGRAD, MAIN, TraceBuilder, at
+
+
+def test_object_form_keeps_other_keys_and_event_order():
+    meta = {}
+    text = json.dumps({"a": 1, "traceEvents": [{"name": "x"}, {"name": "y"}], "z": [1, 2]})
+    assert [e["name"] for e in iter_events(text, meta)] == ["x", "y"]
+    assert meta == {"a": 1, "z": [1, 2]}
+
+
+@pytest.mark.parametrize("text, names", [
+    ('[{"name": "x"}, {"name": "y"}]', ["x", "y"]),
+    ('[{"name": "x"},\n]', ["x"]),               # Chrome tolerates a trailing comma
+    ("[]", []),
+    ('{"traceEvents": []}', []),
+    ('  {"traceEvents": [ {"name": "x"} , 5 ] }  ', ["x"]),   # non-objects are skipped
+])
+def test_array_forms(text, names):
+    assert [e["name"] for e in iter_events(text, {})] == names
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"traceEvents": [{"name": }]}', "not valid JSON"),
+    ('{"other": 1}', "no traceEvents"),
+    ('{"traceEvents": [{"a": 1} {"b": 2}]}', "expected ',' or ']'"),
+    ("42", "expected '{'"),
+])
+def test_bad_text_is_one_clear_error(text, message):
+    with pytest.raises(TraceError, match=message):
+        list(iter_events(text, {}))
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(TraceError, match="no such trace file"):
+        load(tmp_path / "missing.json")
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00junk")
+    with pytest.raises(TraceError, match="not UTF-8"):
+        load(tmp_path / "bin.json")
+    (tmp_path / "cut.json.gz").write_bytes(gzip.compress(b'{"traceEvents": []}')[:-6])
+    with pytest.raises(TraceError, match="damaged gzip"):
+        load(tmp_path / "cut.json.gz")
+
+
+def _linked(tmp_path, gz=False):
+    b = TraceBuilder()
+    b.mark(0, at(10))
+    b.op("aten::linear", 5, 100, shapes=[[4, 8], [16, 8]])
+    b.op("aten::addmm", 20, 50, shapes=[[16], [4, 8], [8, 16]], seq=7)
+    b.module("Net.fc", 1, 120)
+    b.kernel("gemm_kernel", 200, 30, launch_ts=30)
+    b.mark(150, at(11))
+    b.op("autograd::engine::evaluate_function: AddmmBackward0", 300, 80, tid=AUTOGRAD, seq=7, backward=True)
+    b.op("aten::mm", 310, 40, tid=AUTOGRAD, shapes=[[4, 16], [16, 8]])
+    b.kernel("gemm_bwd", 400, 20, launch_ts=320, tid=AUTOGRAD)
+    return load(b.write(tmp_path / ("t.json.gz" if gz else "t.json")))
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_links(tmp_path, gz):
+    t = _linked(tmp_path, gz)
+    names = [o.name for o in t.ops]
+    linear, addmm, fc = names.index("aten::linear"), names.index("aten::addmm"), names.index("roofline.module: Net.fc")
+    assert t.ops[addmm].parent == linear and t.ops[linear].parent == fc and t.ops[fc].parent == -1
+    fwd_kernel, bwd_kernel = t.gpu
+    assert t.runtime[fwd_kernel.launch].op == addmm           # the innermost op around the launch
+    bwd_mm = names.index("aten::mm")
+    assert t.runtime[bwd_kernel.launch].op == bwd_mm
+    evaluate = t.ops[t.ops[bwd_mm].parent]
+    assert evaluate.backward and evaluate.forward == addmm     # backward -> forward by sequence number
+    assert module_path(t, addmm) == "Net.fc"
+    assert line_stack(t, addmm) == [["train.py", 50, "<module>"], ["train.py", 10, "train"]]
+    assert line_stack(t, bwd_mm) is None                       # no marks on the autograd thread
+    assert t.wall_us == pytest.approx(420 - 1)                # first op (the module at 1) to the last end
+    assert t.device_properties[0]["numSms"] == 132
+
+
+def test_latest_forward_with_the_sequence_number(tmp_path):
+    b = TraceBuilder()
+    b.op("aten::mul", 0, 10, seq=3)
+    b.op("aten::mul", 100, 10, seq=3)     # a second forward reusing the number (another thread's counter)
+    b.op("MulBackward0", 150, 10, tid=AUTOGRAD, seq=3, backward=True)
+    t = load(b.write(tmp_path / "t.json"))
+    assert t.ops[2].forward == 1
