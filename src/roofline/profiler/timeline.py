@@ -128,14 +128,22 @@ def analyze(trace: Trace, resolver: Resolver | None = None) -> Timeline:
             continue
         gaps += 1
         gap = b - a
-        # A sync that returned at or after the moment the GPU went idle (or just before it) caused the gap.
+        # A sync in progress when the GPU went idle (returning at or after that moment, give or take the
+        # tolerance) caused the gap up to the next launched work. The window's trailing gap has no next work.
         k = bisect.bisect_left(sync_ends, a - SYNC_TOLERANCE_US)
-        cause_sync = next((syncs[j] for j in range(k, len(syncs)) if trace.runtime[syncs[j]].ts < b), None)
+        cause_sync = None
+        for j in range(k, len(syncs) if next_event >= 0 else 0):
+            call = trace.runtime[syncs[j]]
+            if call.ts <= a + SYNC_TOLERANCE_US:
+                cause_sync = syncs[j]
+                break
+            if call.ts > b:           # later syncs (by end) start after this gap: host threads sync in turn
+                break
         launch = trace.gpu[next_event].launch if next_event >= 0 else -1
         if cause_sync is not None:
             cause = "sync"
             sync_row(cause_sync).idle_us += gap
-        elif next_event < 0 or launch < 0:
+        elif next_event < 0 or launch < 0 or a == trace.start:   # the window opens with host work
             cause = "host"
         elif trace.runtime[launch].ts >= a:
             cause = "launch" if gap < LAUNCH_GAP_US else "host"
@@ -165,7 +173,7 @@ def _fill_regions(trace: Trace, resolver: Resolver, regions: list[Region]) -> No
     starts = [r.start for r in regions]
     for g in trace.gpu:
         k = bisect.bisect_right(starts, g.ts) - 1
-        if k < 0 or g.ts >= regions[k].end:
+        if k < 0 or g.ts > regions[k].end:      # the kernel that ends the last gap belongs too
             continue
         region = regions[k]
         region.kernels += 1

@@ -398,8 +398,10 @@ def link(trace: Trace) -> None:
     for s in trace.syncs:
         s.launch = launch_by_corr.get(s.correlation, -1)
 
+    # The window: all recorded work, and the marked steps (whose host time counts even where nothing ran).
     times = [t for items in (trace.ops, trace.gpu, trace.runtime) for t in
              (min((x.ts for x in items), default=None), max((x.end for x in items), default=None)) if t is not None]
+    times += [t for step in trace.steps for t in step]
     trace.start, trace.end = (min(times), max(times)) if times else (0.0, 0.0)
 
 

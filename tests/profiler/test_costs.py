@@ -1,0 +1,126 @@
+"""FLOPs and bytes per aten op against values computed by hand, and the roofline placement of an op."""
+
+import pytest
+
+from roofline.profiler.costs import OpRow, Peaks, cost
+from roofline.profiler.trace import Op
+
+F32, BF16, I64 = "float", "c10::BFloat16", "long int"
+
+
+def op(name, shapes, dtypes, scalars=None):
+    return Op("aten::" + name, 1, 0.0, 1.0, shapes=shapes, dtypes=dtypes, scalars=scalars or [""] * len(shapes))
+
+
+@pytest.mark.parametrize("name, shapes, dtypes, flops, nbytes, mm", [
+    # [64, 128] @ [128, 256] fp32: 2*64*256*128 FLOPs; read 64*128 + 128*256, write 64*256, 4 bytes each
+    ("mm", [[64, 128], [128, 256]], [F32, F32], 2 * 64 * 256 * 128, 4 * (64 * 128 + 128 * 256 + 64 * 256), "fp32"),
+    # addmm: the bias [256] is read too
+    ("addmm", [[256], [64, 128], [128, 256]], [BF16] * 3, 2 * 64 * 256 * 128,
+     2 * (64 * 128 + 128 * 256 + 64 * 256 + 256), "bf16"),
+    # bmm [8, 32, 16] @ [8, 16, 24]
+    ("bmm", [[8, 32, 16], [8, 16, 24]], [BF16] * 2, 2 * 8 * 32 * 24 * 16, 2 * 8 * (32 * 16 + 16 * 24 + 32 * 24), "bf16"),
+    # linear: x [4, 10, 32] @ w[48, 32]^T -> M = 40
+    ("linear", [[4, 10, 32], [48, 32]], [F32, F32], 2 * 40 * 48 * 32, 4 * (40 * 32 + 32 * 48 + 40 * 48), "fp32"),
+    # matmul with a broadcast batch: [2, 1, 8, 4] @ [3, 4, 5] -> batch 2*3
+    ("matmul", [[2, 1, 8, 4], [3, 4, 5]], [F32, F32], 2 * 6 * 8 * 5 * 4, 4 * 6 * (8 * 4 + 4 * 5 + 8 * 5), "fp32"),
+])
+def test_matmul_family(name, shapes, dtypes, flops, nbytes, mm):
+    c = cost(op(name, shapes, dtypes))
+    assert (c.rule, c.flops, c.bytes, c.matmul_dtype) == ("matmul", flops, nbytes, mm)
+
+
+def test_attention_forward_backward_and_causal():
+    q = [2, 4, 128, 64]
+    b, h, n, d = q
+    qkv = 3 * b * h * n * d * 2
+    out = b * h * n * d * 2
+    fwd = cost(op("_scaled_dot_product_flash_attention", [q, q, q, [], []], [BF16] * 3 + ["Scalar"] * 2,
+                  ["", "", "", "0.", "False"]))
+    assert fwd.rule == "attention" and fwd.matmul_dtype == "bf16"
+    assert fwd.flops == 4 * b * h * n * n * d and fwd.bytes == qkv + out
+    causal = cost(op("_scaled_dot_product_flash_attention", [q, q, q, [], []], [BF16] * 3 + ["Scalar"] * 2,
+                     ["", "", "", "0.", "True"]))
+    assert causal.flops == fwd.flops / 2
+    # The backward's first argument is dout; q, k, v follow.
+    bwd = cost(op("_scaled_dot_product_flash_attention_backward", [q, q, q, q], [BF16] * 4))
+    assert bwd.flops == 2.5 * fwd.flops and bwd.bytes == 2 * (qkv + out) + out
+
+
+def test_convolution():
+    # x [2, 3, 32, 32], w [16, 3, 3, 3], stride 1, padding 1: out [2, 16, 32, 32]
+    shapes = [[2, 3, 32, 32], [16, 3, 3, 3], [16], [], [], [], [], [], []]
+    dtypes = [F32, F32, F32, "GenericList", "GenericList", "GenericList", "Scalar", "GenericList", "Scalar"]
+    scalars = ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]
+    c = cost(op("convolution", shapes, dtypes, scalars))
+    out = 2 * 16 * 32 * 32
+    assert c.rule == "conv" and c.flops == 2 * out * 3 * 9
+    assert c.bytes == 4 * (2 * 3 * 32 * 32 + 16 * 27 + out + 16)
+    strided = cost(op("convolution", shapes, dtypes, ["", "", "", "[2, 2]"] + scalars[4:]))
+    assert strided.flops == c.flops / 4   # stride 2 halves both spatial dims of the output
+
+
+def test_elementwise_broadcast_inplace_and_scalars():
+    add = cost(op("add", [[8, 1, 16], [4, 1], []], [F32, F32, "Scalar"], ["", "", "1"]))
+    assert add.rule == "elementwise" and add.flops == 8 * 4 * 16
+    assert add.bytes == 4 * (8 * 16 + 4) + 4 * 8 * 4 * 16
+    inplace = cost(op("mul_", [[1000], [1000]], [F32, F32]))
+    assert inplace.bytes == 4 * 2000                   # reads both, writes into the first: no new output
+    # A Python scalar arrives as a 0-d double tensor; it must not make a bf16 output 8 bytes wide.
+    scaled = cost(op("mul", [[1000], []], [BF16, "double"]))
+    assert scaled.bytes == 2 * 1000 + 8 + 2 * 1000
+
+
+def test_reductions_softmax_normalization():
+    s = cost(op("sum", [[64, 32], [], [], []], [F32, "ScalarList", "Scalar", ""], ["", "[1]", "False", ""]))
+    assert s.rule == "reduction" and s.flops == 64 * 32 and s.bytes == 4 * (64 * 32 + 64)
+    total = cost(op("sum", [[64, 32], []], [F32, ""]))
+    assert total.bytes == 4 * (64 * 32 + 1)
+    sm = cost(op("_softmax", [[8, 128], [], []], [F32, "Scalar", "Scalar"], ["", "-1", "False"]))
+    assert sm.rule == "softmax" and sm.flops == 5 * 1024 and sm.bytes == 2 * 4 * 1024
+    half_to_float = cost(op("_softmax", [[8, 128], [], []], [BF16, "Scalar", "Scalar"], ["", "-1", "True"]))
+    assert half_to_float.bytes == 1024 * (2 + 4)
+    ln = cost(op("native_layer_norm", [[32, 512], [], [512], [512], []], [BF16, "ScalarList", BF16, BF16, "Scalar"]))
+    assert ln.rule == "normalization" and ln.bytes == 2 * 32 * 512 * 2 + 2 * 2 * 512
+
+
+def test_copies_casts_fill_embedding_loss():
+    cast = cost(op("_to_copy", [[1024], []], [F32, "Scalar"], ["", "15"]))   # 15 = bfloat16
+    assert cast.rule == "copy" and cast.flops == 0 and cast.bytes == 1024 * (4 + 2)
+    copy = cost(op("copy_", [[1024], [1024], []], [BF16, F32, "Scalar"]))
+    assert copy.bytes == 1024 * (4 + 2)
+    cat = cost(op("cat", [[10, 4], [10, 4]], [F32, F32]))
+    assert cat.bytes == 2 * 2 * 160
+    assert cost(op("zero_", [[300]], [F32])).bytes == 1200
+    emb = cost(op("embedding", [[50000, 256], [8, 128]], [BF16, I64]))
+    assert emb.rule == "embedding" and emb.bytes == 2 * 8 * 128 * 256 * 2 + 8 * 128 * 8
+    nll = cost(op("nll_loss_forward", [[32, 1000], [32], [], [], []], [F32, I64, "", "Scalar", "Scalar"]))
+    assert nll.rule == "loss" and nll.bytes == 32 * 4 + 32 * 8
+
+
+def test_foreach_and_fused_optimizer():
+    params = [[100, 10], [10]]
+    lerp = cost(op("_foreach_lerp_", [params, params, []], ["TensorList", "TensorList", "Scalar"]))
+    assert lerp.rule == "foreach" and lerp.flops == 2 * 1010 and lerp.bytes == (2 * 1010 + 1010) * 4
+    fused = cost(op("_fused_adamw_", [params] * 5, ["TensorList"] * 5))
+    assert fused.rule == "optimizer" and fused.bytes == (2 * 5 - 1) * 1010 * 4
+
+
+def test_views_cost_nothing_and_unknown_ops_get_the_default():
+    assert cost(op("view", [[4, 4], []], [F32, "ScalarList"])) is None
+    weird = cost(op("some_custom_op", [[10, 10]], [F32]))
+    assert weird.rule == "default" and weird.bytes == 2 * 400
+
+
+def test_roofline_placement():
+    peaks = Peaks(gbps=1000.0, matmul_tflops={"bf16": 500.0, "fp32": 50.0, "tf32": 250.0}, vector_tflops=50.0,
+                  source="measured")
+    # 1 GFLOP, 10 MB in 100 us: intensity 100 FLOP/B below the bf16 ridge of 500 -> memory-bound;
+    # roofline time max(1e9/500e12, 1e7/1e12) = 10 us, so 10% of the roofline and 90 us of headroom.
+    row = OpRow("aten::mm", [], [], "matmul", count=1, us=100.0, flops=1e9, bytes=1e7, matmul_dtype="bf16",
+                peak_tflops=peaks.compute("bf16", True), peak_gbps=peaks.gbps)
+    assert row.intensity == 100 and row.bound == "memory"
+    assert row.roofline_us == pytest.approx(10) and row.pct_of_roofline == pytest.approx(0.1)
+    assert row.headroom_us == pytest.approx(90) and row.tflops == pytest.approx(10) and row.gbps == pytest.approx(100)
+    assert peaks.compute("fp32", tensor_cores=True) == 250 and peaks.compute("fp32", tensor_cores=False) == 50
+    assert peaks.compute(None, False) == 50
