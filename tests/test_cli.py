@@ -95,3 +95,86 @@ def test_doctor_describes_the_machine_and_measures_then_caches(tmp_path, monkeyp
 def test_doctor_bad_device_is_a_usage_error():
     res = runner.invoke(app, ["doctor", "--device", "meta"])
     assert res.exit_code == 2 and "--device" in res.output and "Traceback" not in res.output
+
+
+# --------------------------------------------------------------------------- roofline profile / analyze
+
+PROGRAM = '''
+import sys
+import torch
+x = torch.randn(64, 64)
+for _ in range(3):
+    y = (x @ x).relu()
+print("done", flush=True)
+if len(sys.argv) > 1:
+    raise ValueError("the program failed: " + sys.argv[1])
+'''
+
+
+@pytest.fixture
+def program(tmp_path):
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRAM)
+    return path
+
+
+def test_profile_a_cpu_program_writes_every_output(program, tmp_path):
+    out_json, out_html, out_trace = tmp_path / "r.json", tmp_path / "r.html", tmp_path / "t.json.gz"
+    result = runner.invoke(app, ["profile", "--json", str(out_json), "--html", str(out_html),
+                                 "--trace", str(out_trace), str(program)])
+    assert result.exit_code == 0, result.output
+    text = flat(result.output)
+    assert "No GPU activity in this trace" in text and "top lines by op time" in text
+    report = json.loads(out_json.read_text())
+    assert report["schema"] == "roofline.profile/1"
+    assert set(report) >= {"device", "totals", "kernels", "memory_ops", "lines", "modules", "ops", "findings",
+                           "tree", "syncs", "timeline"}
+    assert report["device"]["kind"] == "cpu" and report["totals"]["attributed_share"] > 0.99
+    line6 = next(r for r in report["lines"] if r["line"] == 6)
+    assert line6["file"].endswith("prog.py") and line6["self_ms"] > 0
+    mm = next(o for o in report["ops"] if o["name"] == "aten::mm")
+    assert mm["flops"] == 3 * 2 * 64 ** 3 and mm["count"] == 3
+    assert "<h2>Findings</h2>" in out_html.read_text() and out_trace.stat().st_size > 0
+
+
+def test_profile_passes_arguments_and_exits_with_the_programs_status(program, tmp_path):
+    result = runner.invoke(app, ["profile", "--json", str(tmp_path / "r.json"), str(program), "boom"])
+    assert result.exit_code == 1
+    assert "ValueError: the program failed: boom" in result.output
+    assert "roofline/" not in result.output.split("Traceback")[1]   # the program's frames, not roofline's
+    assert json.loads((tmp_path / "r.json").read_text())["lines"]      # what ran is still reported
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["profile", "nowhere/missing.py"], "no such file: nowhere/missing.py"),
+    (["profile", "-m", "no_such_module_at_all"], "no module named 'no_such_module_at_all'"),
+    (["analyze", "nowhere/trace.json"], "nowhere/trace.json"),
+])
+def test_profile_and_analyze_usage_errors(argv, message):
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2 and message in flat(result.output)
+    assert "Traceback" not in result.output
+
+
+def test_profile_with_too_few_steps_says_so(program):
+    result = runner.invoke(app, ["profile", "--skip", "2", str(program)])
+    assert result.exit_code == 2 and "nothing was recorded" in flat(result.output)
+
+
+def test_analyze_rejects_a_file_that_is_not_a_trace(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    result = runner.invoke(app, ["analyze", str(bad)])
+    assert result.exit_code == 2 and "Traceback" not in result.output and str(bad) in flat(result.output)
+
+
+def test_analyze_a_recorded_h100_trace(tmp_path):
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "profiler/fixtures/h100-eager_elementwise.json.gz"
+    result = runner.invoke(app, ["analyze", "--json", str(tmp_path / "r.json"), str(fixture)])
+    assert result.exit_code == 0, result.output
+    assert "NVIDIA H100" in result.output and "eager-elementwise-chain" not in result.output   # ids stay in JSON
+    found = json.loads((tmp_path / "r.json").read_text())["findings"]
+    assert found[0]["id"] == "eager-elementwise-chain"
+    assert found[0]["location"] == {"file": "examples/problems/eager_elementwise.py", "line": 22}

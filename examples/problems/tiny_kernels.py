@@ -2,13 +2,16 @@
 
 Every layer launches a handful of microsecond kernels forward and backward; the host cannot
 issue them as fast as the GPU finishes them, so the GPU waits on launches. --fixed captures
-the forward and backward passes once as CUDA graphs and replays them (one launch per pass).
+the whole training step (forward, backward, optimizer) once as a CUDA graph and replays it:
+one launch per step.
 """
 
 import argparse
 
 import torch
 from torch import nn
+
+from roofline.profiler import step as mark_step   # marks an iteration for `roofline profile --skip`; no-op otherwise
 
 p = argparse.ArgumentParser()
 p.add_argument("--fixed", action="store_true")
@@ -24,12 +27,38 @@ for _ in range(depth):
 model = nn.Sequential(*layers).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, foreach=True)
 x = torch.randn(batch, width, device=device)
-if args.fixed and device == "cuda":
-    model = torch.cuda.make_graphed_callables(model, (x,))
 
-for _ in range(args.steps):
+
+def train_step():
+    optimizer.zero_grad(set_to_none=True)
     loss = model(x).square().mean()   # planted: launch-bound
-    optimizer.zero_grad(set_to_none=False)
     loss.backward()
     optimizer.step()
+    return loss
+
+
+step, warmup = train_step, 0
+if args.fixed and device == "cuda":
+    # A capture needs a few eager steps first, on a side stream (the optimizer's state, cuBLAS workspaces).
+    warmup = 3
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(warmup):
+            train_step()
+            if i < warmup - 1:
+                mark_step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):   # gradients stay allocated in the graph's pool; each replay overwrites them
+        static_loss = train_step()
+    mark_step()                       # the last warm-up step ends with the capture
+
+    def step():
+        graph.replay()
+        return static_loss
+
+for _ in range(args.steps - warmup):
+    loss = step()
+    mark_step()
 print(f"loss {loss.item():.4f}")

@@ -173,11 +173,14 @@ def bench(
             _numbered(markdown_path, i, len(sweeps)).write_text(report.to_markdown(result) + "\n")
 
 
-def _show_report(report, json_path: Optional[Path], top: int) -> None:
+def _show_report(report, json_path: Optional[Path], html_path: Optional[Path], top: int) -> None:
     report.print(console, top=top)
     if json_path:
         report.write_json(json_path)
         console.print(f"[dim]report written to {json_path}[/dim]")
+    if html_path:
+        report.write_html(html_path)
+        console.print(f"[dim]HTML report written to {html_path}[/dim]")
 
 
 def _program_traceback(error: BaseException) -> str:
@@ -200,6 +203,7 @@ def profile(
                              "optimizer.step() or a call of roofline.profiler.step()."),
     steps: Optional[int] = typer.Option(None, min=1, help="Steps to record after the skipped ones (default: all)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the analysis as JSON (schema roofline.profile/1)."),
+    html_path: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     trace_path: Optional[Path] = typer.Option(None, "--trace", help="Keep the Chrome/Perfetto trace here (.json or .json.gz)."),
     memory: bool = typer.Option(False, help="Also record memory allocations."),
     shapes: bool = typer.Option(True, help="Record op input shapes (needed for FLOPs, bytes and the roofline)."),
@@ -235,7 +239,7 @@ def profile(
     if not report.attribution.work:
         err.print("roofline: nothing to analyze: the program ran no PyTorch operations in the profiled window")
         raise typer.Exit(status or 2)
-    _show_report(report, json_path, top)
+    _show_report(report, json_path, html_path, top)
     if trace_path:
         console.print(f"[dim]trace written to {trace_path} (open it in https://ui.perfetto.dev)[/dim]")
     raise typer.Exit(status)
@@ -245,6 +249,7 @@ def profile(
 def analyze(
     trace: Path = typer.Argument(..., help="A torch.profiler trace (.json or .json.gz)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the analysis as JSON."),
+    html_path: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     top: int = typer.Option(10, min=1, help="Rows per table in the terminal summary."),
 ):
     """Analyze a trace recorded earlier (by roofline profile --trace, or torch.profiler's export_chrome_trace)."""
@@ -259,7 +264,7 @@ def analyze(
     if not report.attribution.work:
         err.print(f"roofline: nothing to analyze: {trace} holds no PyTorch operations or GPU activity")
         raise typer.Exit(2)
-    _show_report(report, json_path, top)
+    _show_report(report, json_path, html_path, top)
 
 
 if __name__ == "__main__":

@@ -44,8 +44,10 @@ def _syncing_loop(b, syncs):
 def test_host_sync_in_loop(tmp_path):
     f = _one(_report(tmp_path, lambda b: _syncing_loop(b, 5)), "host-sync-in-loop")
     assert f.location.line == 31 and f.evidence["count"] == 5
-    # Each sync leaves the GPU idle until the next iteration's kernel: from t0+30 to t0+110.
-    assert f.est_gain_ms == pytest.approx(4 * 80 / 1e3)
+    # Each sync leaves the GPU idle until the next iteration's kernel (t0+30 to t0+110, 80 us), but the host was only
+    # 25 us ahead (its wait): without the sync it launches the next kernel 25 us earlier, no more.
+    assert f.evidence["gpu_idle_ms"] == pytest.approx(5 * 80 / 1e3 - 80 / 1e3)
+    assert f.est_gain_ms == pytest.approx(4 * 25 / 1e3)
     assert "host-sync-in-loop" not in _ids(_report(tmp_path, lambda b: _syncing_loop(b, 2)))
 
 

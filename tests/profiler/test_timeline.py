@@ -49,6 +49,11 @@ def test_launch_host_and_gpu_causes(tmp_path):
     assert t.idle_us["gpu"] == pytest.approx(20)
     assert t.idle_us["sync"] == 0 and t.syncs == []
     assert t.busy_us + t.idle_total_us == pytest.approx(t.window_us)
+    # The binned timeline holds the same time, bin by bin.
+    assert len(t.bins.idle["host"]) == 400 and t.bins.width_us == pytest.approx(t.window_us / 400)
+    for cause, us in t.idle_us.items():
+        assert sum(t.bins.idle[cause]) == pytest.approx(us)
+    assert list(t.bins.busy) == ["other"] and sum(t.bins.busy["other"]) == pytest.approx(40)   # kernels a-d
 
 
 def test_launch_bound_region_collects_its_kernels_and_lines(tmp_path):

@@ -124,6 +124,7 @@ class Resolver:
         self._main_tid = _main_thread(trace)
         self._frame_tids = {f.tid for f in trace.frames}
         self._main_frames = None
+        self._marked_tid = max(trace.marks, key=lambda t: len(trace.marks[t][0])) if trace.marks else None
 
     def frame_stack(self, fi: int) -> tuple:
         """User Locations of the Python frames from the outermost down to frame `fi` (function level)."""
@@ -153,11 +154,16 @@ class Resolver:
 
     def _stack_around(self, op_index: int) -> tuple[tuple, bool]:
         found = line_stack(self.trace, op_index)
+        exact = found is not None
+        if not found and self.trace.ops[op_index].tid not in self.trace.marks and self._marked_tid is not None:
+            # An op on a thread that runs no user code (the autograd engine's AccumulateGrad, say): the line
+            # the program's main thread was on then, e.g. loss.backward(). Inferred, so not counted as exact.
+            found = line_stack(self.trace, op_index, self._marked_tid)
         if found:
             key = tuple(map(tuple, found))
             if key not in self._marked:
                 self._marked[key] = tuple(Location(f, line, fn) for f, line, fn in found)
-            return self._marked[key], True
+            return self._marked[key], exact
         return self.frame_stack(self._frame_for(op_index)), False
 
     def resolve(self, op_index: int) -> tuple:

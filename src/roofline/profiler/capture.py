@@ -38,7 +38,10 @@ _active: "Profiler | None" = None
 def step() -> None:
     """Mark the end of one iteration of the program being profiled; does nothing when none is."""
     if _active is not None:
+        first = not _active.marked_by_program
         _active.marked_by_program = True
+        if first and _active.steps:
+            return   # optimizer.step() already counted this iteration (see _optimizer_steps); marks count from now
         _active.step()
 
 
@@ -245,6 +248,20 @@ def _with_metadata(raw: Path, dest: Path, facts: dict) -> None:
         shutil.copyfileobj(src, out, 1 << 20)
 
 
+def _experimental_config():
+    """Kineto options: synchronization events on (the timeline needs them); external correlation off (each op
+    would push an id to CUPTI; roofline links kernels to ops by thread and time instead); and, where torch has
+    it, no Python event objects built at exit (roofline reads the exported trace)."""
+    options = {"enable_cuda_sync_events": True, "disable_external_correlation": True, "trace_only": True}
+    while True:
+        try:
+            return torch._C._profiler._ExperimentalConfig(**options)
+        except TypeError:
+            if len(options) == 1:
+                raise
+            options.popitem()   # an older torch: drop the newest option and try again
+
+
 def _schedule(skip: int, active: int | None):
     """torch.profiler's schedule for 'skip `skip` steps, then record `active` (None: all the rest)'."""
     if skip == 0 and active is None:
@@ -307,7 +324,7 @@ class Profiler:
         global _active
         if self._torch is not None:
             raise RuntimeError("this roofline Profiler has already been used; make a new one")
-        config = torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+        config = _experimental_config()
         schedule = _schedule(self.skip, self.active)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*warmup.*")
@@ -466,7 +483,8 @@ def run_program(target: str, args: list[str], *, module: bool = False, **options
 def _optimizer_steps(prof: Profiler):
     """Count each optimizer.step() as a step of the program, until the program marks one itself
     with roofline.profiler.step(). A training script then needs no change for `skip` to leave out
-    its warm-up iterations."""
+    its warm-up iterations. The program's first mark ends an iteration that the hook has already
+    counted, so it is not counted again (see step())."""
 
     def on_step(optimizer, args, kwargs):
         if _active is prof and not prof.marked_by_program:

@@ -416,6 +416,7 @@ class OpRow:
     kernels: dict = None          # kernel short name -> us
     peak_tflops: float | None = None
     peak_gbps: float | None = None
+    host_transfer: bool = False   # moves data between host and GPU: bound by PCIe, which no ceiling here measures
 
     @property
     def intensity(self) -> float | None:
@@ -464,6 +465,17 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
     for w in attr.work:
         if w.op >= 0:
             per_op.setdefault(w.op, []).append(w)
+    # An op that calls other ops (aten::matmul -> aten::mm) does its work through them: its own time (on a CPU,
+    # its self time) is dispatch, and its FLOPs are counted once, on the callee.
+    # (Callees that only move metadata, such as aten::resolve_conj under aten::mm, do not make a caller composite.)
+    children: dict[int, list] = {}
+    for o in trace.ops:
+        if o.parent in per_op and not o.annotation:
+            children.setdefault(o.parent, []).append(o)
+
+    def composite(op_index: int) -> bool:
+        return any((c := cost(child)) is not None and c.rule != "default" for child in children.get(op_index, ()))
+
     rows: dict[tuple, OpRow] = {}
     for op_index, works in per_op.items():
         op = trace.ops[op_index]
@@ -471,7 +483,7 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
         key = (op.name, repr(op.shapes), repr(op.dtypes), backward)
         row = rows.get(key)
         if row is None:
-            c = cost(op)
+            c = None if composite(op_index) else cost(op)
             row = rows[key] = OpRow(op.name, op.shapes or [], op.dtypes or [], c.rule if c else None,
                                     matmul_dtype=c.matmul_dtype if c else None, backward=backward,
                                     locations={}, modules={}, kernels={})
@@ -485,6 +497,8 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
             loc = w.location
             row.locations[loc] = row.locations.get(loc, 0.0) + w.us
             row.modules[w.module] = row.modules.get(w.module, 0.0) + w.us
+            if w.kind == "memcpy" and ("HtoD" in w.name or "DtoH" in w.name):
+                row.host_transfer = True
             if w.kind == "kernel":
                 k = short_name(w.name)
                 row.kernels[k] = row.kernels.get(k, 0.0) + w.us
@@ -493,6 +507,8 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
                     row.tensor_cores = uses if row.tensor_cores is None else row.tensor_cores and uses
     for row in rows.values():
         del row._cost
+        if row.host_transfer:
+            continue              # no roofline: placing it against DRAM bandwidth would call every copy slow
         tensor_cores = row.tensor_cores if row.tensor_cores is not None else attr.device == "cuda"
         row.peak_tflops = peaks.compute(row.matmul_dtype, tensor_cores)
         row.peak_gbps = peaks.gbps

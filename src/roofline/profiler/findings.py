@@ -55,10 +55,11 @@ def host_sync_in_loop(report) -> list[Finding]:
         out.append(Finding(
             "host-sync-in-loop", f"host waits for the GPU {s.count} times{_at(s.location)}",
             f"`{s.call}` ran {s.count} times from {s.location}: each time the host stopped queuing work until the "
-            f"GPU caught up, and the GPU then idled {s.idle_us / 1e3 / s.count:.3f} ms on average before the next "
-            "launch. Keep values on the GPU (accumulate `loss.detach()`, not `loss.item()`) and read them once, "
-            "after the loop or every N steps.",
-            s.idle_us / 1e3, s.location,
+            f"GPU caught up ({s.wait_us / 1e3:.2f} ms in all), and the GPU then idled {s.idle_us / 1e3:.2f} ms in all "
+            "before the next launch. Keep values on the GPU (accumulate `loss.detach()`, not `loss.item()`) and read "
+            "them once, after the loop or every N steps. The gain counts only the idle time the host's lead would "
+            "have covered: a host that barely waited is itself the bottleneck.",
+            s.gain_us / 1e3, s.location,
             {"call": s.call, "count": s.count, "host_wait_ms": s.wait_us / 1e3, "gpu_idle_ms": s.idle_us / 1e3}))
     return out
 

@@ -3,6 +3,7 @@
     report = analyze("trace.json.gz")      # or Profiler.report
     report.print()                          # the terminal summary
     report.write_json("profile.json")
+    report.write_html("profile.html")       # self-contained: tables, timeline, roofline chart, tree
 
 JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
     schema              "roofline.profile/1"
@@ -15,8 +16,10 @@ JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
     lines[]             {file, line, function, self_ms, total_ms, backward_ms, count}
     modules[]           {path, self_ms, total_ms, forward_ms, backward_ms}
     tree                {file, line, function, total_ms, self_ms, children[]}  (top-down; root has no file)
-    syncs[]             {call, file, line, function, count, wait_ms, idle_ms}
+    syncs[]             {call, file, line, function, count, wait_ms, idle_ms, gain_ms}
     launch_regions[]    {start_ms, span_ms, kernels, busy_ms, idle_ms, file, line}
+    timeline            {bin_ms, busy_ms: {category: [ms per bin]}, idle_ms: {cause: [ms per bin]}}
+                        (the window in equal bins; null without GPU activity)
     ops[]               {name, shapes, dtypes, pass, rule, count, ms, flops, bytes, intensity, tflops, gbps,
                          bound, peak_tflops, peak_gbps, roofline_ms, pct_of_roofline, headroom_ms, file, line,
                          module, kernels}
@@ -94,16 +97,26 @@ class Report:
                          "forward_ms": m.forward_us * ms, "backward_ms": m.backward_us * ms} for m in self.modules],
             "tree": _tree_dict(self.tree, self.attribution.total_us * _TREE_MIN_SHARE),
             "syncs": [{"call": s.call, **loc(s.location), "count": s.count, "wait_ms": s.wait_us * ms,
-                       "idle_ms": s.idle_us * ms} for s in self.timeline.syncs],
+                       "idle_ms": s.idle_us * ms, "gain_ms": s.gain_us * ms} for s in self.timeline.syncs],
             "launch_regions": [{"start_ms": (r.start - self.trace.start) * ms, "span_ms": r.span_us * ms,
                                 "kernels": r.kernels, "busy_ms": r.busy_us * ms, "idle_ms": r.idle_us * ms,
                                 **loc(_top(r.locations))} for r in self.timeline.launch_regions],
+            "timeline": _bins_dict(self.timeline.bins),
             "ops": [_op_dict(o) for o in self.ops],
             "findings": [f.to_dict() for f in self.findings],
         }
 
     def write_json(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1, default=str))
+
+    def write_html(self, path) -> None:
+        """A self-contained HTML report (see roofline.profiler.html)."""
+        from roofline.profiler.html import render
+
+        argv = (self.trace.meta.get("roofline") or {}).get("argv") or []
+        title = "roofline profile: " + " ".join(argv) if argv else "roofline profile"
+        Path(path).write_text(render(json.loads(json.dumps(self.to_dict(), default=str)), title=title),
+                              encoding="utf-8")
 
     def print(self, console=None, top: int = 10) -> None:
         from roofline.profiler.terminal import render
@@ -119,6 +132,14 @@ def _location(loc) -> dict:
 
 def _top(counts: dict):
     return max(counts, key=counts.get) if counts else None
+
+
+def _bins_dict(bins) -> dict | None:
+    if bins is None:
+        return None
+    ms = lambda row: [round(v / 1e3, 5) for v in row]  # noqa: E731
+    return {"bin_ms": bins.width_us / 1e3, "busy_ms": {k: ms(v) for k, v in sorted(bins.busy.items())},
+            "idle_ms": {k: ms(v) for k, v in bins.idle.items()}}
 
 
 def _tree_dict(node, min_us: float) -> dict:

@@ -5,7 +5,7 @@ Each idle gap is put down to one cause, from what the host was doing when the GP
 
     sync     the host was blocked in a synchronization (cudaStreamSynchronize from .item(),
              .cpu(), a blocking copy...) when the GPU finished; afterwards the queue was empty,
-             so the GPU waited for the host to launch again. The gap is that sync's cost.
+             so the GPU waited for the host to launch again (what removing it would save: SyncRow.gain_us).
     launch   the next kernel was launched only after the GPU went idle, and the gap is short
              (< LAUNCH_GAP_US): the host issues kernels more slowly than the GPU runs them.
     host     the same, with a longer gap: the host was busy with other work (Python, data).
@@ -18,6 +18,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from roofline.profiler.attribution import Location, Resolver
+from roofline.profiler.kernels import category
 from roofline.profiler.trace import Trace
 
 LAUNCH_GAP_US = 50.0          # idle gaps shorter than this, after a late launch, count as launch overhead
@@ -42,6 +43,10 @@ class SyncRow:
     count: int = 0
     wait_us: float = 0.0          # host time blocked in the call
     idle_us: float = 0.0          # GPU idle right after it, before the host launched again
+    # The idle that goes away without the sync: per sync, min(idle after it, host wait). The host was that far
+    # ahead of the GPU; without the sync it stays ahead and launches the next work that much earlier. A host
+    # that barely waits was the bottleneck anyway, and the GPU would idle regardless.
+    gain_us: float = 0.0
 
 
 @dataclass
@@ -60,6 +65,26 @@ class Region:
 
 
 @dataclass
+class Bins:
+    """The window cut into equal bins: per bin, GPU busy time by kernel category and idle time by cause
+    (what the HTML timeline draws; a million events become a few hundred numbers)."""
+    start: float
+    width_us: float
+    busy: dict                    # category -> [us per bin]
+    idle: dict                    # cause -> [us per bin]
+
+
+def _spread(row: list, a: float, b: float, start: float, width: float) -> None:
+    """Add the interval [a, b) to the bins of `row` it overlaps."""
+    n = len(row)
+    i = max(int((a - start) // width), 0)
+    while a < b and i < n:
+        edge = start + (i + 1) * width
+        row[i] += min(b, edge) - a
+        a, i = edge, i + 1
+
+
+@dataclass
 class Timeline:
     window_us: float
     busy_us: float
@@ -69,6 +94,7 @@ class Timeline:
     gaps: int                     # how many idle gaps
     steps: int = 0
     step_us: float | None = None  # mean wall time of a recorded step
+    bins: Bins | None = None
 
     @property
     def idle_total_us(self) -> float:
@@ -88,7 +114,7 @@ def busy_intervals(trace: Trace) -> list[tuple[float, float, int]]:
     return [tuple(m) for m in merged]
 
 
-def analyze(trace: Trace, resolver: Resolver | None = None) -> Timeline:
+def analyze(trace: Trace, resolver: Resolver | None = None, bins: int = 400) -> Timeline:
     resolver = resolver or Resolver(trace)
     busy = busy_intervals(trace)
     window = trace.wall_us
@@ -97,6 +123,10 @@ def analyze(trace: Trace, resolver: Resolver | None = None) -> Timeline:
     idle = {"sync": 0.0, "launch": 0.0, "host": 0.0, "gpu": 0.0}
     if not busy:
         return Timeline(window, 0.0, idle, [], [], 0, steps, step_us)
+    width = max(window, 1e-3) / bins
+    binned = Bins(trace.start, width, {}, {cause: [0.0] * bins for cause in idle})
+    for g in trace.gpu:
+        _spread(binned.busy.setdefault(category(g.name, g.kind), [0.0] * bins), g.ts, g.end, trace.start, width)
 
     syncs = sorted((i for i, c in enumerate(trace.runtime) if is_sync_call(c.name)),
                    key=lambda i: trace.runtime[i].end)
@@ -142,7 +172,9 @@ def analyze(trace: Trace, resolver: Resolver | None = None) -> Timeline:
         launch = trace.gpu[next_event].launch if next_event >= 0 else -1
         if cause_sync is not None:
             cause = "sync"
-            sync_row(cause_sync).idle_us += gap
+            row, call = sync_row(cause_sync), trace.runtime[cause_sync]
+            row.idle_us += gap
+            row.gain_us += min(gap, call.end - call.ts)
         elif next_event < 0 or launch < 0 or a == trace.start:   # the window opens with host work
             cause = "host"
         elif trace.runtime[launch].ts >= a:
@@ -150,6 +182,7 @@ def analyze(trace: Trace, resolver: Resolver | None = None) -> Timeline:
         else:
             cause = "gpu"
         idle[cause] += gap
+        _spread(binned.idle[cause], a, b, trace.start, width)
         if cause == "launch":
             if region is None:
                 region = Region(a, b)
@@ -163,7 +196,7 @@ def analyze(trace: Trace, resolver: Resolver | None = None) -> Timeline:
     _fill_regions(trace, resolver, regions)
     busy_us = sum(e - s for s, e, _ in busy)
     sync_rows = sorted(rows.values(), key=lambda r: -(r.idle_us + r.wait_us))
-    return Timeline(window, busy_us, idle, sync_rows, regions, gaps, steps, step_us)
+    return Timeline(window, busy_us, idle, sync_rows, regions, gaps, steps, step_us, binned)
 
 
 def _fill_regions(trace: Trace, resolver: Resolver, regions: list[Region]) -> None:

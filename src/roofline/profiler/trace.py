@@ -418,11 +418,11 @@ def module_path(trace: Trace, op_index: int) -> str | None:
     return None
 
 
-def line_stack(trace: Trace, op_index: int) -> list | None:
+def line_stack(trace: Trace, op_index: int, tid: int | None = None) -> list | None:
     """The user's call stack ([[file, line, function], ...]) at the op's start: the last line mark
-    on its thread before it (see capture._LineMarks), or None where there is none."""
+    on its thread (or on thread `tid`) before it (see capture._LineMarks), or None where there is none."""
     op = trace.ops[op_index]
-    found = trace.marks.get(op.tid)
+    found = trace.marks.get(op.tid if tid is None else tid)
     if not found:
         return None
     times, ids = found

@@ -1,0 +1,354 @@
+"""The HTML report: one self-contained file (no network, no external script or font), made from the JSON form
+of a Report, so `roofline analyze --html` can make it from any saved analysis.
+
+Charts are SVG drawn here; the page's only script sorts tables when a header is clicked.
+Sections: summary, findings, timeline (GPU busy by kernel category and idle by cause over the
+window), roofline chart (each op a point against the device's ceilings), top-down tree, and
+the tables (lines, ops, kernels, modules, memory operations, host syncs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from html import escape
+
+from roofline.profiler.kernels import CATEGORIES
+
+# Colour per kernel category (busy) and per idle cause; the same in the legend and the chart.
+CATEGORY_COLORS = dict(zip(CATEGORIES, ("#3b6fd4", "#7b4fd0", "#2fa36b", "#d98a1c", "#c2497b", "#b5a01f",
+                                        "#4aa7c9", "#8c8c8c", "#d14f3b", "#5a7d3a", "#6e6e9e")))
+IDLE_COLORS = {"sync": "#e0463a", "launch": "#f2a33a", "host": "#c9c9c9", "gpu": "#9fb7d9"}
+IDLE_WORDS = {"sync": "host sync", "launch": "launch-bound", "host": "other host work", "gpu": "GPU-side wait"}
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+main{max-width:1180px;margin:0 auto;padding:20px 24px 60px}
+h1{font-size:22px;margin:8px 0 2px}h2{font-size:17px;margin:30px 0 8px;border-bottom:1px solid #d8dce3;padding-bottom:4px}
+.sub{color:#5b6474}.card{background:#fff;border:1px solid #dde1e8;border-radius:6px;padding:12px 14px;margin:10px 0}
+.sev{display:inline-block;min-width:56px;text-align:center;border-radius:4px;color:#fff;font-size:12px;padding:1px 6px;margin-right:8px}
+.high{background:#c9372c}.medium{background:#d68a00}.low{background:#7a8494}
+.gain{float:right;font-weight:600}.where{font-family:ui-monospace,monospace;color:#3b4a66}
+.evidence{color:#5b6474;font-size:12.5px;margin-top:4px}
+table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}
+th,td{padding:4px 8px;border-bottom:1px solid #eceef2;text-align:left;vertical-align:top}
+th{background:#eef1f5;cursor:pointer;user-select:none;white-space:nowrap}th.sorted-asc:after{content:" \\25B2"}
+th.sorted-desc:after{content:" \\25BC"}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
+.legend span{display:inline-block;margin-right:14px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
+.bar{display:flex;height:16px;border-radius:3px;overflow:hidden;margin:6px 0}.bar div{height:100%}
+details{margin-left:14px}summary{cursor:pointer}.tree{background:#fff;border:1px solid #dde1e8;border-radius:6px;padding:8px}
+.note{color:#5b6474;font-size:12.5px}.scroll{overflow-x:auto}svg text{font:11px system-ui,sans-serif;fill:#3a4252}
+"""
+
+# Sorting by clicking a header; errors are recorded on <body> so a headless browser test can see them.
+_SCRIPT = """
+window.addEventListener('error', function (e) {
+  document.body.setAttribute('data-script-error', String(e.message || e));
+});
+function cellValue(td) {
+  var v = td.getAttribute('data-v');
+  if (v !== null) { return parseFloat(v); }
+  return td.textContent.trim().toLowerCase();
+}
+document.querySelectorAll('table.sortable').forEach(function (table) {
+  table.querySelectorAll('th').forEach(function (th, col) {
+    th.addEventListener('click', function () {
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      var desc = !th.classList.contains('sorted-desc');
+      rows.sort(function (a, b) {
+        var x = cellValue(a.cells[col]), y = cellValue(b.cells[col]);
+        if (x === y) { return 0; }
+        return (x < y ? -1 : 1) * (desc ? -1 : 1);
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+      table.querySelectorAll('th').forEach(function (h) { h.classList.remove('sorted-asc', 'sorted-desc'); });
+      th.classList.add(desc ? 'sorted-desc' : 'sorted-asc');
+    });
+  });
+});
+// #selftest (used by the tests in a headless browser): sort every table both ways, then say how it went.
+if (location.hash === '#selftest') {
+  var clicked = 0;
+  document.querySelectorAll('table.sortable th').forEach(function (th) { th.click(); th.click(); clicked += 1; });
+  document.body.setAttribute('data-selftest', clicked + ' ' + document.querySelectorAll('th.sorted-asc').length);
+}
+document.body.setAttribute('data-ready', '1');
+"""
+
+
+# --------------------------------------------------------------------------- small pieces
+
+def _num(x, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return ""
+    return f"{x:,}" if isinstance(x, int) else f"{x:,.{digits}f}"
+
+
+def _pct(x) -> str:
+    return "" if x is None else f"{x:.0%}"
+
+
+def _where(d: dict) -> str:
+    return f"{d['file']}:{d['line']}" if d.get("file") else "(unattributed)"
+
+
+def _shapes(shapes) -> str:
+    parts = []
+    for s in shapes or []:
+        if isinstance(s, list) and s and all(isinstance(v, int) for v in s):
+            parts.append("x".join(map(str, s)))
+        elif isinstance(s, list) and s:
+            parts.append("[...]")
+    return ", ".join(parts)
+
+
+def _table(columns: list[tuple[str, str]], rows: list[dict], table_id: str) -> str:
+    """A sortable table. columns: (header, key); a key ending in ':n' is numeric (right-aligned, sorts by value)."""
+    head = "".join(f"<th>{escape(h)}</th>" for h, _ in columns)
+    body = []
+    for row in rows:
+        cells = []
+        for _, key in columns:
+            value = row.get(key.removesuffix(":n"))
+            if key.endswith(":n"):
+                raw = value[0] if isinstance(value, tuple) else value
+                text = value[1] if isinstance(value, tuple) else _num(value)
+                data = f' data-v="{raw}"' if isinstance(raw, (int, float)) else ' data-v="-1e308"'
+                cells.append(f'<td class="n"{data}>{escape(str(text))}</td>')
+            else:
+                cells.append(f"<td>{escape('' if value is None else str(value))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    if not rows:
+        body.append(f'<tr><td colspan="{len(columns)}" class="note">none</td></tr>')
+    return (f'<div class="scroll"><table class="sortable" id="{table_id}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def _legend(colors: dict, words: dict | None = None) -> str:
+    return '<div class="legend">' + "".join(
+        f'<span><i style="background:{c}"></i>{escape((words or {}).get(k, k))}</span>' for k, c in colors.items()) + "</div>"
+
+
+# --------------------------------------------------------------------------- sections
+
+def _summary(d: dict) -> str:
+    t, dev = d["totals"], d["device"]
+    ceilings = dev["ceilings"]
+    gpu = dev["kind"] == "cuda" and d.get("timeline") is not None
+    peaks = ", ".join(f"{k} {v:,.0f} TFLOP/s" for k, v in (ceilings.get("matmul_tflops") or {}).items())
+    source = {"measured": "measured by roofline doctor on this machine",
+              "datasheet": "datasheet values (run `roofline doctor` on the GPU to measure them)"}.get(
+        ceilings["source"], "none known")
+    parts = [f"<p><b>{escape(str(dev['name']))}</b>"
+             + (f", {dev['sm_count']} SMs" if dev.get("sm_count") else "")
+             + f". Ceilings: {escape(source)}"
+             + (f": DRAM {ceilings['dram_gbps']:,.0f} GB/s" if ceilings.get("dram_gbps") else "")
+             + (f"; {escape(peaks)}" if peaks else "") + ".</p>"]
+    steps = f", {t['steps']} steps of {t['step_ms']:.2f} ms" if t.get("step_ms") else ""
+    if gpu:
+        wall = t["wall_ms"] or 1.0
+        segments = [("busy", t["busy_ms"], "#3b6fd4")] + [(IDLE_WORDS[k], v, IDLE_COLORS[k]) for k, v in t["idle"].items()]
+        bar = "".join(f'<div title="{escape(name)}: {ms:,.2f} ms" style="width:{100 * ms / wall:.3f}%;background:{color}">'
+                      "</div>" for name, ms, color in segments if ms > 0)
+        parts.append(f"<p>Window {t['wall_ms']:,.2f} ms{steps}: GPU busy {t['busy_ms']:,.2f} ms "
+                     f"({t['busy_ms'] / wall:.0%}), idle {t['idle_ms']:,.2f} ms.</p>"
+                     f'<div class="bar" id="busy-bar">{bar}</div>'
+                     + _legend({"busy": "#3b6fd4", **IDLE_COLORS}, {"busy": "GPU busy", **IDLE_WORDS}))
+    else:
+        parts.append(f"<p>Window {t['wall_ms']:,.2f} ms{steps}; op time {t['work_ms']:,.2f} ms. "
+                     "<b>No GPU activity in this trace:</b> the tables show CPU op times; the GPU analysis "
+                     "(kernels, idle time, findings) needs a run on a GPU.</p>")
+    parts.append(f"<p>Attributed to source lines: {t['attributed_share']:.1%} of "
+                 f"{'GPU' if gpu else 'op'} time ({t['exact_share']:.1%} to exact lines).</p>")
+    return "\n".join(parts)
+
+
+def _findings(d: dict) -> str:
+    if not d["findings"]:
+        return '<p class="note">No finding is worth 1% of the window.</p>'
+    cards = []
+    for f in d["findings"]:
+        evidence = ", ".join(f"{escape(str(k))}: {escape(_evidence_value(v))}" for k, v in f["evidence"].items())
+        where = _where(f["location"]) if f["location"] else "(no single line)"
+        cards.append(
+            f'<div class="card finding" data-id="{escape(f["id"])}"><span class="gain">~{f["est_gain_ms"]:,.2f} ms</span>'
+            f'<span class="sev {escape(f["severity"])}">{escape(f["severity"])}</span><b>{escape(f["title"])}</b>'
+            f' <span class="where">{escape(where)}</span> <code>{escape(f["id"])}</code>'
+            f'<p>{escape(f["message"])}</p><div class="evidence">{evidence}</div></div>')
+    return ('<p class="note">Ranked by estimated gain in the profiled window. Gains overlap (TF32 and autocast speed '
+            "up the same matmuls): do not add them up.</p>" + "".join(cards))
+
+
+def _evidence_value(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4g}"
+    return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+
+
+def _timeline(d: dict) -> str:
+    tl = d.get("timeline")
+    if not tl:
+        return '<p class="note">No GPU activity: nothing to draw.</p>'
+    width, busy_h, idle_h, left = 1040, 110, 26, 40
+    bin_ms = tl["bin_ms"]
+    n = len(next(iter(tl["idle_ms"].values())))
+    bw = (width - left) / n
+    shapes = []
+    for i in range(n):
+        y = busy_h
+        for cat, row in tl["busy_ms"].items():
+            h = min(row[i] / bin_ms, 1.0) * (busy_h - 10) if bin_ms else 0
+            if h > 0.05:
+                y -= h
+                shapes.append(f'<rect x="{left + i * bw:.2f}" y="{y:.2f}" width="{bw + 0.3:.2f}" height="{h:.2f}" '
+                              f'fill="{CATEGORY_COLORS.get(cat, "#888")}"/>')
+        y = busy_h + 6
+        for cause, row in tl["idle_ms"].items():
+            h = min(row[i] / bin_ms, 1.0) * idle_h if bin_ms else 0
+            if h > 0.05:
+                shapes.append(f'<rect x="{left + i * bw:.2f}" y="{y:.2f}" width="{bw + 0.3:.2f}" height="{h:.2f}" '
+                              f'fill="{IDLE_COLORS[cause]}"/>')
+                y += h
+    total_ms = bin_ms * n
+    ticks = []
+    for k in range(6):
+        x = left + (width - left) * k / 5
+        ticks.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{busy_h}" y2="{busy_h + 4}" stroke="#555"/>'
+                     f'<text x="{x:.1f}" y="{busy_h + idle_h + 22}" text-anchor="middle">{total_ms * k / 5:,.1f} ms</text>')
+    height = busy_h + idle_h + 28
+    svg = (f'<svg id="timeline" viewBox="0 0 {width} {height}" width="100%" role="img" '
+           f'aria-label="GPU busy and idle over the window">'
+           f'<text x="2" y="14">busy</text><text x="2" y="{busy_h + 20}">idle</text>'
+           f'<line x1="{left}" x2="{width}" y1="{busy_h}" y2="{busy_h}" stroke="#999"/>{"".join(shapes)}{"".join(ticks)}</svg>')
+    used = {c: CATEGORY_COLORS.get(c, "#888") for c in tl["busy_ms"]}
+    return (f'<p class="note">The window in {n} bins of {bin_ms * 1e3:,.1f} us. Top: the share of each bin the GPU was '
+            "busy, by kernel category (streams that overlap are capped at 100%). Bottom: why it sat idle.</p>"
+            + svg + _legend(used) + _legend(IDLE_COLORS, IDLE_WORDS))
+
+
+def _roofline_chart(d: dict) -> str:
+    ceilings = d["device"]["ceilings"]
+    bw = ceilings.get("dram_gbps")
+    ops = [o for o in d["ops"] if o.get("intensity") and o.get("tflops") and o["ms"] > 0]
+    if not bw or not ops:
+        return '<p class="note">No op with known FLOPs, bytes and ceilings to place on the roofline.</p>'
+    peaks = {k: v for k, v in (ceilings.get("matmul_tflops") or {}).items() if v}
+    width, height, left, bottom, top, right = 1040, 420, 60, 40, 12, 20
+    xs = [o["intensity"] for o in ops]
+    ys = [o["tflops"] for o in ops]
+    x_lo = 10 ** math.floor(math.log10(max(min(xs), 1e-3)))
+    x_hi = 10 ** math.ceil(math.log10(max(max(xs), max(peaks.values(), default=1) * 1e3 / bw * 4)))
+    y_hi = 10 ** math.ceil(math.log10(max(max(ys), max(peaks.values(), default=1))))
+    y_lo = 10 ** math.floor(math.log10(max(min(ys), y_hi * 1e-6)))
+
+    def px(x):
+        return left + (math.log10(x) - math.log10(x_lo)) / (math.log10(x_hi) - math.log10(x_lo)) * (width - left - right)
+
+    def py(y):
+        y = min(max(y, y_lo), y_hi)
+        return top + (math.log10(y_hi) - math.log10(y)) / (math.log10(y_hi) - math.log10(y_lo)) * (height - top - bottom)
+
+    parts = []
+    for e in range(int(math.log10(x_lo)), int(math.log10(x_hi)) + 1):
+        x = px(10 ** e)
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{height - bottom}" stroke="#eee"/>'
+                     f'<text x="{x:.1f}" y="{height - bottom + 14}" text-anchor="middle">1e{e}</text>')
+    for e in range(int(math.log10(y_lo)), int(math.log10(y_hi)) + 1):
+        y = py(10 ** e)
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+                     f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">1e{e}</text>')
+    # Ceilings: the memory slope (TFLOP/s = intensity x TB/s) up to each compute roof (dtypes with one peak share it).
+    roofs: dict = {}
+    for name, peak in peaks.items():
+        roofs.setdefault(round(peak, 1), []).append(name)
+    for peak, names in sorted(roofs.items(), reverse=True):
+        name = "/".join(names)
+        ridge = peak * 1e3 / bw
+        parts.append(f'<polyline fill="none" stroke="#444" stroke-width="1.2" points="{px(x_lo):.1f},{py(x_lo * bw / 1e3):.1f} '
+                     f'{px(ridge):.1f},{py(peak):.1f} {px(x_hi):.1f},{py(peak):.1f}"/>'
+                     f'<text x="{width - right - 4}" y="{py(peak) - 4:.1f}" text-anchor="end">{escape(name)} '
+                     f'{peak:,.0f} TFLOP/s</text>')
+    parts.append(f'<text x="{px(x_lo) + 6:.1f}" y="{py(x_lo * bw / 1e3) - 6:.1f}">DRAM {bw:,.0f} GB/s</text>')
+    total = sum(o["ms"] for o in ops)
+    for o in sorted(ops, key=lambda o: -o["ms"]):
+        r = 3 + 14 * math.sqrt(o["ms"] / total)
+        color = "#d14f3b" if (o.get("pct_of_roofline") or 1) < 0.5 else "#3b6fd4"
+        tip = (f"{o['name']} ({o['pass']}) {_shapes(o['shapes'])}\n{o['count']} calls, {o['ms']:,.3f} ms, "
+               f"{o['tflops']:,.2f} TFLOP/s, {o['gbps'] or 0:,.0f} GB/s, intensity {o['intensity']:,.1f} FLOP/B, "
+               f"{_pct(o.get('pct_of_roofline'))} of roofline\n{_where(o)}")
+        parts.append(f'<circle class="op" cx="{px(o["intensity"]):.1f}" cy="{py(o["tflops"]):.1f}" r="{r:.1f}" '
+                     f'fill="{color}" fill-opacity="0.55" stroke="{color}"><title>{escape(tip)}</title></circle>')
+    parts.append(f'<text x="{(left + width) / 2}" y="{height - 6}" text-anchor="middle">arithmetic intensity (FLOP/byte)</text>'
+                 f'<text x="14" y="{(top + height) / 2}" transform="rotate(-90 14 {(top + height) / 2})" '
+                 'text-anchor="middle">achieved TFLOP/s</text>')
+    return ('<p class="note">Each op (name, shapes, pass) is a point: achieved TFLOP/s against FLOPs per byte moved. '
+            "The lines are the ceilings; red points run below half of theirs. Point area ~ time. Hover for details.</p>"
+            f'<svg id="roofline" viewBox="0 0 {width} {height}" width="100%" role="img" aria-label="roofline chart">'
+            + "".join(parts) + "</svg>")
+
+
+def _tree(node: dict, total: float, depth: int = 0) -> str:
+    label = _where(node) + (f" ({node['function']})" if node.get("function") else "") if node.get("file") else "all work"
+    share = node["total_ms"] / total if total else 0
+    head = (f'<span class="mono">{escape(label)}</span> &mdash; {node["total_ms"]:,.2f} ms ({share:.1%})'
+            + (f', self {node["self_ms"]:,.2f} ms' if node["self_ms"] else ""))
+    kids = "".join(_tree(c, total, depth + 1) for c in node["children"])
+    if node.get("folded_ms"):
+        kids += f'<div class="note" style="margin-left:14px">smaller calls: {node["folded_ms"]:,.3f} ms</div>'
+    if not kids:
+        return f'<div style="margin-left:14px">{head}</div>'
+    return f'<details{" open" if depth < 3 else ""}><summary>{head}</summary>{kids}</details>'
+
+
+def _tables(d: dict, top: int) -> str:
+    ms_unit = "GPU ms" if d.get("timeline") else "ms"
+    lines = [{**r, "where": _where(r)} for r in d["lines"][:top]]
+    ops = [{**o, "shapes_text": _shapes(o["shapes"]), "where": _where(o),
+            "pct": (o["pct_of_roofline"], _pct(o["pct_of_roofline"]))} for o in d["ops"][:top]]
+    kernels = [{**k, "avg_us": k["avg_ms"] * 1e3, "share": (k["share"], _pct(k["share"]))} for k in d["kernels"][:top]]
+    memory = [{**m, "memory": f"{m['source']} -> {m['destination']}", "mb": m["bytes"] / 1e6} for m in d["memory_ops"]]
+    syncs = [{**s, "where": _where(s)} for s in d["syncs"][:top]]
+    return "\n".join([
+        f"<h2>Source lines</h2><p class='note'>Flat view by line: self is work launched on the line itself, total "
+        f"includes the functions it called; backward work counts on the forward line that created it.</p>",
+        _table([("line", "where"), ("function", "function"), (f"self {ms_unit}", "self_ms:n"),
+                (f"total {ms_unit}", "total_ms:n"), ("backward ms", "backward_ms:n"), ("count", "count:n")],
+               lines, "lines"),
+        "<h2>Ops on the roofline</h2>",
+        _table([("op", "name"), ("inputs", "shapes_text"), ("pass", "pass"), ("calls", "count:n"), ("ms", "ms:n"),
+                ("TFLOP/s", "tflops:n"), ("GB/s", "gbps:n"), ("FLOP/B", "intensity:n"), ("bound", "bound"),
+                ("of roofline", "pct:n"), ("headroom ms", "headroom_ms:n"), ("line", "where"), ("module", "module")],
+               ops, "ops"),
+        "<h2>Kernels</h2>",
+        _table([("kernel", "name"), ("category", "category"), ("count", "count:n"), ("total ms", "total_ms:n"),
+                ("avg us", "avg_us:n"), ("share", "share:n")], kernels, "kernels"),
+        "<h2>Modules</h2>",
+        _table([("module", "path"), ("total ms", "total_ms:n"), ("forward ms", "forward_ms:n"),
+                ("backward ms", "backward_ms:n"), ("self ms", "self_ms:n")], d["modules"][:top], "modules"),
+        "<h2>Memory operations</h2>",
+        _table([("kind", "kind"), ("memory", "memory"), ("count", "count:n"), ("MB", "mb:n"), ("ms", "total_ms:n"),
+                ("GB/s", "gbps:n")], memory, "memory"),
+        "<h2>Host synchronizations</h2>",
+        _table([("call", "call"), ("line", "where"), ("count", "count:n"), ("host wait ms", "wait_ms:n"),
+                ("GPU idle after ms", "idle_ms:n"), ("saved without it ms", "gain_ms:n")], syncs, "syncs"),
+    ])
+
+
+def render(d: dict, title: str = "roofline profile", top: int = 50) -> str:
+    """The report page for a Report's JSON form (Report.to_dict())."""
+    total = d["tree"]["total_ms"] if d.get("tree") else 0
+    body = "\n".join([
+        f"<h1>{escape(title)}</h1><div class='sub'>roofline profile, schema {escape(d['schema'])}</div>",
+        "<h2>Summary</h2>", _summary(d),
+        "<h2>Findings</h2>", _findings(d),
+        "<h2>Timeline</h2>", _timeline(d),
+        "<h2>Roofline</h2>", _roofline_chart(d),
+        "<h2>Top-down: call paths</h2>",
+        f'<div class="tree" id="tree">{_tree(d["tree"], total) if d.get("tree") else ""}</div>',
+        _tables(d, top),
+    ])
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+            f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_CSS}</style></head>'
+            f"<body><main>{body}</main><script>{_SCRIPT}</script></body></html>")

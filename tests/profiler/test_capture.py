@@ -1,0 +1,163 @@
+"""Capture on this machine (CPU): real programs profiled, their ops tied to exact lines, modules and steps."""
+
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import roofline
+from roofline.profiler import capture, run_program
+
+TRAIN = textwrap.dedent('''\
+    import sys
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 48)
+            self.head = nn.Linear(48, 8)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return self.head(torch.relu(h) * 2)
+
+
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(64, 32)
+    w = torch.randn(32, 32)
+    for _ in range(int(sys.argv[1])):
+        y = x @ w @ w
+        loss = (net(y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if len(sys.argv) > 2:
+        raise SystemExit(int(sys.argv[2])) if sys.argv[2].isdigit() else RuntimeError(sys.argv[2])
+    ''')
+
+
+def _line(text: str, source: str = TRAIN) -> int:
+    return next(i for i, line in enumerate(source.splitlines(), 1) if text in line)
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN)
+    return path
+
+
+def _by_line(report):
+    return {(r.location.file.rsplit("/", 1)[-1], r.location.line): r for r in report.lines}
+
+
+def test_ops_land_on_exact_lines_including_operators_and_backward(script):
+    prof, status, error = run_program(str(script), ["4"], skip=1)
+    assert (status, error) == (0, None) and prof.recorded
+    report = prof.report
+    assert report.attribution.device == "cpu" and report.attribution.attributed_share > 0.99
+    rows = _by_line(report)
+    matmul_line, fc_line = _line("y = x @ w @ w"), _line("h = self.fc(x)")
+    assert rows[("train.py", matmul_line)].self_us > 0          # `@` is no call, yet its line is found
+    # The Linear's forward (addmm) is on the line inside forward(); its backward is charged to the same line.
+    fc = rows[("train.py", fc_line)]
+    assert fc.self_us > 0 and fc.backward_us > 0
+    names = {report.trace.ops[w.op].name for w in report.attribution.work
+             if w.location and w.location.line == fc_line and w.op >= 0}
+    assert "aten::addmm" in names
+    assert report.to_dict()["totals"]["exact_share"] > 0.9
+
+
+def test_module_paths_and_steps(script):
+    prof, _, _ = run_program(str(script), ["5"], skip=2)
+    report = prof.report
+    modules = {m.path: m for m in report.modules}
+    assert {"Net", "Net.fc", "Net.head"} <= set(modules)
+    assert modules["Net.fc"].forward_us > 0 and modules["Net.fc"].backward_us > 0
+    assert modules["Net"].total_us >= modules["Net.fc"].total_us + modules["Net.head"].total_us
+    # Five optimizer steps, two skipped: the window holds the other three (torch's step ranges).
+    assert prof.steps == 5 and report.timeline.steps >= 3
+
+
+def test_trace_carries_roofline_facts(script, tmp_path):
+    import gzip
+    import json
+
+    trace = tmp_path / "t.json.gz"
+    prof, _, _ = run_program(str(script), ["2"], trace=trace)
+    data = json.loads(gzip.decompress(trace.read_bytes()))
+    assert data["roofline"]["argv"][0] == str(script) and data["roofline"]["stacks"]
+    assert any(e.get("name", "").startswith("roofline.line: ") for e in data["traceEvents"])
+    assert prof.trace_path == trace
+
+
+def test_program_exit_status_and_raised_error_still_give_a_report(script):
+    prof, status, error = run_program(str(script), ["2", "3"])
+    assert status == 3 and error is None and prof.report.attribution.work
+    prof, status, error = run_program(str(script), ["2", "boom"])
+    assert status == 1 and isinstance(error, RuntimeError) and str(error) == "boom"
+    assert prof.report.attribution.work
+
+
+def test_nothing_recorded_when_too_few_steps(script):
+    prof, status, _ = run_program(str(script), ["2"], skip=5)
+    assert status == 0 and not prof.recorded
+    with pytest.raises(RuntimeError, match="skip=5"):
+        prof.report
+
+
+def test_run_as_module(tmp_path, monkeypatch):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "job.py").write_text("import torch\nprint(torch.ones(8).sum().item())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    prof, status, _ = run_program("pkg.job", [], module=True)
+    assert status == 0 and any(r.location.file.endswith("job.py") for r in prof.report.lines)
+
+
+def test_missing_program():
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        run_program("does/not/exist.py", [])
+    with pytest.raises(FileNotFoundError, match="no module named"):
+        run_program("no_such_module_anywhere", [], module=True)
+
+
+def test_tracing_hooks_are_restored_after_the_window(script):
+    before = sys.gettrace()
+    run_program(str(script), ["1"])
+    assert sys.gettrace() is before
+    if sys.version_info >= (3, 12):
+        assert sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is None
+
+
+def test_context_manager_and_function_forms():
+    x = torch.randn(128, 128)
+    with roofline.profile() as prof:
+        for _ in range(3):
+            (x @ x).sum()
+            prof.step()
+    assert prof.recorded and prof.steps == 3 and prof.report.attribution.work
+    called = roofline.profile(lambda a: (a @ a).relu(), x)
+    assert any(o.name == "aten::mm" for o in called.report.trace.ops)
+    with pytest.raises(TypeError, match="callable"):
+        roofline.profile(42)
+
+
+@pytest.mark.parametrize("kwargs, message", [({"skip": -1}, "skip"), ({"skip": 1.5}, "skip"),
+                                             ({"active": 0}, "active"), ({"active": True}, "active")])
+def test_bad_options_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        roofline.profile(**kwargs)
+
+
+def test_step_outside_a_window():
+    capture.step()   # no profiler active: nothing happens
+    prof = roofline.profile()
+    with pytest.raises(RuntimeError, match="outside"):
+        prof.step()
