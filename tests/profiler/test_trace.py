@@ -46,7 +46,7 @@ def test_unreadable_files(tmp_path):
     with pytest.raises(TraceError, match="not UTF-8"):
         load(tmp_path / "bin.json")
     (tmp_path / "cut.json.gz").write_bytes(gzip.compress(b'{"traceEvents": []}')[:-6])
-    with pytest.raises(TraceError, match="damaged gzip"):
+    with pytest.raises(TraceError, match="damaged gzip file"):
         load(tmp_path / "cut.json.gz")
 
 
@@ -90,3 +90,16 @@ def test_latest_forward_with_the_sequence_number(tmp_path):
     b.op("MulBackward0", 150, 10, tid=AUTOGRAD, seq=3, backward=True)
     t = load(b.write(tmp_path / "t.json"))
     assert t.ops[2].forward == 1
+
+
+def test_values_split_across_read_chunks(monkeypatch):
+    """The reader holds a few characters at a time here: numbers, strings and events cut at any point decode whole."""
+    from roofline.profiler import trace as trace_module
+
+    monkeypatch.setattr(trace_module, "_CHUNK", 7)
+    text = ('{"schemaVersion": 123456789, "traceEvents": [{"name": "a long name to cut", "ts": 1234.5678}, '
+            '{"name": "b", "ts": 98765}], "tail": [1, 2.5e3, true, null]}')
+    meta = {}
+    events = list(iter_events(text, meta))
+    assert events == [{"name": "a long name to cut", "ts": 1234.5678}, {"name": "b", "ts": 98765}]
+    assert meta == {"schemaVersion": 123456789, "tail": [1, 2500.0, True, None]}

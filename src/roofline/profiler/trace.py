@@ -5,15 +5,16 @@ read into flat lists of events with every link the analyses need already resolve
     host op --time nesting--> enclosing op (parent) and innermost Python frame (with file and line)
     backward op --autograd sequence number--> the forward op that created it
 
-The file is read once, event by event (`iter_events`): the raw JSON is never held
-as one parsed document, so a trace of a million events costs its text and the
-compact events, not a tree of dicts besides.
+The file is read once, as a stream (gunzipped on the fly), event by event (`iter_events`):
+at most a few MB of its text are held at a time, and no parsed document, so a trace of a
+million events costs only the compact events.
 """
 
 from __future__ import annotations
 
 import bisect
 import gzip
+import io
 import json
 import re
 from dataclasses import dataclass, field
@@ -137,88 +138,128 @@ class Trace:
 _WS = re.compile(r"[ \t\n\r]*")
 
 
-def _open_text(path: Path) -> str:
+_CHUNK = 1 << 22               # characters read at a time: the most of the raw JSON ever held
+
+
+def _open_stream(path: Path):
+    """The trace as a text stream (gunzipped on the fly when it starts with gzip's magic number)."""
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+        return gzip.open(path, "rt", encoding="utf-8") if gz else open(path, encoding="utf-8")
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise TraceError(f"{path} is a damaged gzip file: {exc}") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise TraceError(f"{path} is not a JSON trace (not UTF-8 text)") from None
 
 
-def iter_events(text: str, meta: dict, source: str = "trace"):
-    """Yield the trace's events one at a time; the other top-level keys are put in `meta`.
+class _Reader:
+    """JSON values decoded one at a time from a text stream, holding only a window of the text.
 
-    Accepts the Chrome trace object form ({"traceEvents": [...], ...}) and the bare array form.
+    A value that runs past the window's end fails to decode, or (a number) stops at it: either
+    way more text is read and the value decoded again.
     """
-    decoder = json.JSONDecoder()
-    pos = _WS.match(text, 0).end()
 
-    def fail(what):
-        raise TraceError(f"{source} is not a Chrome/Perfetto JSON trace: {what} at character {pos}")
+    def __init__(self, stream, source: str):
+        self.stream, self.source = stream, source
+        self.buf, self.pos, self.offset, self.eof = "", 0, 0, False
+        self.decoder = json.JSONDecoder()
+        self.more()
 
-    def decode():
-        nonlocal pos
+    def more(self) -> bool:
+        if self.eof:
+            return False
         try:
-            value, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{source} is not valid JSON: {exc.msg} at character {exc.pos}") from None
-        pos = _WS.match(text, pos).end()
-        return value
+            chunk = self.stream.read(_CHUNK)
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            what = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else f"a damaged gzip file ({exc})"
+            raise TraceError(f"{self.source} is not a readable JSON trace: {what}") from None
+        self.eof = not chunk
+        self.offset += self.pos
+        self.buf, self.pos = self.buf[self.pos:] + chunk, 0
+        return not self.eof
 
-    def expect(char):
-        nonlocal pos
-        if not text.startswith(char, pos):
-            fail(f"expected {char!r}")
-        pos = _WS.match(text, pos + 1).end()
+    def skip_ws(self) -> None:
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf) or not self.more():
+                return
+
+    def peek(self) -> str:
+        self.skip_ws()
+        return self.buf[self.pos: self.pos + 1]
+
+    def expect(self, char: str) -> None:
+        if self.peek() != char:
+            self.fail(f"expected {char!r}")
+        self.pos += 1
+
+    def fail(self, what: str):
+        raise TraceError(f"{self.source} is not a Chrome/Perfetto JSON trace: {what} at character "
+                         f"{self.offset + self.pos}")
+
+    def value(self):
+        self.skip_ws()
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                if self.more():
+                    continue
+                raise TraceError(f"{self.source} is not valid JSON: {exc.msg} at character "
+                                 f"{self.offset + exc.pos}") from None
+            if end == len(self.buf) and self.more():
+                continue              # a number (or literal) may go on in the next chunk
+            self.pos = end
+            return value
+
+
+def iter_events(stream, meta: dict, source: str = "trace"):
+    """Yield the trace's events one at a time from a text stream (or a string); the other top-level keys go
+    in `meta`. Accepts the Chrome trace object form ({"traceEvents": [...], ...}) and the bare array form."""
+    r = _Reader(io.StringIO(stream) if isinstance(stream, str) else stream, source)
 
     def array():
-        nonlocal pos
-        expect("[")
-        if text.startswith("]", pos):
-            pos = _WS.match(text, pos + 1).end()
+        r.expect("[")
+        if r.peek() == "]":
+            r.pos += 1
             return
         while True:
-            event = decode()
+            event = r.value()
             if isinstance(event, dict):
                 yield event
-            if text.startswith(",", pos):
-                pos = _WS.match(text, pos + 1).end()
-                if text.startswith("]", pos):   # tolerate a trailing comma, as Chrome does
-                    pos = _WS.match(text, pos + 1).end()
+            c = r.peek()
+            if c == ",":
+                r.pos += 1
+                if r.peek() == "]":   # tolerate a trailing comma, as Chrome does
+                    r.pos += 1
                     return
-            elif text.startswith("]", pos):
-                pos = _WS.match(text, pos + 1).end()
+            elif c == "]":
+                r.pos += 1
                 return
             else:
-                fail("expected ',' or ']' between events")
+                r.fail("expected ',' or ']' between events")
 
-    if text.startswith("[", pos):
+    if r.peek() == "[":
         yield from array()
         return
-    expect("{")
+    r.expect("{")
     found = False
-    while not text.startswith("}", pos):
-        key = decode()
+    while r.peek() != "}":
+        if not r.peek():
+            r.fail("unexpected end")
+        key = r.value()
         if not isinstance(key, str):
-            fail("expected a key")
-        expect(":")
+            r.fail("expected a key")
+        r.expect(":")
         if key == "traceEvents":
             found = True
             yield from array()
         else:
-            meta[key] = decode()
-        if text.startswith(",", pos):
-            pos = _WS.match(text, pos + 1).end()
-        elif not text.startswith("}", pos):
-            fail("expected ',' or '}'")
+            meta[key] = r.value()
+        c = r.peek()
+        if c == ",":
+            r.pos += 1
+        elif c != "}":
+            r.fail("expected ',' or '}'")
     if not found:
         raise TraceError(f"{source} has no traceEvents: not a Chrome/Perfetto trace")
 
@@ -306,10 +347,9 @@ def load(path: str | Path) -> Trace:
     if not path.exists():
         raise TraceError(f"no such trace file: {path}")
     trace = Trace(path=str(path))
-    text = _open_text(path)
-    for event in iter_events(text, trace.meta, source=str(path)):
-        _add(trace, event)
-    del text
+    with _open_stream(path) as stream:
+        for event in iter_events(stream, trace.meta, source=str(path)):
+            _add(trace, event)
     link(trace)
     return trace
 
