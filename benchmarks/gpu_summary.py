@@ -47,10 +47,11 @@ def profiler_section(work: Path) -> list[str]:
              examples.read_text() if examples.exists() else "(did not run)", ""]
     if overhead is not None:
         lines += ["## Profiler overhead (`benchmarks/profile_overhead.py`)", "",
-                  f"examples/mlp_train.py's training step ({overhead['batch']}x{overhead['width']}, bf16 autocast), "
+                  "examples/mlp_train.py's training step (batch x width, 4 layers, bf16 autocast, AdamW), "
                   f"{overhead['steps']} steps per sample, {overhead['repeats']} rounds of every variant in turn; host "
                   "time inside the window. roofline's defaults against plain: "
-                  f"**{overhead['ratio']:.2f}x** (target: at most 1.5x).", "",
+                  + ", ".join(f"**{s['ratio']:.2f}x** at {s['batch']}x{s['width']}" for s in overhead["sizes"])
+                  + " (target: at most 1.5x).", "",
                   (work / "profile_overhead.md").read_text(), ""]
     main_job = work / "profile" / "mlp_train.txt"
     if main_job.exists():

@@ -57,7 +57,9 @@ def test_extreme_values_behave_as_in_torch(approximate):
     x = torch.tensor([-math.inf, math.inf, math.nan, -1e4, 1e4, -30.0, 30.0, 0.0, -0.0, 1e-30, -1e-30],
                      device=DEVICE)
     y = gelu(x, approximate, backend="triton")
-    torch.testing.assert_close(y, F.gelu(x, approximate=approximate), equal_nan=True)
+    # torch's float64 result: its AVX-512 float32 CPU kernel (torch 2.13) returns nan for gelu(+inf), 'none' form.
+    expected = F.gelu(x.double(), approximate=approximate).to(x.dtype)
+    torch.testing.assert_close(y, expected, equal_nan=True)
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])

@@ -66,6 +66,7 @@ def _dom(url: str) -> tuple[str, str]:
     return done.stdout, done.stderr
 
 
+@pytest.mark.browser
 def test_chromium_renders_the_page_without_script_errors(report, tmp_path):
     path = tmp_path / "r.html"
     report.write_html(path)
@@ -80,6 +81,7 @@ def test_chromium_renders_the_page_without_script_errors(report, tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;.py" in dom and "<script>alert(1)" not in dom
 
 
+@pytest.mark.browser
 def test_cpu_only_report_renders(tmp_path):
     b = TraceBuilder(gpu=False)
     b.mark(0, at(5))
