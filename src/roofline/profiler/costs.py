@@ -467,14 +467,17 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
             per_op.setdefault(w.op, []).append(w)
     # An op that calls other ops (aten::matmul -> aten::mm) does its work through them: its own time (on a CPU,
     # its self time) is dispatch, and its FLOPs are counted once, on the callee.
-    # (Callees that only move metadata, such as aten::resolve_conj under aten::mm, do not make a caller composite.)
+    # A caller is composite when a callee does its kind of work (matmul -> mm, layer_norm -> native_layer_norm),
+    # or when the caller has no rule of its own and a callee has one (cross_entropy_loss -> log_softmax, nll_loss).
+    # Helpers of another kind (a bias copy_ under addmm, resolve_conj under mm) leave the caller's cost alone.
     children: dict[int, list] = {}
     for o in trace.ops:
         if o.parent in per_op and not o.annotation:
             children.setdefault(o.parent, []).append(o)
 
-    def composite(op_index: int) -> bool:
-        return any((c := cost(child)) is not None and c.rule != "default" for child in children.get(op_index, ()))
+    def composite(op_index: int, own: Cost | None) -> bool:
+        rules = {c.rule for child in children.get(op_index, ()) if (c := cost(child)) is not None}
+        return own is not None and (own.rule in rules or (own.rule == "default" and bool(rules - {"default"})))
 
     rows: dict[tuple, OpRow] = {}
     for op_index, works in per_op.items():
@@ -483,7 +486,8 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
         key = (op.name, repr(op.shapes), repr(op.dtypes), backward)
         row = rows.get(key)
         if row is None:
-            c = None if composite(op_index) else cost(op)
+            c = cost(op)
+            c = None if composite(op_index, c) else c
             row = rows[key] = OpRow(op.name, op.shapes or [], op.dtypes or [], c.rule if c else None,
                                     matmul_dtype=c.matmul_dtype if c else None, backward=backward,
                                     locations={}, modules={}, kernels={})

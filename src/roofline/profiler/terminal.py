@@ -21,6 +21,13 @@ def _shapes(shapes: list, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _rate(x: float | None) -> str:
+    """Three significant digits for small rates (a CPU's 0.0512 TFLOP/s), none lost for large ones."""
+    if not x:
+        return ""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def _loc(loc) -> str:
     return f"{loc.file}:{loc.line}" if loc else "[dim](unattributed)[/dim]"
 
@@ -75,7 +82,7 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
         ot.add_column(col, justify="left" if col in ("op", "inputs", "pass", "bound") else "right")
     for o in report.ops[:top]:
         ot.add_row(o.name.removeprefix("aten::"), _shapes(o.shapes), "bwd" if o.backward else "fwd", str(o.count),
-                   _ms(o.us), f"{o.tflops:,.1f}" if o.tflops else "", f"{o.gbps:,.0f}" if o.gbps else "",
+                   _ms(o.us), _rate(o.tflops), _rate(o.gbps),
                    o.bound or "", _pct(o.pct_of_roofline), _ms(o.headroom_us) if o.headroom_us is not None else "")
     console.print(ot)
 
