@@ -68,6 +68,24 @@ def test_views(tmp_path):
     assert up.sorted_children()[0].sorted_children()[0].location.line == 50   # its caller below it
 
 
+def test_work_on_a_thread_without_user_code_takes_the_main_threads_line(tmp_path):
+    def build(b):
+        b.mark(0, at(20))
+        b.op("aten::mul", 1, 10, shapes=[[4]])
+        b.kernel("k_forward", 20, 5, launch_ts=2)
+        b.mark(100, at(33))                         # loss.backward(): the autograd engine works meanwhile
+        # AccumulateGrad has no forward op to inherit a line from (no sequence number)
+        b.op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 110, 30, tid=AUTOGRAD)
+        b.op("aten::add_", 112, 20, tid=AUTOGRAD, shapes=[[4], [4]])
+        b.kernel("k_accumulate", 150, 5, launch_ts=113, tid=AUTOGRAD)
+
+    a = attribution.attribute(_trace(tmp_path, build))
+    acc = next(w for w in a.work if w.name == "k_accumulate")
+    assert acc.location.line == 33 and not acc.exact     # inferred from the main thread, so not counted exact
+    assert a.attributed_share == pytest.approx(1.0)
+    assert next(w for w in a.work if w.name == "k_forward").exact
+
+
 def test_cpu_trace_uses_self_time(tmp_path):
     def build(b):
         b.gpu = False
