@@ -14,7 +14,7 @@ from pathlib import Path
 
 def last_line(path: Path) -> str:
     lines = [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return lines[-1] if lines else "(no output)"
+    return lines[-1] if lines else ("(no output)" if path.exists() else "(not run in this call: see SECTIONS)")
 
 
 def doctor_markdown(doctor: dict) -> str:
