@@ -12,20 +12,14 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 
-try:  # Triton ships with CUDA builds of torch; elsewhere it is optional.
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = tl = None
+from roofline.ops._common import choose_backend, tl, triton
 
 APPROXIMATIONS = ("none", "tanh")
 BACKENDS = ("torch", "triton", "compile", "cuda")
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
@@ -125,29 +119,10 @@ def _compiled(approximate: str):
 
 # --------------------------------------------------------------------------- functional entry point
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _check(x, approximate: str, backend: str | None) -> str:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"gelu: x must be a torch.Tensor, got {type(x).__name__}")
+    backend = choose_backend("gelu", x, backend, BACKENDS)
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"gelu: approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
-    if backend is None:
-        backend = "triton" if x.is_cuda else "torch"
-    if backend not in BACKENDS:
-        raise ValueError(f"gelu: backend must be one of {BACKENDS} or None, got {backend!r}")
-    if backend == "triton" and triton is None:
-        raise RuntimeError("gelu: backend='triton' needs Triton, which is not installed (pip install triton)")
-    if backend in ("triton", "cuda"):
-        if x.dtype not in DTYPES:
-            raise TypeError(f"gelu: backend={backend!r} takes x of dtype float32, float16 or bfloat16, got {x.dtype}")
-        on_cpu_ok = backend == "triton" and _interpreting()
-        if not x.is_cuda and not on_cpu_ok:
-            raise ValueError(
-                f"gelu: backend={backend!r} needs x on a CUDA device, got x on {x.device}"
-                + (" (set TRITON_INTERPRET=1 to run Triton kernels on the CPU)" if backend == "triton" else ""))
     return backend
 
 
