@@ -5,5 +5,6 @@ version exists) so that implementations compare in one table.
 """
 
 from roofline.ops.gelu import gelu
+from roofline.ops.softmax import log_softmax, softmax
 
-__all__ = ["gelu"]
+__all__ = ["gelu", "log_softmax", "softmax"]

@@ -1,0 +1,176 @@
+"""softmax and log_softmax over one dimension: reference, Triton kernels (forward and backward), autograd, entry points.
+
+    softmax(x)_i     = exp(x_i - m) / sum_j exp(x_j - m),      m = max_j x_j
+    log_softmax(x)_i = x_i - m - log(sum_j exp(x_j - m))
+
+Memory-bound: the least traffic is one read of x and one write of y (backward: read y and
+dy, write dx). One program handles one row. A row that fits in one block (up to MAX_BLOCK
+elements) is held in registers: one read. A longer row is read twice: a first pass keeps a
+running max and a running sum rescaled whenever the max grows (the online softmax), a second
+pass writes the output; no block size spills registers, so there is no cliff at long rows.
+The math runs in fp32 whatever the storage dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from roofline.ops._common import choose_backend, tl, triton
+
+BACKENDS = ("torch", "triton", "compile")
+MAX_BLOCK = 8192              # elements per block: 32 KB of fp32 per row, 16 per thread at 16 warps
+
+
+# --------------------------------------------------------------------------- reference
+
+def softmax_by_hand(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """softmax written out in eager PyTorch (max, subtract, exp, sum, divide): a pass over memory per step."""
+    shifted = x - x.amax(dim=dim, keepdim=True)
+    e = shifted.exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+if triton is not None:
+
+    @triton.jit
+    def _row_max_and_sum(x_row, n, BLOCK: tl.constexpr):
+        """(max, sum of exp(x - max)) of a row longer than one block, in one pass. Each lane keeps its own
+        running max and a sum rescaled when that max grows; the lanes are combined at the end."""
+        cols = tl.arange(0, BLOCK)
+        m = tl.full([BLOCK], -float("inf"), tl.float32)
+        s = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n, BLOCK):
+            x = tl.load(x_row + start + cols, mask=start + cols < n, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, x)
+            safe = tl.where(m_new == -float("inf"), 0.0, m_new)   # a lane that has seen only -inf stays at 0
+            s = s * tl.exp(m - safe) + tl.exp(x - safe)
+            m = m_new
+        row_max = tl.max(m, axis=0)
+        safe_max = tl.where(row_max == -float("inf"), 0.0, row_max)
+        return row_max, tl.sum(s * tl.exp(m - safe_max), axis=0)
+
+    @triton.jit
+    def softmax_forward_kernel(x_ptr, y_ptr, n, LOG: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64) * n
+        x_row, y_row = x_ptr + row, y_ptr + row
+        cols = tl.arange(0, BLOCK)
+        # A row of all -inf gives nan (-inf minus -inf), as torch does.
+        if SINGLE:   # the row fits in one block: read once, kept in registers
+            mask = cols < n
+            x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            shifted = x - tl.max(x, axis=0)
+            e = tl.exp(shifted)
+            total = tl.sum(e, axis=0)
+            y = shifted - tl.log(total) if LOG else e / total
+            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        else:
+            m, total = _row_max_and_sum(x_row, n, BLOCK)
+            log_total = tl.log(total)
+            for start in range(0, n, BLOCK):
+                mask = start + cols < n
+                x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+                # (x - m) first: exact near the max, where x - (m + log_total) would round at |x| ~ 1e4
+                y = (x - m) - log_total if LOG else tl.exp(x - m) / total
+                tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def softmax_backward_kernel(y_ptr, dy_ptr, dx_ptr, n, LOG: tl.constexpr, BLOCK: tl.constexpr):
+        """softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy)."""
+        row = tl.program_id(0).to(tl.int64) * n
+        cols = tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n, BLOCK):
+            mask = start + cols < n
+            g = tl.load(dy_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if LOG:
+                acc += g
+            else:
+                acc += g * tl.load(y_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+        total = tl.sum(acc, axis=0)
+        for start in range(0, n, BLOCK):
+            mask = start + cols < n
+            g = tl.load(dy_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+            y = tl.load(y_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+            dx = g - tl.exp(y) * total if LOG else y * (g - total)
+            tl.store(dx_ptr + row + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _block(n: int) -> int:
+    return min(triton.next_power_of_2(max(n, 1)), MAX_BLOCK)
+
+
+def _warps(block: int) -> int:
+    return max(1, min(16, block // 512))
+
+
+def _rows(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, int]:
+    """x with `dim` last and contiguous (a copy unless it already is), and the row length."""
+    moved = x.movedim(dim, -1)
+    return moved.contiguous(), moved.shape[-1]
+
+
+class _TritonSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+        rows, n = _rows(x, dim)
+        y = torch.empty_like(rows)
+        block = _block(n)
+        softmax_forward_kernel[(rows.numel() // n,)](rows, y, n, LOG=log, BLOCK=block, SINGLE=n <= block,
+                                                       num_warps=_warps(block))
+        ctx.save_for_backward(y)
+        ctx.dim, ctx.log = dim, log
+        return y.movedim(-1, dim)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        (y,) = ctx.saved_tensors
+        n = y.shape[-1]
+        dy_rows = dy.movedim(ctx.dim, -1).contiguous()
+        dx = torch.empty_like(y)
+        block = _block(n)
+        softmax_backward_kernel[(y.numel() // n,)](y, dy_rows, dx, n, LOG=ctx.log, BLOCK=block,
+                                                     num_warps=_warps(block))
+        return dx.movedim(-1, ctx.dim), None, None
+
+
+# --------------------------------------------------------------------------- entry points
+
+@functools.cache
+def _compiled(log: bool):
+    return torch.compile(F.log_softmax if log else F.softmax)
+
+
+def _run(op: str, x, dim, backend: str | None, log: bool) -> torch.Tensor:
+    backend = choose_backend(op, x, backend, BACKENDS)
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
+    ndim = max(x.dim(), 1)
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"{op}: dim {dim} is out of range for x with {x.dim()} dimensions")
+    reference = F.log_softmax if log else F.softmax
+    if backend == "torch":
+        return reference(x, dim=dim)
+    if backend == "compile":
+        return _compiled(log)(x, dim=dim)
+    if x.numel() == 0 or x.dim() == 0:
+        return reference(x, dim=dim)   # nothing to launch for: torch's result, with its shape and grad_fn
+    return _TritonSoftmax.apply(x, dim % x.dim(), log)
+
+
+def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None) -> torch.Tensor:
+    """softmax with torch.nn.functional.softmax's meaning (dim is required there; here it defaults to the last).
+
+    backend: "triton" (the default on CUDA), "torch" (F.softmax; the default on CPU), "compile".
+    The result has x's dtype; the math is fp32.
+    """
+    return _run("softmax", x, dim, backend, log=False)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None) -> torch.Tensor:
+    """log_softmax with torch.nn.functional.log_softmax's meaning; see softmax for the backends."""
+    return _run("log_softmax", x, dim, backend, log=True)
