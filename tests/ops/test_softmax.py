@@ -151,3 +151,17 @@ def test_gpu_large_shapes(shape, dtype, op):
 @pytest.mark.parametrize("op", OPS)
 def test_gpu_compile_backend(op):
     check(torch.randn(512, 1000, device="cuda"), op, backend="compile")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_compiles_fullgraph_through_the_kernels(op):
+    """Registered with torch.library: torch.compile traces the op without a graph break, forward and backward."""
+    ours, reference = OPS[op]
+    x = torch.randn(6, 50, 3, device=DEVICE, requires_grad=True)
+    compiled = torch.compile(lambda t: ours(t, 1, backend="triton").sin(), fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    y.sum().backward()
+    ref_x = x.detach().double().requires_grad_()
+    reference(ref_x, dim=1).sin().sum().backward()
+    torch.testing.assert_close(y.double(), reference(ref_x.detach(), dim=1).sin(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.double(), ref_x.grad, rtol=1e-5, atol=1e-5)

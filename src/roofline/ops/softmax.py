@@ -108,34 +108,54 @@ def _warps(block: int) -> int:
     return max(1, min(16, block // 512))
 
 
-def _rows(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, int]:
-    """x with `dim` last and contiguous (a copy unless it already is), and the row length."""
-    moved = x.movedim(dim, -1)
-    return moved.contiguous(), moved.shape[-1]
+# Registered with torch.library, so torch.compile(fullgraph=True) traces through the kernels: the ops take
+# contiguous rows (the last dimension), and the entry point moves `dim` there and back outside them.
+
+@torch.library.custom_op("roofline::softmax_rows", mutates_args=())
+def _softmax_rows(x: torch.Tensor, log: bool) -> torch.Tensor:
+    n = x.shape[-1]
+    y = torch.empty_like(x)
+    block = _block(n)
+    softmax_forward_kernel[(x.numel() // n,)](x, y, n, LOG=log, BLOCK=block, SINGLE=n <= block,
+                                               num_warps=_warps(block))
+    return y
 
 
-class _TritonSoftmax(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-        rows, n = _rows(x, dim)
-        y = torch.empty_like(rows)
-        block = _block(n)
-        softmax_forward_kernel[(rows.numel() // n,)](rows, y, n, LOG=log, BLOCK=block, SINGLE=n <= block,
-                                                       num_warps=_warps(block))
-        ctx.save_for_backward(y)
-        ctx.dim, ctx.log = dim, log
-        return y.movedim(-1, dim)
+@torch.library.custom_op("roofline::softmax_rows_backward", mutates_args=())
+def _softmax_rows_backward(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
+    n = y.shape[-1]
+    dx = torch.empty_like(y)
+    block = _block(n)
+    softmax_backward_kernel[(y.numel() // n,)](y, dy, dx, n, LOG=log, BLOCK=block, num_warps=_warps(block))
+    return dx
 
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):
-        (y,) = ctx.saved_tensors
-        n = y.shape[-1]
-        dy_rows = dy.movedim(ctx.dim, -1).contiguous()
-        dx = torch.empty_like(y)
-        block = _block(n)
-        softmax_backward_kernel[(y.numel() // n,)](y, dy_rows, dx, n, LOG=ctx.log, BLOCK=block,
-                                                     num_warps=_warps(block))
-        return dx.movedim(-1, ctx.dim), None, None
+
+@_softmax_rows.register_fake
+def _(x, log):
+    return torch.empty_like(x)
+
+
+@_softmax_rows_backward.register_fake
+def _(y, dy, log):
+    return torch.empty_like(y)
+
+
+def _save_output(ctx, inputs, output):
+    ctx.save_for_backward(output)
+    ctx.log = inputs[1]
+
+
+def _backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return _softmax_rows_backward(y, dy.contiguous(), ctx.log), None
+
+
+_softmax_rows.register_autograd(_backward, setup_context=_save_output)
+
+
+def _triton_softmax(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    rows = x.movedim(dim, -1).contiguous()   # a copy unless `dim` is already last and contiguous
+    return _softmax_rows(rows, log).movedim(-1, dim)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -159,7 +179,7 @@ def _run(op: str, x, dim, backend: str | None, log: bool) -> torch.Tensor:
         return _compiled(log)(x, dim=dim)
     if x.numel() == 0 or x.dim() == 0:
         return reference(x, dim=dim)   # nothing to launch for: torch's result, with its shape and grad_fn
-    return _TritonSoftmax.apply(x, dim % x.dim(), log)
+    return _triton_softmax(x, dim % x.dim(), log)
 
 
 def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None) -> torch.Tensor:
