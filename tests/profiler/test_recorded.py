@@ -2,23 +2,16 @@
 on the CPU: each planted problem is found at its planted line, and the JSON follows its documented schema."""
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from roofline.profiler.report import SCHEMA, analyze
 
+from .test_examples_gpu import _planted
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("h100-*.json.gz"))
-
-
-def _planted(program: str) -> tuple[str, int]:
-    for number, text in enumerate((ROOT / "examples/problems" / f"{program}.py").read_text().splitlines(), 1):
-        found = re.search(r"#\s*planted:\s*([\w-]+)", text)
-        if found:
-            return found[1], number
-    raise AssertionError(f"{program} has no planted line")
 
 
 @pytest.fixture(scope="module", params=FIXTURES, ids=[p.name for p in FIXTURES])
@@ -33,7 +26,7 @@ def test_there_are_recorded_traces():
 
 def test_planted_problem_found_at_its_line(recorded):
     program, report = recorded
-    finding_id, line = _planted(program)
+    finding_id, line = _planted(ROOT / "examples/problems" / f"{program}.py")
     hits = [f for f in report.findings if f.id == finding_id]
     assert hits, [f.id for f in report.findings]
     assert (hits[0].location.file, hits[0].location.line) == (f"examples/problems/{program}.py", line)

@@ -40,6 +40,15 @@ def _where(locations: dict) -> Location | None:
     return max(known, key=known.get) if known else None
 
 
+def _time_by_location(ops) -> dict:
+    """Location -> device time, summed over op rows."""
+    locations: dict = {}
+    for o in ops:
+        for loc, t in o.locations.items():
+            locations[loc] = locations.get(loc, 0.0) + t
+    return locations
+
+
 def _at(loc: Location | None) -> str:
     return f" at {loc.file}:{loc.line}" if loc else ""
 
@@ -102,10 +111,7 @@ def fp32_matmul_without_tf32(report) -> list[Finding]:
     us = sum(o.us for o in slow)
     flops = sum(o.flops for o in slow)
     tf32_us = flops / (tf32 * 1e6)
-    locations: dict = {}
-    for o in slow:
-        for loc, t in o.locations.items():
-            locations[loc] = locations.get(loc, 0.0) + t
+    locations = _time_by_location(slow)
     loc = _where(locations)
     return [Finding(
         "fp32-matmul-no-tf32", "fp32 matmuls without TF32",
@@ -127,10 +133,7 @@ def no_autocast(report) -> list[Finding]:
         return []
     flops = sum(o.flops for o in fp32)
     bf16_us = flops / (bf16 * 1e6)
-    locations: dict = {}
-    for o in fp32:
-        for loc, t in o.locations.items():
-            locations[loc] = locations.get(loc, 0.0) + t
+    locations = _time_by_location(fp32)
     return [Finding(
         "no-autocast", "matmuls dominate and run in fp32",
         f"fp32 matmuls take {us / 1e3:.1f} ms, {us / busy:.0%} of GPU busy time. Under "
@@ -198,10 +201,7 @@ def unfused_optimizer(report) -> list[Finding]:
     # Fused Adam(W) reads params, grads and both moments and writes params and moments: 7 passes of fp32;
     # fused SGD with momentum about 5.
     fused_us = steps * (7 if adam else 5) * params * 4 / (report.peaks.gbps * 1e3)
-    locations: dict = {}
-    for o in foreach:
-        for loc, t in o.locations.items():
-            locations[loc] = locations.get(loc, 0.0) + t
+    locations = _time_by_location(foreach)
     return [Finding(
         "unfused-optimizer", "the optimizer runs unfused, one pass over the parameters per operation",
         f"{sum(o.count for o in foreach)} foreach kernels ({len(foreach)} kinds) updated {params / 1e6:.1f} M parameters "
