@@ -208,6 +208,7 @@ class _Runner:
         self._graph = None
         self._graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.host_ms: list[float] = []  # host time to issue each call (events mode)
+        self.flush_ms = 0.0  # wall time of one flush (measured in the warm-up when flushing)
         self.clock_first_mhz: int | None = None  # SM clock when sampling began
         self.clock_last_mhz: int | None = None  # and when it last ended
 
@@ -231,10 +232,26 @@ class _Runner:
             _wait_for(done, seconds, self.what)
 
     def _call_budget_s(self, calls: int, per_call_ms: float) -> float:
-        return max(self.timeout_s, 10 * calls * per_call_ms / 1e3)
+        # Each call is preceded by its flush, inside the same deadline.
+        return max(self.timeout_s, 10 * calls * (per_call_ms + self.flush_ms) / 1e3)
+
+    def _measure_flush(self) -> None:
+        """The wall time of one cache flush (ms): outside the timed window, but part of every repetition's cost.
+        A CPU with a large last-level cache (480 MiB here) reads ~1 GB per flush."""
+        if not self.flush:
+            return
+        times = []
+        for _ in range(3):
+            self._sync(self.timeout_s)
+            t0 = _time.perf_counter()
+            flush_cache(self.device)
+            self._sync(self.timeout_s)
+            times.append((_time.perf_counter() - t0) * 1e3)
+        self.flush_ms = statistics.median(times)
 
     def warmup(self, warmup_ms: float, min_calls: int) -> float:
-        """Run fn until the warm-up budget is spent; return the estimated time of a call (ms)."""
+        """Run fn until the warm-up budget is spent; return the estimated cost of one repetition (ms): a call and
+        its cache flush."""
         if not self.cuda_graph:
             return self._warmup(warmup_ms, min_calls)
         # Graph capture wants lazily initialized state (cuBLAS workspaces, autotuning) made on
@@ -248,18 +265,20 @@ class _Runner:
         return estimate
 
     def _warmup(self, warmup_ms: float, min_calls: int) -> float:
+        self._measure_flush()
         with _host_deadline(self.timeout_s, self.what):
             self.fn(*self._prepare_call())  # compiles, autotunes, allocates
         self._sync(self.timeout_s)
         self.warmup_calls = 1
         estimate = self._estimate()
-        calls = max(min_calls, math.ceil(warmup_ms / max(estimate, 1e-4)))
+        calls = max(min_calls, math.ceil(warmup_ms / max(estimate + self.flush_ms, 1e-4)))
         with _host_deadline(self._call_budget_s(calls, estimate), self.what):
             for _ in range(calls):
                 self.fn(*self._prepare_call())
         self._sync(self._call_budget_s(calls, estimate))
         self.warmup_calls += calls
-        return min(estimate, self._estimate())
+        # What one repetition costs, its flush included: the repetition budget (rep_ms) is spent on both.
+        return min(estimate, self._estimate()) + self.flush_ms
 
     def _estimate(self, calls: int = 3) -> float:
         """Median of a few timed calls, in ms, to size the warm-up and the repetitions."""
