@@ -142,3 +142,15 @@ def test_gpu_cuda_cpp_refuses_to_pretend_it_has_a_backward():
     x = torch.randn(10, device="cuda", requires_grad=True)
     with pytest.raises(NotImplementedError, match="forward pass only"):
         gelu(x, backend="cuda")
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_compiles_fullgraph_through_the_kernels(approximate):
+    """Registered with torch.library: torch.compile traces the op without a graph break, forward and backward."""
+    x = torch.randn(6, 50, device=DEVICE, requires_grad=True)
+    compiled = torch.compile(lambda t: gelu(t * 2, approximate, backend="triton").sum(), fullgraph=True,
+                             backend="aot_eager")
+    compiled(x).backward()
+    ref_x = x.detach().double().requires_grad_()
+    F.gelu(ref_x * 2, approximate=approximate).sum().backward()
+    torch.testing.assert_close(x.grad.double(), ref_x.grad, rtol=1e-5, atol=1e-5)

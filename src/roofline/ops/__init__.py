@@ -5,6 +5,8 @@ version exists) so that implementations compare in one table.
 """
 
 from roofline.ops.gelu import gelu
+from roofline.ops.norm import add_rms_norm, layer_norm, rms_norm
 from roofline.ops.softmax import log_softmax, softmax
+from roofline.ops.swiglu import swiglu
 
-__all__ = ["gelu", "log_softmax", "softmax"]
+__all__ = ["add_rms_norm", "gelu", "layer_norm", "log_softmax", "rms_norm", "softmax", "swiglu"]

@@ -41,3 +41,9 @@ def choose_backend(op: str, x, backend: str | None, backends: tuple[str, ...], a
                 f"{op}: backend={backend!r} needs {arg} on a CUDA device, got {arg} on {x.device}"
                 + (" (set TRITON_INTERPRET=1 to run Triton kernels on the CPU)" if backend == "triton" else ""))
     return backend
+
+
+def elementwise_block(element_size: int, num_warps: int = 4) -> int:
+    """Elements per program of an elementwise kernel: 32 bytes per thread (two 16-byte accesses), enough bytes
+    in flight per SM to cover memory latency at 4 warps a program."""
+    return 32 * num_warps * (32 // element_size)

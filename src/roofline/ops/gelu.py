@@ -1,4 +1,4 @@
-"""GeLU: reference, Triton kernels, CUDA C++ kernel, autograd, functional entry point.
+"""GeLU: reference, Triton kernels, registration and autograd, CUDA C++ kernel, functional entry point.
 
     gelu(x)             = x * Phi(x)                          (approximate="none", erf)
     gelu(x, "tanh")     = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import choose_backend, tl, triton
+from roofline.ops._common import choose_backend, elementwise_block, tl, triton
 
 APPROXIMATIONS = ("none", "tanh")
 BACKENDS = ("torch", "triton", "compile", "cuda")
@@ -78,24 +78,44 @@ if triton is not None:
 
 def _launch(kernel, out: torch.Tensor, *tensors: torch.Tensor, approximate: str) -> torch.Tensor:
     n = out.numel()
-    # 32 bytes per thread (two 16-byte accesses) with 4 warps: enough bytes in flight per SM.
-    block = 32 * 4 * (32 // out.element_size())
+    block = elementwise_block(out.element_size())
     kernel[(triton.cdiv(n, block),)](*tensors, out, n, APPROX_TANH=approximate == "tanh", BLOCK=block, num_warps=4)
     return out
 
 
-class _TritonGelu(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, approximate: str) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        ctx.approximate = approximate
-        return _launch(gelu_forward_kernel, torch.empty_like(x), x, approximate=approximate)
+# Registered with torch.library, so torch.compile(fullgraph=True) traces through the kernels.
 
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):
-        (x,) = ctx.saved_tensors
-        dx = _launch(gelu_backward_kernel, torch.empty_like(x), dy.contiguous(), x, approximate=ctx.approximate)
-        return dx, None
+@torch.library.custom_op("roofline::gelu", mutates_args=())
+def _gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    return _launch(gelu_forward_kernel, torch.empty_like(x), x, approximate=approximate)
+
+
+@torch.library.custom_op("roofline::gelu_backward", mutates_args=())
+def _gelu_backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    return _launch(gelu_backward_kernel, torch.empty_like(x), dy, x, approximate=approximate)
+
+
+@_gelu.register_fake
+def _(x, approximate):
+    return torch.empty_like(x)
+
+
+@_gelu_backward.register_fake
+def _(dy, x, approximate):
+    return torch.empty_like(x)
+
+
+def _save_input(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.approximate = inputs[1]
+
+
+def _backward(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return _gelu_backward(dy.contiguous(), x, ctx.approximate), None
+
+
+_gelu.register_autograd(_backward, setup_context=_save_input)
 
 
 # --------------------------------------------------------------------------- CUDA C++ and compile
@@ -143,4 +163,4 @@ def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str | None = No
     x = x.contiguous()
     if backend == "cuda":
         return _cuda_gelu(x, approximate)
-    return _TritonGelu.apply(x, approximate)
+    return _gelu(x, approximate)

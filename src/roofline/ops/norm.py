@@ -1,0 +1,405 @@
+"""layer_norm, rms_norm and add_rms_norm: reference, Triton kernels (forward and backward), autograd, entry points.
+
+    layer_norm(x) = (x - mean) * rstd * w + b,      rstd = 1 / sqrt(var + eps)   (biased variance)
+    rms_norm(x)   = x * rstd * w,                   rstd = 1 / sqrt(mean(x^2) + eps)
+    add_rms_norm(x, residual) = rms_norm(h), h      with h = x + residual          (the pre-norm transformer step)
+
+One kernel pair serves all three: rms_norm is layer_norm with the mean fixed at zero and no bias, and
+add_rms_norm adds the residual on the way in (writing h, the next residual) and, in the backward pass, the
+gradient that reaches h directly on the way out.
+
+Memory-bound. Forward: one program per row; a row of up to MAX_BLOCK elements is read once into registers,
+a longer row is read twice (statistics by a per-lane Welford pass, combined across lanes at the end, then a
+write pass). The per-row mean and rstd (fp32) are saved for the backward pass.
+
+Backward: dx = rstd * (w dy - (xhat * mean(xhat w dy) + mean(w dy))), and dw, db are sums over rows. A 2-D
+grid of column blocks by row groups: each program walks its group's rows, writes dx and keeps dw and db for
+its columns in registers, then writes one partial row; the few partial rows are summed afterwards. A row
+longer than one block needs its two means before any dx: a small kernel computes them first (one more
+read of x and dy, for those rows only).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+
+from roofline.ops._common import DTYPES, choose_backend, tl, triton
+
+BACKENDS = ("torch", "triton", "compile")
+MAX_BLOCK = 8192         # elements of a row held in registers at once
+# torch's rms_norm with eps=None takes the epsilon of the type it computes in: float32, also for fp16 and bf16.
+DEFAULT_RMS_EPS = torch.finfo(torch.float32).eps
+ROW_PROGRAMS_PER_SM = 4  # backward: programs per SM across the row groups (each keeps dw, db in registers)
+
+
+# --------------------------------------------------------------------------- references
+
+def add_rms_norm_reference(x, residual, weight=None, eps=None):
+    """The pre-norm step in eager PyTorch: two passes over memory (the add, then the norm)."""
+    h = x + residual
+    return F.rms_norm(h, h.shape[-1:], weight, eps), h
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+if triton is not None:
+
+    @triton.jit
+    def _row_in(x_row, r_row, offs, mask, HAS_RES: tl.constexpr):
+        """The row's values at `offs` in fp32: x, or x + residual rounded to x's dtype (as torch rounds h)."""
+        x = tl.load(x_row + offs, mask=mask, other=0.0)
+        if HAS_RES:   # added in fp32 and rounded once, as torch does
+            r = tl.load(r_row + offs, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        return x.to(tl.float32)
+
+    @triton.jit
+    def _mean_and_var(x_row, r_row, n, RMS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+        """(mean, variance) of a row longer than one block, in one pass; for RMS (0, mean of squares).
+        Each lane runs Welford's update over its elements; lanes are merged by Chan's formula."""
+        cols = tl.arange(0, BLOCK)
+        count = tl.zeros([BLOCK], dtype=tl.float32)
+        mean = tl.zeros([BLOCK], dtype=tl.float32)
+        m2 = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n, BLOCK):
+            mask = start + cols < n
+            x = _row_in(x_row, r_row, start + cols, mask, HAS_RES)
+            if RMS:
+                m2 += x * x
+            else:
+                count += mask.to(tl.float32)
+                delta = tl.where(mask, x - mean, 0.0)
+                mean += delta / tl.maximum(count, 1.0)
+                m2 += delta * tl.where(mask, x - mean, 0.0)
+        if RMS:
+            return 0.0, tl.sum(m2, axis=0) / n
+        row_mean = tl.sum(count * mean, axis=0) / n
+        spread = mean - row_mean
+        return row_mean, tl.sum(m2 + count * spread * spread, axis=0) / n
+
+    @triton.jit
+    def norm_forward_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, n, eps,
+                            RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                            BLOCK: tl.constexpr, SINGLE: tl.constexpr):
+        row = tl.program_id(0)
+        start_of_row = row.to(tl.int64) * n
+        x_row, r_row, y_row, h_row = x_ptr + start_of_row, r_ptr + start_of_row, y_ptr + start_of_row, h_ptr + start_of_row
+        cols = tl.arange(0, BLOCK)
+        if SINGLE:   # the whole row in registers: one read, an exact two-pass variance
+            mask = cols < n
+            x = _row_in(x_row, r_row, cols, mask, HAS_RES)
+            if RMS:
+                mean = 0.0
+                var = tl.sum(x * x, axis=0) / n
+            else:
+                mean = tl.sum(x, axis=0) / n
+                centered = tl.where(mask, x - mean, 0.0)
+                var = tl.sum(centered * centered, axis=0) / n
+        else:
+            mean, var = _mean_and_var(x_row, r_row, n, RMS, HAS_RES, BLOCK)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
+        for start in range(0, n, BLOCK):   # one iteration when SINGLE
+            offs = start + cols
+            mask = offs < n
+            if not SINGLE:
+                x = _row_in(x_row, r_row, offs, mask, HAS_RES)
+            if HAS_RES:
+                tl.store(h_row + offs, x.to(h_ptr.dtype.element_ty), mask=mask)
+            y = (x - mean) * rstd
+            if HAS_W:
+                y *= tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_B:
+                y += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _xhat_and_wdy(x_ptr, dy_ptr, w, mean_ptr, rstd_ptr, row, n, offs, mask, RMS: tl.constexpr):
+        start_of_row = tl.cast(row, tl.int64) * n   # a loop index is a plain int in the interpreter
+        x = tl.load(x_ptr + start_of_row + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + start_of_row + offs, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + row)
+        xhat = x * rstd if RMS else (x - tl.load(mean_ptr + row)) * rstd
+        return xhat, dy, w * dy, rstd
+
+    @triton.jit
+    def norm_row_means_kernel(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr, n,
+                              RMS: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+        """For rows longer than one block: c1 = mean(xhat * w dy) and c2 = mean(w dy) of each row."""
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        c1 = tl.zeros([BLOCK], dtype=tl.float32)
+        c2 = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n, BLOCK):
+            mask = start + cols < n
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32) if HAS_W else 1.0
+            xhat, _, wdy, _ = _xhat_and_wdy(x_ptr, dy_ptr, w, mean_ptr, rstd_ptr, row, n, start + cols, mask, RMS)
+            c1 += xhat * wdy
+            c2 += wdy
+        tl.store(c1_ptr + row, tl.sum(c1, axis=0) / n)
+        tl.store(c2_ptr + row, tl.sum(c2, axis=0) / n)
+
+    @triton.jit
+    def norm_backward_kernel(x_ptr, dy_ptr, dres_ptr, w_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr,
+                             dx_ptr, dw_ptr, db_ptr, rows, n,
+                             RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DRES: tl.constexpr,
+                             BLOCK: tl.constexpr, SINGLE: tl.constexpr):
+        """Program (column block, row group): dx for its rows and columns; partial dw, db for its columns."""
+        col_block, group, groups = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+        offs = col_block * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) if HAS_W else 1.0
+        dw = tl.zeros([BLOCK], dtype=tl.float32)
+        db = tl.zeros([BLOCK], dtype=tl.float32)
+        for row in range(group, rows, groups):
+            xhat, dy, wdy, rstd = _xhat_and_wdy(x_ptr, dy_ptr, w, mean_ptr, rstd_ptr, row, n, offs, mask, RMS)
+            if SINGLE:   # this block is the whole row: its means are at hand
+                c1 = tl.sum(xhat * wdy, axis=0) / n
+                c2 = tl.sum(wdy, axis=0) / n
+            else:
+                c1 = tl.load(c1_ptr + row)
+                c2 = tl.load(c2_ptr + row)
+            dx = wdy - xhat * c1 if RMS else wdy - (xhat * c1 + c2)
+            dx *= rstd
+            start_of_row = tl.cast(row, tl.int64) * n
+            if HAS_DRES:
+                dx += tl.load(dres_ptr + start_of_row + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dx_ptr + start_of_row + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            dw += dy * xhat
+            db += dy
+        if HAS_W:
+            tl.store(dw_ptr + group * n + offs, dw, mask=mask)
+        if HAS_B:
+            tl.store(db_ptr + group * n + offs, db, mask=mask)
+
+
+def _block(n: int) -> int:
+    return min(triton.next_power_of_2(max(n, 1)), MAX_BLOCK)
+
+
+def _warps(block: int) -> int:
+    return max(1, min(16, block // 256))
+
+
+def _programs_per_wave(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4   # the interpreter: a few groups, so the tests cover more than one
+    return ROW_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _nothing(like: torch.Tensor) -> torch.Tensor:
+    """A placeholder for an absent tensor argument or result (a custom op's outputs are all tensors)."""
+    return like.new_empty(0)
+
+
+# Registered with torch.library so torch.compile(fullgraph=True) traces through the kernels. The ops take
+# contiguous (rows, n) tensors; the entry points check and reshape. Absent tensors are passed as None and
+# absent results come back empty.
+
+@torch.library.custom_op("roofline::norm_rows", mutates_args=())
+def _norm_rows(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
+               bias: torch.Tensor | None, eps: float, rms: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                                                          torch.Tensor, torch.Tensor]:
+    rows, n = x.shape
+    y = torch.empty_like(x)
+    h = torch.empty_like(x) if residual is not None else _nothing(x)
+    mean = torch.empty(rows, device=x.device, dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    block = _block(n)
+    norm_forward_kernel[(rows,)](
+        x, residual if residual is not None else x, weight if weight is not None else x,
+        bias if bias is not None else x, y, h, mean, rstd, n, eps,
+        RMS=rms, HAS_RES=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None,
+        BLOCK=block, SINGLE=n <= block, num_warps=_warps(block))
+    return y, h, mean, rstd
+
+
+@_norm_rows.register_fake
+def _(x, residual, weight, bias, eps, rms):
+    rows = x.shape[0]
+    h = torch.empty_like(x) if residual is not None else _nothing(x)
+    return torch.empty_like(x), h, x.new_empty(rows, dtype=torch.float32), x.new_empty(rows, dtype=torch.float32)
+
+
+@torch.library.custom_op("roofline::norm_rows_backward", mutates_args=())
+def _norm_rows_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
+                        rstd: torch.Tensor, dresidual: torch.Tensor | None, rms: bool,
+                        has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, n = x.shape
+    block = _block(n)
+    single = n <= block
+    col_blocks = triton.cdiv(n, block)
+    groups = max(1, min(rows, _programs_per_wave(x.device) // col_blocks))
+    dx = torch.empty_like(x)
+    dw_parts = torch.empty(groups if weight is not None else 0, n, device=x.device, dtype=torch.float32)
+    db_parts = torch.empty(groups if has_bias else 0, n, device=x.device, dtype=torch.float32)
+    c1 = c2 = mean
+    w = weight if weight is not None else x
+    if not single:
+        c1, c2 = torch.empty_like(rstd), torch.empty_like(rstd)
+        norm_row_means_kernel[(rows,)](x, dy, w, mean, rstd, c1, c2, n, RMS=rms, HAS_W=weight is not None,
+                                       BLOCK=block, num_warps=_warps(block))
+    norm_backward_kernel[(col_blocks, groups)](
+        x, dy, dresidual if dresidual is not None else x, w, mean, rstd, c1, c2, dx, dw_parts, db_parts, rows, n,
+        RMS=rms, HAS_W=weight is not None, HAS_B=has_bias, HAS_DRES=dresidual is not None,
+        BLOCK=block, SINGLE=single, num_warps=_warps(block))
+    dw = dw_parts.sum(0).to(weight.dtype) if weight is not None else _nothing(x)
+    db = db_parts.sum(0) if has_bias else _nothing(x)   # fp32: the caller casts to the bias's dtype
+    return dx, dw, db
+
+
+@_norm_rows_backward.register_fake
+def _(dy, x, weight, mean, rstd, dresidual, rms, has_bias):
+    dw = torch.empty_like(weight) if weight is not None else _nothing(x)
+    db = x.new_empty(x.shape[1], dtype=torch.float32) if has_bias else _nothing(x)
+    return torch.empty_like(x), dw, db
+
+
+def _save_for_backward(ctx, inputs, output):
+    x, residual, weight, bias, eps, rms = inputs
+    y, h, mean, rstd = output
+    ctx.save_for_backward(h if residual is not None else x, weight, mean, rstd)
+    ctx.rms, ctx.has_residual, ctx.bias_dtype = rms, residual is not None, None if bias is None else bias.dtype
+
+
+def _backward(ctx, dy, dh, dmean, drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dresidual = dh.contiguous() if ctx.has_residual and dh is not None else None
+    dx, dw, db = _norm_rows_backward(dy.contiguous(), x, weight, mean, rstd, dresidual, ctx.rms,
+                                     ctx.bias_dtype is not None)
+    return (dx, dx if ctx.has_residual else None, dw if weight is not None else None,
+            db.to(ctx.bias_dtype) if ctx.bias_dtype is not None else None, None, None)
+
+
+_norm_rows.register_autograd(_backward, setup_context=_save_for_backward)
+
+
+# --------------------------------------------------------------------------- entry points
+
+@functools.cache
+def _compiled(fn):
+    return torch.compile(fn)
+
+
+def _normalized_size(op: str, x: torch.Tensor, normalized_shape) -> tuple[tuple[int, ...], int]:
+    shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else normalized_shape
+    if isinstance(shape, (str, bytes)):
+        shape = None
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"{op}: normalized_shape must be an int or a sequence of ints, "
+                        f"got {type(normalized_shape).__name__}") from None
+    if not shape or len(shape) > x.dim() or tuple(x.shape[x.dim() - len(shape):]) != shape:
+        raise ValueError(f"{op}: normalized_shape {list(shape)} must be the trailing dimensions of x, "
+                         f"whose shape is {list(x.shape)}")
+    return shape, math.prod(shape)
+
+
+def _check_parameter(op: str, name: str, p, x: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if p is None:
+        return
+    if not isinstance(p, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor or None, got {type(p).__name__}")
+    if tuple(p.shape) != shape:
+        raise ValueError(f"{op}: {name} must have shape {list(shape)} (normalized_shape), got {list(p.shape)}")
+    if p.device != x.device:
+        raise ValueError(f"{op}: {name} is on {p.device} but x is on {x.device}")
+    if p.dtype not in DTYPES:
+        raise TypeError(f"{op}: {name} must be float32, float16 or bfloat16, got {p.dtype}")
+
+
+def _check_eps(op: str, eps) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ValueError(f"{op}: eps must be a number >= 0, got {eps!r}")
+
+
+def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if t is None else t.reshape(-1, n).contiguous()
+
+
+def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous().view(-1)
+
+
+def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5, *, backend: str | None = None) -> torch.Tensor:
+    """layer_norm with torch.nn.functional.layer_norm's signature and meaning.
+
+    backend: "triton" (the default on CUDA), "torch" (F.layer_norm; the default on CPU), "compile".
+    The result has x's dtype; statistics are fp32. weight and bias may have another float dtype than x
+    (their gradients keep it).
+    """
+    backend = choose_backend("layer_norm", x, backend, BACKENDS)
+    shape, n = _normalized_size("layer_norm", x, normalized_shape)
+    _check_parameter("layer_norm", "weight", weight, x, shape)
+    _check_parameter("layer_norm", "bias", bias, x, shape)
+    _check_eps("layer_norm", eps)
+    if backend == "torch":
+        return F.layer_norm(x, shape, weight, bias, eps)
+    if backend == "compile":
+        return _compiled(F.layer_norm)(x, shape, weight, bias, eps)
+    if x.numel() == 0:
+        return F.layer_norm(x, shape, weight, bias, eps)
+    y, _, _, _ = _norm_rows(_rows(x, n), None, _flat(weight), _flat(bias), float(eps), False)
+    return y.view(x.shape)
+
+
+def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None, eps: float | None = None,
+             *, backend: str | None = None) -> torch.Tensor:
+    """rms_norm with torch.nn.functional.rms_norm's signature and meaning (eps=None: float32's epsilon, which
+    is what torch takes for fp16 and bf16 inputs too: the epsilon of the type the math runs in).
+
+    backend: "triton" (the default on CUDA), "torch" (F.rms_norm; the default on CPU), "compile".
+    """
+    backend = choose_backend("rms_norm", x, backend, BACKENDS)
+    shape, n = _normalized_size("rms_norm", x, normalized_shape)
+    _check_parameter("rms_norm", "weight", weight, x, shape)
+    if eps is not None:
+        _check_eps("rms_norm", eps)
+    if backend == "torch":
+        return F.rms_norm(x, shape, weight, eps)
+    if backend == "compile":
+        return _compiled(F.rms_norm)(x, shape, weight, eps)
+    if x.numel() == 0:
+        return F.rms_norm(x, shape, weight, eps)
+    eps = DEFAULT_RMS_EPS if eps is None else float(eps)
+    y, _, _, _ = _norm_rows(_rows(x, n), None, _flat(weight), None, eps, True)
+    return y.view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                 eps: float | None = None, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) over the last dimension, in one pass: the pre-norm transformer's
+    "add the block's output to the residual stream, normalize it for the next block".
+
+    Returns (normalized, new residual), both of x's shape and dtype. residual must match x in shape, dtype
+    and device. backend: as rms_norm ("torch" is add_rms_norm_reference).
+    """
+    backend = choose_backend("add_rms_norm", x, backend, BACKENDS)
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"add_rms_norm: residual must be a torch.Tensor, got {type(residual).__name__}")
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+        raise ValueError(f"add_rms_norm: residual must match x in shape, dtype and device: x is "
+                         f"{list(x.shape)} {x.dtype} on {x.device}, residual {list(residual.shape)} "
+                         f"{residual.dtype} on {residual.device}")
+    if x.dim() == 0:
+        raise ValueError("add_rms_norm: x must have at least one dimension (it normalizes the last)")
+    shape, n = (x.shape[-1],), x.shape[-1]
+    _check_parameter("add_rms_norm", "weight", weight, x, shape)
+    if eps is not None:
+        _check_eps("add_rms_norm", eps)
+    if backend == "torch" or x.numel() == 0:
+        return add_rms_norm_reference(x, residual, weight, eps)
+    if backend == "compile":
+        return _compiled(add_rms_norm_reference)(x, residual, weight, eps)
+    eps = DEFAULT_RMS_EPS if eps is None else float(eps)
+    y, h, _, _ = _norm_rows(_rows(x, n), _rows(residual, n), weight.contiguous() if weight is not None else None,
+                            None, eps, True)
+    return y.view(x.shape), h.view(x.shape)

@@ -1,0 +1,157 @@
+"""SwiGLU's gate: reference, Triton kernels (forward and backward), registration and autograd, entry point.
+
+    swiglu(gate, up) = silu(gate) * up = gate * sigmoid(gate) * up
+
+The elementwise heart of the LLaMA-style MLP, down(swiglu(x @ W_gate, x @ W_up)). Memory-bound: read gate and
+up once, write the product once (backward: read gate, up and dy, write both gradients). In eager PyTorch it
+is two kernels and an intermediate tensor.
+
+gate and up are often the two halves of one fused projection, `x @ W_gate_up` chunked along the last
+dimension: views whose rows are strided. The kernels take a row stride for each input, so such views are
+read in place; only views whose last dimension is itself strided are copied first.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from roofline.ops._common import choose_backend, elementwise_block, tl, triton
+
+BACKENDS = ("torch", "triton", "compile")
+
+
+# --------------------------------------------------------------------------- reference
+
+def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+if triton is not None:
+
+    @triton.jit
+    def _offsets(n, BLOCK: tl.constexpr):
+        """The program's row and the column offsets it covers: programs walk each row in blocks of BLOCK."""
+        blocks_per_row = tl.cdiv(n, BLOCK)
+        pid = tl.program_id(0)
+        row = (pid // blocks_per_row).to(tl.int64)
+        cols = (pid % blocks_per_row) * BLOCK + tl.arange(0, BLOCK)
+        return row, cols, cols < n
+
+    @triton.jit
+    def swiglu_forward_kernel(gate_ptr, up_ptr, y_ptr, n, gate_stride, up_stride, BLOCK: tl.constexpr):
+        row, cols, mask = _offsets(n, BLOCK)
+        a = tl.load(gate_ptr + row * gate_stride + cols, mask=mask).to(tl.float32)
+        b = tl.load(up_ptr + row * up_stride + cols, mask=mask).to(tl.float32)
+        y = a * tl.sigmoid(a) * b
+        tl.store(y_ptr + row * n + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def swiglu_backward_kernel(gate_ptr, up_ptr, dy_ptr, dgate_ptr, dup_ptr, n, gate_stride, up_stride,
+                               BLOCK: tl.constexpr):
+        """d gate = dy * up * sigmoid(a) * (1 + a * (1 - sigmoid(a))),  d up = dy * silu(a)."""
+        row, cols, mask = _offsets(n, BLOCK)
+        a = tl.load(gate_ptr + row * gate_stride + cols, mask=mask).to(tl.float32)
+        b = tl.load(up_ptr + row * up_stride + cols, mask=mask).to(tl.float32)
+        g = tl.load(dy_ptr + row * n + cols, mask=mask).to(tl.float32)
+        s = tl.sigmoid(a)
+        silu = a * s
+        tl.store(dgate_ptr + row * n + cols, (g * b * (s + silu * (1.0 - s))).to(dgate_ptr.dtype.element_ty),
+                 mask=mask)
+        tl.store(dup_ptr + row * n + cols, (g * silu).to(dup_ptr.dtype.element_ty), mask=mask)
+
+
+def _grid(rows: int, n: int, block: int) -> tuple[int]:
+    return (rows * triton.cdiv(n, block),)
+
+
+# Registered with torch.library so torch.compile(fullgraph=True) traces through the kernels. The ops take
+# (rows, n) tensors whose last dimension is contiguous; their outputs are contiguous.
+
+@torch.library.custom_op("roofline::swiglu_rows", mutates_args=())
+def _swiglu_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    gate, up = _as_rows(gate), _as_rows(up)   # a no-op unless a compiler handed over another layout
+    rows, n = gate.shape
+    y = gate.new_empty(rows, n)
+    block = elementwise_block(gate.element_size())
+    swiglu_forward_kernel[_grid(rows, n, block)](gate, up, y, n, gate.stride(0), up.stride(0), BLOCK=block,
+                                                 num_warps=4)
+    return y
+
+
+@torch.library.custom_op("roofline::swiglu_rows_backward", mutates_args=())
+def _swiglu_rows_backward(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                           torch.Tensor]:
+    gate, up, dy = _as_rows(gate), _as_rows(up), dy.contiguous()
+    rows, n = gate.shape
+    dgate, dup = gate.new_empty(rows, n), gate.new_empty(rows, n)
+    block = elementwise_block(gate.element_size())
+    swiglu_backward_kernel[_grid(rows, n, block)](gate, up, dy, dgate, dup, n, gate.stride(0), up.stride(0),
+                                                  BLOCK=block, num_warps=4)
+    return dgate, dup
+
+
+@_swiglu_rows.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape)
+
+
+@_swiglu_rows_backward.register_fake
+def _(gate, up, dy):
+    return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, dy):
+    gate, up = ctx.saved_tensors
+    return _swiglu_rows_backward(gate, up, dy)
+
+
+_swiglu_rows.register_autograd(_backward, setup_context=_save_inputs)
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """t as (rows, n) with a contiguous last dimension, without a copy where a view can do it."""
+    if t.dim() == 0:
+        t = t.reshape(1)
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    try:
+        return t.view(-1, t.shape[-1])
+    except RuntimeError:   # leading dimensions that no single row stride describes
+        return t.contiguous().view(-1, t.shape[-1])
+
+
+# --------------------------------------------------------------------------- entry point
+
+@functools.cache
+def _compiled():
+    return torch.compile(swiglu_reference)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """silu(gate) * up, fused. gate and up must match in shape, dtype and device.
+
+    backend: "triton" (the default on CUDA), "torch" (F.silu(gate) * up; the default on CPU), "compile".
+    The result is contiguous, with gate's shape and dtype; the math runs in fp32.
+    """
+    backend = choose_backend("swiglu", gate, backend, BACKENDS, arg="gate")
+    if not isinstance(up, torch.Tensor):
+        raise TypeError(f"swiglu: up must be a torch.Tensor, got {type(up).__name__}")
+    if up.shape != gate.shape or up.dtype != gate.dtype or up.device != gate.device:
+        raise ValueError(f"swiglu: up must match gate in shape, dtype and device: gate is {list(gate.shape)} "
+                         f"{gate.dtype} on {gate.device}, up {list(up.shape)} {up.dtype} on {up.device}")
+    if backend == "torch":
+        return swiglu_reference(gate, up)
+    if backend == "compile":
+        return _compiled()(gate, up)
+    if gate.numel() == 0:
+        return swiglu_reference(gate, up)
+    return _swiglu_rows(_as_rows(gate), _as_rows(up)).view(gate.shape)

@@ -1,0 +1,55 @@
+"""The check every op test makes: outputs and gradients against the same op in float64 on the same values."""
+
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# rtol, atol against the float64 reference, by the dtype compared (DESIGN.md's tolerances).
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
+
+
+def _tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def assert_matches_float64(ours, reference, *args, grad_atol_scale=1.0, out_atol_scale=1.0):
+    """Run ours(*args) and reference(*args upcast to float64) and compare every output, then, with a random
+    cotangent for each output, every gradient of the floating-point tensor arguments.
+
+    The tolerance of each comparison is that of the least precise dtype among the one compared and the
+    arguments' (an fp32 weight's gradient computed from bf16 activations is as good as bf16); a gradient's atol is multiplied by grad_atol_scale (gradients that sum over a row grow with it).
+    Returns our outputs.
+    """
+    leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+              for a in args]
+    ref_leaves = [a.detach().double().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                  else a for a in leaves]
+    arg_dtypes = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+
+    def tolerance(dtype):
+        return max(TOL[d] for d in [dtype, *arg_dtypes])
+
+    outs, ref_outs = _tuple(ours(*leaves)), _tuple(reference(*ref_leaves))
+    assert len(outs) == len(ref_outs)
+    for out, ref in zip(outs, ref_outs):
+        assert out.shape == ref.shape and out.device == ref.device, (out.shape, ref.shape)
+        rtol, atol = tolerance(out.dtype)
+        torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol * out_atol_scale, equal_nan=True)
+    grads_of = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
+    differentiable = [(o, r) for o, r in zip(outs, ref_outs) if o.requires_grad]
+    if not grads_of or not differentiable or not any(o.numel() for o, _ in differentiable):
+        return outs if len(outs) > 1 else outs[0]
+    cotangents = [torch.randn_like(o) for o, _ in differentiable]
+    ours_grads = torch.autograd.grad([o for o, _ in differentiable], [leaves[i] for i in grads_of], cotangents,
+                                     allow_unused=True)
+    ref_grads = torch.autograd.grad([r for _, r in differentiable], [ref_leaves[i] for i in grads_of],
+                                    [c.double() for c in cotangents], allow_unused=True)
+    for i, g, ref in zip(grads_of, ours_grads, ref_grads):
+        assert (g is None) == (ref is None), f"argument {i}: gradient {'missing' if g is None else 'unexpected'}"
+        if g is None:
+            continue
+        assert g.dtype == leaves[i].dtype and g.shape == leaves[i].shape, f"argument {i}"
+        rtol, atol = tolerance(g.dtype)
+        torch.testing.assert_close(g.double(), ref, rtol=rtol, atol=atol * grad_atol_scale, equal_nan=True,
+                                   msg=lambda m, i=i: f"gradient of argument {i}: {m}")
+    return outs if len(outs) > 1 else outs[0]
