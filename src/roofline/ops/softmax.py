@@ -38,21 +38,30 @@ def softmax_by_hand(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _row_max_and_sum(x_row, n, BLOCK: tl.constexpr):
-        """(max, sum of exp(x - max)) of a row longer than one block, in one pass. Each lane keeps its own
-        running max and a sum rescaled when that max grows; the lanes are combined at the end."""
+    def _row_max_and_sum(x_row, n, BLOCK: tl.constexpr, SUM_X: tl.constexpr = False):
+        """(max, sum of exp(x - max), and if SUM_X the sum of x) of a row longer than one block, in one pass.
+
+        Each lane keeps a running max m and a sum s of exp(x - m). One exp per element: for a new x,
+        e = exp(min(x, m) - max(x, m)); if x raised the max, s = s e + 1 (rescaled to the new max), else
+        s = s + e. The lanes are combined at the end (one exp per lane)."""
         cols = tl.arange(0, BLOCK)
         m = tl.full([BLOCK], -float("inf"), tl.float32)
         s = tl.zeros([BLOCK], dtype=tl.float32)
+        total = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, n, BLOCK):
-            x = tl.load(x_row + start + cols, mask=start + cols < n, other=-float("inf")).to(tl.float32)
-            m_new = tl.maximum(m, x)
-            safe = tl.where(m_new == -float("inf"), 0.0, m_new)   # a lane that has seen only -inf stays at 0
-            s = s * tl.exp(m - safe) + tl.exp(x - safe)
+            mask = start + cols < n
+            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            if SUM_X:
+                total += tl.where(mask, x, 0.0)
+            # nan must reach s: the GPU's default max and min drop a nan operand
+            m_new = tl.maximum(m, x, propagate_nan=tl.PropagateNan.ALL)
+            e = tl.exp(tl.minimum(m, x, propagate_nan=tl.PropagateNan.ALL) - m_new)
+            e = tl.where(m_new == -float("inf"), 0.0, e)   # a lane that has seen only -inf stays at 0
+            s = tl.where(x > m, s * e + 1.0, s + e)
             m = m_new
         row_max = tl.max(m, axis=0)
         safe_max = tl.where(row_max == -float("inf"), 0.0, row_max)
-        return row_max, tl.sum(s * tl.exp(m - safe_max), axis=0)
+        return row_max, tl.sum(s * tl.exp(m - safe_max), axis=0), tl.sum(total, axis=0)
 
     @triton.jit
     def softmax_forward_kernel(x_ptr, y_ptr, n, LOG: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
@@ -69,7 +78,7 @@ if triton is not None:
             y = shifted - tl.log(total) if LOG else e / total
             tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
         else:
-            m, total = _row_max_and_sum(x_row, n, BLOCK)
+            m, total, _ = _row_max_and_sum(x_row, n, BLOCK)
             log_total = tl.log(total)
             for start in range(0, n, BLOCK):
                 mask = start + cols < n

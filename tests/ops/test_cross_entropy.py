@@ -1,0 +1,207 @@
+"""cross_entropy against F.cross_entropy in float64: the loss and the logits' gradient, every reduction, label
+smoothing, ignore_index, out-of-range targets.
+
+On a CPU the Triton kernels run through Triton's interpreter at small shapes; rows of several blocks are
+reached by shrinking BLOCK. The `gpu` tests repeat the checks at a language model's vocabulary size.
+"""
+
+import importlib
+import math
+from functools import partial
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ops_checks import DEVICE, DTYPES, assert_matches_float64
+
+from roofline.ops import cross_entropy
+from roofline.ops.cross_entropy import cross_entropy_reference
+
+ce_module = importlib.import_module("roofline.ops.cross_entropy")   # the package's `cross_entropy` is the function
+
+
+def targets(rows, classes, ignored=0.25, ignore_index=-100, device=DEVICE):
+    t = torch.randint(0, classes, (rows,), device=device)
+    t[torch.rand(rows, device=device) < ignored] = ignore_index
+    return t
+
+
+def check(logits, target, backend="triton", **options):
+    reduction = options.get("reduction", "mean")
+    # A mean's gradient is 1/rows the size of a sum's: scale the absolute tolerance with it.
+    scale = 1.0 / logits.shape[0] if reduction == "mean" and logits.dim() == 2 else 1.0
+    return assert_matches_float64(partial(cross_entropy, backend=backend, **options),
+                                  partial(cross_entropy_reference, **options), logits, target,
+                                  grad_atol_scale=scale)
+
+
+@pytest.fixture(params=[4096, 16], ids=["wide-blocks", "many-blocks"])
+def block(request, monkeypatch):
+    monkeypatch.setattr(ce_module, "BLOCK", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 5), (7, 50), (13, 1000)])
+def test_matches_float64_reference(shape, dtype, reduction, smoothing, block):
+    logits = torch.randn(shape, device=DEVICE, dtype=dtype) * 3
+    check(logits, targets(*shape), reduction=reduction, label_smoothing=smoothing)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_ignore_index_inside_the_class_range_and_all_rows_ignored(reduction, block):
+    logits = torch.randn(9, 40, device=DEVICE)
+    check(logits, targets(9, 40, ignored=0.5, ignore_index=3), reduction=reduction, ignore_index=3)
+    # every row ignored: a mean of nothing is nan, as in torch; the gradient is zero
+    check(logits, torch.full((9,), -100, device=DEVICE), reduction=reduction)
+
+
+def test_one_row_and_int32_targets_and_strided_logits(block):
+    check(torch.randn(30, device=DEVICE), torch.tensor(4, device=DEVICE))
+    logits = torch.randn(40, 12, device=DEVICE).t()        # (12, 40), column-major
+    t32 = targets(12, 40).to(torch.int32)                   # torch itself takes only int64 (and uint8)
+    assert_matches_float64(partial(cross_entropy, backend="triton"),
+                           lambda x, t: cross_entropy_reference(x, t.long()), logits, t32, grad_atol_scale=1 / 12)
+    check(logits, targets(12, 40), reduction="sum", label_smoothing=0.2)
+
+
+def test_backward_scales_only_the_rows_whose_incoming_gradient_is_not_one():
+    logits = torch.randn(6, 70, device=DEVICE, requires_grad=True)
+    t = targets(6, 70)
+    dloss = torch.tensor([1.0, 2.0, 1.0, -0.5, 0.0, 1.0], device=DEVICE)
+    cross_entropy(logits, t, reduction="none", backend="triton").backward(dloss)
+    ref = logits.detach().double().requires_grad_()
+    cross_entropy_reference(ref, t, reduction="none").backward(dloss.double())
+    torch.testing.assert_close(logits.grad.double(), ref.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_second_backward_through_the_same_forward_is_refused():
+    logits = torch.randn(4, 20, device=DEVICE, requires_grad=True)
+    loss = cross_entropy(logits, targets(4, 20, ignored=0), backend="triton")
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward through the same forward"):
+        loss.backward()
+
+
+def test_without_grad_only_the_loss_is_computed():
+    logits, t = torch.randn(5, 33, device=DEVICE), targets(5, 33)
+    losses, gradient = ce_module._cross_entropy_rows(logits, t, -100, "none", 0.0, False)
+    assert gradient.numel() == 0                           # no logits-sized buffer
+    torch.testing.assert_close(losses, cross_entropy_reference(logits, t, reduction="none"))
+    with torch.no_grad():
+        x = logits.requires_grad_()
+        torch.testing.assert_close(cross_entropy(x, t, backend="triton", reduction="sum"),
+                                   cross_entropy_reference(logits, t, reduction="sum"))
+
+
+def test_poisoned_gradient_memory_is_overwritten(block):
+    logits = torch.randn(64, 300, device=DEVICE)
+    t = targets(64, 300)
+    for _ in range(3):   # NaN-filled blocks freed right before: the gradient buffer comes from them
+        poison = torch.full((64, 300), math.nan, device=DEVICE)
+        del poison
+        check(logits, t, reduction="sum")
+
+
+def test_extreme_logits_behave_as_in_torch(block):
+    inf = math.inf
+    logits = torch.randn(5, 40, device=DEVICE)
+    logits[0] = torch.tensor([1e4, -1e4] * 20)
+    logits[1, 5:] = -inf                       # -inf away from the target: a finite loss
+    logits[2, 7] = inf
+    logits[3, 9] = math.nan
+    logits[4] = -1e4
+    t = torch.tensor([0, 1, 3, 3, 2], device=DEVICE)
+    for reduction in ("none", "sum"):
+        for smoothing in (0.0, 0.1):
+            ours = cross_entropy(logits, t, reduction=reduction, label_smoothing=smoothing, backend="triton")
+            ref = cross_entropy_reference(logits.double(), t, reduction=reduction, label_smoothing=smoothing)
+            torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-4, equal_nan=True)
+
+
+def test_out_of_range_targets_are_a_clear_error_and_nan_under_compile():
+    logits = torch.randn(4, 10, device=DEVICE)
+    for bad in (10, -1, 1 << 40):
+        t = torch.tensor([1, bad, 2, 3], device=DEVICE)
+        with pytest.raises(ValueError, match=rf"target\[1\] = {bad} is not a class index in \[0, 10\)"):
+            cross_entropy(logits, t, backend="triton")
+    compiled = torch.compile(partial(cross_entropy, backend="triton", reduction="none"), fullgraph=True,
+                             backend="aot_eager")
+    losses = compiled(logits, torch.tensor([1, 10, 2, -7], device=DEVICE))
+    assert torch.isnan(losses[1]) and torch.isnan(losses[3]) and torch.isfinite(losses[[0, 2]]).all()
+
+
+def test_empty_and_torch_backends():
+    check(torch.randn(0, 5, device=DEVICE), torch.zeros(0, dtype=torch.long, device=DEVICE), reduction="sum")
+    check(torch.randn(9, 33, device=DEVICE), targets(9, 33), backend="torch")
+    check(torch.randn(9, 33, device=DEVICE), targets(9, 33), backend=None)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 20), classes=st.integers(1, 70), dtype=st.sampled_from(DTYPES),
+       reduction=st.sampled_from(["mean", "sum", "none"]), smoothing=st.sampled_from([0.0, 0.05, 1.0]),
+       ignored=st.sampled_from([0.0, 0.3, 1.0]), block=st.sampled_from([16, 4096]), scale=st.sampled_from([1.0, 20.0]))
+def test_property_any_shape_dtype_reduction(rows, classes, dtype, reduction, smoothing, ignored, block, scale):
+    logits = torch.randn(rows, classes, device=DEVICE, dtype=dtype) * scale
+    saved = ce_module.BLOCK
+    ce_module.BLOCK = block
+    try:
+        check(logits, targets(rows, classes, ignored), reduction=reduction, label_smoothing=smoothing)
+    finally:
+        ce_module.BLOCK = saved
+
+
+L, T = torch.randn(4, 8), torch.tensor([1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: cross_entropy([1.0], T), TypeError, "cross_entropy: logits must be a torch.Tensor, got list"),
+    (lambda: cross_entropy(L, [1, 2, 3, 4]), TypeError, "target must be a torch.Tensor of class indices"),
+    (lambda: cross_entropy(L, T.float()), TypeError, "target must hold class indices .* got torch.float32"),
+    (lambda: cross_entropy(L, T[:3]), ValueError, r"target must have shape \[4\] for logits of shape \[4, 8\]"),
+    (lambda: cross_entropy(L.view(2, 2, 8), T), ValueError, r"logits must be \(N, C\) or \(C,\)"),
+    (lambda: cross_entropy(L, T.to("meta")), ValueError, "target is on meta but logits is on cpu"),
+    (lambda: cross_entropy(L, T, reduction="avg"), ValueError, "reduction must be one of"),
+    (lambda: cross_entropy(L, T, label_smoothing=1.5), ValueError, r"label_smoothing must be a number in \[0, 1\]"),
+    (lambda: cross_entropy(L, T, ignore_index=1.0), TypeError, "ignore_index must be an int, got float"),
+    (lambda: cross_entropy(L.long(), T, backend="triton"), TypeError, "takes logits of dtype"),
+    (lambda: cross_entropy(L, T, backend="cuda"), ValueError, "backend must be one of"),
+])
+def test_bad_input_is_named_before_any_launch(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_compiles_fullgraph_through_the_kernels():
+    logits, t = torch.randn(6, 50, device=DEVICE), targets(6, 50)
+    compiled = torch.compile(lambda x, t: cross_entropy(x * 2, t, backend="triton", label_smoothing=0.1),
+                             fullgraph=True, backend="aot_eager")
+    assert_matches_float64(compiled, lambda x, t: cross_entropy_reference(x * 2, t, label_smoothing=0.1),
+                           logits, t, grad_atol_scale=1 / 6)
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4096, 128256), (5, 65537), (3000, 32000)])
+def test_gpu_vocabulary_sizes(shape, dtype, reduction):
+    check(torch.randn(shape, device="cuda", dtype=dtype) * 3, targets(*shape, device="cuda"), reduction=reduction,
+          label_smoothing=0.1 if reduction == "none" else 0.0)
+
+
+@pytest.mark.gpu
+def test_gpu_compile_backend_and_peak_memory_is_one_gradient_buffer():
+    logits = torch.randn(2048, 32000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    t = targets(2048, 32000, device="cuda")
+    check(logits, t, backend="compile")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    cross_entropy(logits, t, backend="triton").backward()
+    extra = torch.cuda.max_memory_allocated() - before
+    assert extra <= logits.numel() * logits.element_size() + (1 << 20), extra
