@@ -108,6 +108,12 @@ def main(work: Path, out: Path) -> None:
         if png.exists():
             shutil.copy(png, out / png.name)
     lines += profiler_section(work)
+    if (work / "ops.md").exists():
+        lines += ["## roofline.ops against eager PyTorch, torch.compile and Liger-Kernel (`benchmarks/ops_suite.py`)",
+                  "", "CUDA events, L2 flushed before each call, median of 3 interleaved rounds; bytes = the least "
+                  "traffic; GB/s over the measured copy bandwidth is the % of roofline. Per-sweep tables and the "
+                  "row-length plots are under ops/ in the bundle (plots also beside this file).", "",
+                  (work / "ops.md").read_text(), ""]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     validation = work / "validate_timing.json"
     (out / "results.json").write_text(json.dumps({
@@ -116,6 +122,7 @@ def main(work: Path, out: Path) -> None:
         "sweeps": sweeps,
         "profile_examples": _json_or_none(work / "profile" / "profile_examples.json"),
         "profile_overhead": _json_or_none(work / "profile_overhead.json"),
+        "ops": _json_or_none(work / "ops.json"),
     }, indent=1))
     print((out / "results.md").read_text())
 

@@ -94,6 +94,12 @@ def test_empty_and_zero_dim(max_block):
             torch.testing.assert_close(ours(x, backend="triton"), reference(x, dim=-1), equal_nan=True)
 
 
+def test_cuda_backend_needs_a_cuda_tensor(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="softmax: backend='cuda' needs x on a CUDA device, got x on cpu"):
+        softmax(torch.randn(3), backend="cuda")
+
+
 def test_by_hand_version_and_default_backend():
     x = torch.randn(9, 33, device=DEVICE)
     torch.testing.assert_close(softmax_by_hand(x), F.softmax(x, dim=-1))
@@ -129,7 +135,7 @@ def test_property_any_shape_dim_dtype_and_stride(shape, dtype, op, data, transpo
     (lambda: log_softmax(torch.randn(3, 4), dim=-3), IndexError, "log_softmax: dim -3 is out of range"),
     (lambda: softmax(torch.randn(3), dim=1.0), TypeError, "dim must be an int, got float"),
     (lambda: softmax(torch.randn(3), dim=None), TypeError, "dim must be an int, got NoneType"),
-    (lambda: softmax(torch.randn(3), backend="cuda"), ValueError, "backend must be one of"),
+    (lambda: softmax(torch.randn(3), backend="numpy"), ValueError, "backend must be one of"),
     (lambda: softmax(torch.arange(3), backend="triton"), TypeError, "got torch.int64"),
 ])
 def test_bad_input_is_named_before_any_launch(call, error, match):
@@ -145,6 +151,32 @@ def test_bad_input_is_named_before_any_launch(call, error, match):
 @pytest.mark.parametrize("shape", [(4096, 4096), (5, 123, 123), (64, 65537), (2, 262144), (1, 1 << 20)])
 def test_gpu_large_shapes(shape, dtype, op):
     check(torch.randn(shape, device="cuda", dtype=dtype) * 3, op)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1,), (7,), (5, 123, 123), (64, 65537), (4096, 4096), (2, 262144), (3, 1000)])
+def test_gpu_cuda_cpp_forward(shape, dtype):
+    check(torch.randn(shape, device="cuda", dtype=dtype) * 3, "softmax", backend="cuda", grad=False)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_cpp_extreme_values_misaligned_rows_and_refusals():
+    x = torch.randn(5, 160, device="cuda")
+    x[0] = torch.tensor([1e4, -1e4, 0.0, 5.0] * 40)
+    x[1] = -math.inf
+    x[2, :100] = -math.inf
+    x[3, 80] = math.inf
+    x[4, 80] = math.nan
+    torch.testing.assert_close(softmax(x, backend="cuda"), F.softmax(x.double(), -1).float(), equal_nan=True)
+    base = torch.randn(10_001, device="cuda")
+    for offset in (1, 2, 3):   # rows that start off 16-byte alignment: one element per access
+        check(base[offset:offset + 9_990].view(10, 999), "softmax", backend="cuda", grad=False)
+    check(torch.randn(3, 70, 4, device="cuda"), "softmax", dim=1, backend="cuda", grad=False)
+    with pytest.raises(NotImplementedError, match="forward pass only"):
+        softmax(torch.randn(4, 8, device="cuda", requires_grad=True), backend="cuda")
+    with pytest.raises(ValueError, match="backend='cuda' has softmax only"):
+        log_softmax(torch.randn(4, 8, device="cuda"), backend="cuda")
 
 
 @pytest.mark.gpu

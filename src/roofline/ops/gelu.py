@@ -123,10 +123,7 @@ _gelu.register_autograd(_backward, setup_context=_save_input)
 def _cuda_gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
     from roofline.ops import cuda
 
-    if x.requires_grad and torch.is_grad_enabled():
-        raise NotImplementedError(
-            "gelu(backend='cuda') has a forward pass only (it is the CUDA C++ entry of the classic "
-            "comparison); use backend='triton' where gradients are needed")
+    cuda.refuse_gradients("gelu", x)
     return cuda.load("gelu", ("gelu_forward",)).gelu_forward(x, approximate == "tanh")
 
 

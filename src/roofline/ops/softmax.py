@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from roofline.ops._common import choose_backend, tl, triton
 
-BACKENDS = ("torch", "triton", "compile")
+BACKENDS = ("torch", "triton", "compile", "cuda")
 MAX_BLOCK = 8192              # elements per block: 32 KB of fp32 per row, 16 per thread at 16 warps
 
 
@@ -167,6 +167,14 @@ def _triton_softmax(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     return _softmax_rows(rows, log).movedim(-1, dim)
 
 
+def _cuda_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    from roofline.ops import cuda
+
+    cuda.refuse_gradients("softmax", x)
+    rows = x.movedim(dim, -1).contiguous()
+    return cuda.load("softmax", ("softmax_forward",)).softmax_forward(rows).movedim(-1, dim)
+
+
 # --------------------------------------------------------------------------- entry points
 
 @functools.cache
@@ -188,14 +196,18 @@ def _run(op: str, x, dim, backend: str | None, log: bool) -> torch.Tensor:
         return _compiled(log)(x, dim=dim)
     if x.numel() == 0 or x.dim() == 0:
         return reference(x, dim=dim)   # nothing to launch for: torch's result, with its shape and grad_fn
+    if backend == "cuda":
+        if log:
+            raise ValueError("log_softmax: backend='cuda' has softmax only; use 'triton'")
+        return _cuda_softmax(x, dim % x.dim())
     return _triton_softmax(x, dim % x.dim(), log)
 
 
 def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None) -> torch.Tensor:
     """softmax with torch.nn.functional.softmax's meaning (dim is required there; here it defaults to the last).
 
-    backend: "triton" (the default on CUDA), "torch" (F.softmax; the default on CPU), "compile".
-    The result has x's dtype; the math is fp32.
+    backend: "triton" (the default on CUDA), "torch" (F.softmax; the default on CPU), "compile", "cuda"
+    (CUDA C++, forward only). The result has x's dtype; the math is fp32.
     """
     return _run("softmax", x, dim, backend, log=False)
 

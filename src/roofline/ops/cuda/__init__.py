@@ -34,6 +34,15 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def refuse_gradients(op: str, x: torch.Tensor) -> None:
+    """The CUDA C++ kernels are forward passes only (the classic comparison's entries): say so rather than
+    return a result that autograd cannot differentiate."""
+    if x.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError(
+            f"{op}(backend='cuda') has a forward pass only (it is the CUDA C++ entry of the classic comparison); "
+            "use backend='triton' where gradients are needed")
+
+
 @functools.cache
 def load(name: str, functions: tuple[str, ...]):
     """Build (or load the cached build of) SOURCE_DIR/<name>.cu and return the extension module.
@@ -47,9 +56,10 @@ def load(name: str, functions: tuple[str, ...]):
     from torch.utils.cpp_extension import load_inline
 
     source = (SOURCE_DIR / f"{name}.cu").read_text()
+    headers = "".join(p.read_text() for p in sorted(SOURCE_DIR.glob("*.cuh")))   # included by the sources
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}"
-    key = hashlib.sha256(f"{source}|{torch.__version__}|{torch.version.cuda}|{arch}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{source}|{headers}|{torch.__version__}|{torch.version.cuda}|{arch}".encode()).hexdigest()[:16]
     build_dir = cache_dir() / "cuda" / f"{name}-{key}"
     build_dir.mkdir(parents=True, exist_ok=True)
     declarations = "\n".join(_declaration(source, f) for f in functions)
@@ -62,6 +72,7 @@ def load(name: str, functions: tuple[str, ...]):
         functions=list(functions),
         build_directory=str(build_dir),
         extra_cuda_cflags=["-O3", "--generate-line-info"],
+        extra_include_paths=[str(SOURCE_DIR)],
         verbose=False,
     )
 

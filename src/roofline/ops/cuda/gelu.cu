@@ -11,7 +11,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common.cuh"
+
 namespace {
+using namespace roofline;
 
 __device__ __forceinline__ float gelu_erf(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));  // x / sqrt(2)
@@ -21,20 +24,6 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   const float k = 0.79788456080286536f;  // sqrt(2 / pi)
   return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
 
 template <typename T, int VEC, int UNROLL, bool TANH>
 __global__ void gelu_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n) {

@@ -1,0 +1,322 @@
+"""roofline.ops against eager PyTorch, torch.compile and Liger-Kernel, measured side by side in one run.
+
+    python benchmarks/ops_suite.py OUT_DIR [--quick] [--only NAME ...]
+
+Two parts, each forward and forward+backward (the backward through torch.autograd.grad, so every
+provider computes the same gradients, weights' included):
+  headline  one training-sized shape per op ([16384 x 4096] bf16; swiglu [16384 x 8192]; cross_entropy
+            [8192 x 128256]), with the hand-written eager versions and CUDA C++ where they exist;
+  rows      softmax, layer_norm and rms_norm over row lengths 256 .. 262144 at a fixed 256 MB input.
+Bytes are the least traffic (each input read once, each output written once), so GB/s over the measured
+copy bandwidth is the fraction of the roofline. Writes per sweep OUT_DIR/ops/<name>.{json,md,png}, and
+OUT_DIR/ops.md, OUT_DIR/ops.json with the headline table, peak memory of cross_entropy, and the rows
+sweeps' worst ratio against the fastest peer. Liger-Kernel is a provider only where it imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from roofline import bench, ops
+from roofline.ops import cuda
+from roofline.ops.gelu import gelu_tanh_by_hand
+from roofline.ops.norm import add_rms_norm_reference
+from roofline.ops.softmax import softmax_by_hand
+from roofline.ops.swiglu import swiglu_reference
+
+try:
+    from liger_kernel.transformers import functional as liger
+except ImportError:  # not installed here: the Liger column says so
+    liger = None
+
+BF16 = torch.bfloat16
+EPS = 1e-6
+OURS = "roofline (triton)"
+
+
+# --------------------------------------------------------------------------- ops as providers
+
+def _no_liger(name):
+    return None if liger is not None else "Liger-Kernel is not installed here"
+
+
+def _randn(shape, dev, grad=False, scale=1.0):
+    return (torch.randn(shape, device=dev, dtype=BF16) * scale).requires_grad_(grad)
+
+
+class Op:
+    """One op: how to make its inputs, its implementations, and its least traffic (in tensor-sized passes)."""
+
+    def __init__(self, name, inputs, providers, passes_fwd, passes_bwd, forward=True):
+        self.name, self.inputs, self.providers = name, inputs, providers
+        self.passes_fwd, self.passes_bwd, self.forward = passes_fwd, passes_bwd, forward
+
+
+def _softmax_op():
+    return Op("softmax", lambda shape, dev, grad: (_randn(shape, dev, grad, 3.0),), {
+        "eager": lambda x: F.softmax(x, -1),
+        "eager, by hand": softmax_by_hand,
+        "compile": torch.compile(functools.partial(F.softmax, dim=-1)),
+        "liger": (lambda x: liger.liger_softmax(x)) if liger else _no_liger,
+        OURS: functools.partial(ops.softmax, backend="triton"),
+        "cuda c++": functools.partial(ops.softmax, backend="cuda"),
+    }, passes_fwd=2, passes_bwd=3)   # fwd: read x, write y; bwd: read y and dy, write dx
+
+
+def _params(n, dev, grad, bias=True):
+    w = (1 + 0.1 * torch.randn(n, device=dev, dtype=BF16)).requires_grad_(grad)
+    return (w, (0.1 * torch.randn(n, device=dev, dtype=BF16)).requires_grad_(grad)) if bias else (w,)
+
+
+def _layer_norm_op():
+    return Op("layer_norm", lambda shape, dev, grad: (_randn(shape, dev, grad), *_params(shape[-1], dev, grad)), {
+        "eager": lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS),
+        "compile": torch.compile(lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS)),
+        "liger": (lambda x, w, b: liger.liger_layer_norm(x, w, b, EPS)) if liger else _no_liger,
+        OURS: lambda x, w, b: ops.layer_norm(x, x.shape[-1:], w, b, EPS, backend="triton"),
+    }, passes_fwd=2, passes_bwd=3)
+
+
+def _rms_norm_op():
+    return Op("rms_norm", lambda shape, dev, grad: (_randn(shape, dev, grad), *_params(shape[-1], dev, grad, False)), {
+        "eager": lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS),
+        "compile": torch.compile(lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS)),
+        # in_place=False: Liger's default writes dx over dy, which would change the next provider's input
+        "liger": (lambda x, w: liger.liger_rms_norm(x, w, EPS, in_place=False)) if liger else _no_liger,
+        OURS: lambda x, w: ops.rms_norm(x, x.shape[-1:], w, EPS, backend="triton"),
+    }, passes_fwd=2, passes_bwd=3)
+
+
+def _add_rms_norm_op():
+    def inputs(shape, dev, grad):
+        return _randn(shape, dev, grad), _randn(shape, dev, grad), *_params(shape[-1], dev, grad, False)
+    return Op("add_rms_norm", inputs, {
+        "eager": lambda x, r, w: add_rms_norm_reference(x, r, w, EPS),
+        "compile": torch.compile(lambda x, r, w: add_rms_norm_reference(x, r, w, EPS)),
+        "liger": (lambda x, r, w: liger.liger_fused_add_rms_norm(x, r, w, EPS, in_place=False)) if liger else _no_liger,
+        OURS: lambda x, r, w: ops.add_rms_norm(x, r, w, EPS, backend="triton"),
+    }, passes_fwd=4, passes_bwd=4)   # fwd: read x, r; write y, h. bwd: read h, dy, dh; write dx (= d residual)
+
+
+def _gelu_op():
+    tanh = functools.partial(F.gelu, approximate="tanh")
+    return Op("gelu_tanh", lambda shape, dev, grad: (_randn(shape, dev, grad, 3.0),), {
+        "eager": tanh,
+        "eager, by hand": gelu_tanh_by_hand,
+        "compile": torch.compile(tanh),
+        OURS: functools.partial(ops.gelu, approximate="tanh", backend="triton"),
+        "cuda c++": functools.partial(ops.gelu, approximate="tanh", backend="cuda"),
+    }, passes_fwd=2, passes_bwd=3)
+
+
+def _swiglu_op():
+    return Op("swiglu", lambda shape, dev, grad: (_randn(shape, dev, grad, 2.0), _randn(shape, dev, grad)), {
+        "eager": swiglu_reference,
+        "compile": torch.compile(swiglu_reference),
+        "liger": (lambda a, b: liger.liger_swiglu(a, b)) if liger else _no_liger,
+        OURS: functools.partial(ops.swiglu, backend="triton"),
+    }, passes_fwd=3, passes_bwd=5)   # fwd: read a, b; write y. bwd: read a, b, dy; write da, db
+
+
+def _cross_entropy_op():
+    def inputs(shape, dev, grad):
+        target = torch.randint(0, shape[-1], shape[:-1], device=dev)
+        return _randn(shape, dev, grad, 2.0), target
+    return Op("cross_entropy", inputs, {
+        "eager": F.cross_entropy,
+        "compile": torch.compile(F.cross_entropy),
+        "liger": (lambda x, t: liger.liger_cross_entropy(x, t)) if liger else _no_liger,
+        OURS: functools.partial(ops.cross_entropy, backend="triton"),
+    }, passes_fwd=1, passes_bwd=1, forward=False)   # read the logits once, write their gradient once
+
+
+# --------------------------------------------------------------------------- sweeps
+
+def _cuda_cpp_skip(name: str) -> str | None:
+    reason = cuda.unavailable_reason()
+    if reason is None:
+        try:   # build once here, so its tens of seconds stay out of the timings
+            cuda.load(name, (f"{name}_forward",))
+        except Exception as exc:  # noqa: BLE001 - a failed build skips the provider, with its reason
+            reason = f"the CUDA C++ build failed: {str(exc).splitlines()[0][:200]}"
+    return reason
+
+
+def _fwd_bwd(fn):
+    """fn's forward and backward: the gradients of every input that requires grad, for a random cotangent."""
+    def run(*args):
+        *inputs, dy = args
+        out = fn(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        cotangents = dy if isinstance(dy, tuple) else (dy,) * len(outs)
+        wrt = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad]
+        return torch.autograd.grad(outs, wrt, cotangents[:len(outs)])
+    return run
+
+
+def sweep(op: Op, backward: bool, shapes: list[tuple[int, ...]], x_name: str, x_of=lambda s: s[-1]) -> bench.Sweep:
+    by_x = {x_of(s): s for s in shapes}
+
+    def inputs(x, dev):
+        args = op.inputs(by_x[x], dev, backward)
+        if not backward:
+            return args
+        if op.name == "cross_entropy":
+            return (*args, torch.ones((), device=dev))          # loss.backward(): the cotangent is 1
+        return (*args, _randn(by_x[x], dev))
+
+    def nbytes(x, *args):
+        first = args[0]
+        return (op.passes_fwd + (op.passes_bwd if backward else 0)) * first.numel() * first.element_size()
+
+    providers = []
+    for name, fn in op.providers.items():
+        skip = fn(name) if fn is _no_liger else None
+        if name == "cuda c++":
+            skip = "forward only" if backward else _cuda_cpp_skip(op.name.removesuffix("_tanh"))
+        providers.append(bench.Provider(name, _fwd_bwd(fn) if backward and not skip else fn, skip=skip))
+    return bench.Sweep(
+        name=f"{op.name} {'fwd+bwd' if backward else 'fwd'} bf16", x_name=x_name, x_values=list(by_x),
+        inputs=inputs, providers=providers, baseline="eager", bytes=nbytes,
+        description=f"{op.name}, {'forward and backward' if backward else 'forward'}, bf16")
+
+
+def headline_sweeps(quick: bool) -> list[bench.Sweep]:
+    rows = 2048 if quick else 16384
+    plan = [(_softmax_op(), (rows, 4096)), (_layer_norm_op(), (rows, 4096)), (_rms_norm_op(), (rows, 4096)),
+            (_add_rms_norm_op(), (rows, 4096)), (_gelu_op(), (rows, 4096)), (_swiglu_op(), (rows, 8192)),
+            (_cross_entropy_op(), (1024 if quick else 8192, 128256))]
+    out = []
+    for op, shape in plan:
+        for backward in (False, True):
+            if backward or op.forward:
+                out.append(sweep(op, backward, [shape], "shape", x_of=lambda s: "x".join(map(str, s))))
+    return out
+
+
+def row_sweeps(quick: bool) -> list[bench.Sweep]:
+    elements = (16 << 20) if quick else (128 << 20)          # 256 MB of bf16
+    lengths = [256 << (2 * i) for i in range(6)]              # 256 .. 262144
+    shapes = [(elements // n, n) for n in lengths]
+    return [sweep(op, backward, shapes, "row length")
+            for op in (_softmax_op(), _layer_norm_op(), _rms_norm_op()) for backward in (False, True)]
+
+
+# --------------------------------------------------------------------------- reporting
+
+def _best_peer(rows, x) -> tuple[str, float] | None:
+    peers = [(r.provider, r.median_ms) for r in rows if r.x == x and r.status == "ok" and r.provider != OURS
+             and not r.provider.startswith("eager, by hand")]
+    return min(peers, key=lambda p: p[1]) if peers else None
+
+
+def ratio_lines(result) -> list[dict]:
+    """Per size: our time, the fastest peer's, and ours over theirs (below 1: we are faster)."""
+    out = []
+    for x in dict.fromkeys(r.x for r in result.rows):
+        ours = next((r for r in result.rows if r.x == x and r.provider == OURS and r.status == "ok"), None)
+        best = _best_peer(result.rows, x)
+        out.append(dict(x=x, ours_ms=ours.median_ms if ours else None, ours_gbps=ours.gbps if ours else None,
+                        ours_pct=ours.pct_of_roofline if ours else None, best_peer=best[0] if best else None,
+                        best_peer_ms=best[1] if best else None,
+                        ratio=(ours.median_ms / best[1]) if ours and best else None))
+    return out
+
+
+def cross_entropy_memory(dev, rows: int, vocab: int = 128256) -> list[dict]:
+    """Peak memory above the inputs during forward+backward, per provider (torch.cuda.max_memory_allocated)."""
+    op = _cross_entropy_op()
+    out = []
+    logits_bytes = rows * vocab * 2
+    for name, fn in op.providers.items():
+        if fn is _no_liger:
+            continue
+        logits, target = op.inputs((rows, vocab), dev, True)
+        fn(logits, target).backward()   # warm-up: compile and autotune outside the measurement
+        logits.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn(logits, target).backward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        out.append(dict(provider=name, peak_extra_bytes=peak, logits_buffers=peak / logits_bytes))
+        del logits, target
+        torch.cuda.empty_cache()
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
+    parser.add_argument("--only", nargs="*", default=None, help="run only sweeps whose name contains one of these")
+    args = parser.parse_args(argv)
+    dev = torch.device("cuda")
+    sweep_dir = args.out / "ops"
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    summary = dict(liger=None if liger is None else __import__("liger_kernel").__version__ if hasattr(
+        __import__("liger_kernel"), "__version__") else "installed", headline=[], rows=[], memory=[])
+    for part, sweeps in (("headline", headline_sweeps(args.quick)), ("rows", row_sweeps(args.quick))):
+        for s in sweeps:
+            if args.only and not any(o in s.name for o in args.only):
+                continue
+            result = s.run(rounds=3, progress=False)
+            stem = s.name.replace(" ", "_").replace("+", "-")
+            bench.report.write_json(result, sweep_dir / f"{stem}.json", samples=False)
+            (sweep_dir / f"{stem}.md").write_text(bench.report.to_markdown(result))
+            if part == "rows":
+                bench.report.plot(result, sweep_dir / f"{stem}.png")
+            print(bench.report.to_markdown(result), flush=True)
+            for line in ratio_lines(result):
+                summary[part].append(dict(sweep=s.name, **line))
+            failed = [f"{r.provider} at {r.x}: {r.reason}" for r in result.rows if r.status == "failed"]
+            for f in failed:
+                print(f"  FAILED {f}", flush=True)
+            summary.setdefault("failed", []).extend(f"{s.name}: {f}" for f in failed)
+    if not args.only or any("cross_entropy" in o for o in args.only):
+        summary["memory"] = cross_entropy_memory(dev, 1024 if args.quick else 8192)
+    (args.out / "ops.json").write_text(json.dumps(summary, indent=1, default=str))
+    (args.out / "ops.md").write_text(markdown(summary))
+    print(markdown(summary))
+    return 0
+
+
+def _fmt(v, spec):
+    return "" if v is None else format(v, spec)
+
+
+def markdown(summary: dict) -> str:
+    lines = ["### Headline shapes (bf16): roofline's Triton kernels against the fastest peer", "",
+             "| sweep | shape | ours (ms) | ours (GB/s) | % of copy bw | fastest peer | peer (ms) | ours / peer |",
+             "|---|---|---|---|---|---|---|---|"]
+    for h in summary["headline"]:
+        lines.append(f"| {h['sweep']} | {h['x']} | {_fmt(h['ours_ms'], '.4f')} | {_fmt(h['ours_gbps'], ',.0f')} | "
+                     f"{_fmt(h['ours_pct'], '.0f')} | {h['best_peer'] or ''} | {_fmt(h['best_peer_ms'], '.4f')} | "
+                     f"{_fmt(h['ratio'], '.3f')} |")
+    lines += ["", "### Row-length sweeps at 256 MB: worst ratio ours / fastest peer (above 1.05 misses the target)",
+              "", "| sweep | worst row length | ours / peer | peer there |", "|---|---|---|---|"]
+    for name in dict.fromkeys(r["sweep"] for r in summary["rows"]):
+        rs = [r for r in summary["rows"] if r["sweep"] == name and r["ratio"] is not None]
+        if rs:
+            w = max(rs, key=lambda r: r["ratio"])
+            lines.append(f"| {name} | {w['x']} | {w['ratio']:.3f} | {w['best_peer']} |")
+    if summary["memory"]:
+        lines += ["", "### cross_entropy [8192 x 128256] bf16 fwd+bwd: peak memory above the inputs", "",
+                  "| provider | peak extra (MB) | logits-sized buffers |", "|---|---|---|"]
+        for m in summary["memory"]:
+            lines.append(f"| {m['provider']} | {m['peak_extra_bytes'] / 1e6:,.0f} | {m['logits_buffers']:.2f} |")
+    if summary.get("failed"):
+        lines += ["", "### Providers that failed", ""] + [f"- {f}" for f in summary["failed"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
