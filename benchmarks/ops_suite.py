@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from roofline import bench, ops
+from roofline.bench import report
 from roofline.ops import cuda
 from roofline.ops.gelu import gelu_tanh_by_hand
 from roofline.ops.norm import add_rms_norm_reference
@@ -120,8 +121,10 @@ def _swiglu_op():
     return Op("swiglu", lambda shape, dev, grad: (_randn(shape, dev, grad, 2.0), _randn(shape, dev, grad)), {
         "eager": swiglu_reference,
         "compile": torch.compile(swiglu_reference),
-        "liger": (lambda a, b: liger.liger_swiglu(a, b)) if liger else _no_liger,
         OURS: functools.partial(ops.swiglu, backend="triton"),
+        # last: Liger's backward writes the gradients over its inputs a and b, so every provider after it
+        # would be checked on changed inputs (the timings do not depend on the values)
+        "liger": (lambda a, b: liger.liger_swiglu(a, b)) if liger else _no_liger,
     }, passes_fwd=3, passes_bwd=5)   # fwd: read a, b; write y. bwd: read a, b, dy; write da, db
 
 
@@ -134,6 +137,8 @@ def _cross_entropy_op():
         "compile": torch.compile(F.cross_entropy),
         "liger": (lambda x, t: liger.liger_cross_entropy(x, t)) if liger else _no_liger,
         OURS: functools.partial(ops.cross_entropy, backend="triton"),
+        # without the eager range check of the targets, which costs a device-to-host sync
+        "roofline, check_targets=False": functools.partial(ops.cross_entropy, backend="triton", check_targets=False),
     }, passes_fwd=1, passes_bwd=1, forward=False)   # read the logits once, write their gradient once
 
 
@@ -182,9 +187,13 @@ def sweep(op: Op, backward: bool, shapes: list[tuple[int, ...]], x_name: str, x_
         if name == "cuda c++":
             skip = "forward only" if backward else _cuda_cpp_skip(op.name.removesuffix("_tanh"))
         providers.append(bench.Provider(name, _fwd_bwd(fn) if backward and not skip else fn, skip=skip))
+    # The check before timing only guards against broken outputs (precision is tested against float64 in
+    # tests/ops). Gradients summed over thousands of rows differ more between correct implementations in bf16
+    # (Liger's rms_norm weight gradient by up to ~5% from eager's), so fwd+bwd checks are looser.
+    rtol, atol = (0.1, 0.05) if backward else (None, None)
     return bench.Sweep(
         name=f"{op.name} {'fwd+bwd' if backward else 'fwd'} bf16", x_name=x_name, x_values=list(by_x),
-        inputs=inputs, providers=providers, baseline="eager", bytes=nbytes,
+        inputs=inputs, providers=providers, baseline="eager", bytes=nbytes, rtol=rtol, atol=atol,
         description=f"{op.name}, {'forward and backward' if backward else 'forward'}, bf16")
 
 
@@ -212,8 +221,8 @@ def row_sweeps(quick: bool) -> list[bench.Sweep]:
 # --------------------------------------------------------------------------- reporting
 
 def _best_peer(rows, x) -> tuple[str, float] | None:
-    peers = [(r.provider, r.median_ms) for r in rows if r.x == x and r.status == "ok" and r.provider != OURS
-             and not r.provider.startswith("eager, by hand")]
+    peers = [(r.provider, r.median_ms) for r in rows if r.x == x and r.status == "ok"
+             and not r.provider.startswith(("roofline", "eager, by hand"))]
     return min(peers, key=lambda p: p[1]) if peers else None
 
 
@@ -270,11 +279,11 @@ def main(argv=None) -> int:
                 continue
             result = s.run(rounds=3, progress=False)
             stem = s.name.replace(" ", "_").replace("+", "-")
-            bench.report.write_json(result, sweep_dir / f"{stem}.json", samples=False)
-            (sweep_dir / f"{stem}.md").write_text(bench.report.to_markdown(result))
+            report.write_json(result, sweep_dir / f"{stem}.json", samples=False)
+            (sweep_dir / f"{stem}.md").write_text(report.to_markdown(result))
             if part == "rows":
-                bench.report.plot(result, sweep_dir / f"{stem}.png")
-            print(bench.report.to_markdown(result), flush=True)
+                report.plot(result, sweep_dir / f"{stem}.png")
+            print(report.to_markdown(result), flush=True)
             for line in ratio_lines(result):
                 summary[part].append(dict(sweep=s.name, **line))
             failed = [f"{r.provider} at {r.x}: {r.reason}" for r in result.rows if r.status == "failed"]

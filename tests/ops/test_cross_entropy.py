@@ -128,6 +128,9 @@ def test_out_of_range_targets_are_a_clear_error_and_nan_under_compile():
         t = torch.tensor([1, bad, 2, 3], device=DEVICE)
         with pytest.raises(ValueError, match=rf"target\[1\] = {bad} is not a class index in \[0, 10\)"):
             cross_entropy(logits, t, backend="triton")
+    unchecked = cross_entropy(logits, torch.tensor([1, 10, 2, -7], device=DEVICE), backend="triton",
+                              reduction="none", check_targets=False)
+    assert torch.isnan(unchecked[[1, 3]]).all() and torch.isfinite(unchecked[[0, 2]]).all()
     compiled = torch.compile(partial(cross_entropy, backend="triton", reduction="none"), fullgraph=True,
                              backend="aot_eager")
     losses = compiled(logits, torch.tensor([1, 10, 2, -7], device=DEVICE))

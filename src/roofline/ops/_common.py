@@ -47,3 +47,52 @@ def elementwise_block(element_size: int, num_warps: int = 4) -> int:
     """Elements per program of an elementwise kernel: 32 bytes per thread (two 16-byte accesses), enough bytes
     in flight per SM to cover memory latency at 4 warps a program."""
     return 32 * num_warps * (32 // element_size)
+
+
+class KernelOp:
+    """A forward implementation and its backward, callable as op(*args), differentiable, and visible to
+    torch.compile as one op.
+
+    Under torch.compile a call goes through torch.library custom ops, roofline::<name> and
+    roofline::<name>_backward, so that torch.compile(fullgraph=True) holds them without a graph break. In
+    eager mode it goes through a torch.autograd.Function straight to the same two functions: torch.library's
+    Python dispatch costs ~100 µs a call on our H100 machine's host, as long as the kernel on 128 MB.
+
+    forward(*args) and backward(...) run the kernels (their type annotations give the ops' schemas);
+    forward_fake and backward_fake give outputs' shapes without running anything; setup_context(ctx, inputs,
+    output) keeps what the backward needs; backward_rule(ctx, run_backward, *grads) returns a gradient per
+    input, calling run_backward, which is `backward` itself in eager mode and the registered op under compile.
+    """
+
+    def __init__(self, name, *, forward, forward_fake, backward, backward_fake, setup_context, backward_rule,
+                 backward_mutates: tuple[str, ...] = ()):
+        self.forward = forward
+        self.forward_op = torch.library.custom_op(f"roofline::{name}", forward, mutates_args=())
+        self.forward_op.register_fake(forward_fake)
+        self.backward_op = torch.library.custom_op(f"roofline::{name}_backward", backward,
+                                                   mutates_args=backward_mutates)
+        self.backward_op.register_fake(backward_fake)
+        self.forward_op.register_autograd(lambda ctx, *grads: backward_rule(ctx, self.backward_op, *grads),
+                                          setup_context=setup_context)
+
+        class Eager(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *args):
+                # An output that gets no gradient gets None, not a zero tensor of its size (cross_entropy's
+                # gradient buffer would cost a 2 GB fill).
+                ctx.set_materialize_grads(False)
+                output = forward(*args)
+                setup_context(ctx, args, output)
+                return output
+
+            @staticmethod
+            def backward(ctx, *grads):
+                return backward_rule(ctx, backward, *grads)
+
+        Eager.__name__ = Eager.__qualname__ = f"{name}_eager"
+        self._eager = Eager
+
+    def __call__(self, *args):
+        if torch.compiler.is_compiling():
+            return self.forward_op(*args)
+        return self._eager.apply(*args)

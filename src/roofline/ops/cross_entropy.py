@@ -26,13 +26,18 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import choose_backend, tl, triton
+from roofline.ops._common import KernelOp, choose_backend, tl, triton
 from roofline.ops.softmax import _row_max_and_sum
 
 BACKENDS = ("torch", "triton", "compile")
 REDUCTIONS = ("mean", "sum", "none")
-BLOCK = 4096            # elements of a row per step: 16 per thread at 8 warps
+# One program of 32 warps per SM, 16 elements per thread per step: the fastest of the configurations tried on
+# the H100 at [8192 x 128256] bf16 (8 to 32 warps, blocks of 2048 to 16384, 1 to 8 programs per SM, Triton
+# loop pipelining of 1 to 4 stages; benchmarks/results/h100-ops.md).
+BLOCK = 16384           # elements of a row per step
 PROGRAMS_PER_SM = 1     # resident rows per SM: more would push the second pass's reads out of L2
+NUM_WARPS = 32
+STAGES = 1              # blocks of a row whose loads are in flight at once (Triton's loop pipelining)
 
 
 # --------------------------------------------------------------------------- reference
@@ -49,7 +54,7 @@ if triton is not None:
     @triton.jit
     def cross_entropy_forward_kernel(x_ptr, target_ptr, loss_ptr, grad_ptr, grad_scale_ptr, rows, n,
                                      ignore_index, smoothing, GRAD: tl.constexpr, SMOOTH: tl.constexpr,
-                                     BLOCK: tl.constexpr):
+                                     BLOCK: tl.constexpr, STAGES: tl.constexpr):
         """Per row: the loss (fp32) and, if GRAD, grad_scale * d loss / d x into grad (x's dtype).
         A target outside [0, n) that is not ignore_index gives a nan loss and gradient row (no access)."""
         cols = tl.arange(0, BLOCK)
@@ -68,7 +73,7 @@ if triton is not None:
                         tl.store(grad_ptr + start_of_row + start + cols, tl.zeros([BLOCK], grad_ptr.dtype.element_ty),
                                  mask=start + cols < n)
             else:
-                m, total, sum_x = _row_max_and_sum(x_row, n, BLOCK, SMOOTH)
+                m, total, sum_x = _row_max_and_sum(x_row, n, BLOCK, SMOOTH, STAGES)
                 log_total = tl.log(total)
                 x_target = tl.load(x_row + target, mask=valid, other=float("nan")).to(tl.float32)
                 # lse - x = (m - x) + log_total: exact near the max, where m + log_total would round at 1e4
@@ -79,7 +84,7 @@ if triton is not None:
                 if GRAD:
                     spread = smoothing / n if SMOOTH else 0.0
                     bad = tl.where(valid, 0.0, float("nan"))
-                    for i in range(0, blocks):   # backwards: the row's last blocks are the likeliest in L2
+                    for i in tl.range(0, blocks, num_stages=STAGES):   # backwards: the row's last blocks are the likeliest in L2
                         offs = (blocks - 1 - i) * BLOCK + cols
                         mask = offs < n
                         x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
@@ -107,12 +112,10 @@ def _programs(rows: int, device: torch.device) -> int:
     return min(rows, PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-# Registered with torch.library so torch.compile(fullgraph=True) traces through the kernels. The forward op
-# returns the per-row losses and, when asked, the gradient already scaled for the reduction; the backward op
-# scales it in place by the incoming gradient.
+# The forward returns the per-row losses and, when asked, the gradient already scaled for the reduction; the
+# backward scales that gradient in place by the incoming one.
 
-@torch.library.custom_op("roofline::cross_entropy_rows", mutates_args=())
-def _cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+def _forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
                         label_smoothing: float, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     rows, n = logits.shape
     losses = torch.empty(rows, device=logits.device, dtype=torch.float32)
@@ -123,17 +126,16 @@ def _cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, ignore_index
         grad_scale = torch.ones((), device=logits.device)
     cross_entropy_forward_kernel[(_programs(rows, logits.device),)](
         logits, target, losses, gradient, grad_scale, rows, n, ignore_index, label_smoothing,
-        GRAD=grad, SMOOTH=label_smoothing > 0, BLOCK=min(BLOCK, triton.next_power_of_2(n)), num_warps=8)
+        GRAD=grad, SMOOTH=label_smoothing > 0, BLOCK=min(BLOCK, triton.next_power_of_2(n)), STAGES=STAGES,
+        num_warps=NUM_WARPS)
     return losses, gradient
 
 
-@_cross_entropy_rows.register_fake
-def _(logits, target, ignore_index, reduction, label_smoothing, grad):
+def _forward_fake(logits, target, ignore_index, reduction, label_smoothing, grad):
     losses = logits.new_empty(logits.shape[0], dtype=torch.float32)
     return losses, torch.empty_like(logits) if grad else logits.new_empty(0)
 
 
-@torch.library.custom_op("roofline::scale_rows_", mutates_args=("grad",))
 def _scale_rows_(grad: torch.Tensor, dloss: torch.Tensor) -> None:
     rows, n = grad.shape
     dloss_stride = dloss.stride(0) if dloss.dim() else 0   # 0 for a mean's or sum's gradient, expanded
@@ -141,28 +143,31 @@ def _scale_rows_(grad: torch.Tensor, dloss: torch.Tensor) -> None:
                                num_warps=8)
 
 
-@_scale_rows_.register_fake
-def _(grad, dloss):
-    return None
 
 
-def _save_gradient(ctx, inputs, output):
-    ctx.save_for_backward(output[1])
-    ctx.used = False
+def _keep_gradient(ctx, inputs, output):
+    # Held on ctx, not saved for backward, so that the backward can let go of it: autograd then moves the
+    # buffer into logits.grad instead of copying it (a saved tensor is still referenced, so it would copy).
+    # Marked non-differentiable, so holding it makes no reference cycle through the graph.
+    ctx.mark_non_differentiable(output[1])
+    ctx.gradient = output[1]
 
 
-def _backward(ctx, dlosses, _):
-    if ctx.used:
+def _backward_rule(ctx, scale_rows_, dlosses, _):
+    gradient = getattr(ctx, "gradient", None)
+    if gradient is None:
         raise RuntimeError("cross_entropy(backend='triton') wrote its gradient during the forward pass and "
-                           "scales it in place: a second backward through the same forward (retain_graph=True) "
+                           "hands that buffer on: a second backward through the same forward (retain_graph=True) "
                            "is not supported; use backend='torch' for that")
-    ctx.used = True
-    (gradient,) = ctx.saved_tensors
-    _scale_rows_(gradient, dlosses)
+    del ctx.gradient
+    scale_rows_(gradient, dlosses)
     return gradient, None, None, None, None, None
 
 
-_cross_entropy_rows.register_autograd(_backward, setup_context=_save_gradient)
+_cross_entropy_rows = KernelOp(
+    "cross_entropy_rows", forward=_forward, forward_fake=_forward_fake, backward=_scale_rows_,
+    backward_fake=lambda grad, dloss: None, backward_mutates=("grad",), setup_context=_keep_gradient,
+    backward_rule=_backward_rule)
 
 
 class _ReduceLosses(torch.autograd.Function):
@@ -228,7 +233,8 @@ def _check_target_range(target: torch.Tensor, classes: int, ignore_index: int) -
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
-                  label_smoothing: float = 0.0, *, backend: str | None = None) -> torch.Tensor:
+                  label_smoothing: float = 0.0, *, backend: str | None = None,
+                  check_targets: bool = True) -> torch.Tensor:
     """cross_entropy with torch.nn.functional.cross_entropy's meaning, for logits (N, C) or (C,) and target of
     class indices (no class weights, no probability targets).
 
@@ -245,7 +251,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
         return _compiled()(logits, target, ignore_index, reduction, label_smoothing)
     if logits.numel() == 0 or logits.dim() == 1:   # nothing to launch for, or one row: torch's own result
         return cross_entropy_reference(logits, target, ignore_index, reduction, label_smoothing)
-    _check_target_range(target, logits.shape[1], ignore_index)
+    if check_targets:
+        _check_target_range(target, logits.shape[1], ignore_index)
     grad = logits.requires_grad and torch.is_grad_enabled()
     losses, _ = _cross_entropy_rows(logits.contiguous(), target.contiguous(), int(ignore_index), reduction,
                                     float(label_smoothing), grad)

@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import choose_backend, elementwise_block, tl, triton
+from roofline.ops._common import KernelOp, choose_backend, elementwise_block, tl, triton
 
 APPROXIMATIONS = ("none", "tanh")
 BACKENDS = ("torch", "triton", "compile", "cuda")
@@ -83,26 +83,12 @@ def _launch(kernel, out: torch.Tensor, *tensors: torch.Tensor, approximate: str)
     return out
 
 
-# Registered with torch.library, so torch.compile(fullgraph=True) traces through the kernels.
-
-@torch.library.custom_op("roofline::gelu", mutates_args=())
-def _gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
+def _forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
     return _launch(gelu_forward_kernel, torch.empty_like(x), x, approximate=approximate)
 
 
-@torch.library.custom_op("roofline::gelu_backward", mutates_args=())
-def _gelu_backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
+def _backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
     return _launch(gelu_backward_kernel, torch.empty_like(x), dy, x, approximate=approximate)
-
-
-@_gelu.register_fake
-def _(x, approximate):
-    return torch.empty_like(x)
-
-
-@_gelu_backward.register_fake
-def _(dy, x, approximate):
-    return torch.empty_like(x)
 
 
 def _save_input(ctx, inputs, output):
@@ -110,12 +96,14 @@ def _save_input(ctx, inputs, output):
     ctx.approximate = inputs[1]
 
 
-def _backward(ctx, dy):
+def _backward_rule(ctx, run_backward, dy):
     (x,) = ctx.saved_tensors
-    return _gelu_backward(dy.contiguous(), x, ctx.approximate), None
+    return run_backward(dy.contiguous(), x, ctx.approximate), None
 
 
-_gelu.register_autograd(_backward, setup_context=_save_input)
+_gelu = KernelOp("gelu", forward=_forward, forward_fake=lambda x, approximate: torch.empty_like(x),
+                 backward=_backward, backward_fake=lambda dy, x, approximate: torch.empty_like(x),
+                 setup_context=_save_input, backward_rule=_backward_rule)
 
 
 # --------------------------------------------------------------------------- CUDA C++ and compile

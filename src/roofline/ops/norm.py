@@ -28,7 +28,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import DTYPES, choose_backend, tl, triton
+from roofline.ops._common import DTYPES, KernelOp, choose_backend, tl, triton
 
 BACKENDS = ("torch", "triton", "compile")
 MAX_BLOCK = 8192         # elements of a row held in registers at once
@@ -198,12 +198,10 @@ def _nothing(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty(0)
 
 
-# Registered with torch.library so torch.compile(fullgraph=True) traces through the kernels. The ops take
-# contiguous (rows, n) tensors; the entry points check and reshape. Absent tensors are passed as None and
-# absent results come back empty.
+# The kernels take contiguous (rows, n) tensors; the entry points check and reshape. Absent tensors are
+# passed as None and absent results come back empty (a registered op's outputs are all tensors).
 
-@torch.library.custom_op("roofline::norm_rows", mutates_args=())
-def _norm_rows(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
+def _forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
                bias: torch.Tensor | None, eps: float, rms: bool) -> tuple[torch.Tensor, torch.Tensor,
                                                                           torch.Tensor, torch.Tensor]:
     rows, n = x.shape
@@ -220,15 +218,13 @@ def _norm_rows(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
     return y, h, mean, rstd
 
 
-@_norm_rows.register_fake
-def _(x, residual, weight, bias, eps, rms):
+def _forward_fake(x, residual, weight, bias, eps, rms):
     rows = x.shape[0]
     h = torch.empty_like(x) if residual is not None else _nothing(x)
     return torch.empty_like(x), h, x.new_empty(rows, dtype=torch.float32), x.new_empty(rows, dtype=torch.float32)
 
 
-@torch.library.custom_op("roofline::norm_rows_backward", mutates_args=())
-def _norm_rows_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
+def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
                         rstd: torch.Tensor, dresidual: torch.Tensor | None, rms: bool,
                         has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, n = x.shape
@@ -254,8 +250,7 @@ def _norm_rows_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor 
     return dx, dw, db
 
 
-@_norm_rows_backward.register_fake
-def _(dy, x, weight, mean, rstd, dresidual, rms, has_bias):
+def _backward_fake(dy, x, weight, mean, rstd, dresidual, rms, has_bias):
     dw = torch.empty_like(weight) if weight is not None else _nothing(x)
     db = x.new_empty(x.shape[1], dtype=torch.float32) if has_bias else _nothing(x)
     return torch.empty_like(x), dw, db
@@ -268,16 +263,19 @@ def _save_for_backward(ctx, inputs, output):
     ctx.rms, ctx.has_residual, ctx.bias_dtype = rms, residual is not None, None if bias is None else bias.dtype
 
 
-def _backward(ctx, dy, dh, dmean, drstd):
+def _backward_rule(ctx, run_backward, dy, dh, dmean, drstd):
     x, weight, mean, rstd = ctx.saved_tensors
+    if dy is None:   # only the new residual h reached the loss
+        dy = torch.zeros_like(x)
     dresidual = dh.contiguous() if ctx.has_residual and dh is not None else None
-    dx, dw, db = _norm_rows_backward(dy.contiguous(), x, weight, mean, rstd, dresidual, ctx.rms,
+    dx, dw, db = run_backward(dy.contiguous(), x, weight, mean, rstd, dresidual, ctx.rms,
                                      ctx.bias_dtype is not None)
     return (dx, dx if ctx.has_residual else None, dw if weight is not None else None,
             db.to(ctx.bias_dtype) if ctx.bias_dtype is not None else None, None, None)
 
 
-_norm_rows.register_autograd(_backward, setup_context=_save_for_backward)
+_norm_rows = KernelOp("norm_rows", forward=_forward, forward_fake=_forward_fake, backward=_backward,
+                      backward_fake=_backward_fake, setup_context=_save_for_backward, backward_rule=_backward_rule)
 
 
 # --------------------------------------------------------------------------- entry points

@@ -18,7 +18,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import choose_backend, tl, triton
+from roofline.ops._common import KernelOp, choose_backend, tl, triton
 
 BACKENDS = ("torch", "triton", "compile", "cuda")
 MAX_BLOCK = 8192              # elements per block: 32 KB of fp32 per row, 16 per thread at 16 warps
@@ -38,17 +38,18 @@ def softmax_by_hand(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _row_max_and_sum(x_row, n, BLOCK: tl.constexpr, SUM_X: tl.constexpr = False):
+    def _row_max_and_sum(x_row, n, BLOCK: tl.constexpr, SUM_X: tl.constexpr = False, STAGES: tl.constexpr = 1):
         """(max, sum of exp(x - max), and if SUM_X the sum of x) of a row longer than one block, in one pass.
 
         Each lane keeps a running max m and a sum s of exp(x - m). One exp per element: for a new x,
         e = exp(min(x, m) - max(x, m)); if x raised the max, s = s e + 1 (rescaled to the new max), else
-        s = s + e. The lanes are combined at the end (one exp per lane)."""
+        s = s + e. The lanes are combined at the end (one exp per lane). STAGES > 1 asks Triton to keep that many
+        blocks' loads in flight (software pipelining)."""
         cols = tl.arange(0, BLOCK)
         m = tl.full([BLOCK], -float("inf"), tl.float32)
         s = tl.zeros([BLOCK], dtype=tl.float32)
         total = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, n, BLOCK):
+        for start in tl.range(0, n, BLOCK, num_stages=STAGES):
             mask = start + cols < n
             x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
             if SUM_X:
@@ -117,11 +118,9 @@ def _warps(block: int) -> int:
     return max(1, min(16, block // 512))
 
 
-# Registered with torch.library, so torch.compile(fullgraph=True) traces through the kernels: the ops take
-# contiguous rows (the last dimension), and the entry point moves `dim` there and back outside them.
+# The kernels take contiguous rows (the last dimension); the entry point moves `dim` there and back.
 
-@torch.library.custom_op("roofline::softmax_rows", mutates_args=())
-def _softmax_rows(x: torch.Tensor, log: bool) -> torch.Tensor:
+def _forward_rows(x: torch.Tensor, log: bool) -> torch.Tensor:
     n = x.shape[-1]
     y = torch.empty_like(x)
     block = _block(n)
@@ -130,8 +129,7 @@ def _softmax_rows(x: torch.Tensor, log: bool) -> torch.Tensor:
     return y
 
 
-@torch.library.custom_op("roofline::softmax_rows_backward", mutates_args=())
-def _softmax_rows_backward(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
+def _backward_rows(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
     n = y.shape[-1]
     dx = torch.empty_like(y)
     block = _block(n)
@@ -139,27 +137,20 @@ def _softmax_rows_backward(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torc
     return dx
 
 
-@_softmax_rows.register_fake
-def _(x, log):
-    return torch.empty_like(x)
-
-
-@_softmax_rows_backward.register_fake
-def _(y, dy, log):
-    return torch.empty_like(y)
-
-
 def _save_output(ctx, inputs, output):
     ctx.save_for_backward(output)
     ctx.log = inputs[1]
 
 
-def _backward(ctx, dy):
+def _backward_rule(ctx, run_backward, dy):
     (y,) = ctx.saved_tensors
-    return _softmax_rows_backward(y, dy.contiguous(), ctx.log), None
+    return run_backward(y, dy.contiguous(), ctx.log), None
 
 
-_softmax_rows.register_autograd(_backward, setup_context=_save_output)
+_softmax_rows = KernelOp(
+    "softmax_rows", forward=_forward_rows, forward_fake=lambda x, log: torch.empty_like(x),
+    backward=_backward_rows, backward_fake=lambda y, dy, log: torch.empty_like(y),
+    setup_context=_save_output, backward_rule=_backward_rule)
 
 
 def _triton_softmax(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:

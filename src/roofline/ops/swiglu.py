@@ -18,7 +18,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import choose_backend, elementwise_block, tl, triton
+from roofline.ops._common import KernelOp, choose_backend, elementwise_block, tl, triton
 
 BACKENDS = ("torch", "triton", "compile")
 
@@ -69,11 +69,9 @@ def _grid(rows: int, n: int, block: int) -> tuple[int]:
     return (rows * triton.cdiv(n, block),)
 
 
-# Registered with torch.library so torch.compile(fullgraph=True) traces through the kernels. The ops take
-# (rows, n) tensors whose last dimension is contiguous; their outputs are contiguous.
+# The kernels take (rows, n) tensors whose last dimension is contiguous; their outputs are contiguous.
 
-@torch.library.custom_op("roofline::swiglu_rows", mutates_args=())
-def _swiglu_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def _forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     gate, up = _as_rows(gate), _as_rows(up)   # a no-op unless a compiler handed over another layout
     rows, n = gate.shape
     y = gate.new_empty(rows, n)
@@ -83,9 +81,7 @@ def _swiglu_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return y
 
 
-@torch.library.custom_op("roofline::swiglu_rows_backward", mutates_args=())
-def _swiglu_rows_backward(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                           torch.Tensor]:
+def _backward(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     gate, up, dy = _as_rows(gate), _as_rows(up), dy.contiguous()
     rows, n = gate.shape
     dgate, dup = gate.new_empty(rows, n), gate.new_empty(rows, n)
@@ -95,26 +91,19 @@ def _swiglu_rows_backward(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor
     return dgate, dup
 
 
-@_swiglu_rows.register_fake
-def _(gate, up):
-    return gate.new_empty(gate.shape)
-
-
-@_swiglu_rows_backward.register_fake
-def _(gate, up, dy):
-    return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
-
-
 def _save_inputs(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
 
-def _backward(ctx, dy):
+def _backward_rule(ctx, run_backward, dy):
     gate, up = ctx.saved_tensors
-    return _swiglu_rows_backward(gate, up, dy)
+    return run_backward(gate, up, dy)
 
 
-_swiglu_rows.register_autograd(_backward, setup_context=_save_inputs)
+_swiglu_rows = KernelOp(
+    "swiglu_rows", forward=_forward, forward_fake=lambda gate, up: gate.new_empty(gate.shape),
+    backward=_backward, backward_fake=lambda gate, up, dy: (gate.new_empty(gate.shape), gate.new_empty(gate.shape)),
+    setup_context=_save_inputs, backward_rule=_backward_rule)
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:

@@ -32,8 +32,8 @@ __device__ __forceinline__ void add(MaxSum& acc, float v) {
   if (v > acc.m) {
     acc.s = acc.s * __expf(acc.m - v) + 1.0f;
     acc.m = v;
-  } else {
-    acc.s += __expf(v - acc.m);   // nan stays nan here: v > m is false for nan
+  } else if (v != -INFINITY) {   // -inf adds nothing (and exp(-inf - -inf) would be nan); nan gets through
+    acc.s += __expf(v - acc.m);
   }
 }
 
