@@ -34,6 +34,7 @@ BACKENDS = ("torch", "triton", "compile")
 MAX_BLOCK = 8192         # elements of a row held in registers at once
 # torch's rms_norm with eps=None takes the epsilon of the type it computes in: float32, also for fp16 and bf16.
 DEFAULT_RMS_EPS = torch.finfo(torch.float32).eps
+BACKWARD_STAGES = 1      # backward: rows in flight per program (Triton pipelining; 2 and 3 measured erratic on the H100)
 ROW_PROGRAMS_PER_SM = 4  # backward: programs per SM across the row groups (each keeps dw, db in registers)
 
 
@@ -149,15 +150,16 @@ if triton is not None:
     def norm_backward_kernel(x_ptr, dy_ptr, dres_ptr, w_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr,
                              dx_ptr, dw_ptr, db_ptr, rows, n,
                              RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DRES: tl.constexpr,
-                             BLOCK: tl.constexpr, SINGLE: tl.constexpr):
-        """Program (column block, row group): dx for its rows and columns; partial dw, db for its columns."""
+                             BLOCK: tl.constexpr, SINGLE: tl.constexpr, STAGES: tl.constexpr):
+        """Program (column block, row group): dx for its rows and columns; partial dw, db for its columns.
+        STAGES > 1 lets the next rows' loads start while this row's means are reduced."""
         col_block, group, groups = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
         offs = col_block * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) if HAS_W else 1.0
         dw = tl.zeros([BLOCK], dtype=tl.float32)
         db = tl.zeros([BLOCK], dtype=tl.float32)
-        for row in range(group, rows, groups):
+        for row in tl.range(group, rows, groups, num_stages=STAGES):
             xhat, dy, wdy, rstd = _xhat_and_wdy(x_ptr, dy_ptr, w, mean_ptr, rstd_ptr, row, n, offs, mask, RMS)
             if SINGLE:   # this block is the whole row: its means are at hand
                 c1 = tl.sum(xhat * wdy, axis=0) / n
@@ -244,7 +246,7 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, me
     norm_backward_kernel[(col_blocks, groups)](
         x, dy, dresidual if dresidual is not None else x, w, mean, rstd, c1, c2, dx, dw_parts, db_parts, rows, n,
         RMS=rms, HAS_W=weight is not None, HAS_B=has_bias, HAS_DRES=dresidual is not None,
-        BLOCK=block, SINGLE=single, num_warps=_warps(block))
+        BLOCK=block, SINGLE=single, STAGES=BACKWARD_STAGES, num_warps=_warps(block))
     dw = dw_parts.sum(0).to(weight.dtype) if weight is not None else _nothing(x)
     db = db_parts.sum(0) if has_bias else _nothing(x)   # fp32: the caller casts to the bias's dtype
     return dx, dw, db
