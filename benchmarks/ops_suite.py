@@ -262,6 +262,17 @@ def cross_entropy_memory(dev, rows: int, vocab: int = 128256) -> list[dict]:
     return out
 
 
+def _liger_version() -> str | None:
+    if liger is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("liger_kernel")
+    except PackageNotFoundError:   # installed with --target: no metadata on the path
+        return "installed"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
@@ -271,8 +282,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     sweep_dir = args.out / "ops"
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    summary = dict(liger=None if liger is None else __import__("liger_kernel").__version__ if hasattr(
-        __import__("liger_kernel"), "__version__") else "installed", headline=[], rows=[], memory=[])
+    summary = dict(liger=_liger_version(), headline=[], rows=[], memory=[])
     for part, sweeps in (("headline", headline_sweeps(args.quick)), ("rows", row_sweeps(args.quick))):
         for s in sweeps:
             if args.only and not any(o in s.name for o in args.only):
