@@ -5,7 +5,8 @@
 Two parts, each forward and forward+backward (the backward through torch.autograd.grad, so every
 provider computes the same gradients, weights' included):
   headline  one training-sized shape per op ([16384 x 4096] bf16; swiglu [16384 x 8192]; cross_entropy
-            [8192 x 128256]), with the hand-written eager versions and CUDA C++ where they exist;
+            [8192 x 128256]; rope q [4, 32, 4096, 128] with 8 key heads), with the hand-written eager
+            versions and CUDA C++ where they exist;
   rows      softmax, layer_norm and rms_norm over row lengths 256 .. 262144 at a fixed 256 MB input.
 Bytes are the least traffic (each input read once, each output written once), so GB/s over the measured
 copy bandwidth is the fraction of the roofline. Writes per sweep OUT_DIR/ops/<name>.{json,md,png}, and
@@ -53,11 +54,15 @@ def _randn(shape, dev, grad=False, scale=1.0):
 
 
 class Op:
-    """One op: how to make its inputs, its implementations, and its least traffic (in tensor-sized passes)."""
+    """One op: how to make its inputs, its implementations, and its least traffic, in passes over the bytes of
+    `pass_bytes(inputs)` (by default the first input's)."""
 
-    def __init__(self, name, inputs, providers, passes_fwd, passes_bwd, forward=True):
+    def __init__(self, name, inputs, providers, passes_fwd, passes_bwd, forward=True,
+                 pass_bytes=lambda args: args[0].numel() * args[0].element_size(),
+                 cotangent=lambda args, dev: _randn(args[0].shape, dev)):
         self.name, self.inputs, self.providers = name, inputs, providers
         self.passes_fwd, self.passes_bwd, self.forward = passes_fwd, passes_bwd, forward
+        self.pass_bytes, self.cotangent = pass_bytes, cotangent
 
 
 def _softmax_op():
@@ -139,7 +144,33 @@ def _cross_entropy_op():
         OURS: functools.partial(ops.cross_entropy, backend="triton"),
         # without the eager range check of the targets, which costs a device-to-host sync
         "roofline, check_targets=False": functools.partial(ops.cross_entropy, backend="triton", check_targets=False),
-    }, passes_fwd=1, passes_bwd=1, forward=False)   # read the logits once, write their gradient once
+    }, passes_fwd=1, passes_bwd=1, forward=False,   # read the logits once, write their gradient once
+        cotangent=lambda args, dev: torch.ones((), device=dev))   # loss.backward(): the cotangent is 1
+
+
+ROPE_HEADS = (32, 8)   # query and key heads (grouped-query attention)
+
+
+def _rope_op():
+    from roofline.ops.rope import rope_reference
+
+    def inputs(shape, dev, grad):
+        batch, seq, dim = shape
+        q = _randn((batch, ROPE_HEADS[0], seq, dim), dev, grad)
+        k = _randn((batch, ROPE_HEADS[1], seq, dim), dev, grad)
+        freqs = torch.arange(seq, device=dev)[:, None] / 10000 ** (torch.arange(0, dim, 2, device=dev) / dim)
+        emb = torch.cat((freqs, freqs), -1)[None]
+        return q, k, emb.cos().to(BF16), emb.sin().to(BF16)
+
+    return Op("rope", inputs, {
+        "eager": rope_reference,
+        "compile": torch.compile(rope_reference),
+        OURS: functools.partial(ops.rope, backend="triton"),
+        # last: Liger rotates q and k in place
+        "liger": (lambda q, k, cos, sin: liger.liger_rope(q, k, cos, sin)) if liger else _no_liger,
+    }, passes_fwd=2, passes_bwd=2,   # read q and k, write them rotated (backward: the same on the gradients)
+        pass_bytes=lambda args: (args[0].numel() + args[1].numel()) * args[0].element_size(),
+        cotangent=lambda args, dev: (_randn(args[0].shape, dev), _randn(args[1].shape, dev)))
 
 
 # --------------------------------------------------------------------------- sweeps
@@ -173,13 +204,10 @@ def sweep(op: Op, backward: bool, shapes: list[tuple[int, ...]], x_name: str, x_
         args = op.inputs(by_x[x], dev, backward)
         if not backward:
             return args
-        if op.name == "cross_entropy":
-            return (*args, torch.ones((), device=dev))          # loss.backward(): the cotangent is 1
-        return (*args, _randn(by_x[x], dev))
+        return (*args, op.cotangent(args, dev))
 
     def nbytes(x, *args):
-        first = args[0]
-        return (op.passes_fwd + (op.passes_bwd if backward else 0)) * first.numel() * first.element_size()
+        return (op.passes_fwd + (op.passes_bwd if backward else 0)) * op.pass_bytes(args)
 
     providers = []
     for name, fn in op.providers.items():
@@ -201,7 +229,8 @@ def headline_sweeps(quick: bool) -> list[bench.Sweep]:
     rows = 2048 if quick else 16384
     plan = [(_softmax_op(), (rows, 4096)), (_layer_norm_op(), (rows, 4096)), (_rms_norm_op(), (rows, 4096)),
             (_add_rms_norm_op(), (rows, 4096)), (_gelu_op(), (rows, 4096)), (_swiglu_op(), (rows, 8192)),
-            (_cross_entropy_op(), (1024 if quick else 8192, 128256))]
+            (_cross_entropy_op(), (1024 if quick else 8192, 128256)),
+            (_rope_op(), (1 if quick else 4, 4096, 128))]
     out = []
     for op, shape in plan:
         for backward in (False, True):

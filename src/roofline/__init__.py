@@ -4,13 +4,14 @@ Submodules load on first use, so `import roofline` is instant and touches no GPU
     roofline.bench   timing, comparisons, sweeps
     roofline.device  what the device is and its measured ceilings
     roofline.ops     fused kernels
+    roofline.nn      drop-in modules over them; roofline.patch(model) swaps a model's norms and GELUs in place
     roofline.profiler / roofline.profile   where a program's time goes, line by line
 """
 
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("bench", "device", "ops", "profiler")
+_SUBMODULES = ("bench", "device", "nn", "ops", "profiler")
 
 
 def __getattr__(name):
@@ -18,8 +19,10 @@ def __getattr__(name):
         return importlib.import_module(f"roofline.{name}")
     if name == "profile":
         return importlib.import_module("roofline.profiler").profile
+    if name == "patch":
+        return importlib.import_module("roofline.patching").patch
     raise AttributeError(f"module 'roofline' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted([*globals(), *_SUBMODULES, "profile"])
+    return sorted([*globals(), *_SUBMODULES, "patch", "profile"])

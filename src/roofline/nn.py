@@ -1,0 +1,71 @@
+"""Drop-in modules over roofline.ops, with the parameters and state-dict keys of the modules they replace.
+
+LayerNorm, RMSNorm, GELU and CrossEntropyLoss subclass torch.nn's, so a checkpoint loads into either and
+`roofline.patch` can swap a model's modules in place. SwiGLUMLP is the LLaMA-style MLP, with the names
+gate_proj, up_proj and down_proj that Hugging Face models use.
+
+Each runs roofline's Triton kernel where it can (a CUDA tensor of fp32, fp16 or bf16) and torch's own
+implementation otherwise (a CPU tensor, float64, or an option the kernel does not have), so a swapped model
+never fails where the original ran.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from roofline import ops
+from roofline.ops._common import DTYPES, interpreting
+
+
+def _on_kernel(x: torch.Tensor) -> bool:
+    # On a CPU only through Triton's interpreter, which is how the tests run the kernels without a GPU.
+    return (x.is_cuda or interpreting()) and x.dtype in DTYPES
+
+
+class LayerNorm(nn.LayerNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _on_kernel(x):
+            return super().forward(x)
+        return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, backend="triton")
+
+
+class RMSNorm(nn.RMSNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _on_kernel(x):
+            return super().forward(x)
+        return ops.rms_norm(x, self.normalized_shape, self.weight, self.eps, backend="triton")
+
+
+class GELU(nn.GELU):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _on_kernel(x):
+            return super().forward(x)
+        return ops.gelu(x, self.approximate, backend="triton")
+
+
+class CrossEntropyLoss(nn.CrossEntropyLoss):
+    """nn.CrossEntropyLoss; the fused kernel serves (N, C) logits with class-index targets and no class weights."""
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if not _on_kernel(input) or self.weight is not None or input.dim() != 2 or target.is_floating_point():
+            return super().forward(input, target)
+        return ops.cross_entropy(input, target, self.ignore_index, self.reduction, self.label_smoothing,
+                                 backend="triton")
+
+
+class SwiGLUMLP(nn.Module):
+    """down_proj(silu(gate_proj(x)) * up_proj(x)), the gate fused in one kernel."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        factory = dict(device=device, dtype=dtype)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias, **factory)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias, **factory)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        hidden = ops.swiglu(gate, up, backend="triton") if _on_kernel(gate) else F.silu(gate) * up
+        return self.down_proj(hidden)

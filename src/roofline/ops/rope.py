@@ -1,0 +1,189 @@
+"""Rotary position embedding (RoPE), rotate-half convention: reference, Triton kernel, registration and
+autograd, entry point.
+
+    rope(x) = x * cos + rotate_half(x) * sin,      rotate_half([x1, x2]) = [-x2, x1]
+
+over the last dimension (x1, x2 its halves), as LLaMA-style models apply it to queries and keys of shape
+(batch, heads, seq, head_dim), with cos and sin of shape (seq, head_dim) or (batch or 1, seq, head_dim).
+
+Memory-bound: read q and k once, write them rotated once; cos and sin are read once per position and shared
+by every head. One program per (batch, position) rotates all of that position's query heads and key heads, so
+k may have fewer heads than q (grouped-query attention). q and k may be strided views (the usual
+`qkv.view(B, T, H, D).transpose(1, 2)`): the kernel takes their strides and reads them in place. The
+backward pass is the same rotation by the negated angle: dx1 = dy1 cos1 + dy2 sin2, dx2 = dy2 cos2 - dy1 sin1.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from roofline.ops._common import DTYPES, KernelOp, choose_backend, tl, triton
+
+BACKENDS = ("torch", "triton", "compile")
+
+
+# --------------------------------------------------------------------------- reference
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """The rotation in eager PyTorch, cos and sin broadcast over the heads."""
+    cos, sin = _per_batch(cos).unsqueeze(1), _per_batch(sin).unsqueeze(1)
+    return (q * cos + rotate_half(q) * sin).to(q.dtype), (k * cos + rotate_half(k) * sin).to(k.dtype)
+
+
+def _per_batch(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dim() == 3 else t.unsqueeze(0)
+
+
+# --------------------------------------------------------------------------- Triton kernel
+
+if triton is not None:
+
+    @triton.jit
+    def _rotate_heads(x_ptr, out_ptr, b, t, T, H, stride_b, stride_h, stride_t, c1, c2, s1, s2, cols, dmask,
+                      HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+        """Rotate every head of x at (b, t) into out, contiguous (batch, heads, seq, head_dim)."""
+        heads = tl.arange(0, BLOCK_H)[:, None]
+        mask = (heads < H) & dmask
+        src = x_ptr + b * stride_b + t * stride_t + heads * stride_h + cols
+        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        dst = out_ptr + ((b * H + heads) * T + t) * (2 * HALF) + cols
+        tl.store(dst, (x1 * c1 - x2 * s1).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, (x2 * c2 + x1 * s2).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T, HQ, HK,
+                    q_sb, q_sh, q_st, k_sb, k_sh, k_st, c_sb, c_st, s_sb, s_st,
+                    HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+                    BACKWARD: tl.constexpr):
+        pid = tl.program_id(0)
+        b = (pid // T).to(tl.int64)
+        t = (pid % T).to(tl.int64)
+        cols = tl.arange(0, BLOCK_D)[None, :]
+        dmask = cols < HALF
+        c_row = cos_ptr + b * c_sb + t * c_st + cols
+        s_row = sin_ptr + b * s_sb + t * s_st + cols
+        c1 = tl.load(c_row, mask=dmask, other=0.0).to(tl.float32)
+        c2 = tl.load(c_row + HALF, mask=dmask, other=0.0).to(tl.float32)
+        s1 = tl.load(s_row, mask=dmask, other=0.0).to(tl.float32)
+        s2 = tl.load(s_row + HALF, mask=dmask, other=0.0).to(tl.float32)
+        if BACKWARD:   # the transpose of the rotation: swap the sines' halves and negate them
+            s1, s2 = -s2, -s1
+        _rotate_heads(q_ptr, qo_ptr, b, t, T, HQ, q_sb, q_sh, q_st, c1, c2, s1, s2, cols, dmask, HALF, BLOCK_HQ)
+        _rotate_heads(k_ptr, ko_ptr, b, t, T, HK, k_sb, k_sh, k_st, c1, c2, s1, s2, cols, dmask, HALF, BLOCK_HK)
+
+
+def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool):
+    q, k = _unit_last_stride(q), _unit_last_stride(k)
+    cos, sin = (_unit_last_stride(_per_batch(c).expand(q.shape[0], -1, -1)) for c in (cos, sin))
+    B, HQ, T, D = q.shape
+    HK = k.shape[1]
+    q_out, k_out = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype,
+                                                                                     device=k.device)
+    half = D // 2
+    rope_kernel[(B * T,)](
+        q, k, cos, sin, q_out, k_out, T, HQ, HK, q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        HALF=half, BLOCK_D=triton.next_power_of_2(half), BLOCK_HQ=triton.next_power_of_2(HQ),
+        BLOCK_HK=triton.next_power_of_2(HK), BACKWARD=backward, num_warps=4)
+    return q_out, k_out
+
+
+def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                            torch.Tensor]:
+    return _rotate(q, k, cos, sin, backward=False)
+
+
+def _backward(dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                               torch.Tensor]:
+    return _rotate(dq, dk, cos, sin, backward=True)
+
+
+def _save_angles(ctx, inputs, output):
+    ctx.save_for_backward(inputs[2], inputs[3])
+    ctx.shapes = inputs[0].shape, inputs[1].shape
+
+
+def _backward_rule(ctx, run_backward, dq, dk):
+    cos, sin = ctx.saved_tensors
+    q_shape, k_shape = ctx.shapes
+    # An output that reached no loss gets None: rotate zeros for it, so one launch serves both.
+    dq = dq if dq is not None else cos.new_zeros(q_shape, dtype=dk.dtype)
+    dk = dk if dk is not None else cos.new_zeros(k_shape, dtype=dq.dtype)
+    dq_in, dk_in = run_backward(dq, dk, cos, sin)
+    return dq_in, dk_in, None, None
+
+
+_rope = KernelOp("rope", forward=_forward,
+                 forward_fake=lambda q, k, cos, sin: (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                                                      torch.empty(k.shape, dtype=k.dtype, device=k.device)),
+                 backward=_backward,
+                 backward_fake=lambda dq, dk, cos, sin: (torch.empty(dq.shape, dtype=dq.dtype, device=dq.device),
+                                                         torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)),
+                 setup_context=_save_angles, backward_rule=_backward_rule)
+
+
+# --------------------------------------------------------------------------- entry point
+
+@functools.cache
+def _compiled():
+    return torch.compile(rope_reference)
+
+
+def _check(q, k, cos, sin) -> None:
+    for name, t in (("k", k), ("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"rope: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"rope: q and k must be (batch, heads, seq, head_dim), got q {list(q.shape)} and "
+                         f"k {list(k.shape)}")
+    B, _, T, D = q.shape
+    if (k.shape[0], k.shape[2], k.shape[3]) != (B, T, D):
+        raise ValueError(f"rope: k must match q in batch, seq and head_dim (it may have fewer heads): q is "
+                         f"{list(q.shape)}, k {list(k.shape)}")
+    if D % 2:
+        raise ValueError(f"rope: head_dim must be even (the rotation pairs its halves), got {D}")
+    if k.dtype != q.dtype or k.device != q.device:
+        raise ValueError(f"rope: k must match q in dtype and device: q is {q.dtype} on {q.device}, "
+                         f"k {k.dtype} on {k.device}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if tuple(t.shape) not in ((T, D), (1, T, D), (B, T, D)):
+            raise ValueError(f"rope: {name} must be (seq, head_dim), (1, seq, head_dim) or (batch, seq, head_dim) "
+                             f"= {[T, D]} or {[B, T, D]}, got {list(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"rope: {name} is on {t.device} but q is on {q.device}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"rope: {name} must be float32, float16 or bfloat16, got {t.dtype}")
+        if t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"rope: no gradient flows to {name}; pass it detached (it is a fixed table of angles)")
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+         backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, k) rotated by the angles whose cosines and sines are `cos` and `sin` (rotate-half convention).
+
+    q: (batch, heads, seq, head_dim); k: the same but possibly fewer heads; both may be strided views.
+    cos, sin: (seq, head_dim), (1, seq, head_dim) or (batch, seq, head_dim), any float dtype; no gradient.
+    backend: "triton" (the default on CUDA), "torch" (rope_reference; the default on CPU), "compile".
+    Returns contiguous tensors with q's and k's shapes and dtype; the math runs in fp32.
+    """
+    backend = choose_backend("rope", q, backend, BACKENDS, arg="q")
+    _check(q, k, cos, sin)
+    if backend == "torch":
+        return rope_reference(q, k, cos, sin)
+    if backend == "compile":
+        return _compiled()(q, k, cos, sin)
+    if q.numel() == 0 or k.numel() == 0:
+        return rope_reference(q, k, cos, sin)
+    return _rope(q, k, cos, sin)
