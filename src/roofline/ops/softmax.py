@@ -22,6 +22,7 @@ from roofline.ops._common import KernelOp, choose_backend, tl, triton
 
 BACKENDS = ("torch", "triton", "compile", "cuda")
 MAX_BLOCK = 8192              # elements per block: 32 KB of fp32 per row, 16 per thread at 16 warps
+SHORT_ROW_ELEMENTS = 4096     # forward: elements per program when rows are shorter (several rows to a program)
 
 
 # --------------------------------------------------------------------------- reference
@@ -65,19 +66,22 @@ if triton is not None:
         return row_max, tl.sum(s * tl.exp(m - safe_max), axis=0), tl.sum(total, axis=0)
 
     @triton.jit
-    def softmax_forward_kernel(x_ptr, y_ptr, n, LOG: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
+    def softmax_forward_kernel(x_ptr, y_ptr, rows, n, LOG: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
+                               ROWS: tl.constexpr):
         row = tl.program_id(0).to(tl.int64) * n
         x_row, y_row = x_ptr + row, y_ptr + row
         cols = tl.arange(0, BLOCK)
         # A row of all -inf gives nan (-inf minus -inf), as torch does.
-        if SINGLE:   # the row fits in one block: read once, kept in registers
-            mask = cols < n
-            x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
-            shifted = x - tl.max(x, axis=0)
+        if SINGLE:   # rows that fit in one block, ROWS of them per program: each read once, kept in registers
+            r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+            offs = r.to(tl.int64) * n + cols[None, :]
+            mask = (r < rows) & (cols[None, :] < n)
+            x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
+            shifted = x - tl.max(x, axis=1, keep_dims=True)
             e = tl.exp(shifted)
-            total = tl.sum(e, axis=0)
+            total = tl.sum(e, axis=1, keep_dims=True)
             y = shifted - tl.log(total) if LOG else e / total
-            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
         else:
             m, total, _ = _row_max_and_sum(x_row, n, BLOCK)
             log_total = tl.log(total)
@@ -122,10 +126,14 @@ def _warps(block: int) -> int:
 
 def _forward_rows(x: torch.Tensor, log: bool) -> torch.Tensor:
     n = x.shape[-1]
+    rows = x.numel() // n
     y = torch.empty_like(x)
     block = _block(n)
-    softmax_forward_kernel[(x.numel() // n,)](x, y, n, LOG=log, BLOCK=block, SINGLE=n <= block,
-                                               num_warps=_warps(block))
+    # Short rows go several to a program, so that a program moves as much as a long row's would.
+    per_program = max(1, min(SHORT_ROW_ELEMENTS // block, triton.next_power_of_2(rows))) if n <= block else 1
+    softmax_forward_kernel[(triton.cdiv(rows, per_program),)](
+        x, y, rows, n, LOG=log, BLOCK=block, SINGLE=n <= block, ROWS=per_program,
+        num_warps=_warps(block * per_program))
     return y
 
 
