@@ -43,7 +43,7 @@ def check(x, op, dim=-1, backend="triton", grad=True):
         torch.testing.assert_close(x.grad.double(), ref_x.grad, rtol=rtol, atol=atol * max(1.0, math.sqrt(n)))
 
 
-@pytest.fixture(params=[8192, 64], ids=["one-block", "looped"])
+@pytest.fixture(params=[softmax_module.MAX_BLOCK, 64], ids=["one-block", "looped"])
 def max_block(request, monkeypatch):
     """Run a test with rows in one block (as configured) and again with blocks of 64, so longer rows loop."""
     monkeypatch.setattr(softmax_module, "MAX_BLOCK", request.param)
@@ -114,7 +114,7 @@ def test_by_hand_version_and_default_backend():
     data=st.data(),
     transpose=st.booleans(),
     scale=st.sampled_from([0.1, 1.0, 30.0]),
-    block=st.sampled_from([16, 8192]),
+    block=st.sampled_from([16, softmax_module.MAX_BLOCK]),
 )
 def test_property_any_shape_dim_dtype_and_stride(shape, dtype, op, data, transpose, scale, block):
     x = torch.randn(shape, device=DEVICE, dtype=dtype) * scale

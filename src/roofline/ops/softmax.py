@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from roofline.ops._common import KernelOp, choose_backend, tl, triton
 
 BACKENDS = ("torch", "triton", "compile", "cuda")
-MAX_BLOCK = 8192              # elements per block: 32 KB of fp32 per row, 16 per thread at 16 warps
+MAX_BLOCK = 16384             # elements per block: 64 KB of fp32 per row, 32 per thread at 16 warps
 SHORT_ROW_ELEMENTS = 4096     # forward: elements per program when rows are shorter (several rows to a program)
 
 
