@@ -8,8 +8,8 @@ One kernel pair serves all three: rms_norm is layer_norm with the mean fixed at 
 add_rms_norm adds the residual on the way in (writing h, the next residual) and, in the backward pass, the
 gradient that reaches h directly on the way out.
 
-Memory-bound. Forward: one program per row; a row of up to MAX_BLOCK elements is read once into registers,
-a longer row is read twice (statistics by a per-lane Welford pass, combined across lanes at the end, then a
+Memory-bound. Forward: a row of up to MAX_BLOCK elements is read once into registers (short rows several to
+a program), a longer row, one per program, is read twice (statistics by a per-lane Welford pass, combined across lanes at the end, then a
 write pass). The per-row mean and rstd (fp32) are saved for the backward pass.
 
 Backward: dx = rstd * (w dy - (xhat * mean(xhat w dy) + mean(w dy))), and dw, db are sums over rows. A 2-D
@@ -32,6 +32,7 @@ from roofline.ops._common import DTYPES, KernelOp, choose_backend, tl, triton
 
 BACKENDS = ("torch", "triton", "compile")
 MAX_BLOCK = 8192         # elements of a row held in registers at once
+SHORT_ROW_ELEMENTS = 4096  # forward: elements per program when rows are shorter (several rows to a program)
 # torch's rms_norm with eps=None takes the epsilon of the type it computes in: float32, also for fp16 and bf16.
 DEFAULT_RMS_EPS = torch.finfo(torch.float32).eps
 BACKWARD_STAGES = 1      # backward: rows in flight per program (Triton pipelining; 2 and 3 measured erratic on the H100)
@@ -84,41 +85,55 @@ if triton is not None:
         return row_mean, tl.sum(m2 + count * spread * spread, axis=0) / n
 
     @triton.jit
-    def norm_forward_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, n, eps,
+    def _normalize_and_store(x, mean, rstd, h_ptr, w_ptr, b_ptr, y_ptr, start_of_row, offs, mask,
+                             HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+        """Write h (with a residual) and y = (x - mean) * rstd * w + b at offs of the row(s) at start_of_row."""
+        if HAS_RES:
+            tl.store(h_ptr + start_of_row + offs, x.to(h_ptr.dtype.element_ty), mask=mask)
+        y = (x - mean) * rstd
+        if HAS_W:
+            y *= tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_B:
+            y += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + start_of_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def norm_forward_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, rows, n, eps,
                             RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                            BLOCK: tl.constexpr, SINGLE: tl.constexpr):
-        row = tl.program_id(0)
-        start_of_row = row.to(tl.int64) * n
-        x_row, r_row, y_row, h_row = x_ptr + start_of_row, r_ptr + start_of_row, y_ptr + start_of_row, h_ptr + start_of_row
-        cols = tl.arange(0, BLOCK)
-        if SINGLE:   # the whole row in registers: one read, an exact two-pass variance
-            mask = cols < n
-            x = _row_in(x_row, r_row, cols, mask, HAS_RES)
+                            BLOCK: tl.constexpr, SINGLE: tl.constexpr, ROWS: tl.constexpr):
+        if SINGLE:   # rows that fit in one block, ROWS of them per program: one read, an exact two-pass variance
+            row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+            in_rows = row < rows
+            start_of_row = row.to(tl.int64) * n
+            cols = tl.arange(0, BLOCK)[None, :]
+            mask = in_rows & (cols < n)
+            x = _row_in(x_ptr + start_of_row, r_ptr + start_of_row, cols, mask, HAS_RES)
             if RMS:
-                mean = 0.0
-                var = tl.sum(x * x, axis=0) / n
+                mean = tl.zeros([ROWS, 1], dtype=tl.float32)
+                var = tl.sum(x * x, axis=1, keep_dims=True) / n
             else:
-                mean = tl.sum(x, axis=0) / n
+                mean = tl.sum(x, axis=1, keep_dims=True) / n
                 centered = tl.where(mask, x - mean, 0.0)
-                var = tl.sum(centered * centered, axis=0) / n
-        else:
-            mean, var = _mean_and_var(x_row, r_row, n, RMS, HAS_RES, BLOCK)
-        rstd = 1.0 / tl.sqrt(var + eps)
-        tl.store(mean_ptr + row, mean)
-        tl.store(rstd_ptr + row, rstd)
-        for start in range(0, n, BLOCK):   # one iteration when SINGLE
-            offs = start + cols
-            mask = offs < n
-            if not SINGLE:
-                x = _row_in(x_row, r_row, offs, mask, HAS_RES)
-            if HAS_RES:
-                tl.store(h_row + offs, x.to(h_ptr.dtype.element_ty), mask=mask)
-            y = (x - mean) * rstd
-            if HAS_W:
-                y *= tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            if HAS_B:
-                y += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+                var = tl.sum(centered * centered, axis=1, keep_dims=True) / n
+            rstd = 1.0 / tl.sqrt(var + eps)
+            tl.store(mean_ptr + row, mean, mask=in_rows)
+            tl.store(rstd_ptr + row, rstd, mask=in_rows)
+            _normalize_and_store(x, mean, rstd, h_ptr, w_ptr, b_ptr, y_ptr, start_of_row, cols, mask,
+                                 HAS_RES, HAS_W, HAS_B)
+        else:        # one long row per program: statistics in one pass, then a write pass
+            row = tl.program_id(0)
+            start_of_row = row.to(tl.int64) * n
+            cols = tl.arange(0, BLOCK)
+            mean, var = _mean_and_var(x_ptr + start_of_row, r_ptr + start_of_row, n, RMS, HAS_RES, BLOCK)
+            rstd = 1.0 / tl.sqrt(var + eps)
+            tl.store(mean_ptr + row, mean)
+            tl.store(rstd_ptr + row, rstd)
+            for start in range(0, n, BLOCK):
+                offs = start + cols
+                mask = offs < n
+                x = _row_in(x_ptr + start_of_row, r_ptr + start_of_row, offs, mask, HAS_RES)
+                _normalize_and_store(x, mean, rstd, h_ptr, w_ptr, b_ptr, y_ptr, start_of_row, offs, mask,
+                                     HAS_RES, HAS_W, HAS_B)
 
     @triton.jit
     def _xhat_and_wdy(x_ptr, dy_ptr, w, mean_ptr, rstd_ptr, row, n, offs, mask, RMS: tl.constexpr):
@@ -212,11 +227,13 @@ def _forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     mean = torch.empty(rows, device=x.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     block = _block(n)
-    norm_forward_kernel[(rows,)](
+    # Short rows go several to a program, so that a program moves as much as a long row's would.
+    per_program = max(1, min(SHORT_ROW_ELEMENTS // block, triton.next_power_of_2(rows))) if n <= block else 1
+    norm_forward_kernel[(triton.cdiv(rows, per_program),)](
         x, residual if residual is not None else x, weight if weight is not None else x,
-        bias if bias is not None else x, y, h, mean, rstd, n, eps,
+        bias if bias is not None else x, y, h, mean, rstd, rows, n, eps,
         RMS=rms, HAS_RES=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        BLOCK=block, SINGLE=n <= block, num_warps=_warps(block))
+        BLOCK=block, SINGLE=n <= block, ROWS=per_program, num_warps=_warps(block * per_program))
     return y, h, mean, rstd
 
 
