@@ -1,5 +1,8 @@
 """The check every op test makes: outputs and gradients against the same op in float64 on the same values."""
 
+import contextlib
+
+import pytest
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -8,8 +11,31 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
 
-def _tuple(out):
+def as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
+
+
+@contextlib.contextmanager
+def patched(module, name: str, value):
+    """module.name = value inside the block (for tests that are not fixtures, such as hypothesis tests)."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
+def block_size_fixture(module, name: str, values, ids):
+    """A fixture that runs each test once per value of the block-size constant module.name: the configured
+    one, so rows fit one block, and a small one, so the interpreter's small rows take the looped path."""
+
+    @pytest.fixture(params=values, ids=ids)
+    def fixture(request, monkeypatch):
+        monkeypatch.setattr(module, name, request.param)
+        return request.param
+
+    return fixture
 
 
 def assert_matches_float64(ours, reference, *args, grad_atol_scale=1.0, out_atol_scale=1.0):
@@ -29,7 +55,7 @@ def assert_matches_float64(ours, reference, *args, grad_atol_scale=1.0, out_atol
     def tolerance(dtype):
         return max(TOL[d] for d in [dtype, *arg_dtypes])
 
-    outs, ref_outs = _tuple(ours(*leaves)), _tuple(reference(*ref_leaves))
+    outs, ref_outs = as_tuple(ours(*leaves)), as_tuple(reference(*ref_leaves))
     assert len(outs) == len(ref_outs)
     for out, ref in zip(outs, ref_outs):
         assert out.shape == ref.shape and out.device == ref.device, (out.shape, ref.shape)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_checks import DEVICE, DTYPES, assert_matches_float64
+from ops_checks import DEVICE, DTYPES, assert_matches_float64, block_size_fixture, patched
 
 from roofline.ops import cross_entropy
 from roofline.ops.cross_entropy import cross_entropy_reference
@@ -36,10 +36,7 @@ def check(logits, target, backend="triton", **options):
                                   grad_atol_scale=scale)
 
 
-@pytest.fixture(params=[4096, 16], ids=["wide-blocks", "many-blocks"])
-def block(request, monkeypatch):
-    monkeypatch.setattr(ce_module, "BLOCK", request.param)
-    return request.param
+block = block_size_fixture(ce_module, "BLOCK", [ce_module.BLOCK, 16], ["wide-blocks", "many-blocks"])
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
@@ -149,12 +146,8 @@ def test_empty_and_torch_backends():
        ignored=st.sampled_from([0.0, 0.3, 1.0]), block=st.sampled_from([16, 4096]), scale=st.sampled_from([1.0, 20.0]))
 def test_property_any_shape_dtype_reduction(rows, classes, dtype, reduction, smoothing, ignored, block, scale):
     logits = torch.randn(rows, classes, device=DEVICE, dtype=dtype) * scale
-    saved = ce_module.BLOCK
-    ce_module.BLOCK = block
-    try:
+    with patched(ce_module, "BLOCK", block):
         check(logits, targets(rows, classes, ignored), reduction=reduction, label_smoothing=smoothing)
-    finally:
-        ce_module.BLOCK = saved
 
 
 L, T = torch.randn(4, 8), torch.tensor([1, 2, 3, 4])

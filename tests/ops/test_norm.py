@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_checks import DEVICE, DTYPES, assert_matches_float64
+from ops_checks import DEVICE, DTYPES, as_tuple, assert_matches_float64, block_size_fixture, patched
 
 import roofline.ops.norm as norm_module
 from roofline.ops import add_rms_norm, layer_norm, rms_norm
@@ -66,11 +66,7 @@ def check(op, *args, backend="triton", eps=None):
     return assert_matches_float64(partial(OURS[op], backend), REFERENCES[op], *args, *extra, grad_atol_scale=scale)
 
 
-@pytest.fixture(params=[8192, 64], ids=["one-block", "looped"])
-def max_block(request, monkeypatch):
-    """Run a test with rows in one block (as configured) and again with blocks of 64, so longer rows loop."""
-    monkeypatch.setattr(norm_module, "MAX_BLOCK", request.param)
-    return request.param
+max_block = block_size_fixture(norm_module, "MAX_BLOCK", [norm_module.MAX_BLOCK, 64], ["one-block", "looped"])
 
 
 @pytest.mark.parametrize("op", OURS)
@@ -123,14 +119,10 @@ def test_nan_inf_and_constant_rows_as_in_torch(op, max_block):
     x[2] = 3.0                                   # zero variance: rstd = 1/sqrt(eps)
     x[3, :5] = -math.inf
     args = (x,) + inputs(op, (5, 300), torch.float32)[1:]
-    ours = _tuple(OURS[op]("triton", *args))
-    expected = _tuple(REFERENCES[op](*(a.double() if a is not None else None for a in args)))
+    ours = as_tuple(OURS[op]("triton", *args))
+    expected = as_tuple(REFERENCES[op](*(a.double() if a is not None else None for a in args)))
     for y, ref in zip(ours, expected):
         torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4, equal_nan=True)
-
-
-def _tuple(out):
-    return out if isinstance(out, tuple) else (out,)
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "add_rms_norm"])
@@ -138,9 +130,9 @@ def test_rows_far_from_zero_are_as_accurate_as_torch(op, max_block):
     """A mean of 1e4 over spreads of 1: the looped path's Welford pass must not cancel catastrophically."""
     args = list(inputs(op, (8, 700), torch.float32))
     args[0] = args[0] + 1e4
-    ours = _tuple(OURS[op]("triton", *args))[0].double()
-    torch_fp32 = _tuple(REFERENCES[op](*args))[0].double()
-    exact = _tuple(REFERENCES[op](*(a.double() for a in args)))[0]
+    ours = as_tuple(OURS[op]("triton", *args))[0].double()
+    torch_fp32 = as_tuple(REFERENCES[op](*args))[0].double()
+    exact = as_tuple(REFERENCES[op](*(a.double() for a in args)))[0]
     assert (ours - exact).abs().max() <= 2 * (torch_fp32 - exact).abs().max() + 1e-5
 
 
@@ -153,7 +145,7 @@ def test_empty_tensors(op, max_block):
 @pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm"])
 def test_default_eps_is_float32s_epsilon_as_in_torch(op):
     args = inputs(op, (3, 1), torch.bfloat16)       # one-element rows: eps decides the result
-    for y, expected in zip(_tuple(OURS[op]("triton", *args)), _tuple(REFERENCES[op](*args))):
+    for y, expected in zip(as_tuple(OURS[op]("triton", *args)), as_tuple(REFERENCES[op](*args))):
         torch.testing.assert_close(y, expected, rtol=1.6e-2, atol=1e-2)
 
 
@@ -176,12 +168,8 @@ def test_property_any_shape_dtype_and_stride(op, shape, dtype, transpose, with_w
     args = list(inputs(op, shape, dtype, weight=with_weight, bias=with_weight))
     if transpose and args[0].dim() >= 2:
         args[0] = args[0].transpose(0, -1).contiguous().transpose(0, -1)   # same shape, column-major
-    saved = norm_module.MAX_BLOCK
-    norm_module.MAX_BLOCK = block
-    try:
+    with patched(norm_module, "MAX_BLOCK", block):
         check(op, *args)
-    finally:
-        norm_module.MAX_BLOCK = saved
 
 
 X = torch.randn(4, 8)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ops_checks import block_size_fixture, patched
 
 from roofline.ops import log_softmax, softmax
 from roofline.ops.softmax import softmax_by_hand
@@ -43,11 +44,7 @@ def check(x, op, dim=-1, backend="triton", grad=True):
         torch.testing.assert_close(x.grad.double(), ref_x.grad, rtol=rtol, atol=atol * max(1.0, math.sqrt(n)))
 
 
-@pytest.fixture(params=[softmax_module.MAX_BLOCK, 64], ids=["one-block", "looped"])
-def max_block(request, monkeypatch):
-    """Run a test with rows in one block (as configured) and again with blocks of 64, so longer rows loop."""
-    monkeypatch.setattr(softmax_module, "MAX_BLOCK", request.param)
-    return request.param
+max_block = block_size_fixture(softmax_module, "MAX_BLOCK", [softmax_module.MAX_BLOCK, 64], ["one-block", "looped"])
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -121,12 +118,8 @@ def test_property_any_shape_dim_dtype_and_stride(shape, dtype, op, data, transpo
     if transpose and x.dim() >= 2:
         x = x.transpose(0, -1)
     dim = data.draw(st.integers(-x.dim(), x.dim() - 1))
-    saved = softmax_module.MAX_BLOCK
-    softmax_module.MAX_BLOCK = block
-    try:
+    with patched(softmax_module, "MAX_BLOCK", block):
         check(x, op, dim)
-    finally:
-        softmax_module.MAX_BLOCK = saved
 
 
 @pytest.mark.parametrize("call, error, match", [

@@ -43,6 +43,18 @@ def choose_backend(op: str, x, backend: str | None, backends: tuple[str, ...], a
     return backend
 
 
+# Rows that fit in one block go several to a program, so that a program moves as much as a long row's would.
+SHORT_ROW_ELEMENTS = 4096
+
+
+def rows_per_program(rows: int, n: int, block: int, longest_packed: int | None = None) -> int:
+    """How many rows of n elements (block: the power of two holding one) a program takes: several while a row
+    fits one block (and is at most `longest_packed` wide), one otherwise."""
+    if n > block or (longest_packed is not None and block > longest_packed):
+        return 1
+    return max(1, min(SHORT_ROW_ELEMENTS // block, triton.next_power_of_2(rows)))
+
+
 def elementwise_block(element_size: int, num_warps: int = 4) -> int:
     """Elements per program of an elementwise kernel: 32 bytes per thread (two 16-byte accesses), enough bytes
     in flight per SM to cover memory latency at 4 warps a program."""
@@ -66,7 +78,6 @@ class KernelOp:
 
     def __init__(self, name, *, forward, forward_fake, backward, backward_fake, setup_context, backward_rule,
                  backward_mutates: tuple[str, ...] = ()):
-        self.forward = forward
         self.forward_op = torch.library.custom_op(f"roofline::{name}", forward, mutates_args=())
         self.forward_op.register_fake(forward_fake)
         self.backward_op = torch.library.custom_op(f"roofline::{name}_backward", backward,

@@ -28,11 +28,10 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import DTYPES, KernelOp, choose_backend, tl, triton
+from roofline.ops._common import DTYPES, KernelOp, choose_backend, rows_per_program, tl, triton
 
 BACKENDS = ("torch", "triton", "compile")
 MAX_BLOCK = 8192         # elements of a row held in registers at once
-SHORT_ROW_ELEMENTS = 4096  # forward: elements per program when rows are short (several rows to a program)
 SHORT_ROW_BLOCK = 512      # forward: the longest rows (as a power of two) that go several to a program
 # torch's rms_norm with eps=None takes the epsilon of the type it computes in: float32, also for fp16 and bf16.
 DEFAULT_RMS_EPS = torch.finfo(torch.float32).eps
@@ -228,11 +227,10 @@ def _forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     mean = torch.empty(rows, device=x.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     block = _block(n)
-    # Rows of up to SHORT_ROW_BLOCK elements go several to a program, so that a program moves as much as a
-    # long row's would. On the H100 this took rows of 256 from 319 us to 187 (layer_norm) and 246 (rms_norm)
-    # at 256 MB, while rows of 1024 ran slower four to a program (246 us against 177) than one.
-    per_program = (max(1, min(SHORT_ROW_ELEMENTS // block, triton.next_power_of_2(rows)))
-                   if n <= block <= SHORT_ROW_BLOCK else 1)
+    # Rows of up to SHORT_ROW_BLOCK elements go several to a program. On the H100 this took rows of 256 from
+    # 319 us to 187 (layer_norm) and 246 (rms_norm) at 256 MB, while rows of 1024 ran slower four to a program
+    # (246 us against 177) than one.
+    per_program = rows_per_program(rows, n, block, SHORT_ROW_BLOCK)
     norm_forward_kernel[(triton.cdiv(rows, per_program),)](
         x, residual if residual is not None else x, weight if weight is not None else x,
         bias if bias is not None else x, y, h, mean, rstd, rows, n, eps,

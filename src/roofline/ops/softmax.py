@@ -18,11 +18,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend, tl, triton
+from roofline.ops._common import KernelOp, choose_backend, rows_per_program, tl, triton
 
 BACKENDS = ("torch", "triton", "compile", "cuda")
 MAX_BLOCK = 16384             # elements per block: 64 KB of fp32 per row, 32 per thread at 16 warps
-SHORT_ROW_ELEMENTS = 4096     # forward: elements per program when rows are shorter (several rows to a program)
 
 
 # --------------------------------------------------------------------------- reference
@@ -129,8 +128,7 @@ def _forward_rows(x: torch.Tensor, log: bool) -> torch.Tensor:
     rows = x.numel() // n
     y = torch.empty_like(x)
     block = _block(n)
-    # Short rows go several to a program, so that a program moves as much as a long row's would.
-    per_program = max(1, min(SHORT_ROW_ELEMENTS // block, triton.next_power_of_2(rows))) if n <= block else 1
+    per_program = rows_per_program(rows, n, block)
     softmax_forward_kernel[(triton.cdiv(rows, per_program),)](
         x, y, rows, n, LOG=log, BLOCK=block, SINGLE=n <= block, ROWS=per_program,
         num_warps=_warps(block * per_program))
