@@ -85,7 +85,7 @@ def test_a_second_backward_through_the_same_forward_is_refused():
 
 def test_without_grad_only_the_loss_is_computed():
     logits, t = torch.randn(5, 33, device=DEVICE), targets(5, 33)
-    losses, gradient = ce_module._cross_entropy_rows(logits, t, -100, "none", 0.0, False)
+    losses, gradient, _ = ce_module._cross_entropy_rows(logits, t, -100, "none", 0.0, False, True)
     assert gradient.numel() == 0                           # no logits-sized buffer
     torch.testing.assert_close(losses, cross_entropy_reference(logits, t, reduction="none"))
     with torch.no_grad():
@@ -132,6 +132,16 @@ def test_out_of_range_targets_are_a_clear_error_and_nan_under_compile():
                              backend="aot_eager")
     losses = compiled(logits, torch.tensor([1, 10, 2, -7], device=DEVICE))
     assert torch.isnan(losses[1]) and torch.isnan(losses[3]) and torch.isfinite(losses[[0, 2]]).all()
+
+
+def test_targets_are_counted_and_checked_over_several_steps_of_the_count():
+    with patched(ce_module, "STATS_BLOCK", 16):   # 53 rows: four steps of the one-program count
+        logits = torch.randn(53, 30, device=DEVICE)
+        check(logits, targets(53, 30, ignored=0.4), reduction="mean")
+        t = targets(53, 30)
+        t[47] = 30   # past the first steps, in the last, partial one
+        with pytest.raises(ValueError, match=r"target\[47\] = 30 is not a class index"):
+            cross_entropy(logits, t, backend="triton")
 
 
 def test_empty_and_torch_backends():

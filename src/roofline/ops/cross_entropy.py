@@ -38,6 +38,11 @@ BLOCK = 16384           # elements of a row per step
 PROGRAMS_PER_SM = 1     # resident rows per SM: more would push the second pass's reads out of L2
 NUM_WARPS = 32
 STAGES = 1              # blocks of a row whose loads are in flight at once (Triton's loop pipelining)
+# L2 eviction hints: the first pass's loads are to stay for the second pass; the gradient's stores are not read
+# again, so they should not push the logits out.
+FIRST_READ = "evict_last"
+GRAD_WRITE = "evict_first"
+STATS_BLOCK = 1024      # targets per step of the one-program count
 
 
 # --------------------------------------------------------------------------- reference
@@ -52,14 +57,31 @@ def cross_entropy_reference(logits, target, ignore_index=-100, reduction="mean",
 if triton is not None:
 
     @triton.jit
-    def cross_entropy_forward_kernel(x_ptr, target_ptr, loss_ptr, grad_ptr, grad_scale_ptr, rows, n,
-                                     ignore_index, smoothing, GRAD: tl.constexpr, SMOOTH: tl.constexpr,
-                                     BLOCK: tl.constexpr, STAGES: tl.constexpr):
-        """Per row: the loss (fp32) and, if GRAD, grad_scale * d loss / d x into grad (x's dtype).
-        A target outside [0, n) that is not ignore_index gives a nan loss and gradient row (no access)."""
+    def target_stats_kernel(target_ptr, stats_ptr, rows, n, ignore_index, BLOCK: tl.constexpr):
+        """stats = (targets that are not ignore_index, those of them outside [0, n)), in one program."""
+        offs = tl.arange(0, BLOCK)
+        kept = tl.zeros([BLOCK], dtype=tl.int32)
+        bad = tl.zeros([BLOCK], dtype=tl.int32)
+        for start in range(0, rows, BLOCK):
+            t = tl.load(target_ptr + start + offs, mask=start + offs < rows, other=ignore_index).to(tl.int64)
+            counted = t != ignore_index
+            kept += counted.to(tl.int32)
+            bad += (counted & ((t < 0) | (t >= n))).to(tl.int32)
+        tl.store(stats_ptr, tl.sum(kept, axis=0))
+        tl.store(stats_ptr + 1, tl.sum(bad, axis=0))
+
+    @triton.jit
+    def cross_entropy_forward_kernel(x_ptr, target_ptr, loss_ptr, grad_ptr, stats_ptr, rows, n,
+                                     ignore_index, smoothing, GRAD: tl.constexpr, MEAN: tl.constexpr,
+                                     SMOOTH: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+                                     FIRST_READ: tl.constexpr, GRAD_WRITE: tl.constexpr):
+        """Per row: the loss (fp32) and, if GRAD, d loss / d x into grad (x's dtype), divided by the number of
+        rows counted (stats[0]) if MEAN. A target outside [0, n) that is not ignore_index gives a nan loss and
+        gradient row (no access). FIRST_READ and GRAD_WRITE are L2 eviction hints for the first pass's loads
+        and the gradient's stores."""
         cols = tl.arange(0, BLOCK)
         blocks = tl.cdiv(n, BLOCK)
-        grad_scale = tl.load(grad_scale_ptr) if GRAD else 1.0
+        grad_scale = 1.0 / tl.load(stats_ptr).to(tl.float32) if MEAN else 1.0
         for row in range(tl.program_id(0), rows, tl.num_programs(0)):
             start_of_row = tl.cast(row, tl.int64) * n
             x_row = x_ptr + start_of_row
@@ -73,7 +95,7 @@ if triton is not None:
                         tl.store(grad_ptr + start_of_row + start + cols, tl.zeros([BLOCK], grad_ptr.dtype.element_ty),
                                  mask=start + cols < n)
             else:
-                m, total, sum_x = _row_max_and_sum(x_row, n, BLOCK, SMOOTH, STAGES)
+                m, total, sum_x = _row_max_and_sum(x_row, n, BLOCK, SMOOTH, STAGES, FIRST_READ)
                 log_total = tl.log(total)
                 x_target = tl.load(x_row + target, mask=valid, other=float("nan")).to(tl.float32)
                 # lse - x = (m - x) + log_total: exact near the max, where m + log_total would round at 1e4
@@ -87,10 +109,10 @@ if triton is not None:
                     for i in tl.range(0, blocks, num_stages=STAGES):   # backwards: the row's last blocks are the likeliest in L2
                         offs = (blocks - 1 - i) * BLOCK + cols
                         mask = offs < n
-                        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+                        x = tl.load(x_row + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
                         g = tl.exp((x - m) - log_total) - spread - tl.where(offs == target, 1.0 - smoothing, 0.0) + bad
                         tl.store(grad_ptr + start_of_row + offs, (g * grad_scale).to(grad_ptr.dtype.element_ty),
-                                 mask=mask)
+                                 mask=mask, eviction_policy=GRAD_WRITE)
 
     @triton.jit
     def scale_rows_kernel(grad_ptr, dloss_ptr, dloss_stride, n, BLOCK: tl.constexpr):
@@ -116,24 +138,27 @@ def _programs(rows: int, device: torch.device) -> int:
 # backward scales that gradient in place by the incoming one.
 
 def _forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
-                        label_smoothing: float, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+             label_smoothing: float, grad: bool, check_targets: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                torch.Tensor]:
     rows, n = logits.shape
+    # (rows counted, targets out of range): the mean's divisor, counted on the device, and the eager check
+    stats = torch.empty(2, device=logits.device, dtype=torch.int32)
+    target_stats_kernel[(1,)](target, stats, rows, n, ignore_index, BLOCK=STATS_BLOCK)
+    if check_targets and stats[1].item():
+        _raise_for_target_out_of_range(target, n, ignore_index)
     losses = torch.empty(rows, device=logits.device, dtype=torch.float32)
     gradient = torch.empty_like(logits) if grad else logits.new_empty(0)
-    if reduction == "mean":   # d mean / d loss_i = 1 / (rows not ignored): counted on the device
-        grad_scale = 1.0 / (target != ignore_index).sum(dtype=torch.float32)
-    else:
-        grad_scale = torch.ones((), device=logits.device)
     cross_entropy_forward_kernel[(_programs(rows, logits.device),)](
-        logits, target, losses, gradient, grad_scale, rows, n, ignore_index, label_smoothing,
-        GRAD=grad, SMOOTH=label_smoothing > 0, BLOCK=min(BLOCK, triton.next_power_of_2(n)), STAGES=STAGES,
-        num_warps=NUM_WARPS)
-    return losses, gradient
+        logits, target, losses, gradient, stats, rows, n, ignore_index, label_smoothing,
+        GRAD=grad, MEAN=reduction == "mean", SMOOTH=label_smoothing > 0, BLOCK=min(BLOCK, triton.next_power_of_2(n)),
+        STAGES=STAGES, FIRST_READ=FIRST_READ, GRAD_WRITE=GRAD_WRITE, num_warps=NUM_WARPS)
+    return losses, gradient, stats
 
 
-def _forward_fake(logits, target, ignore_index, reduction, label_smoothing, grad):
+def _forward_fake(logits, target, ignore_index, reduction, label_smoothing, grad, check_targets):
     losses = logits.new_empty(logits.shape[0], dtype=torch.float32)
-    return losses, torch.empty_like(logits) if grad else logits.new_empty(0)
+    gradient = torch.empty_like(logits) if grad else logits.new_empty(0)
+    return losses, gradient, logits.new_empty(2, dtype=torch.int32)
 
 
 def _scale_rows_(grad: torch.Tensor, dloss: torch.Tensor) -> None:
@@ -143,17 +168,15 @@ def _scale_rows_(grad: torch.Tensor, dloss: torch.Tensor) -> None:
                                num_warps=8)
 
 
-
-
 def _keep_gradient(ctx, inputs, output):
     # Held on ctx, not saved for backward, so that the backward can let go of it: autograd then moves the
     # buffer into logits.grad instead of copying it (a saved tensor is still referenced, so it would copy).
     # Marked non-differentiable, so holding it makes no reference cycle through the graph.
-    ctx.mark_non_differentiable(output[1])
+    ctx.mark_non_differentiable(output[1], output[2])
     ctx.gradient = output[1]
 
 
-def _backward_rule(ctx, scale_rows_, dlosses, _):
+def _backward_rule(ctx, scale_rows_, dlosses, _, __):
     gradient = getattr(ctx, "gradient", None)
     if gradient is None:
         raise RuntimeError("cross_entropy(backend='triton') wrote its gradient during the forward pass and "
@@ -161,7 +184,7 @@ def _backward_rule(ctx, scale_rows_, dlosses, _):
                            "is not supported; use backend='torch' for that")
     del ctx.gradient
     scale_rows_(gradient, dlosses)
-    return gradient, None, None, None, None, None
+    return gradient, None, None, None, None, None, None
 
 
 _cross_entropy_rows = KernelOp(
@@ -175,18 +198,18 @@ class _ReduceLosses(torch.autograd.Function):
     the forward kernel already scaled the gradient for the reduction."""
 
     @staticmethod
-    def forward(ctx, losses, target, ignore_index, reduction, dtype):
+    def forward(ctx, losses, stats, reduction, dtype):
         ctx.rows = losses.shape[0]
         if reduction == "none":
             return losses.to(dtype)
         total = losses.sum()
         if reduction == "mean":
-            total = total / (target != ignore_index).sum()
+            total = total / stats[0]
         return total.to(dtype)
 
     @staticmethod
     def backward(ctx, dloss):
-        return dloss.float().expand(ctx.rows) if dloss.dim() == 0 else dloss.float(), None, None, None, None
+        return dloss.float().expand(ctx.rows) if dloss.dim() == 0 else dloss.float(), None, None, None
 
 
 # --------------------------------------------------------------------------- entry point
@@ -219,17 +242,11 @@ def _check(logits, target, ignore_index, reduction, label_smoothing) -> None:
         raise ValueError(f"cross_entropy: label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
 
 
-def _check_target_range(target: torch.Tensor, classes: int, ignore_index: int) -> None:
-    """A clear error for a target outside [0, classes) in eager mode. It costs one device-to-host sync; under
-    torch.compile the check is skipped and such a row gets a nan loss and gradient instead."""
-    if torch.compiler.is_compiling() or target.numel() == 0:
-        return
+def _raise_for_target_out_of_range(target: torch.Tensor, classes: int, ignore_index: int) -> None:
     bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
-    if bad.any():
-        index = int(bad.nonzero()[0, 0]) if target.dim() else 0
-        value = int(target.reshape(-1)[index])
-        raise ValueError(f"cross_entropy: target[{index}] = {value} is not a class index in [0, {classes}) "
-                         f"and not ignore_index ({ignore_index})")
+    index = int(bad.nonzero()[0, 0])
+    raise ValueError(f"cross_entropy: target[{index}] = {int(target[index])} is not a class index in "
+                     f"[0, {classes}) and not ignore_index ({ignore_index})")
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
@@ -251,9 +268,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
         return _compiled()(logits, target, ignore_index, reduction, label_smoothing)
     if logits.numel() == 0 or logits.dim() == 1:   # nothing to launch for, or one row: torch's own result
         return cross_entropy_reference(logits, target, ignore_index, reduction, label_smoothing)
-    if check_targets:
-        _check_target_range(target, logits.shape[1], ignore_index)
     grad = logits.requires_grad and torch.is_grad_enabled()
-    losses, _ = _cross_entropy_rows(logits.contiguous(), target.contiguous(), int(ignore_index), reduction,
-                                    float(label_smoothing), grad)
-    return _ReduceLosses.apply(losses, target, ignore_index, reduction, logits.dtype)
+    # A target out of range is a clear error in eager mode: the check costs one device-to-host sync of two
+    # numbers. Under torch.compile there is no check, and such a row gets a nan loss and gradient instead.
+    check_targets = check_targets and not torch.compiler.is_compiling()
+    losses, _, stats = _cross_entropy_rows(logits.contiguous(), target.contiguous(), int(ignore_index), reduction,
+                                           float(label_smoothing), grad, check_targets)
+    return _ReduceLosses.apply(losses, stats, reduction, logits.dtype)

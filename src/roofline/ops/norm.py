@@ -210,6 +210,17 @@ def _programs_per_wave(device: torch.device) -> int:
     return ROW_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def forward_config(rows: int, n: int) -> tuple[int, int, int]:
+    """(block, rows per program, warps) of the forward kernel for `rows` rows of n elements.
+
+    Rows of up to SHORT_ROW_BLOCK elements go several to a program. On the H100 this took rows of 256 from
+    319 us to 187 (layer_norm) and 246 (rms_norm) at 256 MB, while rows of 1024 ran slower four to a program
+    (246 us against 177) than one."""
+    block = _block(n)
+    per_program = rows_per_program(rows, n, block, SHORT_ROW_BLOCK)
+    return block, per_program, _warps(block * per_program)
+
+
 def _nothing(like: torch.Tensor) -> torch.Tensor:
     """A placeholder for an absent tensor argument or result (a custom op's outputs are all tensors)."""
     return like.new_empty(0)
@@ -226,16 +237,12 @@ def _forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     h = torch.empty_like(x) if residual is not None else _nothing(x)
     mean = torch.empty(rows, device=x.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
-    block = _block(n)
-    # Rows of up to SHORT_ROW_BLOCK elements go several to a program. On the H100 this took rows of 256 from
-    # 319 us to 187 (layer_norm) and 246 (rms_norm) at 256 MB, while rows of 1024 ran slower four to a program
-    # (246 us against 177) than one.
-    per_program = rows_per_program(rows, n, block, SHORT_ROW_BLOCK)
+    block, per_program, warps = forward_config(rows, n)
     norm_forward_kernel[(triton.cdiv(rows, per_program),)](
         x, residual if residual is not None else x, weight if weight is not None else x,
         bias if bias is not None else x, y, h, mean, rstd, rows, n, eps,
         RMS=rms, HAS_RES=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        BLOCK=block, SINGLE=n <= block, ROWS=per_program, num_warps=_warps(block * per_program))
+        BLOCK=block, SINGLE=n <= block, ROWS=per_program, num_warps=warps)
     return y, h, mean, rstd
 
 

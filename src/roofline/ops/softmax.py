@@ -4,10 +4,11 @@
     log_softmax(x)_i = x_i - m - log(sum_j exp(x_j - m))
 
 Memory-bound: the least traffic is one read of x and one write of y (backward: read y and
-dy, write dx). One program handles one row. A row that fits in one block (up to MAX_BLOCK
-elements) is held in registers: one read. A longer row is read twice: a first pass keeps a
-running max and a running sum rescaled whenever the max grows (the online softmax), a second
-pass writes the output; no block size spills registers, so there is no cliff at long rows.
+dy, write dx). A row that fits in one block (up to MAX_BLOCK elements) is held in registers
+and read once, forward and backward; short rows go several to a program. A longer row is
+read twice: a first pass keeps a running max and a running sum rescaled whenever the max
+grows (the online softmax), a second pass writes the output; no block size spills
+registers, so there is no cliff at long rows.
 The math runs in fp32 whatever the storage dtype.
 """
 
@@ -38,20 +39,21 @@ def softmax_by_hand(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _row_max_and_sum(x_row, n, BLOCK: tl.constexpr, SUM_X: tl.constexpr = False, STAGES: tl.constexpr = 1):
+    def _row_max_and_sum(x_row, n, BLOCK: tl.constexpr, SUM_X: tl.constexpr = False, STAGES: tl.constexpr = 1,
+                         EVICTION: tl.constexpr = ""):
         """(max, sum of exp(x - max), and if SUM_X the sum of x) of a row longer than one block, in one pass.
 
         Each lane keeps a running max m and a sum s of exp(x - m). One exp per element: for a new x,
         e = exp(min(x, m) - max(x, m)); if x raised the max, s = s e + 1 (rescaled to the new max), else
         s = s + e. The lanes are combined at the end (one exp per lane). STAGES > 1 asks Triton to keep that many
-        blocks' loads in flight (software pipelining)."""
+        blocks' loads in flight (software pipelining); EVICTION is the loads' L2 eviction hint."""
         cols = tl.arange(0, BLOCK)
         m = tl.full([BLOCK], -float("inf"), tl.float32)
         s = tl.zeros([BLOCK], dtype=tl.float32)
         total = tl.zeros([BLOCK], dtype=tl.float32)
         for start in tl.range(0, n, BLOCK, num_stages=STAGES):
             mask = start + cols < n
-            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy=EVICTION).to(tl.float32)
             if SUM_X:
                 total += tl.where(mask, x, 0.0)
             # nan must reach s: the GPU's default max and min drop a nan operand
@@ -92,25 +94,39 @@ if triton is not None:
                 tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def softmax_backward_kernel(y_ptr, dy_ptr, dx_ptr, n, LOG: tl.constexpr, BLOCK: tl.constexpr):
+    def _backward_from(y, g, LOG: tl.constexpr, total):
+        return g - tl.exp(y) * total if LOG else y * (g - total)
+
+    @triton.jit
+    def softmax_backward_kernel(y_ptr, dy_ptr, dx_ptr, rows, n, LOG: tl.constexpr, BLOCK: tl.constexpr,
+                                SINGLE: tl.constexpr, ROWS: tl.constexpr):
         """softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy)."""
-        row = tl.program_id(0).to(tl.int64) * n
         cols = tl.arange(0, BLOCK)
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, n, BLOCK):
-            mask = start + cols < n
-            g = tl.load(dy_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
-            if LOG:
-                acc += g
-            else:
-                acc += g * tl.load(y_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
-        total = tl.sum(acc, axis=0)
-        for start in range(0, n, BLOCK):
-            mask = start + cols < n
-            g = tl.load(dy_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
-            y = tl.load(y_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
-            dx = g - tl.exp(y) * total if LOG else y * (g - total)
-            tl.store(dx_ptr + row + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if SINGLE:   # rows that fit in one block, ROWS of them per program: y and dy read once
+            r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+            offs = r.to(tl.int64) * n + cols[None, :]
+            mask = (r < rows) & (cols[None, :] < n)
+            g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            total = tl.sum(g if LOG else g * y, axis=1, keep_dims=True)
+            tl.store(dx_ptr + offs, _backward_from(y, g, LOG, total).to(dx_ptr.dtype.element_ty), mask=mask)
+        else:        # a longer row: its sum in one pass, dx in a second
+            row = tl.program_id(0).to(tl.int64) * n
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for start in range(0, n, BLOCK):
+                mask = start + cols < n
+                g = tl.load(dy_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+                if LOG:
+                    acc += g
+                else:
+                    acc += g * tl.load(y_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+            total = tl.sum(acc, axis=0)
+            for start in range(0, n, BLOCK):
+                mask = start + cols < n
+                g = tl.load(dy_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+                y = tl.load(y_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+                tl.store(dx_ptr + row + start + cols, _backward_from(y, g, LOG, total).to(dx_ptr.dtype.element_ty),
+                         mask=mask)
 
 
 def _block(n: int) -> int:
@@ -137,9 +153,13 @@ def _forward_rows(x: torch.Tensor, log: bool) -> torch.Tensor:
 
 def _backward_rows(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
     n = y.shape[-1]
+    rows = y.numel() // n
     dx = torch.empty_like(y)
     block = _block(n)
-    softmax_backward_kernel[(y.numel() // n,)](y, dy, dx, n, LOG=log, BLOCK=block, num_warps=_warps(block))
+    per_program = rows_per_program(rows, n, block)
+    softmax_backward_kernel[(triton.cdiv(rows, per_program),)](
+        y, dy, dx, rows, n, LOG=log, BLOCK=block, SINGLE=n <= block, ROWS=per_program,
+        num_warps=_warps(block * per_program))
     return dx
 
 

@@ -1,0 +1,237 @@
+"""How roofline.ops' launch settings were chosen: times the alternatives on this GPU, side by side in one run.
+
+    python benchmarks/tune_ops.py OUT_DIR [--only norm-forward cross-entropy host]
+
+norm-forward   the norm forward kernel over (rows per program, warps) at row lengths 256 .. 16384 (256 MB bf16),
+               rms_norm and layer_norm, CUDA graphs (the kernel alone), against the current rule
+cross-entropy  the cross_entropy forward kernel at [8192 x 128256] bf16 over its L2 eviction hints, programs
+               per SM and warps, CUDA graphs; and the whole forward+backward as eager code calls it
+host           the host's time to issue one call (fwd and fwd+bwd) at a tiny shape, where the GPU waits on the
+               host, for roofline's ops, eager PyTorch and Liger-Kernel where it imports; and a cProfile of
+               roofline's rms_norm fwd+bwd
+
+Writes OUT_DIR/tune.md and OUT_DIR/tune.json (and OUT_DIR/host-profile.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import contextlib
+import importlib
+import io
+import json
+import pstats
+import sys
+import time as _time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from roofline import bench, ops
+
+norm = importlib.import_module("roofline.ops.norm")
+ce = importlib.import_module("roofline.ops.cross_entropy")
+
+try:
+    from liger_kernel.transformers import functional as liger
+except ImportError:
+    liger = None
+
+BF16 = torch.bfloat16
+
+
+@contextlib.contextmanager
+def patched(module, **values):
+    old = {k: getattr(module, k) for k in values}
+    for k, v in values.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
+
+
+def _graph_us(fn, *args) -> float:
+    return bench.time(fn, *args, cuda_graph=True, warn=False).median * 1e3
+
+
+def norm_forward() -> list[dict]:
+    out = []
+    elements = 128 << 20   # 256 MB of bf16
+    for n in (256, 1024, 4096, 16384):
+        rows = elements // n
+        x = torch.randn(rows, n, device="cuda", dtype=BF16)
+        w = torch.randn(n, device="cuda", dtype=BF16)
+        b = torch.randn(n, device="cuda", dtype=BF16)
+        current = norm.forward_config(rows, n)
+        block = current[0]
+        configs = {current}
+        for per_program in (1, 2, 4, 8, 16):
+            if per_program > 1 and (n > block or block * per_program > norm.MAX_BLOCK):
+                continue
+            tile = block * per_program
+            for warps in (2, 4, 8, 16):
+                if 8 <= tile // (32 * warps) <= 64:   # 8 (one 16-byte access) to 64 elements a thread
+                    configs.add((block, per_program, warps))
+        for rms in (True, False):
+            for config in sorted(configs):
+                with patched(norm, forward_config=lambda rows, n, c=config: c):
+                    us = _graph_us(norm._forward, x, None, w, None if rms else b, 1e-6, rms)
+                out.append(dict(op="rms_norm" if rms else "layer_norm", n=n, rows_per_program=config[1],
+                                warps=config[2], us=us, current=config == current,
+                                gbps=2 * x.numel() * 2 / us / 1e3))
+                print(out[-1], flush=True)
+        del x
+    return out
+
+
+def cross_entropy() -> list[dict]:
+    out = []
+    rows, vocab = 8192, 128256
+    logits = torch.randn(rows, vocab, device="cuda", dtype=BF16) * 2
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    for first_read in ("", "evict_last"):
+        for grad_write in ("", "evict_first"):
+            for per_sm in (1, 2):
+                for warps in (16, 32):
+                    with patched(ce, FIRST_READ=first_read, GRAD_WRITE=grad_write, PROGRAMS_PER_SM=per_sm,
+                                 NUM_WARPS=warps):
+                        us = _graph_us(ce._forward, logits, target, -100, "mean", 0.0, True, False)
+                    out.append(dict(first_read=first_read or "-", grad_write=grad_write or "-",
+                                    programs_per_sm=per_sm, warps=warps, us=us))
+                    print(out[-1], flush=True)
+    logits.requires_grad_()
+
+    def fwd_bwd(check):
+        ops.cross_entropy(logits, target, backend="triton", check_targets=check).backward()
+        logits.grad = None
+
+    for check in (True, False):
+        m = bench.time(fwd_bwd, check, warn=False)
+        out.append(dict(what=f"fwd+bwd as eager code calls it (CUDA events), check_targets={check}",
+                        us=m.median * 1e3, host_us=(m.host_ms_per_call or 0) * 1e3))
+        print(out[-1], flush=True)
+    return out
+
+
+def _host_cases():
+    x = torch.randn(8, 1024, device="cuda", dtype=BF16, requires_grad=True)
+    r = torch.randn(8, 1024, device="cuda", dtype=BF16, requires_grad=True)
+    w = torch.ones(1024, device="cuda", dtype=BF16, requires_grad=True)
+    b = torch.zeros(1024, device="cuda", dtype=BF16, requires_grad=True)
+    t = torch.randint(0, 1024, (8,), device="cuda")
+    cases = {
+        "rms_norm": {"eager": lambda: F.rms_norm(x, (1024,), w, 1e-6),
+                     "roofline": lambda: ops.rms_norm(x, (1024,), w, 1e-6),
+                     "liger": liger and (lambda: liger.liger_rms_norm(x, w, 1e-6, in_place=False))},
+        "layer_norm": {"eager": lambda: F.layer_norm(x, (1024,), w, b, 1e-6),
+                       "roofline": lambda: ops.layer_norm(x, (1024,), w, b, 1e-6),
+                       "liger": liger and (lambda: liger.liger_layer_norm(x, w, b, 1e-6))},
+        "add_rms_norm": {"eager": lambda: norm.add_rms_norm_reference(x, r, w, 1e-6)[0],
+                         "roofline": lambda: ops.add_rms_norm(x, r, w, 1e-6)[0]},
+        "softmax": {"eager": lambda: F.softmax(x, -1), "roofline": lambda: ops.softmax(x),
+                    "liger": liger and (lambda: liger.liger_softmax(x))},
+        "gelu": {"eager": lambda: F.gelu(x, approximate="tanh"), "roofline": lambda: ops.gelu(x, "tanh")},
+        "swiglu": {"eager": lambda: F.silu(x) * r, "roofline": lambda: ops.swiglu(x, r),
+                   "liger": liger and (lambda: liger.liger_swiglu(x, r))},
+        "cross_entropy": {"eager": lambda: F.cross_entropy(x, t), "roofline": lambda: ops.cross_entropy(x, t),
+                          "liger": liger and (lambda: liger.liger_cross_entropy(x, t))},
+    }
+    return cases, x, w
+
+
+def _host_us(fn, calls=300) -> float:
+    """Wall time per call of a loop of calls whose GPU work is a few microseconds: the host's time to issue one."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = _time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (_time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def host(out_dir: Path) -> list[dict]:
+    cases, x, w = _host_cases()
+    out = []
+    for op, providers in cases.items():
+        for name, fn in providers.items():
+            if not fn:
+                continue
+            dy = torch.ones(8, 1024, device="cuda", dtype=BF16)
+
+            def fwd_bwd(fn=fn, dy=dy):
+                y = fn()
+                y.backward(dy if y.dim() else None)
+
+            with torch.no_grad():
+                fwd_us = _host_us(fn)
+            out.append(dict(op=op, provider=name, fwd_us=fwd_us, fwd_bwd_us=_host_us(fwd_bwd)))
+            print(out[-1], flush=True)
+    dy = torch.ones_like(x)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(500):
+        ops.rms_norm(x, (1024,), w, 1e-6).backward(dy)
+    torch.cuda.synchronize()
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(35)
+    (out_dir / "host-profile.txt").write_text("500 calls of ops.rms_norm(x [8 x 1024] bf16, weight).backward(dy)\n"
+                                              + text.getvalue())
+    return out
+
+
+def markdown(results: dict) -> str:
+    lines = []
+    if "norm-forward" in results:
+        lines += ["### norm forward kernel (CUDA graphs, 256 MB bf16): us by rows per program and warps", "",
+                  "| op | row length | rows / program | warps | us | GB/s | current rule |", "|---|---|---|---|---|---|---|"]
+        for r in results["norm-forward"]:
+            lines.append(f"| {r['op']} | {r['n']} | {r['rows_per_program']} | {r['warps']} | {r['us']:.1f} | "
+                         f"{r['gbps']:,.0f} | {'yes' if r['current'] else ''} |")
+        lines.append("")
+    if "cross-entropy" in results:
+        lines += ["### cross_entropy [8192 x 128256] bf16 forward kernel (CUDA graphs)", "",
+                  "| first read | gradient write | programs / SM | warps | us |", "|---|---|---|---|---|"]
+        for r in results["cross-entropy"]:
+            if "what" in r:
+                continue
+            lines.append(f"| {r['first_read']} | {r['grad_write']} | {r['programs_per_sm']} | {r['warps']} | "
+                         f"{r['us']:.1f} |")
+        lines += [""] + [f"- {r['what']}: {r['us']:.1f} us (host {r['host_us']:.1f} us)"
+                         for r in results["cross-entropy"] if "what" in r] + [""]
+    if "host" in results:
+        lines += ["### host time per call ([8 x 1024] bf16; GPU work a few us)", "",
+                  "| op | provider | fwd (us) | fwd+bwd (us) |", "|---|---|---|---|"]
+        for r in results["host"]:
+            lines.append(f"| {r['op']} | {r['provider']} | {r['fwd_us']:.1f} | {r['fwd_bwd_us']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--only", nargs="*", default=["norm-forward", "cross-entropy", "host"])
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for part in args.only:
+        print(f"=== {part}", flush=True)
+        results[part] = {"norm-forward": norm_forward, "cross-entropy": cross_entropy,
+                         "host": lambda: host(args.out)}[part]()
+        (args.out / "tune.json").write_text(json.dumps(results, indent=1))
+        (args.out / "tune.md").write_text(markdown(results))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
