@@ -59,10 +59,11 @@ class Op:
 
     def __init__(self, name, inputs, providers, passes_fwd, passes_bwd, forward=True,
                  pass_bytes=lambda args: args[0].numel() * args[0].element_size(),
-                 cotangent=lambda args, dev: _randn(args[0].shape, dev)):
+                 cotangent=lambda args, dev: _randn(args[0].shape, dev), syncs=()):
         self.name, self.inputs, self.providers = name, inputs, providers
         self.passes_fwd, self.passes_bwd, self.forward = passes_fwd, passes_bwd, forward
         self.pass_bytes, self.cotangent = pass_bytes, cotangent
+        self.syncs = syncs   # providers that wait on the host (a .item()): a CUDA graph cannot hold them
 
 
 def _softmax_op():
@@ -145,7 +146,8 @@ def _cross_entropy_op():
         # without the eager range check of the targets, which costs a device-to-host sync
         "roofline, check_targets=False": functools.partial(ops.cross_entropy, backend="triton", check_targets=False),
     }, passes_fwd=1, passes_bwd=1, forward=False,   # read the logits once, write their gradient once
-        cotangent=lambda args, dev: torch.ones((), device=dev))   # loss.backward(): the cotangent is 1
+        cotangent=lambda args, dev: torch.ones((), device=dev),   # loss.backward(): the cotangent is 1
+        syncs=("liger", OURS))   # Liger counts the targets with .item(); roofline checks their range
 
 
 ROPE_HEADS = (32, 8)   # query and key heads (grouped-query attention)
@@ -197,7 +199,22 @@ def _fwd_bwd(fn):
     return run
 
 
-def sweep(op: Op, backward: bool, shapes: list[tuple[int, ...]], x_name: str, x_of=lambda s: s[-1]) -> bench.Sweep:
+def _in_float64(fn):
+    """fn on float64 copies of the inputs (the same requires_grad): the reference the providers are checked
+    against."""
+    def run(*args):
+        def wide(a):
+            if isinstance(a, tuple):
+                return tuple(wide(t) for t in a)
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                return a.detach().double().requires_grad_(a.requires_grad)
+            return a
+        return fn(*(wide(a) for a in args))
+    return run
+
+
+def sweep(op: Op, backward: bool, shapes: list[tuple[int, ...]], x_name: str, x_of=lambda s: s[-1],
+          graphs: bool = False) -> bench.Sweep:
     by_x = {x_of(s): s for s in shapes}
 
     def inputs(x, dev):
@@ -214,20 +231,23 @@ def sweep(op: Op, backward: bool, shapes: list[tuple[int, ...]], x_name: str, x_
         skip = fn(name) if fn is _no_liger else None
         if name == "cuda c++":
             skip = "forward only" if backward else _cuda_cpp_skip(op.name.removesuffix("_tanh"))
+        if graphs and name in op.syncs:
+            skip = "waits on the host (.item()): a CUDA graph cannot hold it"
         providers.append(bench.Provider(name, _fwd_bwd(fn) if backward and not skip else fn, skip=skip))
-    # The check before timing only guards against broken outputs (precision is tested against float64 in
-    # tests/ops). Gradients summed over thousands of rows differ more between correct implementations in bf16
-    # (Liger's rms_norm weight gradient by up to ~5% from eager's), so fwd+bwd checks are looser.
-    # rope's eager reference multiplies in bf16 (as Hugging Face's LLaMA does): near zero it rounds to a
-    # different bf16 value than fp32 math does, by more than bf16's default atol.
+    # The check before timing guards against broken outputs (precision is tested against float64 in
+    # tests/ops). fwd+bwd is checked against eager PyTorch run in float64, every provider, eager's bf16 run
+    # too, with a looser tolerance: a bf16 gradient summed over 10^5 rows carries more rounding than one
+    # element. rope's eager reference multiplies in bf16 (as Hugging Face's LLaMA does): near zero it rounds
+    # to a different bf16 value than fp32 math does, by more than bf16's default atol.
     rtol, atol = (0.1, 0.05) if backward else (0.016, 0.05) if op.name == "rope" else (None, None)
     return bench.Sweep(
         name=f"{op.name} {'fwd+bwd' if backward else 'fwd'} bf16", x_name=x_name, x_values=list(by_x),
         inputs=inputs, providers=providers, baseline="eager", bytes=nbytes, rtol=rtol, atol=atol,
+        reference=_in_float64(_fwd_bwd(op.providers["eager"])) if backward else None,
         description=f"{op.name}, {'forward and backward' if backward else 'forward'}, bf16")
 
 
-def headline_sweeps(quick: bool) -> list[bench.Sweep]:
+def headline_sweeps(quick: bool, graphs: bool = False) -> list[bench.Sweep]:
     rows = 2048 if quick else 16384
     plan = [(_softmax_op(), (rows, 4096)), (_layer_norm_op(), (rows, 4096)), (_rms_norm_op(), (rows, 4096)),
             (_add_rms_norm_op(), (rows, 4096)), (_gelu_op(), (rows, 4096)), (_swiglu_op(), (rows, 8192)),
@@ -237,7 +257,8 @@ def headline_sweeps(quick: bool) -> list[bench.Sweep]:
     for op, shape in plan:
         for backward in (False, True):
             if backward or op.forward:
-                out.append(sweep(op, backward, [shape], "shape", x_of=lambda s: "x".join(map(str, s))))
+                out.append(sweep(op, backward, [shape], "shape", x_of=lambda s: "x".join(map(str, s)),
+                                 graphs=graphs))
     return out
 
 
@@ -314,11 +335,10 @@ def main(argv=None) -> int:
     sweep_dir = args.out / "ops"
     sweep_dir.mkdir(parents=True, exist_ok=True)
     summary = dict(liger=_liger_version(), memory=[])
-    # Forward sweeps at the headline shapes run twice: with CUDA events (a call as eager code makes it, host
-    # time included where the host is slower than the GPU) and with CUDA graphs (the kernels alone).
-    headline = headline_sweeps(args.quick)
-    plan = [("headline", s, False) for s in headline] + [("headline_graphs", s, True) for s in headline
-                                                          if "fwd+bwd" not in s.name]
+    # The headline shapes run twice: with CUDA events (a call as eager code makes it, host time included where
+    # the host is slower than the GPU) and with CUDA graphs (the kernels alone).
+    plan = [("headline", s, False) for s in headline_sweeps(args.quick)]
+    plan += [("headline_graphs", s, True) for s in headline_sweeps(args.quick, graphs=True)]
     plan += [("rows", s, False) for s in row_sweeps(args.quick)]
     for part, s, graphs in plan:
         if args.only and not any(o in s.name for o in args.only):
@@ -351,7 +371,7 @@ def _fmt(v, spec):
 def markdown(summary: dict) -> str:
     lines = []
     for part, title in (("headline", "CUDA events: a call as eager code makes it"),
-                        ("headline_graphs", "CUDA graphs: the kernels alone (forward)")):
+                        ("headline_graphs", "CUDA graphs: the kernels alone")):
         lines += [f"### Headline shapes (bf16), {title}: roofline's Triton kernels against the fastest peer", "",
                   "| sweep | shape | ours (ms) | ours (GB/s) | % of copy bw | fastest peer | peer (ms) | ours / peer |",
                   "|---|---|---|---|---|---|---|---|"]

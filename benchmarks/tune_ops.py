@@ -4,11 +4,11 @@
 
 norm-forward   the norm forward kernel over (rows per program, warps) at row lengths 256 .. 16384 (256 MB bf16),
                rms_norm and layer_norm, CUDA graphs (the kernel alone), against the current rule
-cross-entropy  the cross_entropy forward kernel at [8192 x 128256] bf16 over its L2 eviction hints, programs
-               per SM and warps, CUDA graphs; and the whole forward+backward as eager code calls it
+cross-entropy  the cross_entropy forward kernel at [8192 x 128256] bf16 over its block and warps, CUDA graphs;
+               and the whole forward+backward as eager code calls it
 host           the host's time to issue one call (fwd and fwd+bwd) at a tiny shape, where the GPU waits on the
-               host, for roofline's ops, eager PyTorch and Liger-Kernel where it imports; and a cProfile of
-               roofline's rms_norm fwd+bwd
+               host, for roofline's ops, eager PyTorch and Liger-Kernel where it imports; a bare Triton launch
+               (the floor under every op here); and a cProfile of roofline's rms_norm fwd+bwd
 
 Writes OUT_DIR/tune.md and OUT_DIR/tune.json (and OUT_DIR/host-profile.txt).
 """
@@ -28,6 +28,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+import triton
+import triton.language as tl
 
 from roofline import bench, ops
 
@@ -58,29 +61,29 @@ def _graph_us(fn, *args) -> float:
     return bench.time(fn, *args, cuda_graph=True, warn=False).median * 1e3
 
 
-def norm_forward() -> list[dict]:
+def norm_forward(lengths) -> list[dict]:
     out = []
     elements = 128 << 20   # 256 MB of bf16
-    for n in (256, 1024, 4096, 16384):
+    for n in lengths:
         rows = elements // n
         x = torch.randn(rows, n, device="cuda", dtype=BF16)
         w = torch.randn(n, device="cuda", dtype=BF16)
         b = torch.randn(n, device="cuda", dtype=BF16)
         current = norm.forward_config(rows, n)
-        block = current[0]
         configs = {current}
-        for per_program in (1, 2, 4, 8, 16):
-            if per_program > 1 and (n > block or block * per_program > norm.MAX_BLOCK):
-                continue
-            tile = block * per_program
-            for warps in (2, 4, 8, 16):
-                if 8 <= tile // (32 * warps) <= 64:   # 8 (one 16-byte access) to 64 elements a thread
-                    configs.add((block, per_program, warps))
+        for block in {min(triton.next_power_of_2(n), largest) for largest in (8192, 16384)}:
+            for per_program in (1, 2, 4, 8, 16):
+                if per_program > 1 and (n > block or block * per_program > 8192):
+                    continue
+                tile = block * per_program
+                for warps in (2, 4, 8, 16, 32):
+                    if 8 <= tile // (32 * warps) <= 64:   # 8 (one 16-byte access) to 64 elements a thread
+                        configs.add((block, per_program, warps))
         for rms in (True, False):
             for config in sorted(configs):
                 with patched(norm, forward_config=lambda rows, n, c=config: c):
                     us = _graph_us(norm._forward, x, None, w, None if rms else b, 1e-6, rms)
-                out.append(dict(op="rms_norm" if rms else "layer_norm", n=n, rows_per_program=config[1],
+                out.append(dict(op="rms_norm" if rms else "layer_norm", n=n, block=config[0], rows_per_program=config[1],
                                 warps=config[2], us=us, current=config == current,
                                 gbps=2 * x.numel() * 2 / us / 1e3))
                 print(out[-1], flush=True)
@@ -93,16 +96,14 @@ def cross_entropy() -> list[dict]:
     rows, vocab = 8192, 128256
     logits = torch.randn(rows, vocab, device="cuda", dtype=BF16) * 2
     target = torch.randint(0, vocab, (rows,), device="cuda")
-    for first_read in ("", "evict_last"):
-        for grad_write in ("", "evict_first"):
-            for per_sm in (1, 2):
-                for warps in (16, 32):
-                    with patched(ce, FIRST_READ=first_read, GRAD_WRITE=grad_write, PROGRAMS_PER_SM=per_sm,
-                                 NUM_WARPS=warps):
-                        us = _graph_us(ce._forward, logits, target, -100, "mean", 0.0, True, False)
-                    out.append(dict(first_read=first_read or "-", grad_write=grad_write or "-",
-                                    programs_per_sm=per_sm, warps=warps, us=us))
-                    print(out[-1], flush=True)
+    for block in (4096, 8192, 16384):
+        for warps in (8, 16, 32):
+            if not 8 <= block // (32 * warps) <= 32:
+                continue
+            with patched(ce, BLOCK=block, NUM_WARPS=warps):
+                us = _graph_us(ce._forward, logits, target, -100, "mean", 0.0, True, False)
+            out.append(dict(block=block, warps=warps, us=us, current=(block, warps) == (ce.BLOCK, ce.NUM_WARPS)))
+            print(out[-1], flush=True)
     logits.requires_grad_()
 
     def fwd_bwd(check):
@@ -158,9 +159,19 @@ def _host_us(fn, calls=300) -> float:
     return best
 
 
+@triton.jit
+def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
 def host(out_dir: Path) -> list[dict]:
     cases, x, w = _host_cases()
-    out = []
+    y = torch.empty_like(x)
+    launch_us = _host_us(lambda: _copy_kernel[(8,)](x, y, x.numel(), BLOCK=1024))
+    out = [dict(op="a bare Triton launch (copy kernel, 3 arguments)", provider="triton", fwd_us=launch_us,
+                fwd_bwd_us=float("nan"))]
+    print(out[-1], flush=True)
     for op, providers in cases.items():
         for name, fn in providers.items():
             if not fn:
@@ -193,19 +204,18 @@ def markdown(results: dict) -> str:
     lines = []
     if "norm-forward" in results:
         lines += ["### norm forward kernel (CUDA graphs, 256 MB bf16): us by rows per program and warps", "",
-                  "| op | row length | rows / program | warps | us | GB/s | current rule |", "|---|---|---|---|---|---|---|"]
+                  "| op | row length | block | rows / program | warps | us | GB/s | current rule |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in results["norm-forward"]:
-            lines.append(f"| {r['op']} | {r['n']} | {r['rows_per_program']} | {r['warps']} | {r['us']:.1f} | "
+            lines.append(f"| {r['op']} | {r['n']} | {r['block']} | {r['rows_per_program']} | {r['warps']} | {r['us']:.1f} | "
                          f"{r['gbps']:,.0f} | {'yes' if r['current'] else ''} |")
         lines.append("")
     if "cross-entropy" in results:
-        lines += ["### cross_entropy [8192 x 128256] bf16 forward kernel (CUDA graphs)", "",
-                  "| first read | gradient write | programs / SM | warps | us |", "|---|---|---|---|---|"]
+        lines += ["### cross_entropy [8192 x 128256] bf16 forward kernel (CUDA graphs, one program per SM)", "",
+                  "| block | warps | us | current |", "|---|---|---|---|"]
         for r in results["cross-entropy"]:
-            if "what" in r:
-                continue
-            lines.append(f"| {r['first_read']} | {r['grad_write']} | {r['programs_per_sm']} | {r['warps']} | "
-                         f"{r['us']:.1f} |")
+            if "what" not in r:
+                lines.append(f"| {r['block']} | {r['warps']} | {r['us']:.1f} | {'yes' if r['current'] else ''} |")
         lines += [""] + [f"- {r['what']}: {r['us']:.1f} us (host {r['host_us']:.1f} us)"
                          for r in results["cross-entropy"] if "what" in r] + [""]
     if "host" in results:
@@ -220,12 +230,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--only", nargs="*", default=["norm-forward", "cross-entropy", "host"])
+    parser.add_argument("--lengths", nargs="*", type=int, default=[256, 1024, 4096, 16384, 65536],
+                        help="row lengths of norm-forward")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for part in args.only:
         print(f"=== {part}", flush=True)
-        results[part] = {"norm-forward": norm_forward, "cross-entropy": cross_entropy,
+        results[part] = {"norm-forward": lambda: norm_forward(args.lengths), "cross-entropy": cross_entropy,
                          "host": lambda: host(args.out)}[part]()
         (args.out / "tune.json").write_text(json.dumps(results, indent=1))
         (args.out / "tune.md").write_text(markdown(results))

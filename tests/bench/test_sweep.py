@@ -152,6 +152,21 @@ def test_tolerances_follow_the_dtype_and_can_be_overridden():
     assert run(make(torch.float32, rtol=1e-2, atol=1e-2)).row(100, "off").status == "ok"
 
 
+def test_a_float64_reference_checks_every_provider_the_baseline_too():
+    sweep = Sweep(name="s", x_name="n", x_values=[100],
+                  inputs=lambda n, dev: (torch.randn(n, dtype=torch.bfloat16),),
+                  providers={"base": lambda x: x * 2 + 0.5, "good": double,
+                             "in fp32": lambda x: (x.float() * 2 * (1 + 1e-3)).to(torch.bfloat16),
+                             "wrong dtype": wrong_dtype},
+                  reference=lambda x: x.double() * 2)
+    result = run(sweep)
+    assert result.row(100, "base").status == "failed"
+    assert "differ from the reference" in result.row(100, "base").reason
+    assert result.row(100, "good").status == result.row(100, "in fp32").status == "ok"
+    # a float64 output is compared by value against a float64 reference: it passes
+    assert result.row(100, "wrong dtype").status == "ok"
+
+
 def test_nan_where_the_baseline_has_nan_is_accepted():
     sweep = Sweep(name="s", x_name="n", x_values=[64],
                   inputs=lambda n, dev: (torch.where(torch.rand(n) < 0.5, torch.randn(n), float("nan")),),

@@ -61,6 +61,11 @@ class Sweep:
     called as provider(*inputs) and returns its output (a tensor or a tuple of tensors).
     bytes(x, *inputs) and flops(x, *inputs), when given, turn times into GB/s, TFLOP/s
     and a percentage of the device's measured roofline.
+
+    Each provider's output is checked before it is timed: against the baseline's, or, when
+    `reference(*inputs)` is given, against what that returns, computed in higher precision (float64, say):
+    then the baseline is checked too, and the outputs are compared in float64 whatever their dtype, with
+    the tolerance of the provider's output dtype (or rtol, atol).
     """
 
     name: str
@@ -74,6 +79,7 @@ class Sweep:
     rtol: float | None = None
     atol: float | None = None
     description: str = ""
+    reference: Callable[..., Any] | None = None
 
     def __post_init__(self):
         if isinstance(self.providers, dict):
@@ -158,8 +164,10 @@ def _tensors(out) -> list[torch.Tensor] | None:
     return None
 
 
-def _mismatch(out, ref, rtol: float | None, atol: float | None) -> str | None:
-    """Why out is not ref (within tolerance), or None when it is."""
+def _mismatch(out, ref, rtol: float | None, atol: float | None, against: str = "the baseline") -> str | None:
+    """Why out is not ref (within tolerance), or None when it is. Against a higher-precision reference
+    (against="the reference") the dtypes may differ and the values are compared in float64."""
+    reference = against == "the reference"
     if out is None:
         return "returned nothing (None); a provider must return its output"
     outs, refs = _tensors(out), _tensors(ref)
@@ -171,7 +179,7 @@ def _mismatch(out, ref, rtol: float | None, atol: float | None) -> str | None:
         where = f"output {i}: " if len(outs) > 1 else ""
         if o.shape != r.shape:
             return f"{where}shape {tuple(o.shape)}, expected {tuple(r.shape)}"
-        if o.dtype != r.dtype:
+        if o.dtype != r.dtype and not (reference and o.is_floating_point() and r.is_floating_point()):
             return f"{where}dtype {o.dtype}, expected {r.dtype}"
         if o.device != r.device:
             return f"{where}on {o.device}, expected {r.device}"
@@ -181,14 +189,15 @@ def _mismatch(out, ref, rtol: float | None, atol: float | None) -> str | None:
         else:
             rt, at = TOLERANCES.get(o.dtype, (1e-5, 1e-5))
             rt, at = rtol if rtol is not None else rt, atol if atol is not None else at
-            bad = ~torch.isclose(o.float(), r.float(), rtol=rt, atol=at, equal_nan=True)
+            wide = torch.float64 if reference else torch.float32
+            bad = ~torch.isclose(o.to(wide), r.to(wide), rtol=rt, atol=at, equal_nan=True)
             tol = f"rtol={rt:g}, atol={at:g}"
         count = int(bad.sum())
         if count:
             nan = int((torch.isnan(o) & ~torch.isnan(r)).sum()) if o.is_floating_point() else 0
             first = tuple(int(v) for v in torch.nonzero(bad)[0])
             detail = f"; {nan} are NaN (unwritten?)" if nan else ""
-            return (f"{where}{count} of {o.numel()} elements differ from the baseline ({tol}){detail}; "
+            return (f"{where}{count} of {o.numel()} elements differ from {against} ({tol}){detail}; "
                     f"first at index {first}: {o[first].item():.6g} vs {r[first].item():.6g}")
     return None
 
@@ -316,13 +325,16 @@ def _run_size(sweep: Sweep, x, dev, ceil, *, flush, cuda_graph, warmup_ms, rep_m
         base = next(p for p in sweep.providers if p.name == sweep.baseline)
         if base.skip:
             return fail_all("skipped", f"baseline {base.name!r} cannot run: {base.skip}")
-        refs = [_call(base.fn, s, timeout_s, dev) for s in sets]
+        refs = [_call(sweep.reference or base.fn, s, timeout_s, dev) for s in sets]
     except Skip as exc:
         return fail_all("skipped", str(exc))
     except Exception as exc:  # noqa: BLE001 - any failure here is reported in the rows
-        return fail_all("failed", f"inputs or baseline {sweep.baseline!r}: {_describe(exc)}")
+        source = "reference" if sweep.reference else f"baseline {sweep.baseline!r}"
+        return fail_all("failed", f"inputs or {source}: {_describe(exc)}")
     if _tensors(refs[0]) is None:
-        return fail_all("failed", f"baseline {sweep.baseline!r} {_mismatch(refs[0], refs[0], None, None)}")
+        source = "reference" if sweep.reference else f"baseline {sweep.baseline!r}"
+        return fail_all("failed", f"{source} {_mismatch(refs[0], refs[0], None, None)}")
+    against = "the reference" if sweep.reference else "the baseline"
 
     for p in sweep.providers:
         row = rows[p.name]
@@ -333,7 +345,7 @@ def _run_size(sweep: Sweep, x, dev, ceil, *, flush, cuda_graph, warmup_ms, rep_m
             for s, ref in zip(sets, refs):
                 _poison(ref, dev)
                 out = _call(p.fn, s, timeout_s, dev)
-                reason = _mismatch(out, ref, sweep.rtol, sweep.atol)
+                reason = _mismatch(out, ref, sweep.rtol, sweep.atol, against)
                 if reason is None and any(out is o for o in outs):
                     reason = "returned the same object for different inputs (a cached result?)"
                 if reason:

@@ -3,6 +3,7 @@ and reject bad input with an error naming the argument, before anything is launc
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -53,6 +54,16 @@ def rows_per_program(rows: int, n: int, block: int, longest_packed: int | None =
     if n > block or (longest_packed is not None and block > longest_packed):
         return 1
     return max(1, min(SHORT_ROW_ELEMENTS // block, triton.next_power_of_2(rows)))
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's multiprocessors, asked once per device (the query costs microseconds of host time a call)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def elementwise_block(element_size: int, num_warps: int = 4) -> int:

@@ -26,22 +26,17 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend, tl, triton
+from roofline.ops._common import KernelOp, choose_backend, sm_count, tl, triton
 from roofline.ops.softmax import _row_max_and_sum
 
 BACKENDS = ("torch", "triton", "compile")
 REDUCTIONS = ("mean", "sum", "none")
 # One program of 32 warps per SM, 16 elements per thread per step: the fastest of the configurations tried on
 # the H100 at [8192 x 128256] bf16 (8 to 32 warps, blocks of 2048 to 16384, 1 to 8 programs per SM, Triton
-# loop pipelining of 1 to 4 stages; benchmarks/results/h100-ops.md).
+# loop pipelining of 1 to 4 stages; benchmarks/results/h100-ops.md, benchmarks/tune_ops.py).
 BLOCK = 16384           # elements of a row per step
 PROGRAMS_PER_SM = 1     # resident rows per SM: more would push the second pass's reads out of L2
 NUM_WARPS = 32
-STAGES = 1              # blocks of a row whose loads are in flight at once (Triton's loop pipelining)
-# L2 eviction hints: the first pass's loads are to stay for the second pass; the gradient's stores are not read
-# again, so they should not push the logits out.
-FIRST_READ = "evict_last"
-GRAD_WRITE = "evict_first"
 STATS_BLOCK = 1024      # targets per step of the one-program count
 
 
@@ -71,16 +66,33 @@ if triton is not None:
         tl.store(stats_ptr + 1, tl.sum(bad, axis=0))
 
     @triton.jit
+    def _write_gradient(x_row, grad_row, offs, n, m, log2_total, target, keep, spread, row_scale,
+                        MASKED: tl.constexpr):
+        """grad = (softmax(x) - spread - keep [offs == target]) * row_scale at offs, from the row's max m and
+        log2 of its sum of exponentials. The logits are read for the last time, the gradient is not read again:
+        neither should hold on to L2 (eviction hints)."""
+        if MASKED:
+            mask = offs < n
+            x = tl.load(x_row + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+        else:
+            x = tl.load(x_row + offs, eviction_policy="evict_first")
+        # (x - m) first: exact near the max, where x - (m + log_total) would round at |x| ~ 1e4
+        p = tl.exp2((x.to(tl.float32) - m) * 1.4426950408889634 - log2_total)
+        g = ((p - spread - tl.where(offs == target, keep, 0.0)) * row_scale).to(grad_row.dtype.element_ty)
+        if MASKED:
+            tl.store(grad_row + offs, g, mask=mask, eviction_policy="evict_first")
+        else:
+            tl.store(grad_row + offs, g, eviction_policy="evict_first")
+
+    @triton.jit
     def cross_entropy_forward_kernel(x_ptr, target_ptr, loss_ptr, grad_ptr, stats_ptr, rows, n,
                                      ignore_index, smoothing, GRAD: tl.constexpr, MEAN: tl.constexpr,
-                                     SMOOTH: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr,
-                                     FIRST_READ: tl.constexpr, GRAD_WRITE: tl.constexpr):
+                                     SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
         """Per row: the loss (fp32) and, if GRAD, d loss / d x into grad (x's dtype), divided by the number of
         rows counted (stats[0]) if MEAN. A target outside [0, n) that is not ignore_index gives a nan loss and
-        gradient row (no access). FIRST_READ and GRAD_WRITE are L2 eviction hints for the first pass's loads
-        and the gradient's stores."""
+        gradient row (no access)."""
         cols = tl.arange(0, BLOCK)
-        blocks = tl.cdiv(n, BLOCK)
+        whole = n // BLOCK * BLOCK
         grad_scale = 1.0 / tl.load(stats_ptr).to(tl.float32) if MEAN else 1.0
         for row in range(tl.program_id(0), rows, tl.num_programs(0)):
             start_of_row = tl.cast(row, tl.int64) * n
@@ -95,7 +107,7 @@ if triton is not None:
                         tl.store(grad_ptr + start_of_row + start + cols, tl.zeros([BLOCK], grad_ptr.dtype.element_ty),
                                  mask=start + cols < n)
             else:
-                m, total, sum_x = _row_max_and_sum(x_row, n, BLOCK, SMOOTH, STAGES, FIRST_READ)
+                m, total, sum_x = _row_max_and_sum(x_row, n, BLOCK, SMOOTH)
                 log_total = tl.log(total)
                 x_target = tl.load(x_row + target, mask=valid, other=float("nan")).to(tl.float32)
                 # lse - x = (m - x) + log_total: exact near the max, where m + log_total would round at 1e4
@@ -104,15 +116,18 @@ if triton is not None:
                     loss = (1.0 - smoothing) * loss + smoothing * ((m - sum_x / n) + log_total)
                 tl.store(loss_ptr + row, loss)
                 if GRAD:
+                    log2_total = tl.log2(total)
                     spread = smoothing / n if SMOOTH else 0.0
-                    bad = tl.where(valid, 0.0, float("nan"))
-                    for i in tl.range(0, blocks, num_stages=STAGES):   # backwards: the row's last blocks are the likeliest in L2
-                        offs = (blocks - 1 - i) * BLOCK + cols
-                        mask = offs < n
-                        x = tl.load(x_row + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-                        g = tl.exp((x - m) - log_total) - spread - tl.where(offs == target, 1.0 - smoothing, 0.0) + bad
-                        tl.store(grad_ptr + start_of_row + offs, (g * grad_scale).to(grad_ptr.dtype.element_ty),
-                                 mask=mask, eviction_policy=GRAD_WRITE)
+                    row_scale = tl.where(valid, grad_scale, float("nan"))
+                    target_col = tl.where(valid, target, -1).to(tl.int32)   # a 32-bit compare per element
+                    keep = 1.0 - smoothing
+                    # Backwards from the row's end: the blocks read last in the first pass are the likeliest in L2.
+                    if whole < n:
+                        _write_gradient(x_row, grad_ptr + start_of_row, whole + cols, n, m, log2_total, target_col,
+                                        keep, spread, row_scale, True)
+                    for i in range(0, whole // BLOCK):
+                        _write_gradient(x_row, grad_ptr + start_of_row, whole - (i + 1) * BLOCK + cols, n, m,
+                                        log2_total, target_col, keep, spread, row_scale, False)
 
     @triton.jit
     def scale_rows_kernel(grad_ptr, dloss_ptr, dloss_stride, n, BLOCK: tl.constexpr):
@@ -131,7 +146,7 @@ if triton is not None:
 def _programs(rows: int, device: torch.device) -> int:
     if device.type != "cuda":
         return min(rows, 3)   # the interpreter: a few programs, so the tests walk several rows each
-    return min(rows, PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count)
+    return min(rows, PROGRAMS_PER_SM * sm_count(device))
 
 
 # The forward returns the per-row losses and, when asked, the gradient already scaled for the reduction; the
@@ -151,7 +166,7 @@ def _forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, redu
     cross_entropy_forward_kernel[(_programs(rows, logits.device),)](
         logits, target, losses, gradient, stats, rows, n, ignore_index, label_smoothing,
         GRAD=grad, MEAN=reduction == "mean", SMOOTH=label_smoothing > 0, BLOCK=min(BLOCK, triton.next_power_of_2(n)),
-        STAGES=STAGES, FIRST_READ=FIRST_READ, GRAD_WRITE=GRAD_WRITE, num_warps=NUM_WARPS)
+        num_warps=NUM_WARPS)
     return losses, gradient, stats
 
 

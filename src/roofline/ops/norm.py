@@ -9,8 +9,8 @@ add_rms_norm adds the residual on the way in (writing h, the next residual) and,
 gradient that reaches h directly on the way out.
 
 Memory-bound. Forward: a row of up to MAX_BLOCK elements is read once into registers (short rows several to
-a program), a longer row, one per program, is read twice (statistics by a per-lane Welford pass, combined across lanes at the end, then a
-write pass). The per-row mean and rstd (fp32) are saved for the backward pass.
+a program); a longer row, one per program, is read twice (statistics by a per-lane Welford pass, combined
+across lanes at the end, then a write pass). The per-row mean and rstd (fp32) are saved for the backward.
 
 Backward: dx = rstd * (w dy - (xhat * mean(xhat w dy) + mean(w dy))), and dw, db are sums over rows. A 2-D
 grid of column blocks by row groups: each program walks its group's rows, writes dx and keeps dw and db for
@@ -28,10 +28,11 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import DTYPES, KernelOp, choose_backend, rows_per_program, tl, triton
+from roofline.ops._common import DTYPES, KernelOp, choose_backend, rows_per_program, sm_count, tl, triton
 
 BACKENDS = ("torch", "triton", "compile")
-MAX_BLOCK = 8192         # elements of a row held in registers at once
+MAX_BLOCK = 16384        # forward: elements of a row held in registers at once
+BACKWARD_BLOCK = 8192    # backward: columns a program covers (it keeps x, dy, w, dw and db of each in registers)
 SHORT_ROW_BLOCK = 512      # forward: the longest rows (as a power of two) that go several to a program
 # torch's rms_norm with eps=None takes the epsilon of the type it computes in: float32, also for fp16 and bf16.
 DEFAULT_RMS_EPS = torch.finfo(torch.float32).eps
@@ -53,33 +54,45 @@ if triton is not None:
 
     @triton.jit
     def _row_in(x_row, r_row, offs, mask, HAS_RES: tl.constexpr):
-        """The row's values at `offs` in fp32: x, or x + residual rounded to x's dtype (as torch rounds h)."""
-        x = tl.load(x_row + offs, mask=mask, other=0.0)
+        """The row's values at `offs` in fp32 (0 where mask is False; mask None: all of them): x, or
+        x + residual rounded to x's dtype (as torch rounds h)."""
+        if mask is None:
+            x = tl.load(x_row + offs)
+        else:
+            x = tl.load(x_row + offs, mask=mask, other=0.0)
         if HAS_RES:   # added in fp32 and rounded once, as torch does
-            r = tl.load(r_row + offs, mask=mask, other=0.0)
+            if mask is None:
+                r = tl.load(r_row + offs)
+            else:
+                r = tl.load(r_row + offs, mask=mask, other=0.0)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         return x.to(tl.float32)
 
     @triton.jit
     def _mean_and_var(x_row, r_row, n, RMS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
         """(mean, variance) of a row longer than one block, in one pass; for RMS (0, mean of squares).
-        Each lane runs Welford's update over its elements; lanes are merged by Chan's formula."""
+        Each lane runs Welford's update over its elements, lanes merged by Chan's formula at the end. Every
+        lane has seen the same count in the whole blocks, so the update divides by a scalar, once a block."""
         cols = tl.arange(0, BLOCK)
-        count = tl.zeros([BLOCK], dtype=tl.float32)
         mean = tl.zeros([BLOCK], dtype=tl.float32)
         m2 = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, n, BLOCK):
-            mask = start + cols < n
-            x = _row_in(x_row, r_row, start + cols, mask, HAS_RES)
+        whole = n // BLOCK
+        for i in range(0, whole):
+            x = _row_in(x_row, r_row, i * BLOCK + cols, None, HAS_RES)
             if RMS:
                 m2 += x * x
             else:
-                count += mask.to(tl.float32)
-                delta = tl.where(mask, x - mean, 0.0)
-                mean += delta / tl.maximum(count, 1.0)
-                m2 += delta * tl.where(mask, x - mean, 0.0)
+                delta = x - mean
+                mean += delta * (1.0 / (i + 1))
+                m2 += delta * (x - mean)
+        tail = whole * BLOCK + cols < n   # the partial last block: its lanes count one more
+        x = _row_in(x_row, r_row, whole * BLOCK + cols, tail, HAS_RES)
         if RMS:
-            return 0.0, tl.sum(m2, axis=0) / n
+            return 0.0, tl.sum(m2 + x * x, axis=0) / n
+        delta = tl.where(tail, x - mean, 0.0)
+        mean += delta * (1.0 / (whole + 1))
+        m2 += delta * tl.where(tail, x - mean, 0.0)
+        count = whole + tail.to(tl.float32)
         row_mean = tl.sum(count * mean, axis=0) / n
         spread = mean - row_mean
         return row_mean, tl.sum(m2 + count * spread * spread, axis=0) / n
@@ -196,8 +209,8 @@ if triton is not None:
             tl.store(db_ptr + group * n + offs, db, mask=mask)
 
 
-def _block(n: int) -> int:
-    return min(triton.next_power_of_2(max(n, 1)), MAX_BLOCK)
+def _block(n: int, largest: int) -> int:
+    return min(triton.next_power_of_2(max(n, 1)), largest)
 
 
 def _warps(block: int) -> int:
@@ -207,18 +220,19 @@ def _warps(block: int) -> int:
 def _programs_per_wave(device: torch.device) -> int:
     if device.type != "cuda":
         return 4   # the interpreter: a few groups, so the tests cover more than one
-    return ROW_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    return ROW_PROGRAMS_PER_SM * sm_count(device)
 
 
 def forward_config(rows: int, n: int) -> tuple[int, int, int]:
     """(block, rows per program, warps) of the forward kernel for `rows` rows of n elements.
 
-    Rows of up to SHORT_ROW_BLOCK elements go several to a program. On the H100 this took rows of 256 from
-    319 us to 187 (layer_norm) and 246 (rms_norm) at 256 MB, while rows of 1024 ran slower four to a program
-    (246 us against 177) than one."""
-    block = _block(n)
+    Rows of up to SHORT_ROW_BLOCK elements go several to a program; a warp per 512 elements (4 to 16). On
+    the H100 (benchmarks/tune_ops.py, 256 MB of bf16, the kernel alone) every such rule gave 175-180 us from
+    rows of 256 to 4096, but 16 warps on 4096 elements cost layer_norm 8% and rows of 256 one to a program
+    took 319 us."""
+    block = _block(n, MAX_BLOCK)
     per_program = rows_per_program(rows, n, block, SHORT_ROW_BLOCK)
-    return block, per_program, _warps(block * per_program)
+    return block, per_program, max(4, min(16, block * per_program // 512))
 
 
 def _nothing(like: torch.Tensor) -> torch.Tensor:
@@ -256,7 +270,7 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, me
                         rstd: torch.Tensor, dresidual: torch.Tensor | None, rms: bool,
                         has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, n = x.shape
-    block = _block(n)
+    block = _block(n, min(MAX_BLOCK, BACKWARD_BLOCK))
     single = n <= block
     col_blocks = triton.cdiv(n, block)
     groups = max(1, min(rows, _programs_per_wave(x.device) // col_blocks))

@@ -39,32 +39,41 @@ def softmax_by_hand(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _row_max_and_sum(x_row, n, BLOCK: tl.constexpr, SUM_X: tl.constexpr = False, STAGES: tl.constexpr = 1,
-                         EVICTION: tl.constexpr = ""):
-        """(max, sum of exp(x - max), and if SUM_X the sum of x) of a row longer than one block, in one pass.
+    def _online_update(m, s, x):
+        """One step of the per-lane online softmax: the running max m and sum s of exp(. - m), updated with x.
 
-        Each lane keeps a running max m and a sum s of exp(x - m). One exp per element: for a new x,
-        e = exp(min(x, m) - max(x, m)); if x raised the max, s = s e + 1 (rescaled to the new max), else
-        s = s + e. The lanes are combined at the end (one exp per lane). STAGES > 1 asks Triton to keep that many
-        blocks' loads in flight (software pipelining); EVICTION is the loads' L2 eviction hint."""
+        One exp per element: e = exp(min(x, m) - max(x, m)); if x raised the max, s = s e + 1 (rescaled to
+        the new max), else s = s + e. m starts at -FLT_MAX, not -inf, so that no -inf - -inf arises: an x of
+        -inf adds exp(-inf) = 0 and needs no check. nan must reach s: the GPU's default max and min drop a nan
+        operand."""
+        m_new = tl.maximum(m, x, propagate_nan=tl.PropagateNan.ALL)
+        e = tl.exp(tl.minimum(m, x, propagate_nan=tl.PropagateNan.ALL) - m_new)
+        return m_new, tl.where(x > m, s * e + 1.0, s + e)
+
+    @triton.jit
+    def _row_max_and_sum(x_row, n, BLOCK: tl.constexpr, SUM_X: tl.constexpr):
+        """(max, sum of exp(x - max), and if SUM_X the sum of x) of a row longer than one block, in one pass:
+        each lane runs the online softmax over its elements (whole blocks without masks, then the partial
+        last block), and the lanes are combined at the end (one exp per lane).
+        A row of only -inf gives (-FLT_MAX, 0): its softmax and loss come out nan, as torch's do."""
         cols = tl.arange(0, BLOCK)
-        m = tl.full([BLOCK], -float("inf"), tl.float32)
+        m = tl.full([BLOCK], -3.4028234663852886e38, tl.float32)
         s = tl.zeros([BLOCK], dtype=tl.float32)
         total = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in tl.range(0, n, BLOCK, num_stages=STAGES):
-            mask = start + cols < n
-            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy=EVICTION).to(tl.float32)
+        whole = n // BLOCK * BLOCK
+        for start in range(0, whole, BLOCK):
+            x = tl.load(x_row + start + cols).to(tl.float32)
+            if SUM_X:
+                total += x
+            m, s = _online_update(m, s, x)
+        if whole < n:
+            mask = whole + cols < n
+            x = tl.load(x_row + whole + cols, mask=mask, other=-float("inf")).to(tl.float32)
             if SUM_X:
                 total += tl.where(mask, x, 0.0)
-            # nan must reach s: the GPU's default max and min drop a nan operand
-            m_new = tl.maximum(m, x, propagate_nan=tl.PropagateNan.ALL)
-            e = tl.exp(tl.minimum(m, x, propagate_nan=tl.PropagateNan.ALL) - m_new)
-            e = tl.where(m_new == -float("inf"), 0.0, e)   # a lane that has seen only -inf stays at 0
-            s = tl.where(x > m, s * e + 1.0, s + e)
-            m = m_new
+            m, s = _online_update(m, s, x)
         row_max = tl.max(m, axis=0)
-        safe_max = tl.where(row_max == -float("inf"), 0.0, row_max)
-        return row_max, tl.sum(s * tl.exp(m - safe_max), axis=0), tl.sum(total, axis=0)
+        return row_max, tl.sum(s * tl.exp(m - row_max), axis=0), tl.sum(total, axis=0)
 
     @triton.jit
     def softmax_forward_kernel(x_ptr, y_ptr, rows, n, LOG: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
@@ -84,7 +93,7 @@ if triton is not None:
             y = shifted - tl.log(total) if LOG else e / total
             tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
         else:
-            m, total, _ = _row_max_and_sum(x_row, n, BLOCK)
+            m, total, _ = _row_max_and_sum(x_row, n, BLOCK, False)
             log_total = tl.log(total)
             for start in range(0, n, BLOCK):
                 mask = start + cols < n
