@@ -88,6 +88,10 @@ def test_layer_norm_over_several_trailing_dimensions(max_block):
     x, w, b = torch.randn(4, 6, 30, device=DEVICE), torch.randn(6, 30, device=DEVICE), torch.randn(6, 30, device=DEVICE)
     assert_matches_float64(lambda x, w, b: layer_norm(x, (6, 30), w, b, backend="triton"),
                            lambda x, w, b: F.layer_norm(x, (6, 30), w, b), x, w, b, grad_atol_scale=15)
+    # a 2-D x normalized whole: one row, not a (rows, n) view of it as it stands
+    x2 = torch.randn(6, 30, device=DEVICE)
+    assert_matches_float64(lambda x, w, b: layer_norm(x, (6, 30), w, b, backend="triton"),
+                           lambda x, w, b: F.layer_norm(x, (6, 30), w, b), x2, w, b, grad_atol_scale=15)
 
 
 @pytest.mark.parametrize("op", OURS)

@@ -226,13 +226,16 @@ def _programs_per_wave(device: torch.device) -> int:
 def forward_config(rows: int, n: int) -> tuple[int, int, int]:
     """(block, rows per program, warps) of the forward kernel for `rows` rows of n elements.
 
-    Rows of up to SHORT_ROW_BLOCK elements go several to a program; a warp per 512 elements (4 to 16). On
-    the H100 (benchmarks/tune_ops.py, 256 MB of bf16, the kernel alone) every such rule gave 175-180 us from
-    rows of 256 to 4096, but 16 warps on 4096 elements cost layer_norm 8% and rows of 256 one to a program
+    Rows of up to SHORT_ROW_BLOCK elements go several to a program. On the H100 (benchmarks/tune_ops.py,
+    256 MB of bf16, the kernel alone) a row held in registers ran at 175-178 us with 4 warps up to 2048
+    elements and 8 above (16 warps cost layer_norm 8% at 4096 and 34% at 16384), and a looped row ran
+    fastest with 32 warps (at 65536: rms_norm 192 us against 256 with 16). Rows of 256 one to a program
     took 319 us."""
     block = _block(n, MAX_BLOCK)
     per_program = rows_per_program(rows, n, block, SHORT_ROW_BLOCK)
-    return block, per_program, max(4, min(16, block * per_program // 512))
+    if n > block:
+        return block, 1, 32
+    return block, per_program, 8 if block * per_program >= 4096 else 4
 
 
 def _nothing(like: torch.Tensor) -> torch.Tensor:
@@ -360,12 +363,23 @@ def _check_eps(op: str, eps) -> None:
         raise ValueError(f"{op}: eps must be a number >= 0, got {eps!r}")
 
 
+# The shape checks, reshapes and views cost the host microseconds each (more than a small kernel): the common
+# case, already in shape, skips them.
+
 def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
-    return None if t is None else t.reshape(-1, n).contiguous()
+    if t is None or (t.dim() == 2 and t.shape[1] == n and t.is_contiguous()):
+        return t
+    return t.reshape(-1, n).contiguous()
 
 
 def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.contiguous().view(-1)
+    if t is None or (t.dim() == 1 and t.is_contiguous()):
+        return t
+    return t.contiguous().view(-1)
+
+
+def _shaped(y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return y if y.shape == like.shape else y.view(like.shape)
 
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
@@ -388,7 +402,7 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
     if x.numel() == 0:
         return F.layer_norm(x, shape, weight, bias, eps)
     y, _, _, _ = _norm_rows(_rows(x, n), None, _flat(weight), _flat(bias), float(eps), False)
-    return y.view(x.shape)
+    return _shaped(y, x)
 
 
 def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None, eps: float | None = None,
@@ -411,7 +425,7 @@ def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = No
         return F.rms_norm(x, shape, weight, eps)
     eps = DEFAULT_RMS_EPS if eps is None else float(eps)
     y, _, _, _ = _norm_rows(_rows(x, n), None, _flat(weight), None, eps, True)
-    return y.view(x.shape)
+    return _shaped(y, x)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
@@ -442,4 +456,4 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     eps = DEFAULT_RMS_EPS if eps is None else float(eps)
     y, h, _, _ = _norm_rows(_rows(x, n), _rows(residual, n), weight.contiguous() if weight is not None else None,
                             None, eps, True)
-    return y.view(x.shape), h.view(x.shape)
+    return _shaped(y, x), _shaped(h, x)
