@@ -33,7 +33,9 @@ BACKENDS = ("torch", "triton", "compile")
 REDUCTIONS = ("mean", "sum", "none")
 # One program of 32 warps per SM, 16 elements per thread per step: the fastest of the configurations tried on
 # the H100 at [8192 x 128256] bf16 (8 to 32 warps, blocks of 2048 to 16384, 1 to 8 programs per SM, Triton
-# loop pipelining of 1 to 4 stages; benchmarks/results/h100-ops.md, benchmarks/tune_ops.py).
+# loop pipelining of 1 to 4 stages, L2 eviction hints; benchmarks/tune_ops.py, results in
+# benchmarks/results/h100-tune.md). The forward kernel takes 1.75 ms there, 1.25x the time of one read of the
+# logits and one write of the gradient at the measured copy bandwidth.
 BLOCK = 16384           # elements of a row per step
 PROGRAMS_PER_SM = 1     # resident rows per SM: more would push the second pass's reads out of L2
 NUM_WARPS = 32

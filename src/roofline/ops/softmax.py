@@ -40,20 +40,24 @@ if triton is not None:
 
     @triton.jit
     def _online_update(m, s, x):
-        """One block of the online softmax: the running max m (a scalar) and the per-lane sums s of exp(. - m),
-        updated with the block x. The block's max comes first (one reduction across the program), so each
-        element costs one exp; the sums are rescaled by one exp a block. A max still at -inf (only -inf seen)
-        shifts by 0 instead, so that no -inf - -inf arises; a nan in x reaches s through its exp."""
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-        return m_new, s * tl.exp(m - shift) + tl.exp(x - shift)
+        """One step of the per-lane online softmax: the running max m and sum s of exp(. - m), updated with x.
+
+        One exp per element: e = exp(min(x, m) - max(x, m)); if x raised the max, s = s e + 1 (rescaled to
+        the new max), else s = s + e. m starts at -FLT_MAX, not -inf, so that no -inf - -inf arises: an x of
+        -inf adds exp(-inf) = 0 and needs no check. nan must reach s: the GPU's default max and min drop a nan
+        operand."""
+        m_new = tl.maximum(m, x, propagate_nan=tl.PropagateNan.ALL)
+        e = tl.exp(tl.minimum(m, x, propagate_nan=tl.PropagateNan.ALL) - m_new)
+        return m_new, tl.where(x > m, s * e + 1.0, s + e)
 
     @triton.jit
     def _row_max_and_sum(x_row, n, BLOCK: tl.constexpr, SUM_X: tl.constexpr):
-        """(max, sum of exp(x - max), and if SUM_X the sum of x) of a row longer than one block, in one pass
-        (whole blocks without masks, then the partial last block)."""
+        """(max, sum of exp(x - max), and if SUM_X the sum of x) of a row longer than one block, in one pass:
+        each lane runs the online softmax over its elements (whole blocks without masks, then the partial
+        last block), and the lanes are combined at the end (one exp per lane).
+        A row of only -inf gives (-FLT_MAX, 0): its softmax and loss come out nan, as torch's do."""
         cols = tl.arange(0, BLOCK)
-        m = tl.full([], -float("inf"), tl.float32)
+        m = tl.full([BLOCK], -3.4028234663852886e38, tl.float32)
         s = tl.zeros([BLOCK], dtype=tl.float32)
         total = tl.zeros([BLOCK], dtype=tl.float32)
         whole = n // BLOCK * BLOCK
@@ -68,7 +72,8 @@ if triton is not None:
             if SUM_X:
                 total += tl.where(mask, x, 0.0)
             m, s = _online_update(m, s, x)
-        return m, tl.sum(s, axis=0), tl.sum(total, axis=0)
+        row_max = tl.max(m, axis=0)
+        return row_max, tl.sum(s * tl.exp(m - row_max), axis=0), tl.sum(total, axis=0)
 
     @triton.jit
     def softmax_forward_kernel(x_ptr, y_ptr, rows, n, LOG: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
