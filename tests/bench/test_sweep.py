@@ -167,6 +167,15 @@ def test_a_float64_reference_checks_every_provider_the_baseline_too():
     assert result.row(100, "wrong dtype").status == "ok"
 
 
+def test_atol_can_count_in_units_of_the_expected_outputs_size():
+    big = lambda n, dev: (torch.randn(n) * 1000,)  # noqa: E731
+    make = lambda **kw: Sweep(  # noqa: E731
+        name="s", x_name="n", x_values=[100], inputs=big, rtol=0.0, atol=0.01, **kw,
+        providers={"base": double, "off by 1": lambda x: x * 2 + 1})
+    assert run(make()).row(100, "off by 1").status == "failed"
+    assert run(make(atol_per_rms=True)).row(100, "off by 1").status == "ok"   # 1 against 0.01 * ~2000
+
+
 def test_nan_where_the_baseline_has_nan_is_accepted():
     sweep = Sweep(name="s", x_name="n", x_values=[64],
                   inputs=lambda n, dev: (torch.where(torch.rand(n) < 0.5, torch.randn(n), float("nan")),),

@@ -65,7 +65,9 @@ class Sweep:
     Each provider's output is checked before it is timed: against the baseline's, or, when
     `reference(*inputs)` is given, against what that returns, computed in higher precision (float64, say):
     then the baseline is checked too, and the outputs are compared in float64 whatever their dtype, with
-    the tolerance of the provider's output dtype (or rtol, atol).
+    the tolerance of the provider's output dtype (or rtol, atol). With atol_per_rms, atol counts in units of
+    each expected output's root-mean-square: for outputs summed over many terms (a weight's gradient over
+    10^5 rows), whose rounding grows with their size.
     """
 
     name: str
@@ -80,6 +82,7 @@ class Sweep:
     atol: float | None = None
     description: str = ""
     reference: Callable[..., Any] | None = None
+    atol_per_rms: bool = False
 
     def __post_init__(self):
         if isinstance(self.providers, dict):
@@ -164,9 +167,11 @@ def _tensors(out) -> list[torch.Tensor] | None:
     return None
 
 
-def _mismatch(out, ref, rtol: float | None, atol: float | None, against: str = "the baseline") -> str | None:
+def _mismatch(out, ref, rtol: float | None, atol: float | None, against: str = "the baseline",
+              atol_per_rms: bool = False) -> str | None:
     """Why out is not ref (within tolerance), or None when it is. Against a higher-precision reference
-    (against="the reference") the dtypes may differ and the values are compared in float64."""
+    (against="the reference") the dtypes may differ and the values are compared in float64. atol_per_rms:
+    atol is in units of each ref output's root-mean-square."""
     reference = against == "the reference"
     if out is None:
         return "returned nothing (None); a provider must return its output"
@@ -190,7 +195,11 @@ def _mismatch(out, ref, rtol: float | None, atol: float | None, against: str = "
             rt, at = TOLERANCES.get(o.dtype, (1e-5, 1e-5))
             rt, at = rtol if rtol is not None else rt, atol if atol is not None else at
             wide = torch.float64 if reference else torch.float32
-            bad = ~torch.isclose(o.to(wide), r.to(wide), rtol=rt, atol=at, equal_nan=True)
+            r_wide = r.to(wide)
+            if atol_per_rms:
+                finite = r_wide[torch.isfinite(r_wide)]
+                at = at * max(float(finite.square().mean().sqrt()) if finite.numel() else 0.0, 1.0)
+            bad = ~torch.isclose(o.to(wide), r_wide, rtol=rt, atol=at, equal_nan=True)
             tol = f"rtol={rt:g}, atol={at:g}"
         count = int(bad.sum())
         if count:
@@ -345,7 +354,7 @@ def _run_size(sweep: Sweep, x, dev, ceil, *, flush, cuda_graph, warmup_ms, rep_m
             for s, ref in zip(sets, refs):
                 _poison(ref, dev)
                 out = _call(p.fn, s, timeout_s, dev)
-                reason = _mismatch(out, ref, sweep.rtol, sweep.atol, against)
+                reason = _mismatch(out, ref, sweep.rtol, sweep.atol, against, sweep.atol_per_rms)
                 if reason is None and any(out is o for o in outs):
                     reason = "returned the same object for different inputs (a cached result?)"
                 if reason:
