@@ -110,8 +110,9 @@ def main(work: Path, out: Path) -> None:
     lines += profiler_section(work)
     if (work / "ops.md").exists():
         lines += ["## roofline.ops against eager PyTorch, torch.compile and Liger-Kernel (`benchmarks/ops_suite.py`)",
-                  "", "CUDA events, L2 flushed before each call, median of 3 interleaved rounds; bytes = the least "
-                  "traffic; GB/s over the measured copy bandwidth is the % of roofline. Per-sweep tables and the "
+                  "", "CUDA events (a call as eager code makes it) and CUDA graphs (the kernels alone), L2 flushed "
+                  "before each call, median of 3 interleaved rounds; every output (fwd+bwd: every gradient) "
+                  "checked first, against float64 for fwd+bwd; bytes = the least traffic; GB/s over the measured copy bandwidth is the % of roofline. Per-sweep tables and the "
                   "row-length plots are under ops/ in the bundle (plots also beside this file).", "",
                   (work / "ops.md").read_text(), ""]
     (out / "results.md").write_text("\n".join(lines) + "\n")

@@ -4,6 +4,7 @@
 
 norm-forward   the norm forward kernel over (rows per program, warps) at row lengths 256 .. 16384 (256 MB bf16),
                rms_norm and layer_norm, CUDA graphs (the kernel alone), against the current rule
+norm-backward  the norm backward kernels over (column block, row groups, warps), the same way
 cross-entropy  the cross_entropy forward kernel at [8192 x 128256] bf16 over its block and warps, CUDA graphs;
                and the whole forward+backward as eager code calls it
 host           the host's time to issue one call (fwd and fwd+bwd) at a tiny shape, where the GPU waits on the
@@ -88,6 +89,37 @@ def norm_forward(lengths) -> list[dict]:
                                 gbps=2 * x.numel() * 2 / us / 1e3))
                 print(out[-1], flush=True)
         del x
+    return out
+
+
+def norm_backward(lengths) -> list[dict]:
+    out = []
+    elements = 128 << 20   # 256 MB of bf16
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n in lengths:
+        rows = elements // n
+        x = torch.randn(rows, n, device="cuda", dtype=BF16)
+        dy = torch.randn_like(x)
+        w = torch.randn(n, device="cuda", dtype=BF16)
+        current = norm.backward_config(rows, n, x.device)
+        configs = {current}
+        for largest in (8192, 16384):
+            block = min(triton.next_power_of_2(n), largest)
+            for per_sm in (2, 4, 8):
+                groups = max(1, min(rows, per_sm * sms // triton.cdiv(n, block)))
+                for warps in (8, 16, 32):
+                    if 4 <= block // (32 * warps) <= 32:
+                        configs.add((block, groups, warps))
+        for rms in (True, False):
+            _, _, mean, rstd = norm._forward(x, None, w, None, 1e-6, rms)
+            for config in sorted(configs):
+                with patched(norm, backward_config=lambda rows, n, device, c=config: c):
+                    us = _graph_us(norm._backward, dy, x, w, mean, rstd, None, rms, not rms)
+                out.append(dict(op="rms_norm" if rms else "layer_norm", n=n, block=config[0], groups=config[1],
+                                warps=config[2], us=us, current=config == current,
+                                gbps=3 * x.numel() * 2 / us / 1e3))
+                print(out[-1], flush=True)
+        del x, dy
     return out
 
 
@@ -210,6 +242,14 @@ def markdown(results: dict) -> str:
             lines.append(f"| {r['op']} | {r['n']} | {r['block']} | {r['rows_per_program']} | {r['warps']} | {r['us']:.1f} | "
                          f"{r['gbps']:,.0f} | {'yes' if r['current'] else ''} |")
         lines.append("")
+    if "norm-backward" in results:
+        lines += ["### norm backward kernels (CUDA graphs, 256 MB bf16 x and dy; layer_norm with a bias)", "",
+                  "| op | row length | block | row groups | warps | us | GB/s | current rule |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in results["norm-backward"]:
+            lines.append(f"| {r['op']} | {r['n']} | {r['block']} | {r['groups']} | {r['warps']} | {r['us']:.1f} | "
+                         f"{r['gbps']:,.0f} | {'yes' if r['current'] else ''} |")
+        lines.append("")
     if "cross-entropy" in results:
         lines += ["### cross_entropy [8192 x 128256] bf16 forward kernel (CUDA graphs, one program per SM)", "",
                   "| block | warps | us | current |", "|---|---|---|---|"]
@@ -231,13 +271,14 @@ def main(argv=None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--only", nargs="*", default=["norm-forward", "cross-entropy", "host"])
     parser.add_argument("--lengths", nargs="*", type=int, default=[256, 1024, 4096, 16384, 65536],
-                        help="row lengths of norm-forward")
+                        help="row lengths of norm-forward and norm-backward")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for part in args.only:
         print(f"=== {part}", flush=True)
-        results[part] = {"norm-forward": lambda: norm_forward(args.lengths), "cross-entropy": cross_entropy,
+        results[part] = {"norm-forward": lambda: norm_forward(args.lengths),
+                         "norm-backward": lambda: norm_backward(args.lengths), "cross-entropy": cross_entropy,
                          "host": lambda: host(args.out)}[part]()
         (args.out / "tune.json").write_text(json.dumps(results, indent=1))
         (args.out / "tune.md").write_text(markdown(results))

@@ -238,6 +238,14 @@ def forward_config(rows: int, n: int) -> tuple[int, int, int]:
     return block, per_program, 8 if block * per_program >= 4096 else 4
 
 
+def backward_config(rows: int, n: int, device: torch.device) -> tuple[int, int, int]:
+    """(column block, row groups, warps) of the backward kernel: enough (column block, row group) programs
+    to fill the device ROW_PROGRAMS_PER_SM times over."""
+    block = _block(n, min(MAX_BLOCK, BACKWARD_BLOCK))
+    groups = max(1, min(rows, _programs_per_wave(device) // triton.cdiv(n, block)))
+    return block, groups, _warps(block)
+
+
 def _nothing(like: torch.Tensor) -> torch.Tensor:
     """A placeholder for an absent tensor argument or result (a custom op's outputs are all tensors)."""
     return like.new_empty(0)
@@ -273,10 +281,9 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, me
                         rstd: torch.Tensor, dresidual: torch.Tensor | None, rms: bool,
                         has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, n = x.shape
-    block = _block(n, min(MAX_BLOCK, BACKWARD_BLOCK))
+    block, groups, warps = backward_config(rows, n, x.device)
     single = n <= block
     col_blocks = triton.cdiv(n, block)
-    groups = max(1, min(rows, _programs_per_wave(x.device) // col_blocks))
     dx = torch.empty_like(x)
     dw_parts = torch.empty(groups if weight is not None else 0, n, device=x.device, dtype=torch.float32)
     db_parts = torch.empty(groups if has_bias else 0, n, device=x.device, dtype=torch.float32)
@@ -285,11 +292,11 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, me
     if not single:
         c1, c2 = torch.empty_like(rstd), torch.empty_like(rstd)
         norm_row_means_kernel[(rows,)](x, dy, w, mean, rstd, c1, c2, n, RMS=rms, HAS_W=weight is not None,
-                                       BLOCK=block, num_warps=_warps(block))
+                                       BLOCK=block, num_warps=warps)
     norm_backward_kernel[(col_blocks, groups)](
         x, dy, dresidual if dresidual is not None else x, w, mean, rstd, c1, c2, dx, dw_parts, db_parts, rows, n,
         RMS=rms, HAS_W=weight is not None, HAS_B=has_bias, HAS_DRES=dresidual is not None,
-        BLOCK=block, SINGLE=single, STAGES=BACKWARD_STAGES, num_warps=_warps(block))
+        BLOCK=block, SINGLE=single, STAGES=BACKWARD_STAGES, num_warps=warps)
     dw = dw_parts.sum(0).to(weight.dtype) if weight is not None else _nothing(x)
     db = db_parts.sum(0) if has_bias else _nothing(x)   # fp32: the caller casts to the bias's dtype
     return dx, dw, db
