@@ -101,8 +101,7 @@ def norm_backward(lengths) -> list[dict]:
         x = torch.randn(rows, n, device="cuda", dtype=BF16)
         dy = torch.randn_like(x)
         w = torch.randn(n, device="cuda", dtype=BF16)
-        current = norm.backward_config(rows, n, x.device)
-        configs = {current}
+        configs = {norm.backward_config(rows, n, rms, x.device) for rms in (True, False)}
         for largest in (8192, 16384):
             block = min(triton.next_power_of_2(n), largest)
             for per_sm in (2, 4, 8):
@@ -112,8 +111,9 @@ def norm_backward(lengths) -> list[dict]:
                         configs.add((block, groups, warps))
         for rms in (True, False):
             _, _, mean, rstd = norm._forward(x, None, w, None, 1e-6, rms)
+            current = norm.backward_config(rows, n, rms, x.device)
             for config in sorted(configs):
-                with patched(norm, backward_config=lambda rows, n, device, c=config: c):
+                with patched(norm, backward_config=lambda *args, c=config: c):
                     us = _graph_us(norm._backward, dy, x, w, mean, rstd, None, rms, not rms)
                 out.append(dict(op="rms_norm" if rms else "layer_norm", n=n, block=config[0], groups=config[1],
                                 warps=config[2], us=us, current=config == current,

@@ -33,11 +33,11 @@ from roofline.ops._common import DTYPES, KernelOp, choose_backend, rows_per_prog
 BACKENDS = ("torch", "triton", "compile")
 MAX_BLOCK = 16384        # forward: elements of a row held in registers at once
 BACKWARD_BLOCK = 8192    # backward: columns a program covers (it keeps x, dy, w, dw and db of each in registers)
+RMS_BACKWARD_BLOCK = 16384   # the same for rms_norm, which has no db
 SHORT_ROW_BLOCK = 512      # forward: the longest rows (as a power of two) that go several to a program
 # torch's rms_norm with eps=None takes the epsilon of the type it computes in: float32, also for fp16 and bf16.
 DEFAULT_RMS_EPS = torch.finfo(torch.float32).eps
 BACKWARD_STAGES = 1      # backward: rows in flight per program (Triton pipelining; 2 and 3 measured erratic on the H100)
-ROW_PROGRAMS_PER_SM = 4  # backward: programs per SM across the row groups (each keeps dw, db in registers)
 
 
 # --------------------------------------------------------------------------- references
@@ -213,14 +213,10 @@ def _block(n: int, largest: int) -> int:
     return min(triton.next_power_of_2(max(n, 1)), largest)
 
 
-def _warps(block: int) -> int:
-    return max(1, min(16, block // 256))
-
-
-def _programs_per_wave(device: torch.device) -> int:
+def _programs_per_wave(device: torch.device, per_sm: int) -> int:
     if device.type != "cuda":
         return 4   # the interpreter: a few groups, so the tests cover more than one
-    return ROW_PROGRAMS_PER_SM * sm_count(device)
+    return per_sm * sm_count(device)
 
 
 def forward_config(rows: int, n: int) -> tuple[int, int, int]:
@@ -238,12 +234,18 @@ def forward_config(rows: int, n: int) -> tuple[int, int, int]:
     return block, per_program, 8 if block * per_program >= 4096 else 4
 
 
-def backward_config(rows: int, n: int, device: torch.device) -> tuple[int, int, int]:
-    """(column block, row groups, warps) of the backward kernel: enough (column block, row group) programs
-    to fill the device ROW_PROGRAMS_PER_SM times over."""
-    block = _block(n, min(MAX_BLOCK, BACKWARD_BLOCK))
-    groups = max(1, min(rows, _programs_per_wave(device) // triton.cdiv(n, block)))
-    return block, groups, _warps(block)
+def backward_config(rows: int, n: int, rms: bool, device: torch.device) -> tuple[int, int, int]:
+    """(column block, row groups, warps) of the backward kernel.
+
+    From the H100 (benchmarks/tune_ops.py, 256 MB of bf16 x and dy, the kernels alone): a warp per 512
+    columns (4 to 16); 4 programs per SM for blocks up to 2048 columns, 2 above (at 4096: layer_norm 311 us
+    against 343 with 4 and 16 warps); rms_norm holds rows of up to 16384 in one block (370 us at 16384
+    against 467 split in two with the row-means pre-pass), layer_norm, which also keeps db, up to 8192 (its
+    16384-column block measured slower, 551 us against 472)."""
+    block = _block(n, min(MAX_BLOCK, RMS_BACKWARD_BLOCK if rms else BACKWARD_BLOCK))
+    per_sm = 4 if block <= 2048 else 2
+    groups = max(1, min(rows, _programs_per_wave(device, per_sm) // triton.cdiv(n, block)))
+    return block, groups, max(4, min(16, block // 512))
 
 
 def _nothing(like: torch.Tensor) -> torch.Tensor:
@@ -281,7 +283,7 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, me
                         rstd: torch.Tensor, dresidual: torch.Tensor | None, rms: bool,
                         has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, n = x.shape
-    block, groups, warps = backward_config(rows, n, x.device)
+    block, groups, warps = backward_config(rows, n, rms, x.device)
     single = n <= block
     col_blocks = triton.cdiv(n, block)
     dx = torch.empty_like(x)
