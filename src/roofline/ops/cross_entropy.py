@@ -161,15 +161,31 @@ def _forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, redu
     # (rows counted, targets out of range): the mean's divisor, counted on the device, and the eager check
     stats = torch.empty(2, device=logits.device, dtype=torch.int32)
     target_stats_kernel[(1,)](target, stats, rows, n, ignore_index, BLOCK=STATS_BLOCK)
-    if check_targets and stats[1].item():
-        _raise_for_target_out_of_range(target, n, ignore_index)
+    bad_targets = _count_when_ready(stats[1:]) if check_targets else None
     losses = torch.empty(rows, device=logits.device, dtype=torch.float32)
     gradient = torch.empty_like(logits) if grad else logits.new_empty(0)
+    # Queued before the check is read, so that the GPU goes from the count to this kernel without waiting for
+    # the host: the kernel is safe with any target (a row whose target is out of range gets nan, with no
+    # access), and its results are dropped when the check raises.
     cross_entropy_forward_kernel[(_programs(rows, logits.device),)](
         logits, target, losses, gradient, stats, rows, n, ignore_index, label_smoothing,
         GRAD=grad, MEAN=reduction == "mean", SMOOTH=label_smoothing > 0, BLOCK=min(BLOCK, triton.next_power_of_2(n)),
         num_warps=NUM_WARPS)
+    if bad_targets is not None and bad_targets():
+        _raise_for_target_out_of_range(target, n, ignore_index)
     return losses, gradient, stats
+
+
+def _count_when_ready(count: torch.Tensor):
+    """A function that returns the one-element count once the GPU has computed it, waiting for that and not
+    for the work queued after it: the count goes to pinned host memory behind an event."""
+    if not count.is_cuda:
+        return lambda: int(count.item())
+    host = torch.empty(1, dtype=count.dtype, pin_memory=True)
+    host.copy_(count, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return lambda: ready.synchronize() or int(host.item())
 
 
 def _forward_fake(logits, target, ignore_index, reduction, label_smoothing, grad, check_targets):
@@ -286,8 +302,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     if logits.numel() == 0 or logits.dim() == 1:   # nothing to launch for, or one row: torch's own result
         return cross_entropy_reference(logits, target, ignore_index, reduction, label_smoothing)
     grad = logits.requires_grad and torch.is_grad_enabled()
-    # A target out of range is a clear error in eager mode: the check costs one device-to-host sync of two
-    # numbers. Under torch.compile there is no check, and such a row gets a nan loss and gradient instead.
+    # A target out of range is a clear error in eager mode: the host waits for the targets' count (not for
+    # the loss kernel, queued behind it), so it cannot run ahead of the GPU past this call. Under
+    # torch.compile there is no check, and such a row gets a nan loss and gradient instead.
     check_targets = check_targets and not torch.compiler.is_compiling()
     losses, _, stats = _cross_entropy_rows(logits.contiguous(), target.contiguous(), int(ignore_index), reduction,
                                            float(label_smoothing), grad, check_targets)
