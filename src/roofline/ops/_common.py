@@ -85,6 +85,8 @@ class KernelOp:
     forward_fake and backward_fake give outputs' shapes without running anything; setup_context(ctx, inputs,
     output) keeps what the backward needs; backward_rule(ctx, run_backward, *grads) returns a gradient per
     input, calling run_backward, which is `backward` itself in eager mode and the registered op under compile.
+    ctx.in_graph says which: under compile a tensor kept for the backward must go through ctx.save_for_backward
+    (one only held on ctx is not kept alive by the compiled graph).
     """
 
     def __init__(self, name, *, forward, forward_fake, backward, backward_fake, setup_context, backward_rule,
@@ -94,8 +96,12 @@ class KernelOp:
         self.backward_op = torch.library.custom_op(f"roofline::{name}_backward", backward,
                                                    mutates_args=backward_mutates)
         self.backward_op.register_fake(backward_fake)
+        def setup_in_graph(ctx, inputs, output):
+            ctx.in_graph = True
+            setup_context(ctx, inputs, output)
+
         self.forward_op.register_autograd(lambda ctx, *grads: backward_rule(ctx, self.backward_op, *grads),
-                                          setup_context=setup_context)
+                                          setup_context=setup_in_graph)
 
         class Eager(torch.autograd.Function):
             @staticmethod
@@ -103,6 +109,7 @@ class KernelOp:
                 # An output that gets no gradient gets None, not a zero tensor of its size (cross_entropy's
                 # gradient buffer would cost a 2 GB fill).
                 ctx.set_materialize_grads(False)
+                ctx.in_graph = False
                 output = forward(*args)
                 setup_context(ctx, args, output)
                 return output

@@ -202,20 +202,28 @@ def _scale_rows_(grad: torch.Tensor, dloss: torch.Tensor) -> None:
 
 
 def _keep_gradient(ctx, inputs, output):
-    # Held on ctx, not saved for backward, so that the backward can let go of it: autograd then moves the
-    # buffer into logits.grad instead of copying it (a saved tensor is still referenced, so it would copy).
-    # Marked non-differentiable, so holding it makes no reference cycle through the graph.
+    # In eager mode the buffer is held on ctx, not saved for backward, so that the backward can let go of it:
+    # autograd then moves it into logits.grad instead of copying it (a saved tensor is still referenced, so it
+    # would copy). Marked non-differentiable, so holding it makes no reference cycle through the graph. Under
+    # compile it must be saved: the compiled graph keeps only saved tensors alive (one held on ctx was freed,
+    # and its memory reused, before the backward read it: zero gradients on the GPU).
     ctx.mark_non_differentiable(output[1], output[2])
-    ctx.gradient = output[1]
+    if ctx.in_graph:
+        ctx.save_for_backward(output[1])
+    else:
+        ctx.gradient = output[1]
 
 
 def _backward_rule(ctx, scale_rows_, dlosses, _, __):
-    gradient = getattr(ctx, "gradient", None)
-    if gradient is None:
-        raise RuntimeError("cross_entropy(backend='triton') wrote its gradient during the forward pass and "
-                           "hands that buffer on: a second backward through the same forward (retain_graph=True) "
-                           "is not supported; use backend='torch' for that")
-    del ctx.gradient
+    if ctx.in_graph:
+        (gradient,) = ctx.saved_tensors
+    else:
+        gradient = getattr(ctx, "gradient", None)
+        if gradient is None:
+            raise RuntimeError("cross_entropy(backend='triton') wrote its gradient during the forward pass and "
+                               "hands that buffer on: a second backward through the same forward "
+                               "(retain_graph=True) is not supported; use backend='torch' for that")
+        del ctx.gradient
     scale_rows_(gradient, dlosses)
     return gradient, None, None, None, None, None, None
 
