@@ -216,7 +216,10 @@ def _keep_gradient(ctx, inputs, output):
 
 def _backward_rule(ctx, scale_rows_, dlosses, _, __):
     if ctx.in_graph:
+        # Under compile, out of place (a mutation of a saved tensor is one more thing for the graph to track).
         (gradient,) = ctx.saved_tensors
+        scale = dlosses if dlosses.dim() else dlosses.expand(gradient.shape[0])
+        return (gradient * scale.to(gradient.dtype)[:, None], None, None, None, None, None, None)
     else:
         gradient = getattr(ctx, "gradient", None)
         if gradient is None:
@@ -313,7 +316,17 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     # A target out of range is a clear error in eager mode: the host waits for the targets' count (not for
     # the loss kernel, queued behind it), so it cannot run ahead of the GPU past this call. Under
     # torch.compile there is no check, and such a row gets a nan loss and gradient instead.
-    check_targets = check_targets and not torch.compiler.is_compiling()
-    losses, _, stats = _cross_entropy_rows(logits.contiguous(), target.contiguous(), int(ignore_index), reduction,
-                                           float(label_smoothing), grad, check_targets)
-    return _ReduceLosses.apply(losses, stats, reduction, logits.dtype)
+    in_graph = torch.compiler.is_compiling()
+    check_targets = check_targets and not in_graph
+    # Eager: the kernel scales the gradient for the reduction and _ReduceLosses hands the incoming gradient on
+    # unchanged, so loss.backward() costs nothing more. Under compile that autograd.Function came out as zero
+    # gradients on the GPU (not pinned down): there the reduction is plain torch ops, and the backward scales.
+    losses, _, stats = _cross_entropy_rows(logits.contiguous(), target.contiguous(), int(ignore_index),
+                                           "none" if in_graph else reduction, float(label_smoothing), grad,
+                                           check_targets)
+    if not in_graph:
+        return _ReduceLosses.apply(losses, stats, reduction, logits.dtype)
+    if reduction == "none":
+        return losses.to(logits.dtype)
+    total = losses.sum()
+    return (total / stats[0] if reduction == "mean" else total).to(logits.dtype)
