@@ -192,6 +192,18 @@ def test_compiles_fullgraph_through_the_kernels():
 # --------------------------------------------------------------------------- on a GPU
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("compiler", ["eager", "aot_eager", "inductor"])
+def test_gpu_compiled_gradients(compiler, reduction):
+    # The compiled path once gave zero gradients on the GPU and right ones on the CPU interpreter.
+    logits, t = torch.randn(6, 50, device="cuda"), targets(6, 50, device="cuda")
+    compiled = torch.compile(lambda x, t: cross_entropy(x, t, backend="triton", reduction=reduction) * 2,
+                             fullgraph=True, backend=compiler)
+    assert_matches_float64(compiled, lambda x, t: cross_entropy_reference(x, t, reduction=reduction) * 2,
+                           logits, t, grad_atol_scale=1 / 3 if reduction == "mean" else 2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(4096, 128256), (5, 65537), (3000, 32000)])
