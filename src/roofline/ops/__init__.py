@@ -4,6 +4,7 @@ Each op takes backend= ("triton", "torch", "compile", and "cuda" where a CUDA C+
 version exists) so that implementations compare in one table.
 """
 
+from roofline.ops.attention import flash_attention
 from roofline.ops.cross_entropy import cross_entropy
 from roofline.ops.gelu import gelu
 from roofline.ops.norm import add_rms_norm, layer_norm, rms_norm
@@ -11,4 +12,5 @@ from roofline.ops.rope import rope
 from roofline.ops.softmax import log_softmax, softmax
 from roofline.ops.swiglu import swiglu
 
-__all__ = ["add_rms_norm", "cross_entropy", "gelu", "layer_norm", "log_softmax", "rms_norm", "rope", "softmax", "swiglu"]
+__all__ = ["add_rms_norm", "cross_entropy", "flash_attention", "gelu", "layer_norm", "log_softmax", "rms_norm", "rope",
+           "softmax", "swiglu"]

@@ -37,7 +37,7 @@ RMS_BACKWARD_BLOCK = 16384   # the same for rms_norm, which has no db
 SHORT_ROW_BLOCK = 512      # forward: the longest rows (as a power of two) that go several to a program
 # torch's rms_norm with eps=None takes the epsilon of the type it computes in: float32, also for fp16 and bf16.
 DEFAULT_RMS_EPS = torch.finfo(torch.float32).eps
-BACKWARD_STAGES = 1      # backward: rows in flight per program (Triton pipelining; 2 and 3 measured erratic on the H100)
+BACKWARD_STAGES = 1      # backward: rows in flight per program (Triton pipelining; 2, 3 measured erratic on the H100)
 
 
 # --------------------------------------------------------------------------- references
