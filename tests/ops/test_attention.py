@@ -25,16 +25,33 @@ def inputs(batch, heads, kv_heads, nq, nk, d, dtype, device=DEVICE):
     return q, k, v
 
 
-def check(q, k, v, causal=False, scale=None):
-    """Our output against float64, within twice the error of torch's attention in q's dtype (+1e-5)."""
-    exact = attention_reference(q.double(), k.double(), v.double(), causal, scale)
-    ours = flash_attention(q, k, v, causal, scale, backend="triton")
-    assert ours.shape == q.shape and ours.dtype == q.dtype
-    theirs = attention_reference(q, k, v, causal, scale)
-    our_error = (ours.double() - exact).abs().max().item()
-    their_error = (theirs.double() - exact).abs().max().item()
-    assert our_error <= 2 * their_error + 1e-5, f"error {our_error:.3g}, torch's in {q.dtype}: {their_error:.3g}"
-    return ours
+def _run(fn, q, k, v, dout, dtype=None):
+    """fn's output and the gradients of q, k, v for the cotangent dout, on copies (in dtype if given)."""
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    out.backward(dout.to(out.dtype))
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def check(q, k, v, causal=False, scale=None, grad=True):
+    """Our output (and dQ, dK, dV) against float64, each within twice the error of torch's attention in q's
+    dtype, plus 1e-5."""
+    if not grad:
+        ours = [flash_attention(q, k, v, causal, scale, backend="triton")]
+        exact = [attention_reference(q.double(), k.double(), v.double(), causal, scale)]
+        theirs = [attention_reference(q, k, v, causal, scale)]
+    else:
+        dout = torch.randn_like(q)
+        ours = _run(lambda *a: flash_attention(*a, causal, scale, backend="triton"), q, k, v, dout)
+        exact = _run(lambda *a: attention_reference(*a, causal, scale), q, k, v, dout, torch.float64)
+        theirs = _run(lambda *a: attention_reference(*a, causal, scale), q, k, v, dout)
+    for name, o, e, t in zip(("output", "dq", "dk", "dv"), ours, exact, theirs):
+        assert o.shape == e.shape and o.dtype == q.dtype, name
+        our_error = (o.double() - e).abs().max().item()
+        their_error = (t.double() - e).abs().max().item()
+        assert our_error <= 2 * their_error + 1e-5, \
+            f"{name}: error {our_error:.3g}, torch's in {q.dtype}: {their_error:.3g}"
+    return ours[0]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -82,6 +99,17 @@ def test_blocks_smaller_than_the_lengths_and_poisoned_memory(monkeypatch):
         assert not out.isnan().any()
 
 
+def test_compiles_fullgraph_through_the_kernels():
+    compiled = torch.compile(lambda q, k, v: flash_attention(q * 2, k, v, True, backend="triton"), fullgraph=True,
+                             backend="aot_eager")
+    q, k, v = inputs(1, 2, 1, 40, 50, 32, torch.float32)
+    dout = torch.randn_like(q)
+    ours = _run(compiled, q, k, v, dout)
+    exact = _run(lambda q, k, v: attention_reference(q * 2, k, v, True), q, k, v, dout, torch.float64)
+    for o, e in zip(ours, exact):
+        torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-5)
+
+
 def test_empty_and_torch_backend():
     q, k, v = inputs(1, 2, 2, 0, 5, 32, torch.float32)
     assert flash_attention(q, k, v, backend="triton").shape == (1, 2, 0, 32)
@@ -107,7 +135,6 @@ Q, K, V = inputs(1, 4, 2, 8, 8, 64, torch.float16)
     (lambda: flash_attention(Q, K, V, scale=float("nan"), backend="triton"), ValueError, "scale must be"),
     (lambda: flash_attention(Q, K.int(), V, backend="triton"), TypeError, "must share a dtype"),
     (lambda: flash_attention(Q, "k", V, backend="triton"), TypeError, "k must be a torch.Tensor"),
-    (lambda: flash_attention(Q.requires_grad_(), K, V, backend="triton"), NotImplementedError, "no backward"),
 ])
 def test_bad_input_is_named_before_any_launch(call, error, match):
     with pytest.raises(error, match=match):

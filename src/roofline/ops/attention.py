@@ -14,8 +14,10 @@ and Nq != Nk the mask is aligned bottom-right, as in FlashAttention-2: query i s
 j <= i + Nk - Nq. A query that sees no key at all (Nq > Nk, causal) gets a zero output and a log-sum-exp of
 -inf, as FlashAttention gives; torch's math path gives nan there.
 
-This is the forward pass; the backward (dQ, dK, dV recomputed from the log-sum-exp) is not written yet, so
-backend="triton" refuses inputs that require grad.
+Backward (FlashAttention-2): a pre-pass takes delta = rowsum(dO * O); one kernel walks the queries for each
+block of keys and accumulates dK and dV (over every query head of a key head), another walks the keys for each
+block of queries and accumulates dQ; both recompute the weights P from the saved log-sum-exp, tile by tile.
+Registered with torch.library through KernelOp, so torch.compile(fullgraph=True) holds it as one op.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import math
 
 import torch
 
-from roofline.ops._common import choose_backend, interpreting, tl, triton
+from roofline.ops._common import KernelOp, choose_backend, interpreting, tl, triton
 
 BACKENDS = ("torch", "triton")
 HEAD_DIMS = (32, 64, 96, 128, 256)
 BLOCK_M = 64     # queries a program holds
 BLOCK_N = 64     # keys and values per step
+LOG2E = 1.4426950408889634
 
 
 # --------------------------------------------------------------------------- reference
@@ -45,13 +48,15 @@ def attention_reference(q, k, v, causal: bool = False, scale: float | None = Non
     nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     scores = q @ _key_heads(k, q.shape[1]).transpose(-1, -2) * scale
-    if causal:
-        i = torch.arange(nq, device=q.device)[:, None]
-        j = torch.arange(nk, device=q.device)[None, :]
-        scores = scores.masked_fill(j > i + (nk - nq), float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    if causal and nq > nk:
-        weights = torch.nan_to_num(weights, nan=0.0)   # the queries that see no key
+    if not causal:
+        return torch.softmax(scores, dim=-1) @ _key_heads(v, q.shape[1])
+    i = torch.arange(nq, device=q.device)[:, None]
+    j = torch.arange(nk, device=q.device)[None, :]
+    hidden = j > i + (nk - nq)
+    sees_a_key = ~hidden.all(-1, keepdim=True)
+    # a query that sees no key: a row of zeros, forward and backward (its scores are not all -inf, so no nan)
+    scores = scores.masked_fill(hidden & sees_a_key, float("-inf"))
+    weights = torch.softmax(scores, dim=-1) * sees_a_key
     return weights @ _key_heads(v, q.shape[1])
 
 
@@ -124,20 +129,200 @@ if triton is not None:
         tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, lse, mask=offs_m < nq)
 
 
-def _forward(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    @triton.jit
+    def _scores_and_p(q, k, lse2, offs_m, keys, nk, shift, scale_log2, CAUSAL: tl.constexpr,
+                      PRECISION: tl.constexpr):
+        """The attention weights p of a (query block x key block) tile, recomputed from the log-sum-exp
+        (lse2, in base 2): 0 where a key is hidden or out of range."""
+        s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
+        visible = keys[None, :] < nk
+        if CAUSAL:
+            visible = visible & (keys[None, :] <= offs_m[:, None] + shift)
+        return tl.where(visible, tl.exp2(s - lse2[:, None]), 0.0)
+
+    @triton.jit
+    def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, som, sod, sdom, sdod, soh, sob, sdoh, sdob, heads, nq,
+                               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+        """delta = rowsum(dO * O) per query, the backward's pre-pass (fp32)."""
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        b = tl.program_id(1) // heads
+        h = tl.program_id(1) % heads
+        mask = (offs_m[:, None] < nq) & (offs_d[None, :] < HEAD_DIM)
+        o = tl.load(o_ptr + b.to(tl.int64) * sob + h.to(tl.int64) * soh + offs_m[:, None] * som
+                    + offs_d[None, :] * sod, mask=mask, other=0.0).to(tl.float32)
+        do = tl.load(do_ptr + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh + offs_m[:, None] * sdom
+                     + offs_d[None, :] * sdod, mask=mask, other=0.0).to(tl.float32)
+        tl.store(delta_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, tl.sum(o * do, axis=1), mask=offs_m < nq)
+
+    @triton.jit
+    def attention_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+                              sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                              sdob, sdoh, sdom, sdod, sdkb, sdkh, sdkn, sdkd, sdvb, sdvh, sdvn, sdvd,
+                              heads, kv_heads, group, nq, nk, scale, scale_log2,
+                              CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                              UPCAST: tl.constexpr):
+        """Program (key block, batch x key head): dK and dV of its keys, summed over the query heads that read
+        them and over every query that sees them (p recomputed tile by tile, never stored)."""
+        start_n = tl.program_id(0) * BLOCK_N
+        b = tl.program_id(1) // kv_heads
+        hk = tl.program_id(1) % kv_heads
+        keys = start_n + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        in_d = offs_d < HEAD_DIM
+        kv_mask = (keys[:, None] < nk) & in_d[None, :]
+        k = tl.load(k_ptr + b.to(tl.int64) * skb + hk.to(tl.int64) * skh + keys[:, None] * skn
+                    + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + b.to(tl.int64) * svb + hk.to(tl.int64) * svh + keys[:, None] * svn
+                    + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        shift = nk - nq
+        first = 0
+        if CAUSAL:   # the first query that sees this block's first key: i >= j - shift
+            first = tl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+        for g in range(0, group):
+            h = hk * group + g
+            q_base = q_ptr + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+            do_base = do_ptr + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh
+            row = (b * heads + h).to(tl.int64) * nq
+            for start_m in range(first, nq, BLOCK_M):
+                offs_m = start_m + tl.arange(0, BLOCK_M)
+                q_mask = (offs_m[:, None] < nq) & in_d[None, :]
+                q = tl.load(q_base + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=q_mask, other=0.0)
+                do = tl.load(do_base + offs_m[:, None] * sdom + offs_d[None, :] * sdod, mask=q_mask, other=0.0)
+                if UPCAST:
+                    q = q.to(tl.float32)
+                    do = do.to(tl.float32)
+                lse2 = tl.load(lse_ptr + row + offs_m, mask=offs_m < nq, other=0.0) * 1.4426950408889634
+                delta = tl.load(delta_ptr + row + offs_m, mask=offs_m < nq, other=0.0)
+                p = _scores_and_p(q, tl.trans(k), lse2, offs_m, keys, nk, shift, scale_log2, CAUSAL, PRECISION)
+                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                ds = p * (dp - delta[:, None])
+                dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+        tl.store(dk_ptr + b.to(tl.int64) * sdkb + hk.to(tl.int64) * sdkh + keys[:, None] * sdkn
+                 + offs_d[None, :] * sdkd, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
+        tl.store(dv_ptr + b.to(tl.int64) * sdvb + hk.to(tl.int64) * sdvh + keys[:, None] * sdvn
+                 + offs_d[None, :] * sdvd, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+
+    @triton.jit
+    def attention_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+                            sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                            sdob, sdoh, sdom, sdod, sdqb, sdqh, sdqm, sdqd,
+                            heads, group, nq, nk, scale, scale_log2,
+                            CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                            UPCAST: tl.constexpr):
+        """Program (query block, batch x head): dQ of its queries, over the keys they see."""
+        start_m = tl.program_id(0) * BLOCK_M
+        b = tl.program_id(1) // heads
+        h = tl.program_id(1) % heads
+        hk = h // group
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        in_d = offs_d < HEAD_DIM
+        q_mask = (offs_m[:, None] < nq) & in_d[None, :]
+        q = tl.load(q_ptr + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm
+                    + offs_d[None, :] * sqd, mask=q_mask, other=0.0)
+        do = tl.load(do_ptr + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh + offs_m[:, None] * sdom
+                     + offs_d[None, :] * sdod, mask=q_mask, other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
+        row = tl.program_id(1).to(tl.int64) * nq
+        lse2 = tl.load(lse_ptr + row + offs_m, mask=offs_m < nq, other=0.0) * 1.4426950408889634
+        delta = tl.load(delta_ptr + row + offs_m, mask=offs_m < nq, other=0.0)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        shift = nk - nq
+        end = nk
+        if CAUSAL:
+            end = tl.minimum(nk, tl.maximum(start_m + BLOCK_M + shift, 0))
+        k_base = k_ptr + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
+        v_base = v_ptr + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+        for start_n in range(0, end, BLOCK_N):
+            keys = start_n + offs_n
+            kv_mask = (keys[None, :] < nk) & in_d[:, None]
+            kt = tl.load(k_base + keys[None, :] * skn + offs_d[:, None] * skd, mask=kv_mask, other=0.0)
+            vt = tl.load(v_base + keys[None, :] * svn + offs_d[:, None] * svd, mask=kv_mask, other=0.0)
+            if UPCAST:
+                kt = kt.to(tl.float32)
+                vt = vt.to(tl.float32)
+            p = _scores_and_p(q, kt, lse2, offs_m, keys, nk, shift, scale_log2, CAUSAL, PRECISION)
+            dp = tl.dot(do, vt, input_precision=PRECISION)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)
+        tl.store(dq_ptr + b.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh + offs_m[:, None] * sdqm
+                 + offs_d[None, :] * sdqd, (dq * scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
+
+
+def _launch_settings(q: torch.Tensor) -> dict:
+    # fp32 inputs in fp32 (tl.dot would round them to tf32); fp16 and bf16 on the tensor cores. Triton 3.6's
+    # interpreter returns garbage from a bf16 tl.dot, so there bf16 multiplies in fp32 (exactly).
+    upcast = interpreting() and q.dtype == torch.bfloat16
+    return dict(HEAD_DIM=q.shape[3], BLOCK_D=triton.next_power_of_2(q.shape[3]), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast, num_warps=4)
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     batch, heads, nq, d = q.shape
     o = torch.empty_like(q)
     lse = torch.empty(batch, heads, nq, device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(nq, BLOCK_M), batch * heads)
-    upcast = interpreting() and q.dtype == torch.bfloat16
-    attention_forward_kernel[grid](
+    attention_forward_kernel[(triton.cdiv(nq, BLOCK_M), batch * heads)](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        heads, heads // k.shape[1], nq, k.shape[2], scale * 1.4426950408889634,
-        CAUSAL=causal, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        # fp32 inputs in fp32 (tl.dot would round them to tf32); fp16 and bf16 on the tensor cores. Triton
-        # 3.6's interpreter returns garbage from a bf16 tl.dot, so there bf16 multiplies in fp32 (exactly).
-        PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast, num_warps=4)
+        heads, heads // k.shape[1], nq, k.shape[2], scale * LOG2E, CAUSAL=causal, **_launch_settings(q))
     return o, lse
+
+
+def _forward_fake(q, k, v, causal, scale):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+              lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, heads, nq, d = q.shape
+    kv_heads, nk = k.shape[1], k.shape[2]
+    settings = _launch_settings(q)
+    delta = torch.empty_like(lse)
+    attention_delta_kernel[(triton.cdiv(nq, BLOCK_M), batch * heads)](
+        o, do, delta, o.stride(2), o.stride(3), do.stride(2), do.stride(3), o.stride(1), o.stride(0),
+        do.stride(1), do.stride(0), heads, nq, HEAD_DIM=d, BLOCK_D=settings["BLOCK_D"], BLOCK_M=BLOCK_M)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    attention_dkdv_kernel[(triton.cdiv(nk, BLOCK_N), batch * kv_heads)](
+        q, k, v, do, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
+        heads, kv_heads, heads // kv_heads, nq, nk, scale, scale * LOG2E, CAUSAL=causal, **settings)
+    attention_dq_kernel[(triton.cdiv(nq, BLOCK_M), batch * heads)](
+        q, k, v, do, lse, delta, dq, *strides, *dq.stride(),
+        heads, heads // kv_heads, nq, nk, scale, scale * LOG2E, CAUSAL=causal, **settings)
+    return dq, dk, dv
+
+
+def _save_for_backward(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward_rule(ctx, run_backward, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = run_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+_attention = KernelOp(
+    "flash_attention", forward=_forward, forward_fake=_forward_fake, backward=_backward,
+    backward_fake=lambda do, q, k, v, o, lse, causal, scale: (torch.empty_like(q), torch.empty_like(k),
+                                                               torch.empty_like(v)),
+    setup_context=_save_for_backward, backward_rule=_backward_rule)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -177,8 +362,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """Attention over (batch, heads, seq, head_dim) tensors, without the seq x seq matrix in memory.
 
     k and v may have fewer heads than q (dividing them); Nq and Nk may differ (causal: aligned bottom-right);
-    scale defaults to 1 / sqrt(head_dim). backend: "triton" (the default on CUDA; head_dim one of HEAD_DIMS,
-    forward only for now) or "torch" (attention_reference; the default on CPU).
+    scale defaults to 1 / sqrt(head_dim). backend: "triton" (the default on CUDA; head_dim one of HEAD_DIMS),
+    forward and backward, or "torch" (attention_reference; the default on CPU).
     """
     backend = choose_backend("flash_attention", q, backend, BACKENDS, arg="q")
     _check(q, k, v, causal, scale)
@@ -187,12 +372,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         return attention_reference(q, k, v, causal, scale)
     if q.shape[3] not in HEAD_DIMS:
         raise ValueError(f"flash_attention: backend='triton' takes head_dim in {HEAD_DIMS}, got {q.shape[3]}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError("flash_attention: backend='triton' has no backward pass yet; use "
-                                  "backend='torch' where gradients are needed, or torch.no_grad()")
-    if q.numel() == 0:
-        return torch.empty_like(q)
-    if k.shape[2] == 0:   # no keys: every query sees nothing
-        return torch.zeros_like(q)
-    o, _ = _forward(q, k, v, causal, scale)
+    if q.numel() == 0 or k.shape[2] == 0:   # nothing to launch for: torch's result, with its grad_fn
+        return attention_reference(q, k, v, causal, scale)
+    o, _ = _attention(q, k, v, causal, scale)
     return o
