@@ -7,7 +7,8 @@ provider computes the same gradients, weights' included):
   headline  one training-sized shape per op ([16384 x 4096] bf16; swiglu [16384 x 8192]; cross_entropy
             [8192 x 128256]; rope q [4, 32, 4096, 128] with 8 key heads), with the hand-written eager
             versions and CUDA C++ where they exist;
-  rows      softmax, layer_norm and rms_norm over row lengths 256 .. 262144 at a fixed 256 MB input.
+  rows      softmax, layer_norm and rms_norm over row lengths 256 .. 262144 at a fixed 256 MB input;
+  attention flash_attention against SDPA's flash and cuDNN backends (TFLOP/s), CUDA events only.
 Each part is timed twice: with CUDA events (a call as eager code makes it, the host's time included where the
 host is slower than the GPU) and with CUDA graphs (the kernels alone).
 Bytes are the least traffic (each input read once, each output written once), so GB/s over the measured
@@ -274,6 +275,62 @@ def row_sweeps(quick: bool) -> list[bench.Sweep]:
             for op in (_softmax_op(), _layer_norm_op(), _rms_norm_op()) for backward in (False, True)]
 
 
+ATTENTION_HEADLINE = (4, 32, 4096, 128)   # batch, heads, sequence, head_dim: the issue's shape
+
+
+def _attention_providers(causal: bool) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sdpa(backend):
+        def run(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return run
+
+    return {"sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+            OURS: lambda q, k, v: ops.flash_attention(q, k, v, causal, backend="triton")}
+
+
+def attention_sweeps(quick: bool) -> list[bench.Sweep]:
+    """flash_attention against SDPA's FlashAttention-2 and cuDNN backends, bf16: the headline shape, causal and
+    not, forward and forward+backward; and sequence lengths 512 .. 16384 at 16384 tokens (batch = 16384 / seq)
+    and 2048 = heads x head_dim, head_dim 64 and 128, causal, forward. FLOPs: 4 B H Nq Nk D forward (half of it
+    causal), 2.5 times that backward."""
+    out = []
+
+    def make(name, shapes, causal, backward, x_of):
+        by_x = {x_of(s): s for s in shapes}
+
+        def inputs(x, dev):
+            b, h, n, d = by_x[x]
+            qkv = tuple(_randn((b, h, n, d), dev, backward) for _ in range(3))
+            return (*qkv, _randn((b, h, n, d), dev)) if backward else qkv
+
+        def flops(x, *args):
+            b, h, n, d = args[0].shape
+            forward = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+            return forward * (3.5 if backward else 1.0)
+
+        providers = [bench.Provider(p, _fwd_bwd(fn) if backward else fn)
+                     for p, fn in _attention_providers(causal).items()]
+        # bf16 attention from different kernels agrees to a few bf16 ulps; gradients less closely
+        rtol, atol = (0.05, 0.05) if backward else (0.02, 0.02)
+        out.append(bench.Sweep(name=name, x_name="shape", x_values=list(by_x), inputs=inputs, providers=providers,
+                               baseline="sdpa flash", flops=flops, rtol=rtol, atol=atol, description=name))
+
+    headline = (1, 8, 1024, 128) if quick else ATTENTION_HEADLINE
+    label = lambda s: "x".join(map(str, s))   # noqa: E731
+    for causal in (False, True):
+        for backward in (False, True):
+            make(f"attention {'causal ' if causal else ''}{'fwd+bwd' if backward else 'fwd'} bf16", [headline],
+                 causal, backward, label)
+    tokens = 2048 if quick else 16384
+    for d in (64, 128):
+        shapes = [(max(1, tokens // n), 32 if d == 64 else 16, n, d) for n in (512, 1024, 2048, 4096, 8192, 16384)]
+        make(f"attention causal fwd bf16, head_dim {d}, by sequence", shapes, True, False, lambda s: s[2])
+    return out
+
+
 # --------------------------------------------------------------------------- reporting
 
 def _best_peer(rows, x) -> tuple[str, float] | None:
@@ -289,6 +346,7 @@ def ratio_lines(result) -> list[dict]:
         ours = next((r for r in result.rows if r.x == x and r.provider == OURS and r.status == "ok"), None)
         best = _best_peer(result.rows, x)
         out.append(dict(x=x, ours_ms=ours.median_ms if ours else None, ours_gbps=ours.gbps if ours else None,
+                        ours_tflops=ours.tflops if ours else None,
                         ours_pct=ours.pct_of_roofline if ours else None, best_peer=best[0] if best else None,
                         best_peer_ms=best[1] if best else None,
                         ratio=(ours.median_ms / best[1]) if ours and best else None))
@@ -345,6 +403,7 @@ def main(argv=None) -> int:
     plan += [("headline_graphs", s, True) for s in headline_sweeps(args.quick, graphs=True)]
     plan += [("rows", s, False) for s in row_sweeps(args.quick)]
     plan += [("rows_graphs", s, True) for s in row_sweeps(args.quick)]
+    plan += [("attention", s, False) for s in attention_sweeps(args.quick)]
     for part, s, graphs in plan:
         if args.only and not any(o in s.name for o in args.only):
             continue
@@ -352,7 +411,7 @@ def main(argv=None) -> int:
         stem = s.name.replace(" ", "_").replace("+", "-") + ("_graphs" if graphs else "")
         report.write_json(result, sweep_dir / f"{stem}.json", samples=False)
         (sweep_dir / f"{stem}.md").write_text(report.to_markdown(result))
-        if part.startswith("rows"):
+        if part.startswith("rows") or "by sequence" in s.name:
             report.plot(result, sweep_dir / f"{stem}.png")
         print(report.to_markdown(result), flush=True)
         for line in ratio_lines(result):
@@ -393,6 +452,14 @@ def markdown(summary: dict) -> str:
             if rs:
                 w = max(rs, key=lambda r: r["ratio"])
                 lines.append(f"| {name} | {timing} | {w['x']} | {w['ratio']:.3f} | {w['best_peer']} |")
+    if summary.get("attention"):
+        lines += ["", "### flash_attention against SDPA's flash and cuDNN backends (bf16, CUDA events)", "",
+                  "| sweep | x | ours (ms) | ours (TFLOP/s) | fastest peer | peer (ms) | ours / peer |",
+                  "|---|---|---|---|---|---|---|"]
+        for h in summary["attention"]:
+            lines.append(f"| {h['sweep']} | {h['x']} | {_fmt(h['ours_ms'], '.4f')} | "
+                         f"{_fmt(h['ours_tflops'], ',.0f')} | {h['best_peer'] or ''} | "
+                         f"{_fmt(h['best_peer_ms'], '.4f')} | {_fmt(h['ratio'], '.3f')} |")
     if summary["memory"]:
         lines += ["", "### cross_entropy [8192 x 128256] bf16 fwd+bwd: peak memory above the inputs", "",
                   "| provider | peak extra (MB) | logits-sized buffers |", "|---|---|---|"]
