@@ -65,6 +65,46 @@ def attention_reference(q, k, v, causal: bool = False, scale: float | None = Non
 if triton is not None:
 
     @triton.jit
+    def _rows(ptr, b, h, sb, sh, rows, n, sr, sd, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Pointers to the rows `rows` of head h of batch b in a (batch, heads, seq, head_dim) tensor of n rows,
+        [rows, BLOCK_D], and the mask of those that exist."""
+        offs_d = tl.arange(0, BLOCK_D)
+        ptrs = ptr + b.to(tl.int64) * sb + h.to(tl.int64) * sh + rows[:, None] * sr + offs_d[None, :] * sd
+        return ptrs, (rows[:, None] < n) & (offs_d[None, :] < HEAD_DIM)
+
+    @triton.jit
+    def _load_rows(ptr, b, h, sb, sh, rows, n, sr, sd, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   UPCAST: tl.constexpr):
+        """The rows (zeros where they do not exist), in fp32 if UPCAST."""
+        ptrs, mask = _rows(ptr, b, h, sb, sh, rows, n, sr, sd, HEAD_DIM, BLOCK_D)
+        t = tl.load(ptrs, mask=mask, other=0.0)
+        if UPCAST:
+            t = t.to(tl.float32)
+        return t
+
+    @triton.jit
+    def _store_rows(ptr, b, h, sb, sh, rows, n, sr, sd, value, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+        ptrs, mask = _rows(ptr, b, h, sb, sh, rows, n, sr, sd, HEAD_DIM, BLOCK_D)
+        tl.store(ptrs, value.to(ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _keys_end(start_m, nq, nk, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+        """One past the last key a block of queries from start_m sees (causal: none past the block's last
+        query's diagonal)."""
+        if CAUSAL:
+            return tl.minimum(nk, tl.maximum(start_m + BLOCK_M + nk - nq, 0))
+        return nk
+
+    @triton.jit
+    def _visible(offs_m, keys, nq, nk, CAUSAL: tl.constexpr):
+        """Which (query, key) pairs of a tile count: the key exists and, causal and aligned bottom-right, query i
+        sees key j when j <= i + nk - nq."""
+        visible = keys[None, :] < nk
+        if CAUSAL:
+            visible = visible & (keys[None, :] <= offs_m[:, None] + (nk - nq))
+        return visible
+
+    @triton.jit
     def attention_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
                                  sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
                                  heads, group, nq, nk, scale_log2,
@@ -78,39 +118,19 @@ if triton is not None:
         h = tl.program_id(1) % heads
         hk = h // group
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        in_d = offs_d < HEAD_DIM
-        q_base = q_ptr + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
-        k_base = k_ptr + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
-        v_base = v_ptr + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
-        q = tl.load(q_base + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                    mask=(offs_m[:, None] < nq) & in_d[None, :], other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
+        q = _load_rows(q_ptr, b, h, sqb, sqh, offs_m, nq, sqm, sqd, HEAD_DIM, BLOCK_D, UPCAST)
         m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        shift = nk - nq   # bottom-right alignment: query i sees key j when j <= i + shift
-        end = nk
-        if CAUSAL:   # no key past the block's last query's diagonal
-            end = tl.minimum(nk, tl.maximum(start_m + BLOCK_M + shift, 0))
-        for start_n in range(0, end, BLOCK_N):
-            keys = start_n + offs_n
-            k = tl.load(k_base + keys[None, :] * skn + offs_d[:, None] * skd,
-                        mask=(keys[None, :] < nk) & in_d[:, None], other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-            s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
-            visible = keys[None, :] < nk
-            if CAUSAL:
-                visible = visible & (keys[None, :] <= offs_m[:, None] + shift)
-            s = tl.where(visible, s, -float("inf"))
+        for start_n in range(0, _keys_end(start_m, nq, nk, BLOCK_M, CAUSAL), BLOCK_N):
+            keys = start_n + tl.arange(0, BLOCK_N)
+            k = _load_rows(k_ptr, b, hk, skb, skh, keys, nk, skn, skd, HEAD_DIM, BLOCK_D, UPCAST)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+            s = tl.where(_visible(offs_m, keys, nq, nk, CAUSAL), s, -float("inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)   # no key seen yet: shift by 0, not -inf
             alpha = tl.exp2(m_i - m_safe)
-            v = tl.load(v_base + keys[:, None] * svn + offs_d[None, :] * svd,
-                        mask=(keys[:, None] < nk) & in_d[None, :], other=0.0)
+            v = _load_rows(v_ptr, b, hk, svb, svh, keys, nk, svn, svd, HEAD_DIM, BLOCK_D, False)
             # p in the values' dtype for the tensor cores; the sum is of the same rounded p, so that the
             # weights O is divided by add up to exactly 1 (summing the unrounded p left a bias of up to 2^-9)
             p = tl.exp2(s - m_safe[:, None]).to(v.dtype)
@@ -122,37 +142,31 @@ if triton is not None:
             m_i = m_new
         seen = l_i > 0.0
         o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
-        o_base = o_ptr + b.to(tl.int64) * sob + h.to(tl.int64) * soh
-        tl.store(o_base + offs_m[:, None] * som + offs_d[None, :] * sod, o.to(o_ptr.dtype.element_ty),
-                 mask=(offs_m[:, None] < nq) & in_d[None, :])
+        _store_rows(o_ptr, b, h, sob, soh, offs_m, nq, som, sod, o, HEAD_DIM, BLOCK_D)
         lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
         tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, lse, mask=offs_m < nq)
 
+    @triton.jit
+    def _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, CAUSAL: tl.constexpr,
+                  PRECISION: tl.constexpr):
+        """For a (query block x key block) tile: the attention weights p, recomputed from the saved log-sum-exp
+        (0 where a key is hidden or out of range), and the scores' gradient ds = p (dO V^T - delta)."""
+        lse2 = tl.load(lse_ptr + row + offs_m, mask=offs_m < nq, other=0.0) * 1.4426950408889634
+        delta = tl.load(delta_ptr + row + offs_m, mask=offs_m < nq, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        p = tl.where(_visible(offs_m, keys, nq, nk, CAUSAL), tl.exp2(s - lse2[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        return p, p * (dp - delta[:, None])
 
     @triton.jit
-    def _scores_and_p(q, k, lse2, offs_m, keys, nk, shift, scale_log2, CAUSAL: tl.constexpr,
-                      PRECISION: tl.constexpr):
-        """The attention weights p of a (query block x key block) tile, recomputed from the log-sum-exp
-        (lse2, in base 2): 0 where a key is hidden or out of range."""
-        s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
-        visible = keys[None, :] < nk
-        if CAUSAL:
-            visible = visible & (keys[None, :] <= offs_m[:, None] + shift)
-        return tl.where(visible, tl.exp2(s - lse2[:, None]), 0.0)
-
-    @triton.jit
-    def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, som, sod, sdom, sdod, soh, sob, sdoh, sdob, heads, nq,
+    def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, sob, soh, som, sod, sdob, sdoh, sdom, sdod, heads, nq,
                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
         """delta = rowsum(dO * O) per query, the backward's pre-pass (fp32)."""
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
         b = tl.program_id(1) // heads
         h = tl.program_id(1) % heads
-        mask = (offs_m[:, None] < nq) & (offs_d[None, :] < HEAD_DIM)
-        o = tl.load(o_ptr + b.to(tl.int64) * sob + h.to(tl.int64) * soh + offs_m[:, None] * som
-                    + offs_d[None, :] * sod, mask=mask, other=0.0).to(tl.float32)
-        do = tl.load(do_ptr + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh + offs_m[:, None] * sdom
-                     + offs_d[None, :] * sdod, mask=mask, other=0.0).to(tl.float32)
+        o = _load_rows(o_ptr, b, h, sob, soh, offs_m, nq, som, sod, HEAD_DIM, BLOCK_D, True)
+        do = _load_rows(do_ptr, b, h, sdob, sdoh, offs_m, nq, sdom, sdod, HEAD_DIM, BLOCK_D, True)
         tl.store(delta_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, tl.sum(o * do, axis=1), mask=offs_m < nq)
 
     @triton.jit
@@ -169,46 +183,26 @@ if triton is not None:
         b = tl.program_id(1) // kv_heads
         hk = tl.program_id(1) % kv_heads
         keys = start_n + tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        in_d = offs_d < HEAD_DIM
-        kv_mask = (keys[:, None] < nk) & in_d[None, :]
-        k = tl.load(k_ptr + b.to(tl.int64) * skb + hk.to(tl.int64) * skh + keys[:, None] * skn
-                    + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + b.to(tl.int64) * svb + hk.to(tl.int64) * svh + keys[:, None] * svn
-                    + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k = _load_rows(k_ptr, b, hk, skb, skh, keys, nk, skn, skd, HEAD_DIM, BLOCK_D, UPCAST)
+        v = _load_rows(v_ptr, b, hk, svb, svh, keys, nk, svn, svd, HEAD_DIM, BLOCK_D, UPCAST)
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        shift = nk - nq
         first = 0
-        if CAUSAL:   # the first query that sees this block's first key: i >= j - shift
-            first = tl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+        if CAUSAL:   # the first query that sees this block's first key: i >= j - (nk - nq)
+            first = tl.maximum(start_n - (nk - nq), 0) // BLOCK_M * BLOCK_M
         for g in range(0, group):
             h = hk * group + g
-            q_base = q_ptr + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
-            do_base = do_ptr + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh
             row = (b * heads + h).to(tl.int64) * nq
             for start_m in range(first, nq, BLOCK_M):
                 offs_m = start_m + tl.arange(0, BLOCK_M)
-                q_mask = (offs_m[:, None] < nq) & in_d[None, :]
-                q = tl.load(q_base + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=q_mask, other=0.0)
-                do = tl.load(do_base + offs_m[:, None] * sdom + offs_d[None, :] * sdod, mask=q_mask, other=0.0)
-                if UPCAST:
-                    q = q.to(tl.float32)
-                    do = do.to(tl.float32)
-                lse2 = tl.load(lse_ptr + row + offs_m, mask=offs_m < nq, other=0.0) * 1.4426950408889634
-                delta = tl.load(delta_ptr + row + offs_m, mask=offs_m < nq, other=0.0)
-                p = _scores_and_p(q, tl.trans(k), lse2, offs_m, keys, nk, shift, scale_log2, CAUSAL, PRECISION)
+                q = _load_rows(q_ptr, b, h, sqb, sqh, offs_m, nq, sqm, sqd, HEAD_DIM, BLOCK_D, UPCAST)
+                do = _load_rows(do_ptr, b, h, sdob, sdoh, offs_m, nq, sdom, sdod, HEAD_DIM, BLOCK_D, UPCAST)
+                p, ds = _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, CAUSAL,
+                                  PRECISION)
                 dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-                ds = p * (dp - delta[:, None])
                 dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-        tl.store(dk_ptr + b.to(tl.int64) * sdkb + hk.to(tl.int64) * sdkh + keys[:, None] * sdkn
-                 + offs_d[None, :] * sdkd, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
-        tl.store(dv_ptr + b.to(tl.int64) * sdvb + hk.to(tl.int64) * sdvh + keys[:, None] * sdvn
-                 + offs_d[None, :] * sdvd, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+        _store_rows(dk_ptr, b, hk, sdkb, sdkh, keys, nk, sdkn, sdkd, dk * scale, HEAD_DIM, BLOCK_D)
+        _store_rows(dv_ptr, b, hk, sdvb, sdvh, keys, nk, sdvn, sdvd, dv, HEAD_DIM, BLOCK_D)
 
     @triton.jit
     def attention_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
@@ -224,41 +218,18 @@ if triton is not None:
         h = tl.program_id(1) % heads
         hk = h // group
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        in_d = offs_d < HEAD_DIM
-        q_mask = (offs_m[:, None] < nq) & in_d[None, :]
-        q = tl.load(q_ptr + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm
-                    + offs_d[None, :] * sqd, mask=q_mask, other=0.0)
-        do = tl.load(do_ptr + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh + offs_m[:, None] * sdom
-                     + offs_d[None, :] * sdod, mask=q_mask, other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
+        q = _load_rows(q_ptr, b, h, sqb, sqh, offs_m, nq, sqm, sqd, HEAD_DIM, BLOCK_D, UPCAST)
+        do = _load_rows(do_ptr, b, h, sdob, sdoh, offs_m, nq, sdom, sdod, HEAD_DIM, BLOCK_D, UPCAST)
         row = tl.program_id(1).to(tl.int64) * nq
-        lse2 = tl.load(lse_ptr + row + offs_m, mask=offs_m < nq, other=0.0) * 1.4426950408889634
-        delta = tl.load(delta_ptr + row + offs_m, mask=offs_m < nq, other=0.0)
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        shift = nk - nq
-        end = nk
-        if CAUSAL:
-            end = tl.minimum(nk, tl.maximum(start_m + BLOCK_M + shift, 0))
-        k_base = k_ptr + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
-        v_base = v_ptr + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
-        for start_n in range(0, end, BLOCK_N):
-            keys = start_n + offs_n
-            kv_mask = (keys[None, :] < nk) & in_d[:, None]
-            kt = tl.load(k_base + keys[None, :] * skn + offs_d[:, None] * skd, mask=kv_mask, other=0.0)
-            vt = tl.load(v_base + keys[None, :] * svn + offs_d[:, None] * svd, mask=kv_mask, other=0.0)
-            if UPCAST:
-                kt = kt.to(tl.float32)
-                vt = vt.to(tl.float32)
-            p = _scores_and_p(q, kt, lse2, offs_m, keys, nk, shift, scale_log2, CAUSAL, PRECISION)
-            dp = tl.dot(do, vt, input_precision=PRECISION)
-            ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)
-        tl.store(dq_ptr + b.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh + offs_m[:, None] * sdqm
-                 + offs_d[None, :] * sdqd, (dq * scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
+        for start_n in range(0, _keys_end(start_m, nq, nk, BLOCK_M, CAUSAL), BLOCK_N):
+            keys = start_n + tl.arange(0, BLOCK_N)
+            k = _load_rows(k_ptr, b, hk, skb, skh, keys, nk, skn, skd, HEAD_DIM, BLOCK_D, UPCAST)
+            v = _load_rows(v_ptr, b, hk, svb, svh, keys, nk, svn, svd, HEAD_DIM, BLOCK_D, UPCAST)
+            _, ds = _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, CAUSAL,
+                              PRECISION)
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        _store_rows(dq_ptr, b, h, sdqb, sdqh, offs_m, nq, sdqm, sdqd, dq * scale, HEAD_DIM, BLOCK_D)
 
 
 def _launch_settings(q: torch.Tensor) -> dict:
@@ -291,8 +262,7 @@ def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     settings = _launch_settings(q)
     delta = torch.empty_like(lse)
     attention_delta_kernel[(triton.cdiv(nq, BLOCK_M), batch * heads)](
-        o, do, delta, o.stride(2), o.stride(3), do.stride(2), do.stride(3), o.stride(1), o.stride(0),
-        do.stride(1), do.stride(0), heads, nq, HEAD_DIM=d, BLOCK_D=settings["BLOCK_D"], BLOCK_M=BLOCK_M)
+        o, do, delta, *o.stride(), *do.stride(), heads, nq, HEAD_DIM=d, BLOCK_D=settings["BLOCK_D"], BLOCK_M=BLOCK_M)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     attention_dkdv_kernel[(triton.cdiv(nk, BLOCK_N), batch * kv_heads)](
