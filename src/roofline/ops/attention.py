@@ -83,8 +83,15 @@ if triton is not None:
         return t
 
     @triton.jit
-    def _store_rows(ptr, b, h, sb, sh, rows, n, sr, sd, value, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _store_rows(ptr, b, h, sb, sh, rows, n, sr, sd, value, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                    UPCAST: tl.constexpr):
+        """Store fp32 rows in the tensor's dtype. UPCAST (bf16 through the interpreter, which truncates fp32 to
+        bf16): round to nearest even first, as the GPU's conversion does, so that the CPU checks see its error."""
         ptrs, mask = _rows(ptr, b, h, sb, sh, rows, n, sr, sd, HEAD_DIM, BLOCK_D)
+        if UPCAST:
+            bits = value.to(tl.int32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+            value = bits.to(tl.float32, bitcast=True)
         tl.store(ptrs, value.to(ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
@@ -142,7 +149,7 @@ if triton is not None:
             m_i = m_new
         seen = l_i > 0.0
         o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
-        _store_rows(o_ptr, b, h, sob, soh, offs_m, nq, som, sod, o, HEAD_DIM, BLOCK_D)
+        _store_rows(o_ptr, b, h, sob, soh, offs_m, nq, som, sod, o, HEAD_DIM, BLOCK_D, UPCAST)
         lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
         tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, lse, mask=offs_m < nq)
 
@@ -201,8 +208,8 @@ if triton is not None:
                                   PRECISION)
                 dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
                 dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-        _store_rows(dk_ptr, b, hk, sdkb, sdkh, keys, nk, sdkn, sdkd, dk * scale, HEAD_DIM, BLOCK_D)
-        _store_rows(dv_ptr, b, hk, sdvb, sdvh, keys, nk, sdvn, sdvd, dv, HEAD_DIM, BLOCK_D)
+        _store_rows(dk_ptr, b, hk, sdkb, sdkh, keys, nk, sdkn, sdkd, dk * scale, HEAD_DIM, BLOCK_D, UPCAST)
+        _store_rows(dv_ptr, b, hk, sdvb, sdvh, keys, nk, sdvn, sdvd, dv, HEAD_DIM, BLOCK_D, UPCAST)
 
     @triton.jit
     def attention_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
@@ -229,7 +236,8 @@ if triton is not None:
             _, ds = _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, CAUSAL,
                               PRECISION)
             dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        _store_rows(dq_ptr, b, h, sdqb, sdqh, offs_m, nq, sdqm, sdqd, dq * scale, HEAD_DIM, BLOCK_D)
+        _store_rows(dq_ptr, b, h, sdqb, sdqh, offs_m, nq, sdqm, sdqd, dq * scale, HEAD_DIM, BLOCK_D,
+                    UPCAST)
 
 
 def _launch_settings(q: torch.Tensor) -> dict:
