@@ -84,8 +84,8 @@ def norm_forward(lengths) -> list[dict]:
             for config in sorted(configs):
                 with patched(norm, forward_config=lambda rows, n, c=config: c):
                     us = _graph_us(norm._forward, x, None, w, None if rms else b, 1e-6, rms)
-                out.append(dict(op="rms_norm" if rms else "layer_norm", n=n, block=config[0], rows_per_program=config[1],
-                                warps=config[2], us=us, current=config == current,
+                out.append(dict(op="rms_norm" if rms else "layer_norm", n=n, block=config[0],
+                                rows_per_program=config[1], warps=config[2], us=us, current=config == current,
                                 gbps=2 * x.numel() * 2 / us / 1e3))
                 print(out[-1], flush=True)
         del x
@@ -234,20 +234,17 @@ def host(out_dir: Path) -> list[dict]:
 
 def markdown(results: dict) -> str:
     lines = []
-    if "norm-forward" in results:
-        lines += ["### norm forward kernel (CUDA graphs, 256 MB bf16): us by rows per program and warps", "",
-                  "| op | row length | block | rows / program | warps | us | GB/s | current rule |",
+    for part, title, column, key in (
+            ("norm-forward", "norm forward kernel (CUDA graphs, 256 MB bf16): us by rows per program and warps",
+             "rows / program", "rows_per_program"),
+            ("norm-backward", "norm backward kernels (CUDA graphs, 256 MB bf16 x and dy; layer_norm with a bias)",
+             "row groups", "groups")):
+        if part not in results:
+            continue
+        lines += [f"### {title}", "", f"| op | row length | block | {column} | warps | us | GB/s | current rule |",
                   "|---|---|---|---|---|---|---|---|"]
-        for r in results["norm-forward"]:
-            lines.append(f"| {r['op']} | {r['n']} | {r['block']} | {r['rows_per_program']} | {r['warps']} | {r['us']:.1f} | "
-                         f"{r['gbps']:,.0f} | {'yes' if r['current'] else ''} |")
-        lines.append("")
-    if "norm-backward" in results:
-        lines += ["### norm backward kernels (CUDA graphs, 256 MB bf16 x and dy; layer_norm with a bias)", "",
-                  "| op | row length | block | row groups | warps | us | GB/s | current rule |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in results["norm-backward"]:
-            lines.append(f"| {r['op']} | {r['n']} | {r['block']} | {r['groups']} | {r['warps']} | {r['us']:.1f} | "
+        for r in results[part]:
+            lines.append(f"| {r['op']} | {r['n']} | {r['block']} | {r[key]} | {r['warps']} | {r['us']:.1f} | "
                          f"{r['gbps']:,.0f} | {'yes' if r['current'] else ''} |")
         lines.append("")
     if "cross-entropy" in results:
