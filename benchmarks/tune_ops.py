@@ -7,6 +7,10 @@ norm-forward   the norm forward kernel over (rows per program, warps) at row len
 norm-backward  the norm backward kernels over (column block, row groups, warps), the same way
 cross-entropy  the cross_entropy forward kernel at [8192 x 128256] bf16 over its block and warps, CUDA graphs;
                and the whole forward+backward as eager code calls it
+attention      flash_attention's tiles (rows held, rows walked, warps, pipeline stages) for each of its kernels
+               (forward, dK/dV, dQ), one kernel's varied at a time with the others at their current tiles, at
+               B4 H32 N4096 bf16, head_dim 64 and 128, causal and not, CUDA graphs; SDPA's flash and cuDNN
+               backends beside them
 host           the host's time to issue one call (fwd and fwd+bwd) at a tiny shape, where the GPU waits on the
                host, for roofline's ops, eager PyTorch and Liger-Kernel where it imports; a bare Triton launch
                (the floor under every op here); and a cProfile of roofline's rms_norm fwd+bwd
@@ -25,6 +29,7 @@ import json
 import pstats
 import sys
 import time as _time
+from dataclasses import astuple
 from pathlib import Path
 
 import torch
@@ -37,6 +42,7 @@ from roofline import bench, ops
 
 norm = importlib.import_module("roofline.ops.norm")
 ce = importlib.import_module("roofline.ops.cross_entropy")
+att = importlib.import_module("roofline.ops.attention")
 
 try:
     from liger_kernel.transformers import functional as liger
@@ -150,6 +156,76 @@ def cross_entropy() -> list[dict]:
     return out
 
 
+def _tiles(*specs):
+    """Tiles for each (held, walked, warps, stages), expanding a tuple in any place into each of its values."""
+    out = []
+    for spec in specs:
+        grid = [()]
+        for field in spec:
+            grid = [g + (value,) for g in grid for value in (field if isinstance(field, tuple) else (field,))]
+        out += [att.Tiles(*g) for g in grid]
+    return out
+
+
+# Around what FlashAttention-2 kernels use on Hopper: a 64- or 128-row block held, 32 to 128 rows a step.
+BACKWARD_CANDIDATES = _tiles((64, 32, (4, 8), (2, 3)), (128, 32, (4, 8), (2, 3)), (64, 64, (4, 8), 2),
+                             (128, 64, 8, 2))
+ATTENTION_CANDIDATES = {
+    "forward": _tiles((64, 64, 4, (2, 3)), (128, 32, (4, 8), 3), (128, 64, (4, 8), (2, 3)), (128, 128, 8, (2, 3))),
+    "dkdv": BACKWARD_CANDIDATES,
+    "dq": BACKWARD_CANDIDATES,
+}
+
+
+def attention(head_dims) -> list[dict]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = []
+    batch, heads, n = 4, 32, 4096
+    for d in head_dims:
+        q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=BF16) for _ in range(3))
+        do = torch.randn_like(q)
+        scale = d ** -0.5
+        for causal in (False, True):
+            flops = 4 * batch * heads * n * n * d * (0.5 if causal else 1.0)
+            o, lse = att._forward(q, k, v, causal, scale)
+            calls = {"forward": (lambda: att._forward(q, k, v, causal, scale), flops),
+                     "dkdv": (lambda: att._backward(do, q, k, v, o, lse, causal, scale), 2.5 * flops),
+                     "dq": (lambda: att._backward(do, q, k, v, o, lse, causal, scale), 2.5 * flops)}
+            for kernel, candidates in ATTENTION_CANDIDATES.items():
+                current = att.TILES[kernel][d]
+                call, work = calls[kernel]
+                for tiles in [current] + [t for t in candidates if t != current]:
+                    row = dict(kernel=kernel, d=d, causal=causal, tiles=list(astuple(tiles)), current=tiles == current,
+                               timed="backward (delta, dK/dV, dQ)" if kernel != "forward" else "forward")
+                    try:
+                        with patched(att, TILES={**att.TILES, kernel: {**att.TILES[kernel], d: tiles}}):
+                            row["us"] = _graph_us(call)
+                        row["tflops"] = work / row["us"] / 1e6
+                    except Exception as e:   # a tile that does not fit (shared memory, registers) is a result too
+                        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                    out.append(row)
+                    print(row, flush=True)
+            for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION), ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):
+                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+                def forward(leaves=leaves, backend=backend):
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(*leaves, is_causal=causal)
+
+                def backward(leaves=leaves):
+                    torch.autograd.grad(forward(leaves), leaves, do)
+
+                with torch.no_grad():
+                    fwd = _graph_us(forward)
+                fwd_bwd = _graph_us(backward)
+                out.append(dict(kernel=name, d=d, causal=causal, fwd_us=fwd, fwd_tflops=flops / fwd / 1e6,
+                                bwd_us=fwd_bwd - fwd, bwd_tflops=2.5 * flops / (fwd_bwd - fwd) / 1e6))
+                print(out[-1], flush=True)
+        del q, k, v, do
+    return out
+
+
 def _host_cases():
     x = torch.randn(8, 1024, device="cuda", dtype=BF16, requires_grad=True)
     r = torch.randn(8, 1024, device="cuda", dtype=BF16, requires_grad=True)
@@ -255,6 +331,22 @@ def markdown(results: dict) -> str:
                 lines.append(f"| {r['block']} | {r['warps']} | {r['us']:.1f} | {'yes' if r['current'] else ''} |")
         lines += [""] + [f"- {r['what']}: {r['us']:.1f} us (host {r['host_us']:.1f} us)"
                          for r in results["cross-entropy"] if "what" in r] + [""]
+    if "attention" in results:
+        lines += ["### flash_attention tiles (B4 H32 N4096 bf16, CUDA graphs): one kernel's tiles varied, the others "
+                  "current; the backward timed whole (delta, dK/dV, dQ)", "",
+                  "| kernel | head_dim | causal | held, walked, warps, stages | us | TFLOP/s | current |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in results["attention"]:
+            if "tiles" not in r:
+                continue
+            timing = f"{r['us']:.1f} | {r['tflops']:.0f}" if "us" in r else f"{r['error']} | "
+            lines.append(f"| {r['kernel']} | {r['d']} | {r['causal']} | {', '.join(map(str, r['tiles']))} | "
+                         f"{timing} | {'yes' if r['current'] else ''} |")
+        lines += ["", "| SDPA backend | head_dim | causal | fwd us | fwd TFLOP/s | bwd us | bwd TFLOP/s |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['kernel']} | {r['d']} | {r['causal']} | {r['fwd_us']:.1f} | {r['fwd_tflops']:.0f} | "
+                  f"{r['bwd_us']:.1f} | {r['bwd_tflops']:.0f} |" for r in results["attention"] if "tiles" not in r]
+        lines.append("")
     if "host" in results:
         lines += ["### host time per call ([8 x 1024] bf16; GPU work a few us)", "",
                   "| op | provider | fwd (us) | fwd+bwd (us) |", "|---|---|---|---|"]
@@ -269,6 +361,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", default=["norm-forward", "cross-entropy", "host"])
     parser.add_argument("--lengths", nargs="*", type=int, default=[256, 1024, 4096, 16384, 65536],
                         help="row lengths of norm-forward and norm-backward")
+    parser.add_argument("--head-dims", nargs="*", type=int, default=[128, 64], help="head dims of attention")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
@@ -276,6 +369,7 @@ def main(argv=None) -> int:
         print(f"=== {part}", flush=True)
         results[part] = {"norm-forward": lambda: norm_forward(args.lengths),
                          "norm-backward": lambda: norm_backward(args.lengths), "cross-entropy": cross_entropy,
+                         "attention": lambda: attention(args.head_dims),
                          "host": lambda: host(args.out)}[part]()
         (args.out / "tune.json").write_text(json.dumps(results, indent=1))
         (args.out / "tune.md").write_text(markdown(results))

@@ -74,12 +74,13 @@ def test_grouped_query_heads(kv_heads):
     check(*inputs(2, 4, kv_heads, 65, 129, 32, torch.bfloat16), causal=True)
 
 
-def test_strided_inputs_and_a_given_scale():
+@pytest.mark.parametrize("scale", [0.3, -0.3])
+def test_strided_inputs_and_a_given_scale(scale):
     # (batch, seq, heads, d) storage, as a projection writes it, seen as (batch, heads, seq, d)
     q = torch.randn(2, 77, 4, 64, device=DEVICE, dtype=torch.float16).transpose(1, 2)
     kv = torch.randn(2, 2, 91, 2, 64, device=DEVICE, dtype=torch.float16)
     k, v = kv[:, 0].transpose(1, 2), kv[:, 1].transpose(1, 2)
-    check(q, k, v, causal=False, scale=0.3)
+    check(q, k, v, causal=False, scale=scale)
 
 
 def test_queries_that_see_no_key_get_zeros():
@@ -89,14 +90,18 @@ def test_queries_that_see_no_key_get_zeros():
     assert out[:, :, 70:].abs().sum() > 0
 
 
-def test_blocks_smaller_than_the_lengths_and_poisoned_memory(monkeypatch):
-    monkeypatch.setattr(attention_module, "BLOCK_M", 16)
-    monkeypatch.setattr(attention_module, "BLOCK_N", 16)
+@pytest.mark.parametrize("held,walked", [(16, 16), (32, 16), (16, 32)])
+@pytest.mark.parametrize("nq,nk", [(53, 61), (61, 53)])
+def test_tiles_smaller_than_the_lengths_and_poisoned_memory(monkeypatch, held, walked, nq, nk):
+    # Several blocks each way, so that the unmasked and masked loops both run, and the causal diagonal cuts
+    # blocks of either size at an offset (nk - nq) that is no multiple of them.
+    monkeypatch.setattr(attention_module, "tiles", lambda kernel, q: attention_module.Tiles(held, walked, 4, 1))
     for _ in range(2):
-        poison = torch.full((1, 3, 53, 64), math.nan, device=DEVICE)
+        poison = torch.full((1, 3, max(nq, nk), 64), math.nan, device=DEVICE)
         del poison
-        out = check(*inputs(1, 3, 1, 53, 61, 64, torch.float32), causal=True)
-        assert not out.isnan().any()
+        for causal in (True, False):
+            out = check(*inputs(1, 3, 1, nq, nk, 64, torch.float32), causal=causal)
+            assert not out.isnan().any()
 
 
 def test_compiles_fullgraph_through_the_kernels():

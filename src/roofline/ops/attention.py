@@ -23,6 +23,7 @@ Registered with torch.library through KernelOp, so torch.compile(fullgraph=True)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -30,8 +31,6 @@ from roofline.ops._common import KernelOp, choose_backend, interpreting, tl, tri
 
 BACKENDS = ("torch", "triton")
 HEAD_DIMS = (32, 64, 96, 128, 256)
-BLOCK_M = 64     # queries a program holds
-BLOCK_N = 64     # keys and values per step
 LOG2E = 1.4426950408889634
 
 
@@ -60,7 +59,35 @@ def attention_reference(q, k, v, causal: bool = False, scale: float | None = Non
     return weights @ _key_heads(v, q.shape[1])
 
 
-# --------------------------------------------------------------------------- Triton kernel
+# --------------------------------------------------------------------------- Triton kernels
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """How a kernel cuts its work: `held` rows stay in a program for its life (queries in the forward and dQ
+    kernels, keys and values in dK/dV), `walked` rows come in per step of its loop; warps per program and
+    software-pipeline stages of the loop."""
+    held: int
+    walked: int
+    warps: int
+    stages: int
+
+
+# By head dim, for fp16/bf16. Chosen by `benchmarks/tune_ops.py OUT --only attention` on the H100
+# (benchmarks/results/h100-tune.md): the fastest at B4 H32 N4096, causal and not.
+TILES = {
+    "forward": {32: Tiles(128, 64, 4, 3), 64: Tiles(128, 64, 4, 3), 96: Tiles(128, 64, 8, 3),
+                128: Tiles(128, 64, 8, 3), 256: Tiles(64, 32, 4, 2)},
+    "dkdv": {32: Tiles(128, 32, 4, 3), 64: Tiles(128, 32, 4, 3), 96: Tiles(64, 32, 4, 2),
+             128: Tiles(64, 32, 4, 2), 256: Tiles(32, 32, 4, 1)},
+    "dq": {32: Tiles(128, 32, 4, 3), 64: Tiles(128, 32, 4, 3), 96: Tiles(64, 32, 4, 2),
+           128: Tiles(64, 32, 4, 2), 256: Tiles(32, 32, 4, 1)},
+}
+# fp32 operands take twice the registers and shared memory, and are multiplied without the tensor cores: small
+# tiles, whatever the kernel, so that every head dim fits.
+FP32_TILES = {32: Tiles(64, 32, 4, 1), 64: Tiles(64, 32, 4, 1), 96: Tiles(32, 32, 4, 1), 128: Tiles(32, 32, 4, 1),
+              256: Tiles(16, 16, 4, 1)}
+DELTA_BLOCK = 64   # queries a program of the dot(dO, O) pre-pass takes
 
 if triton is not None:
 
@@ -95,58 +122,97 @@ if triton is not None:
         tl.store(ptrs, value.to(ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _keys_end(start_m, nq, nk, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
-        """One past the last key a block of queries from start_m sees (causal: none past the block's last
-        query's diagonal)."""
+    def _key_ranges(start_m, nq, nk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+        """For the queries [start_m, start_m + BLOCK_M): (full, end), where the keys [0, full), whole blocks,
+        are seen by every one of them (no mask to apply) and [full, end) by some (masked). Causal, aligned
+        bottom-right: query i sees key j when j <= i + nk - nq."""
         if CAUSAL:
-            return tl.minimum(nk, tl.maximum(start_m + BLOCK_M + nk - nq, 0))
-        return nk
+            end = tl.minimum(nk, tl.maximum(start_m + BLOCK_M + nk - nq, 0))
+            full = tl.maximum(tl.minimum(nk, start_m + 1 + nk - nq), 0) // BLOCK_N * BLOCK_N
+            return full, end
+        return nk // BLOCK_N * BLOCK_N, nk
+
+    @triton.jit
+    def _query_ranges(start_n, nq, nk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+        """For the keys [start_n, start_n + BLOCK_N): (first, full), where the queries [first, full), whole
+        blocks, see some of them (masked) and [full, nq) see all of them."""
+        if CAUSAL:
+            first = tl.maximum(start_n - (nk - nq), 0) // BLOCK_M * BLOCK_M
+            full = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - (nk - nq), 0), BLOCK_M) * BLOCK_M
+            return first, full
+        return 0, 0
 
     @triton.jit
     def _visible(offs_m, keys, nq, nk, CAUSAL: tl.constexpr):
-        """Which (query, key) pairs of a tile count: the key exists and, causal and aligned bottom-right, query i
-        sees key j when j <= i + nk - nq."""
+        """Which (query, key) pairs of a tile count: the key exists and, causal, query i sees key j when
+        j <= i + nk - nq."""
         visible = keys[None, :] < nk
         if CAUSAL:
             visible = visible & (keys[None, :] <= offs_m[:, None] + (nk - nq))
         return visible
 
     @triton.jit
+    def _forward_step(acc, l_i, m_i, q, k_ptr, v_ptr, b, hk, skb, skh, skn, skd, svb, svh, svn, svd, start_n,
+                      offs_m, nq, nk, scale_log2, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                      PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        """One block of keys and values into the running (acc, l, m) of a block of queries (online softmax,
+        base 2). scale_log2 > 0, so the max of the scaled scores is the scaled max, and each score costs one
+        fused multiply-add before its exp2. Unmasked: every query sees every key of the block."""
+        keys = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_ptr, b, hk, skb, skh, keys, nk, skn, skd, HEAD_DIM, BLOCK_D, UPCAST)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if MASKED:
+            s = tl.where(_visible(offs_m, keys, nq, nk, CAUSAL), s * scale_log2, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_use = tl.where(m_new == -float("inf"), 0.0, m_new)   # no key seen yet: shift by 0, not -inf
+            p = tl.exp2(s - m_use[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale_log2)
+            m_use = m_new
+            p = tl.exp2(s * scale_log2 - m_new[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        v = _load_rows(v_ptr, b, hk, svb, svh, keys, nk, svn, svd, HEAD_DIM, BLOCK_D, False)
+        # p in the values' dtype for the tensor cores; the sum is of the same rounded p, so that the weights O
+        # is divided by add up to exactly 1 (summing the unrounded p left a bias of up to 2^-9)
+        p = p.to(v.dtype)
+        l_i = l_i * alpha + tl.sum(p.to(tl.float32), axis=1)
+        acc = acc * alpha[:, None]
+        if UPCAST:
+            acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc, input_precision=PRECISION)
+        else:
+            acc = tl.dot(p, v, acc, input_precision=PRECISION)
+        return acc, l_i, m_new
+
+    @triton.jit
     def attention_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
                                  sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
-                                 heads, group, nq, nk, scale_log2,
+                                 heads, group, nq, nk, scale_log2, q_sign,
                                  CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                                  UPCAST: tl.constexpr):
         """Program (query block, batch x head): O and the log-sum-exp (natural log, fp32) of its queries.
-        UPCAST: multiply in fp32 (exact for bf16 products, so the same math as the tensor cores' bf16 dot)."""
+        scale_log2 = |scale| log2(e), and q_sign the scale's sign, applied to q (exactly). UPCAST: multiply in
+        fp32 (exact for bf16 products, so the same math as the tensor cores' bf16 dot)."""
         start_m = tl.program_id(0) * BLOCK_M
         b = tl.program_id(1) // heads
         h = tl.program_id(1) % heads
         hk = h // group
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _load_rows(q_ptr, b, h, sqb, sqh, offs_m, nq, sqm, sqd, HEAD_DIM, BLOCK_D, UPCAST)
+        q = (q * q_sign).to(q.dtype)
         m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        for start_n in range(0, _keys_end(start_m, nq, nk, BLOCK_M, CAUSAL), BLOCK_N):
-            keys = start_n + tl.arange(0, BLOCK_N)
-            k = _load_rows(k_ptr, b, hk, skb, skh, keys, nk, skn, skd, HEAD_DIM, BLOCK_D, UPCAST)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-            s = tl.where(_visible(offs_m, keys, nq, nk, CAUSAL), s, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)   # no key seen yet: shift by 0, not -inf
-            alpha = tl.exp2(m_i - m_safe)
-            v = _load_rows(v_ptr, b, hk, svb, svh, keys, nk, svn, svd, HEAD_DIM, BLOCK_D, False)
-            # p in the values' dtype for the tensor cores; the sum is of the same rounded p, so that the
-            # weights O is divided by add up to exactly 1 (summing the unrounded p left a bias of up to 2^-9)
-            p = tl.exp2(s - m_safe[:, None]).to(v.dtype)
-            l_i = l_i * alpha + tl.sum(p.to(tl.float32), axis=1)
-            if UPCAST:
-                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision=PRECISION)
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-            m_i = m_new
+        full, end = _key_ranges(start_m, nq, nk, BLOCK_M, BLOCK_N, CAUSAL)
+        for start_n in range(0, full, BLOCK_N):
+            acc, l_i, m_i = _forward_step(acc, l_i, m_i, q, k_ptr, v_ptr, b, hk, skb, skh, skn, skd, svb, svh, svn,
+                                          svd, start_n, offs_m, nq, nk, scale_log2, False, CAUSAL, HEAD_DIM,
+                                          BLOCK_D, BLOCK_N, PRECISION, UPCAST)
+        for start_n in range(full, end, BLOCK_N):
+            acc, l_i, m_i = _forward_step(acc, l_i, m_i, q, k_ptr, v_ptr, b, hk, skb, skh, skn, skd, svb, svh, svn,
+                                          svd, start_n, offs_m, nq, nk, scale_log2, True, CAUSAL, HEAD_DIM,
+                                          BLOCK_D, BLOCK_N, PRECISION, UPCAST)
         seen = l_i > 0.0
         o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
         _store_rows(o_ptr, b, h, sob, soh, offs_m, nq, som, sod, o, HEAD_DIM, BLOCK_D, UPCAST)
@@ -154,14 +220,18 @@ if triton is not None:
         tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, lse, mask=offs_m < nq)
 
     @triton.jit
-    def _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, CAUSAL: tl.constexpr,
-                  PRECISION: tl.constexpr):
-        """For a (query block x key block) tile: the attention weights p, recomputed from the saved log-sum-exp
-        (0 where a key is hidden or out of range), and the scores' gradient ds = p (dO V^T - delta)."""
+    def _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, MASKED: tl.constexpr,
+                  CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+        """For a (query block x key block) tile: the attention weights p, recomputed from the saved log-sum-exp,
+        and the scores' gradient ds = p (dO V^T - delta). MASKED: p is 0 where a key is hidden or out of range.
+        Unmasked, a query or key past the end has zero q, dO, lse and delta, so it adds nothing to the rows that
+        are stored."""
         lse2 = tl.load(lse_ptr + row + offs_m, mask=offs_m < nq, other=0.0) * 1.4426950408889634
         delta = tl.load(delta_ptr + row + offs_m, mask=offs_m < nq, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-        p = tl.where(_visible(offs_m, keys, nq, nk, CAUSAL), tl.exp2(s - lse2[:, None]), 0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        p = tl.exp2(s * scale_log2 - lse2[:, None])
+        if MASKED:
+            p = tl.where(_visible(offs_m, keys, nq, nk, CAUSAL), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         return p, p * (dp - delta[:, None])
 
@@ -175,6 +245,21 @@ if triton is not None:
         o = _load_rows(o_ptr, b, h, sob, soh, offs_m, nq, som, sod, HEAD_DIM, BLOCK_D, True)
         do = _load_rows(do_ptr, b, h, sdob, sdoh, offs_m, nq, sdom, sdod, HEAD_DIM, BLOCK_D, True)
         tl.store(delta_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, tl.sum(o * do, axis=1), mask=offs_m < nq)
+
+    @triton.jit
+    def _dkdv_step(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, row, sqb, sqh, sqm, sqd,
+                   sdob, sdoh, sdom, sdod, start_m, keys, nq, nk, scale_log2, MASKED: tl.constexpr,
+                   CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        """One block of queries (and their dO) into the running dK, dV of a block of keys."""
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_ptr, b, h, sqb, sqh, offs_m, nq, sqm, sqd, HEAD_DIM, BLOCK_D, UPCAST)
+        do = _load_rows(do_ptr, b, h, sdob, sdoh, offs_m, nq, sdom, sdod, HEAD_DIM, BLOCK_D, UPCAST)
+        p, ds = _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, MASKED, CAUSAL,
+                          PRECISION)
+        dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
+        dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk, input_precision=PRECISION)
+        return dk, dv
 
     @triton.jit
     def attention_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
@@ -194,22 +279,33 @@ if triton is not None:
         v = _load_rows(v_ptr, b, hk, svb, svh, keys, nk, svn, svd, HEAD_DIM, BLOCK_D, UPCAST)
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        first = 0
-        if CAUSAL:   # the first query that sees this block's first key: i >= j - (nk - nq)
-            first = tl.maximum(start_n - (nk - nq), 0) // BLOCK_M * BLOCK_M
+        first, full = _query_ranges(start_n, nq, nk, BLOCK_M, BLOCK_N, CAUSAL)
         for g in range(0, group):
             h = hk * group + g
             row = (b * heads + h).to(tl.int64) * nq
-            for start_m in range(first, nq, BLOCK_M):
-                offs_m = start_m + tl.arange(0, BLOCK_M)
-                q = _load_rows(q_ptr, b, h, sqb, sqh, offs_m, nq, sqm, sqd, HEAD_DIM, BLOCK_D, UPCAST)
-                do = _load_rows(do_ptr, b, h, sdob, sdoh, offs_m, nq, sdom, sdod, HEAD_DIM, BLOCK_D, UPCAST)
-                p, ds = _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, CAUSAL,
-                                  PRECISION)
-                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-                dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+            for start_m in range(first, tl.minimum(full, nq), BLOCK_M):
+                dk, dv = _dkdv_step(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, row, sqb, sqh, sqm, sqd,
+                                    sdob, sdoh, sdom, sdod, start_m, keys, nq, nk, scale_log2, True, CAUSAL, HEAD_DIM,
+                                    BLOCK_D, BLOCK_M, PRECISION, UPCAST)
+            for start_m in range(full, nq, BLOCK_M):
+                dk, dv = _dkdv_step(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, row, sqb, sqh, sqm, sqd,
+                                    sdob, sdoh, sdom, sdod, start_m, keys, nq, nk, scale_log2, False, CAUSAL,
+                                    HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, UPCAST)
         _store_rows(dk_ptr, b, hk, sdkb, sdkh, keys, nk, sdkn, sdkd, dk * scale, HEAD_DIM, BLOCK_D, UPCAST)
         _store_rows(dv_ptr, b, hk, sdvb, sdvh, keys, nk, sdvn, sdvd, dv, HEAD_DIM, BLOCK_D, UPCAST)
+
+    @triton.jit
+    def _dq_step(dq, q, do, k_ptr, v_ptr, lse_ptr, delta_ptr, b, hk, row, skb, skh, skn, skd, svb, svh, svn, svd,
+                 start_n, offs_m, nq, nk, scale_log2, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr):
+        """One block of keys and values into the running dQ of a block of queries."""
+        keys = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_ptr, b, hk, skb, skh, keys, nk, skn, skd, HEAD_DIM, BLOCK_D, UPCAST)
+        v = _load_rows(v_ptr, b, hk, svb, svh, keys, nk, svn, svd, HEAD_DIM, BLOCK_D, UPCAST)
+        _, ds = _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, MASKED, CAUSAL,
+                          PRECISION)
+        return tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
 
     @triton.jit
     def attention_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
@@ -229,23 +325,32 @@ if triton is not None:
         do = _load_rows(do_ptr, b, h, sdob, sdoh, offs_m, nq, sdom, sdod, HEAD_DIM, BLOCK_D, UPCAST)
         row = tl.program_id(1).to(tl.int64) * nq
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        for start_n in range(0, _keys_end(start_m, nq, nk, BLOCK_M, CAUSAL), BLOCK_N):
-            keys = start_n + tl.arange(0, BLOCK_N)
-            k = _load_rows(k_ptr, b, hk, skb, skh, keys, nk, skn, skd, HEAD_DIM, BLOCK_D, UPCAST)
-            v = _load_rows(v_ptr, b, hk, svb, svh, keys, nk, svn, svd, HEAD_DIM, BLOCK_D, UPCAST)
-            _, ds = _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, CAUSAL,
-                              PRECISION)
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        _store_rows(dq_ptr, b, h, sdqb, sdqh, offs_m, nq, sdqm, sdqd, dq * scale, HEAD_DIM, BLOCK_D,
-                    UPCAST)
+        full, end = _key_ranges(start_m, nq, nk, BLOCK_M, BLOCK_N, CAUSAL)
+        for start_n in range(0, full, BLOCK_N):
+            dq = _dq_step(dq, q, do, k_ptr, v_ptr, lse_ptr, delta_ptr, b, hk, row, skb, skh, skn, skd, svb, svh, svn,
+                          svd, start_n, offs_m, nq, nk, scale_log2, False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N,
+                          PRECISION, UPCAST)
+        for start_n in range(full, end, BLOCK_N):
+            dq = _dq_step(dq, q, do, k_ptr, v_ptr, lse_ptr, delta_ptr, b, hk, row, skb, skh, skn, skd, svb, svh, svn,
+                          svd, start_n, offs_m, nq, nk, scale_log2, True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N,
+                          PRECISION, UPCAST)
+        _store_rows(dq_ptr, b, h, sdqb, sdqh, offs_m, nq, sdqm, sdqd, dq * scale, HEAD_DIM, BLOCK_D, UPCAST)
 
 
-def _launch_settings(q: torch.Tensor) -> dict:
+def tiles(kernel: str, q: torch.Tensor) -> Tiles:
+    """The tiles `kernel` ("forward", "dkdv" or "dq") runs with on q's head dim and dtype."""
+    return (FP32_TILES if q.dtype == torch.float32 else TILES[kernel])[q.shape[3]]
+
+
+def _launch_settings(kernel: str, q: torch.Tensor) -> dict:
     # fp32 inputs in fp32 (tl.dot would round them to tf32); fp16 and bf16 on the tensor cores. Triton 3.6's
     # interpreter returns garbage from a bf16 tl.dot, so there bf16 multiplies in fp32 (exactly).
     upcast = interpreting() and q.dtype == torch.bfloat16
-    return dict(HEAD_DIM=q.shape[3], BLOCK_D=triton.next_power_of_2(q.shape[3]), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast, num_warps=4)
+    t = tiles(kernel, q)
+    held, walked = ("BLOCK_N", "BLOCK_M") if kernel == "dkdv" else ("BLOCK_M", "BLOCK_N")
+    return {"HEAD_DIM": q.shape[3], "BLOCK_D": triton.next_power_of_2(q.shape[3]), held: t.held, walked: t.walked,
+            "PRECISION": "ieee" if q.dtype == torch.float32 or upcast else "tf32", "UPCAST": upcast,
+            "num_warps": t.warps, "num_stages": t.stages}
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -253,9 +358,11 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     batch, heads, nq, d = q.shape
     o = torch.empty_like(q)
     lse = torch.empty(batch, heads, nq, device=q.device, dtype=torch.float32)
-    attention_forward_kernel[(triton.cdiv(nq, BLOCK_M), batch * heads)](
+    settings = _launch_settings("forward", q)
+    attention_forward_kernel[(triton.cdiv(nq, settings["BLOCK_M"]), batch * heads)](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        heads, heads // k.shape[1], nq, k.shape[2], scale * LOG2E, CAUSAL=causal, **_launch_settings(q))
+        heads, heads // k.shape[1], nq, k.shape[2], abs(scale) * LOG2E, -1.0 if scale < 0 else 1.0, CAUSAL=causal,
+        **settings)
     return o, lse
 
 
@@ -267,16 +374,18 @@ def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
               lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, heads, nq, d = q.shape
     kv_heads, nk = k.shape[1], k.shape[2]
-    settings = _launch_settings(q)
     delta = torch.empty_like(lse)
-    attention_delta_kernel[(triton.cdiv(nq, BLOCK_M), batch * heads)](
-        o, do, delta, *o.stride(), *do.stride(), heads, nq, HEAD_DIM=d, BLOCK_D=settings["BLOCK_D"], BLOCK_M=BLOCK_M)
+    attention_delta_kernel[(triton.cdiv(nq, DELTA_BLOCK), batch * heads)](
+        o, do, delta, *o.stride(), *do.stride(), heads, nq, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_M=DELTA_BLOCK)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-    attention_dkdv_kernel[(triton.cdiv(nk, BLOCK_N), batch * kv_heads)](
+    settings = _launch_settings("dkdv", q)
+    attention_dkdv_kernel[(triton.cdiv(nk, settings["BLOCK_N"]), batch * kv_heads)](
         q, k, v, do, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
         heads, kv_heads, heads // kv_heads, nq, nk, scale, scale * LOG2E, CAUSAL=causal, **settings)
-    attention_dq_kernel[(triton.cdiv(nq, BLOCK_M), batch * heads)](
+    settings = _launch_settings("dq", q)
+    attention_dq_kernel[(triton.cdiv(nq, settings["BLOCK_M"]), batch * heads)](
         q, k, v, do, lse, delta, dq, *strides, *dq.stride(),
         heads, heads // kv_heads, nq, nk, scale, scale * LOG2E, CAUSAL=causal, **settings)
     return dq, dk, dv
