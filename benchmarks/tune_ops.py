@@ -168,10 +168,11 @@ def _tiles(*specs):
 
 
 # Around what FlashAttention-2 kernels use on Hopper: a 64- or 128-row block held, 32 to 128 rows a step.
-BACKWARD_CANDIDATES = _tiles((64, 32, (4, 8), (2, 3)), (128, 32, (4, 8), (2, 3)), (64, 64, (4, 8), 2),
-                             (128, 64, 8, 2))
+BACKWARD_CANDIDATES = _tiles((64, 32, (4, 8), 2), (64, 64, 4, (2, 3)), (64, 64, 8, 2), (128, 32, 8, (2, 3)),
+                             (128, 64, 8, (2, 3)), (64, 128, 8, 2))
 ATTENTION_CANDIDATES = {
-    "forward": _tiles((64, 64, 4, (2, 3)), (128, 32, (4, 8), 3), (128, 64, (4, 8), (2, 3)), (128, 128, 8, (2, 3))),
+    "forward": _tiles((64, 64, 4, (2, 3, 4)), (64, 128, 4, (2, 3)), (128, 32, 4, 3), (128, 64, (4, 8), (3, 4)),
+                      (128, 128, 8, (2, 3))),
     "dkdv": BACKWARD_CANDIDATES,
     "dq": BACKWARD_CANDIDATES,
 }

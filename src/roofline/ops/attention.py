@@ -90,36 +90,30 @@ FP32_TILES = {32: Tiles(64, 32, 4, 1), 64: Tiles(64, 32, 4, 1), 96: Tiles(32, 32
 DELTA_BLOCK = 64   # queries a program of the dot(dO, O) pre-pass takes
 
 if triton is not None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     @triton.jit
-    def _rows(ptr, b, h, sb, sh, rows, n, sr, sd, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-        """Pointers to the rows `rows` of head h of batch b in a (batch, heads, seq, head_dim) tensor of n rows,
-        [rows, BLOCK_D], and the mask of those that exist."""
-        offs_d = tl.arange(0, BLOCK_D)
-        ptrs = ptr + b.to(tl.int64) * sb + h.to(tl.int64) * sh + rows[:, None] * sr + offs_d[None, :] * sd
-        return ptrs, (rows[:, None] < n) & (offs_d[None, :] < HEAD_DIM)
-
-    @triton.jit
-    def _load_rows(ptr, b, h, sb, sh, rows, n, sr, sd, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                   UPCAST: tl.constexpr):
-        """The rows (zeros where they do not exist), in fp32 if UPCAST."""
-        ptrs, mask = _rows(ptr, b, h, sb, sh, rows, n, sr, sd, HEAD_DIM, BLOCK_D)
-        t = tl.load(ptrs, mask=mask, other=0.0)
+    def _tile(desc, b, h, start, UPCAST: tl.constexpr):
+        """Rows [start, start + the block's rows) of head h of batch b through a (batch, heads, seq, head_dim)
+        descriptor, as [rows, BLOCK_D]: zeros past the sequence's end and past head_dim (the copy engine fills
+        them). In fp32 if UPCAST."""
+        shape: tl.constexpr = desc.block_shape
+        t = desc.load([b, h, start, 0]).reshape(shape[2], shape[3])
         if UPCAST:
             t = t.to(tl.float32)
         return t
 
     @triton.jit
-    def _store_rows(ptr, b, h, sb, sh, rows, n, sr, sd, value, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                    UPCAST: tl.constexpr):
-        """Store fp32 rows in the tensor's dtype. UPCAST (bf16 through the interpreter, which truncates fp32 to
-        bf16): round to nearest even first, as the GPU's conversion does, so that the CPU checks see its error."""
-        ptrs, mask = _rows(ptr, b, h, sb, sh, rows, n, sr, sd, HEAD_DIM, BLOCK_D)
+    def _store_tile(desc, b, h, start, value, UPCAST: tl.constexpr):
+        """Store fp32 rows in the tensor's dtype (rows past the sequence's end are dropped). UPCAST (bf16 through
+        the interpreter, which truncates fp32 to bf16): round to nearest even first, as the GPU's conversion
+        does, so that the CPU checks see its error."""
+        shape: tl.constexpr = desc.block_shape
         if UPCAST:
             bits = value.to(tl.int32, bitcast=True)
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
             value = bits.to(tl.float32, bitcast=True)
-        tl.store(ptrs, value.to(ptr.dtype.element_ty), mask=mask)
+        desc.store([b, h, start, 0], value.to(desc.dtype).reshape(shape))
 
     @triton.jit
     def _key_ranges(start_m, nq, nk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
@@ -139,31 +133,29 @@ if triton is not None:
         if CAUSAL:
             first = tl.maximum(start_n - (nk - nq), 0) // BLOCK_M * BLOCK_M
             full = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - (nk - nq), 0), BLOCK_M) * BLOCK_M
-            return first, full
+            return first, tl.minimum(full, nq)
         return 0, 0
 
     @triton.jit
-    def _visible(offs_m, keys, nq, nk, CAUSAL: tl.constexpr):
-        """Which (query, key) pairs of a tile count: the key exists and, causal, query i sees key j when
-        j <= i + nk - nq."""
-        visible = keys[None, :] < nk
+    def _visible(queries, keys, nq, nk, CAUSAL: tl.constexpr):
+        """Which (query, key) pairs count, queries and keys broadcast against each other (a column and a row,
+        either way round): the key exists and, causal, query i sees key j when j <= i + nk - nq."""
+        visible = keys < nk
         if CAUSAL:
-            visible = visible & (keys[None, :] <= offs_m[:, None] + (nk - nq))
+            visible = visible & (keys <= queries + (nk - nq))
         return visible
 
     @triton.jit
-    def _forward_step(acc, l_i, m_i, q, k_ptr, v_ptr, b, hk, skb, skh, skn, skd, svb, svh, svn, svd, start_n,
-                      offs_m, nq, nk, scale_log2, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                      PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    def _forward_step(acc, l_i, m_i, q, k_desc, v_desc, b, hk, start_n, offs_m, nq, nk, scale_log2,
+                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         """One block of keys and values into the running (acc, l, m) of a block of queries (online softmax,
         base 2). scale_log2 > 0, so the max of the scaled scores is the scaled max, and each score costs one
         fused multiply-add before its exp2. Unmasked: every query sees every key of the block."""
-        keys = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_ptr, b, hk, skb, skh, keys, nk, skn, skd, HEAD_DIM, BLOCK_D, UPCAST)
+        k = _tile(k_desc, b, hk, start_n, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if MASKED:
-            s = tl.where(_visible(offs_m, keys, nq, nk, CAUSAL), s * scale_log2, -float("inf"))
+            keys = start_n + tl.arange(0, k_desc.block_shape[2])
+            s = tl.where(_visible(offs_m[:, None], keys[None, :], nq, nk, CAUSAL), s * scale_log2, -float("inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_use = tl.where(m_new == -float("inf"), 0.0, m_new)   # no key seen yet: shift by 0, not -inf
             p = tl.exp2(s - m_use[:, None])
@@ -172,9 +164,9 @@ if triton is not None:
             m_use = m_new
             p = tl.exp2(s * scale_log2 - m_new[:, None])
         alpha = tl.exp2(m_i - m_use)
-        v = _load_rows(v_ptr, b, hk, svb, svh, keys, nk, svn, svd, HEAD_DIM, BLOCK_D, False)
+        v = _tile(v_desc, b, hk, start_n, False)
         # p in the values' dtype for the tensor cores; the sum is of the same rounded p, so that the weights O
-        # is divided by add up to exactly 1 (summing the unrounded p left a bias of up to 2^-9)
+        # is divided by add up to exactly 1
         p = p.to(v.dtype)
         l_i = l_i * alpha + tl.sum(p.to(tl.float32), axis=1)
         acc = acc * alpha[:, None]
@@ -185,156 +177,153 @@ if triton is not None:
         return acc, l_i, m_new
 
     @triton.jit
-    def attention_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
-                                 sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
-                                 heads, group, nq, nk, scale_log2, q_sign,
-                                 CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                                 UPCAST: tl.constexpr):
+    def attention_forward_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, heads, group, nq, nk, scale_log2,
+                                 q_sign, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         """Program (query block, batch x head): O and the log-sum-exp (natural log, fp32) of its queries.
         scale_log2 = |scale| log2(e), and q_sign the scale's sign, applied to q (exactly). UPCAST: multiply in
         fp32 (exact for bf16 products, so the same math as the tensor cores' bf16 dot)."""
-        start_m = tl.program_id(0) * BLOCK_M
+        BLOCK_M: tl.constexpr = q_desc.block_shape[2]
+        BLOCK_N: tl.constexpr = k_desc.block_shape[2]
+        BLOCK_D: tl.constexpr = q_desc.block_shape[3]
+        # the last query blocks first: causal, they have the most keys to walk, and the short ones fill the tail
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
         b = tl.program_id(1) // heads
         h = tl.program_id(1) % heads
         hk = h // group
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_rows(q_ptr, b, h, sqb, sqh, offs_m, nq, sqm, sqd, HEAD_DIM, BLOCK_D, UPCAST)
+        q = _tile(q_desc, b, h, start_m, UPCAST)
         q = (q * q_sign).to(q.dtype)
         m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         full, end = _key_ranges(start_m, nq, nk, BLOCK_M, BLOCK_N, CAUSAL)
         for start_n in range(0, full, BLOCK_N):
-            acc, l_i, m_i = _forward_step(acc, l_i, m_i, q, k_ptr, v_ptr, b, hk, skb, skh, skn, skd, svb, svh, svn,
-                                          svd, start_n, offs_m, nq, nk, scale_log2, False, CAUSAL, HEAD_DIM,
-                                          BLOCK_D, BLOCK_N, PRECISION, UPCAST)
+            acc, l_i, m_i = _forward_step(acc, l_i, m_i, q, k_desc, v_desc, b, hk, start_n, offs_m, nq, nk,
+                                          scale_log2, False, CAUSAL, PRECISION, UPCAST)
         for start_n in range(full, end, BLOCK_N):
-            acc, l_i, m_i = _forward_step(acc, l_i, m_i, q, k_ptr, v_ptr, b, hk, skb, skh, skn, skd, svb, svh, svn,
-                                          svd, start_n, offs_m, nq, nk, scale_log2, True, CAUSAL, HEAD_DIM,
-                                          BLOCK_D, BLOCK_N, PRECISION, UPCAST)
+            acc, l_i, m_i = _forward_step(acc, l_i, m_i, q, k_desc, v_desc, b, hk, start_n, offs_m, nq, nk,
+                                          scale_log2, True, CAUSAL, PRECISION, UPCAST)
         seen = l_i > 0.0
-        o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
-        _store_rows(o_ptr, b, h, sob, soh, offs_m, nq, som, sod, o, HEAD_DIM, BLOCK_D, UPCAST)
+        _store_tile(o_desc, b, h, start_m, tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0),
+                    UPCAST)
         lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
         tl.store(lse_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, lse, mask=offs_m < nq)
 
     @triton.jit
-    def _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, MASKED: tl.constexpr,
-                  CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
-        """For a (query block x key block) tile: the attention weights p, recomputed from the saved log-sum-exp,
-        and the scores' gradient ds = p (dO V^T - delta). MASKED: p is 0 where a key is hidden or out of range.
-        Unmasked, a query or key past the end has zero q, dO, lse and delta, so it adds nothing to the rows that
-        are stored."""
-        lse2 = tl.load(lse_ptr + row + offs_m, mask=offs_m < nq, other=0.0) * 1.4426950408889634
-        delta = tl.load(delta_ptr + row + offs_m, mask=offs_m < nq, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        p = tl.exp2(s * scale_log2 - lse2[:, None])
+    def _p_and_ds(s, dp, lse2, delta, queries, keys, nq, nk, scale_log2, MASKED: tl.constexpr,
+                  CAUSAL: tl.constexpr):
+        """For a tile of scores s = q k^T and dp = dO v^T (either way round, with lse2, delta, queries and keys
+        broadcast to them): the attention weights p, recomputed from the saved log-sum-exp (base 2), and the
+        scores' gradient ds = p (dp - delta). MASKED: p is 0 where a key is hidden or out of range. Unmasked, a
+        query or key past the end has zero q, dO, lse and delta, so it adds nothing to the rows that are
+        stored."""
+        p = tl.exp2(s * scale_log2 - lse2)
         if MASKED:
-            p = tl.where(_visible(offs_m, keys, nq, nk, CAUSAL), p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        return p, p * (dp - delta[:, None])
+            p = tl.where(_visible(queries, keys, nq, nk, CAUSAL), p, 0.0)
+        return p, p * (dp - delta)
 
     @triton.jit
-    def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, sob, soh, som, sod, sdob, sdoh, sdom, sdod, heads, nq,
-                               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    def _lse2_and_delta(lse_ptr, delta_ptr, row, offs_m, nq):
+        """The saved log-sum-exp (in base 2) and delta of the queries offs_m, zero past the end."""
+        lse = tl.load(lse_ptr + row + offs_m, mask=offs_m < nq, other=0.0)
+        return lse * 1.4426950408889634, tl.load(delta_ptr + row + offs_m, mask=offs_m < nq, other=0.0)
+
+    @triton.jit
+    def attention_delta_kernel(o_desc, do_desc, delta_ptr, heads, nq):
         """delta = rowsum(dO * O) per query, the backward's pre-pass (fp32)."""
-        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        BLOCK_M: tl.constexpr = o_desc.block_shape[2]
+        start_m = tl.program_id(0) * BLOCK_M
         b = tl.program_id(1) // heads
         h = tl.program_id(1) % heads
-        o = _load_rows(o_ptr, b, h, sob, soh, offs_m, nq, som, sod, HEAD_DIM, BLOCK_D, True)
-        do = _load_rows(do_ptr, b, h, sdob, sdoh, offs_m, nq, sdom, sdod, HEAD_DIM, BLOCK_D, True)
-        tl.store(delta_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, tl.sum(o * do, axis=1), mask=offs_m < nq)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        delta = tl.sum(_tile(o_desc, b, h, start_m, True) * _tile(do_desc, b, h, start_m, True), axis=1)
+        tl.store(delta_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, delta, mask=offs_m < nq)
 
     @triton.jit
-    def _dkdv_step(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, row, sqb, sqh, sqm, sqd,
-                   sdob, sdoh, sdom, sdod, start_m, keys, nq, nk, scale_log2, MASKED: tl.constexpr,
-                   CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-        """One block of queries (and their dO) into the running dK, dV of a block of keys."""
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_rows(q_ptr, b, h, sqb, sqh, offs_m, nq, sqm, sqd, HEAD_DIM, BLOCK_D, UPCAST)
-        do = _load_rows(do_ptr, b, h, sdob, sdoh, offs_m, nq, sdom, sdod, HEAD_DIM, BLOCK_D, UPCAST)
-        p, ds = _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, MASKED, CAUSAL,
-                          PRECISION)
-        dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
-        dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk, input_precision=PRECISION)
+    def _dkdv_step(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, b, h, row, start_m, keys, nq, nk,
+                   scale_log2, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+                   UPCAST: tl.constexpr):
+        """One block of queries (and their dO) into the running dK, dV of a block of keys. The tile is taken
+        keys by queries (s^T = k q^T), so that p^T and ds^T multiply dO and q as they are, with no transpose in
+        registers."""
+        offs_m = start_m + tl.arange(0, q_desc.block_shape[2])
+        q = _tile(q_desc, b, h, start_m, UPCAST)
+        do = _tile(do_desc, b, h, start_m, UPCAST)
+        lse2, delta = _lse2_and_delta(lse_ptr, delta_ptr, row, offs_m, nq)
+        p, ds = _p_and_ds(tl.dot(k, tl.trans(q), input_precision=PRECISION),
+                          tl.dot(v, tl.trans(do), input_precision=PRECISION), lse2[None, :], delta[None, :],
+                          offs_m[None, :], keys[:, None], nq, nk, scale_log2, MASKED, CAUSAL)
+        dv = tl.dot(p.to(do.dtype), do, dv, input_precision=PRECISION)
+        dk = tl.dot(ds.to(q.dtype), q, dk, input_precision=PRECISION)
         return dk, dv
 
     @triton.jit
-    def attention_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                              sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                              sdob, sdoh, sdom, sdod, sdkb, sdkh, sdkn, sdkd, sdvb, sdvh, sdvn, sdvd,
-                              heads, kv_heads, group, nq, nk, scale, scale_log2,
-                              CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                              UPCAST: tl.constexpr):
+    def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, heads,
+                              kv_heads, group, nq, nk, scale, scale_log2, CAUSAL: tl.constexpr,
+                              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         """Program (key block, batch x key head): dK and dV of its keys, summed over the query heads that read
         them and over every query that sees them (p recomputed tile by tile, never stored)."""
+        BLOCK_M: tl.constexpr = q_desc.block_shape[2]
+        BLOCK_N: tl.constexpr = k_desc.block_shape[2]
+        BLOCK_D: tl.constexpr = k_desc.block_shape[3]
         start_n = tl.program_id(0) * BLOCK_N
         b = tl.program_id(1) // kv_heads
         hk = tl.program_id(1) % kv_heads
         keys = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_ptr, b, hk, skb, skh, keys, nk, skn, skd, HEAD_DIM, BLOCK_D, UPCAST)
-        v = _load_rows(v_ptr, b, hk, svb, svh, keys, nk, svn, svd, HEAD_DIM, BLOCK_D, UPCAST)
+        k = _tile(k_desc, b, hk, start_n, UPCAST)
+        v = _tile(v_desc, b, hk, start_n, UPCAST)
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         first, full = _query_ranges(start_n, nq, nk, BLOCK_M, BLOCK_N, CAUSAL)
         for g in range(0, group):
             h = hk * group + g
             row = (b * heads + h).to(tl.int64) * nq
-            for start_m in range(first, tl.minimum(full, nq), BLOCK_M):
-                dk, dv = _dkdv_step(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, row, sqb, sqh, sqm, sqd,
-                                    sdob, sdoh, sdom, sdod, start_m, keys, nq, nk, scale_log2, True, CAUSAL, HEAD_DIM,
-                                    BLOCK_D, BLOCK_M, PRECISION, UPCAST)
+            for start_m in range(first, full, BLOCK_M):
+                dk, dv = _dkdv_step(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, b, h, row, start_m, keys, nq,
+                                    nk, scale_log2, True, CAUSAL, PRECISION, UPCAST)
             for start_m in range(full, nq, BLOCK_M):
-                dk, dv = _dkdv_step(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, row, sqb, sqh, sqm, sqd,
-                                    sdob, sdoh, sdom, sdod, start_m, keys, nq, nk, scale_log2, False, CAUSAL,
-                                    HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, UPCAST)
-        _store_rows(dk_ptr, b, hk, sdkb, sdkh, keys, nk, sdkn, sdkd, dk * scale, HEAD_DIM, BLOCK_D, UPCAST)
-        _store_rows(dv_ptr, b, hk, sdvb, sdvh, keys, nk, sdvn, sdvd, dv, HEAD_DIM, BLOCK_D, UPCAST)
+                dk, dv = _dkdv_step(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, b, h, row, start_m, keys, nq,
+                                    nk, scale_log2, False, CAUSAL, PRECISION, UPCAST)
+        _store_tile(dk_desc, b, hk, start_n, dk * scale, UPCAST)
+        _store_tile(dv_desc, b, hk, start_n, dv, UPCAST)
 
     @triton.jit
-    def _dq_step(dq, q, do, k_ptr, v_ptr, lse_ptr, delta_ptr, b, hk, row, skb, skh, skn, skd, svb, svh, svn, svd,
-                 start_n, offs_m, nq, nk, scale_log2, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr):
+    def _dq_step(dq, q, do, k_desc, v_desc, lse2, delta, b, hk, start_n, offs_m, nq, nk, scale_log2,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         """One block of keys and values into the running dQ of a block of queries."""
-        keys = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_ptr, b, hk, skb, skh, keys, nk, skn, skd, HEAD_DIM, BLOCK_D, UPCAST)
-        v = _load_rows(v_ptr, b, hk, svb, svh, keys, nk, svn, svd, HEAD_DIM, BLOCK_D, UPCAST)
-        _, ds = _p_and_ds(q, k, v, do, lse_ptr, delta_ptr, row, offs_m, keys, nq, nk, scale_log2, MASKED, CAUSAL,
-                          PRECISION)
+        keys = start_n + tl.arange(0, k_desc.block_shape[2])
+        k = _tile(k_desc, b, hk, start_n, UPCAST)
+        v = _tile(v_desc, b, hk, start_n, UPCAST)
+        _, ds = _p_and_ds(tl.dot(q, tl.trans(k), input_precision=PRECISION),
+                          tl.dot(do, tl.trans(v), input_precision=PRECISION), lse2[:, None], delta[:, None],
+                          offs_m[:, None], keys[None, :], nq, nk, scale_log2, MASKED, CAUSAL)
         return tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
 
     @triton.jit
-    def attention_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
-                            sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                            sdob, sdoh, sdom, sdod, sdqb, sdqh, sdqm, sdqd,
-                            heads, group, nq, nk, scale, scale_log2,
-                            CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, heads, group, nq, nk,
+                            scale, scale_log2, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                             UPCAST: tl.constexpr):
         """Program (query block, batch x head): dQ of its queries, over the keys they see."""
-        start_m = tl.program_id(0) * BLOCK_M
+        BLOCK_M: tl.constexpr = q_desc.block_shape[2]
+        BLOCK_N: tl.constexpr = k_desc.block_shape[2]
+        BLOCK_D: tl.constexpr = q_desc.block_shape[3]
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M   # the longest first, as the forward
         b = tl.program_id(1) // heads
         h = tl.program_id(1) % heads
         hk = h // group
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_rows(q_ptr, b, h, sqb, sqh, offs_m, nq, sqm, sqd, HEAD_DIM, BLOCK_D, UPCAST)
-        do = _load_rows(do_ptr, b, h, sdob, sdoh, offs_m, nq, sdom, sdod, HEAD_DIM, BLOCK_D, UPCAST)
-        row = tl.program_id(1).to(tl.int64) * nq
+        q = _tile(q_desc, b, h, start_m, UPCAST)
+        do = _tile(do_desc, b, h, start_m, UPCAST)
+        lse2, delta = _lse2_and_delta(lse_ptr, delta_ptr, tl.program_id(1).to(tl.int64) * nq, offs_m, nq)
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         full, end = _key_ranges(start_m, nq, nk, BLOCK_M, BLOCK_N, CAUSAL)
         for start_n in range(0, full, BLOCK_N):
-            dq = _dq_step(dq, q, do, k_ptr, v_ptr, lse_ptr, delta_ptr, b, hk, row, skb, skh, skn, skd, svb, svh, svn,
-                          svd, start_n, offs_m, nq, nk, scale_log2, False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N,
-                          PRECISION, UPCAST)
+            dq = _dq_step(dq, q, do, k_desc, v_desc, lse2, delta, b, hk, start_n, offs_m, nq, nk, scale_log2, False,
+                          CAUSAL, PRECISION, UPCAST)
         for start_n in range(full, end, BLOCK_N):
-            dq = _dq_step(dq, q, do, k_ptr, v_ptr, lse_ptr, delta_ptr, b, hk, row, skb, skh, skn, skd, svb, svh, svn,
-                          svd, start_n, offs_m, nq, nk, scale_log2, True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N,
-                          PRECISION, UPCAST)
-        _store_rows(dq_ptr, b, h, sdqb, sdqh, offs_m, nq, sdqm, sdqd, dq * scale, HEAD_DIM, BLOCK_D, UPCAST)
+            dq = _dq_step(dq, q, do, k_desc, v_desc, lse2, delta, b, hk, start_n, offs_m, nq, nk, scale_log2, True,
+                          CAUSAL, PRECISION, UPCAST)
+        _store_tile(dq_desc, b, h, start_m, dq * scale, UPCAST)
 
 
 def tiles(kernel: str, q: torch.Tensor) -> Tiles:
@@ -342,25 +331,42 @@ def tiles(kernel: str, q: torch.Tensor) -> Tiles:
     return (FP32_TILES if q.dtype == torch.float32 else TILES[kernel])[q.shape[3]]
 
 
-def _launch_settings(kernel: str, q: torch.Tensor) -> dict:
-    # fp32 inputs in fp32 (tl.dot would round them to tf32); fp16 and bf16 on the tensor cores. Triton 3.6's
-    # interpreter returns garbage from a bf16 tl.dot, so there bf16 multiplies in fp32 (exactly).
+def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
+    """A descriptor of the (batch, heads, seq, head_dim) tensor t for the copy engine (TMA), copying blocks of
+    `rows` rows. t must have a contiguous head_dim and 16-byte aligned strides (_aligned sees to it); a size-1
+    dimension's stride is never used, and is given one that is."""
+    strides = [s if n > 1 else 16 // t.element_size() for s, n in zip(t.stride(), t.shape)]
+    return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, triton.next_power_of_2(t.shape[3])])
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """t, or a contiguous copy where the copy engine cannot read it as it is: a head_dim that is not contiguous,
+    a base or stride that is not a multiple of 16 bytes."""
+    size = t.element_size()
+    ok = (t.stride(3) == 1 and t.data_ptr() % 16 == 0
+          and all(s * size % 16 == 0 for s, n in zip(t.stride()[:3], t.shape[:3]) if n > 1))
+    return t if ok else t.contiguous()
+
+
+def _settings(kernel: str, q: torch.Tensor) -> tuple[Tiles, dict]:
+    """The tiles of `kernel` and the launch options every attention kernel takes. fp32 inputs in fp32 (tl.dot
+    would round them to tf32); fp16 and bf16 on the tensor cores. Triton 3.6's interpreter returns garbage from
+    a bf16 tl.dot, so there bf16 multiplies in fp32 (exactly)."""
     upcast = interpreting() and q.dtype == torch.bfloat16
     t = tiles(kernel, q)
-    held, walked = ("BLOCK_N", "BLOCK_M") if kernel == "dkdv" else ("BLOCK_M", "BLOCK_N")
-    return {"HEAD_DIM": q.shape[3], "BLOCK_D": triton.next_power_of_2(q.shape[3]), held: t.held, walked: t.walked,
-            "PRECISION": "ieee" if q.dtype == torch.float32 or upcast else "tf32", "UPCAST": upcast,
-            "num_warps": t.warps, "num_stages": t.stages}
+    return t, dict(PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
+                   num_warps=t.warps, num_stages=t.stages)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
     batch, heads, nq, d = q.shape
     o = torch.empty_like(q)
     lse = torch.empty(batch, heads, nq, device=q.device, dtype=torch.float32)
-    settings = _launch_settings("forward", q)
-    attention_forward_kernel[(triton.cdiv(nq, settings["BLOCK_M"]), batch * heads)](
-        q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+    t, settings = _settings("forward", q)
+    attention_forward_kernel[(triton.cdiv(nq, t.held), batch * heads)](
+        _descriptor(q, t.held), _descriptor(k, t.walked), _descriptor(v, t.walked), _descriptor(o, t.held), lse,
         heads, heads // k.shape[1], nq, k.shape[2], abs(scale) * LOG2E, -1.0 if scale < 0 else 1.0, CAUSAL=causal,
         **settings)
     return o, lse
@@ -372,22 +378,23 @@ def _forward_fake(q, k, v, causal, scale):
 
 def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
               lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    do, q, k, v, o = (_aligned(t) for t in (do, q, k, v, o))
     batch, heads, nq, d = q.shape
     kv_heads, nk = k.shape[1], k.shape[2]
     delta = torch.empty_like(lse)
     attention_delta_kernel[(triton.cdiv(nq, DELTA_BLOCK), batch * heads)](
-        o, do, delta, *o.stride(), *do.stride(), heads, nq, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
-        BLOCK_M=DELTA_BLOCK)
+        _descriptor(o, DELTA_BLOCK), _descriptor(do, DELTA_BLOCK), delta, heads, nq)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-    settings = _launch_settings("dkdv", q)
-    attention_dkdv_kernel[(triton.cdiv(nk, settings["BLOCK_N"]), batch * kv_heads)](
-        q, k, v, do, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
+    t, settings = _settings("dkdv", q)
+    attention_dkdv_kernel[(triton.cdiv(nk, t.held), batch * kv_heads)](
+        _descriptor(q, t.walked), _descriptor(k, t.held), _descriptor(v, t.held), _descriptor(do, t.walked),
+        _descriptor(dk, t.held), _descriptor(dv, t.held), lse, delta,
         heads, kv_heads, heads // kv_heads, nq, nk, scale, scale * LOG2E, CAUSAL=causal, **settings)
-    settings = _launch_settings("dq", q)
-    attention_dq_kernel[(triton.cdiv(nq, settings["BLOCK_M"]), batch * heads)](
-        q, k, v, do, lse, delta, dq, *strides, *dq.stride(),
-        heads, heads // kv_heads, nq, nk, scale, scale * LOG2E, CAUSAL=causal, **settings)
+    t, settings = _settings("dq", q)
+    attention_dq_kernel[(triton.cdiv(nq, t.held), batch * heads)](
+        _descriptor(q, t.held), _descriptor(k, t.walked), _descriptor(v, t.walked), _descriptor(do, t.held),
+        _descriptor(dq, t.held), lse, delta, heads, heads // kv_heads, nq, nk, scale, scale * LOG2E, CAUSAL=causal,
+        **settings)
     return dq, dk, dv
 
 
