@@ -349,7 +349,35 @@ def ratio_lines(result) -> list[dict]:
                         ours_tflops=ours.tflops if ours else None,
                         ours_pct=ours.pct_of_roofline if ours else None, best_peer=best[0] if best else None,
                         best_peer_ms=best[1] if best else None,
-                        ratio=(ours.median_ms / best[1]) if ours and best else None))
+                        ratio=(ours.median_ms / best[1]) if ours and best else None,
+                        peers={r.provider: r.median_ms for r in result.rows
+                               if r.x == x and r.status == "ok" and r.provider != OURS}))
+    return out
+
+
+def attention_memory(dev, lengths=(1024, 4096, 16384), heads: int = 8, d: int = 128) -> list[dict]:
+    """Peak memory above the inputs during forward+backward of attention, bf16, one sequence of `heads` heads:
+    flash_attention's grows as N (the output, the log-sum-exp and the gradients), the naive one's as N^2 (the
+    scores and the weights, kept for the backward)."""
+    from roofline.ops.attention import attention_reference
+
+    out = []
+    for n in lengths:
+        for name, fn in ((OURS, lambda q, k, v: ops.flash_attention(q, k, v, True, backend="triton")),
+                         ("naive (scores in memory)", lambda q, k, v: attention_reference(q, k, v, True))):
+            q, k, v, do = (_randn((1, heads, n, d), dev, grad=i < 3) for i in range(4))
+            fn(q, k, v).backward(do)   # warm-up: compile outside the measurement
+            torch.cuda.synchronize()
+            q.grad = k.grad = v.grad = None
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            fn(q, k, v).backward(do)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - before
+            out.append(dict(provider=name, seq=n, heads=heads, head_dim=d, peak_extra_bytes=peak,
+                            bytes_per_head_per_token=peak / heads / n))
+            del q, k, v, do
+            torch.cuda.empty_cache()
     return out
 
 
@@ -422,6 +450,8 @@ def main(argv=None) -> int:
         summary.setdefault("failed", []).extend(f"{s.name}{' (graphs)' if graphs else ''}: {f}" for f in failed)
     if not args.only or any("cross_entropy" in o for o in args.only):
         summary["memory"] = cross_entropy_memory(dev, 1024 if args.quick else 8192)
+    if not args.only or any("attention" in o for o in args.only):
+        summary["attention_memory"] = attention_memory(dev, (256, 1024) if args.quick else (1024, 4096, 16384))
     (args.out / "ops.json").write_text(json.dumps(summary, indent=1, default=str))
     (args.out / "ops.md").write_text(markdown(summary))
     print(markdown(summary))
@@ -453,14 +483,24 @@ def markdown(summary: dict) -> str:
                 w = max(rs, key=lambda r: r["ratio"])
                 lines.append(f"| {name} | {timing} | {w['x']} | {w['ratio']:.3f} | {w['best_peer']} |")
     if summary.get("attention"):
-        lines += ["", "### flash_attention against SDPA's flash and cuDNN backends (bf16, CUDA events)", "",
-                  "| sweep | x | ours (ms) | ours (TFLOP/s) | fastest peer | peer (ms) | ours / peer |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", "### flash_attention against SDPA's flash and cuDNN backends (bf16, CUDA events; ours / theirs "
+                  "below 1: ours faster)", "",
+                  "| sweep | x | ours (ms) | ours (TFLOP/s) | sdpa flash (ms) | ours / flash | sdpa cudnn (ms) | "
+                  "ours / cudnn |", "|---|---|---|---|---|---|---|---|"]
         for h in summary["attention"]:
+            flash, cudnn = (h["peers"].get(p) for p in ("sdpa flash", "sdpa cudnn"))
+            ratio = lambda peer: h["ours_ms"] / peer if h["ours_ms"] and peer else None   # noqa: E731
             lines.append(f"| {h['sweep']} | {h['x']} | {_fmt(h['ours_ms'], '.4f')} | "
-                         f"{_fmt(h['ours_tflops'], ',.0f')} | {h['best_peer'] or ''} | "
-                         f"{_fmt(h['best_peer_ms'], '.4f')} | {_fmt(h['ratio'], '.3f')} |")
-    if summary["memory"]:
+                         f"{_fmt(h['ours_tflops'], ',.0f')} | {_fmt(flash, '.4f')} | {_fmt(ratio(flash), '.3f')} | "
+                         f"{_fmt(cudnn, '.4f')} | {_fmt(ratio(cudnn), '.3f')} |")
+    if summary.get("attention_memory"):
+        lines += ["", "### attention fwd+bwd, causal, bf16: peak memory above the inputs", "",
+                  "| provider | heads x seq x head_dim | peak extra (MB) | bytes per head per token |",
+                  "|---|---|---|---|"]
+        lines += [f"| {m['provider']} | {m['heads']} x {m['seq']} x {m['head_dim']} | "
+                  f"{m['peak_extra_bytes'] / 1e6:,.1f} | {m['bytes_per_head_per_token']:,.0f} |"
+                  for m in summary["attention_memory"]]
+    if summary.get("memory"):
         lines += ["", "### cross_entropy [8192 x 128256] bf16 fwd+bwd: peak memory above the inputs", "",
                   "| provider | peak extra (MB) | logits-sized buffers |", "|---|---|---|"]
         for m in summary["memory"]:
