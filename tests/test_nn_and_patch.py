@@ -116,3 +116,86 @@ def test_gpu_patched_block_in_bf16():
     roofline.patch(model)
     x = torch.randn(8, 512, 1024, device="cuda", dtype=torch.bfloat16)
     torch.testing.assert_close(model(x), reference(x), rtol=1.6e-2, atol=5e-2)
+
+
+# --------------------------------------------------------------------------- patch(model, attention=True)
+
+class SelfAttention(nn.Module):
+    """A block that calls F.scaled_dot_product_attention as most models do; the arguments of the call are set per
+    test."""
+
+    def __init__(self, dim=128, heads=2, kv_heads=2, **sdpa_options):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
+        self.sdpa_options = sdpa_options
+
+    def forward(self, x, memory=None):
+        b, n, _ = x.shape
+        memory = x if memory is None else memory
+        q = self.q(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(memory).view(b, memory.shape[1], 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, **self.sdpa_options).transpose(1, 2).reshape(b, n, -1)
+
+
+def _twins(make, dtype=torch.float16):
+    torch.manual_seed(0)
+    theirs = make().to(DEVICE, dtype)
+    ours = make().to(DEVICE, dtype)
+    ours.load_state_dict(theirs.state_dict())
+    return ours, theirs
+
+
+@pytest.mark.parametrize("options", [dict(is_causal=True), dict(scale=0.2), dict(is_causal=True, enable_gqa=True)])
+def test_patch_routes_the_attention_flash_attention_serves(options):
+    kv_heads = 1 if options.get("enable_gqa") else 2
+    ours, theirs = _twins(lambda: SelfAttention(kv_heads=kv_heads, **options))
+    assert roofline.patch(ours, attention=True) == [("", "scaled_dot_product_attention")]
+    assert roofline.patch(ours, attention=True) == []   # once only
+    router = roofline.patching.attention_router(ours)
+    x = torch.randn(2, 37, 128, device=DEVICE, dtype=torch.float16)
+    _same_outputs_and_grads(ours, theirs, x, rtol=2e-2, atol=2e-2)
+    assert router.served == 1 and not router.passed
+    assert F.scaled_dot_product_attention is roofline.patching.TORCH_SDPA   # put back after the forward
+
+
+@pytest.mark.parametrize("options, call_args, reason", [
+    (dict(attn_mask=None, dropout_p=0.0), dict(dtype=torch.float32), "dtype torch.float32"),
+    (dict(is_causal=True), dict(memory_length=20), "causal with query and key lengths that differ"),
+    (dict(dropout_p=0.5), dict(), "dropout"),
+    (dict(), dict(dim=96, heads=2), "head_dim 48"),
+    (dict(), dict(kv_heads=1), "key heads differ"),
+])
+def test_patch_leaves_to_sdpa_what_flash_attention_does_not_serve(options, call_args, reason):
+    dim, heads = call_args.get("dim", 128), call_args.get("heads", 2)
+    ours, theirs = _twins(lambda: SelfAttention(dim, heads, call_args.get("kv_heads", heads), **options),
+                          call_args.get("dtype", torch.float16))
+    roofline.patch(ours, attention=True)
+    x = torch.randn(2, 24, dim, device=DEVICE, dtype=call_args.get("dtype", torch.float16))
+    memory = torch.randn(2, call_args["memory_length"], dim, device=DEVICE, dtype=x.dtype) \
+        if "memory_length" in call_args else None
+    torch.manual_seed(1)   # the same dropout draws
+    y_ours = ours(x, memory)
+    torch.manual_seed(1)
+    torch.testing.assert_close(y_ours, theirs(x, memory), rtol=0, atol=0)   # torch's own call, whatever it does
+    router = roofline.patching.attention_router(ours)
+    assert router.served == 0 and [r for r in router.passed if r.startswith(reason)]
+
+
+def test_patch_puts_sdpa_back_when_the_forward_raises():
+    model = SelfAttention().to(DEVICE, torch.float16)
+    roofline.patch(model, attention=True)
+    with pytest.raises(RuntimeError):
+        model(torch.randn(2, 5, 64, device=DEVICE, dtype=torch.float16))   # wrong width for the projections
+    assert F.scaled_dot_product_attention is roofline.patching.TORCH_SDPA
+
+
+def test_patched_attention_under_torch_compile():
+    ours, theirs = _twins(lambda: SelfAttention(is_causal=True))
+    roofline.patch(ours, attention=True)
+    compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
+    x = torch.randn(1, 40, 128, device=DEVICE, dtype=torch.float16)
+    torch.testing.assert_close(compiled(x), theirs(x), rtol=2e-2, atol=2e-2)
+    assert roofline.patching.attention_router(ours).served >= 1
+    assert F.scaled_dot_product_attention is roofline.patching.TORCH_SDPA
