@@ -199,3 +199,38 @@ def test_patched_attention_under_torch_compile():
     torch.testing.assert_close(compiled(x), theirs(x), rtol=2e-2, atol=2e-2)
     assert roofline.patching.attention_router(ours).served >= 1
     assert F.scaled_dot_product_attention is roofline.patching.TORCH_SDPA
+
+
+# --------------------------------------------------------------------------- quantize_int8_weight_only
+
+def test_quantize_int8_weight_only_swaps_linears_and_reports_memory():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 32, bias=False), rnn.RMSNorm(32))
+    model = model.to(DEVICE, torch.bfloat16)
+    x = torch.randn(5, 64, device=DEVICE, dtype=torch.bfloat16)
+    before = model(x).float()
+    report = roofline.quantize_int8_weight_only(model, skip=lambda name, m: False)
+    assert report.layers == ["0", "2"] and all(isinstance(model[i], rnn.Int8Linear) for i in (0, 2))
+    assert report.bytes_before == (64 * 96 + 96 * 32) * 2
+    assert report.bytes_after == 64 * 96 + 96 * 32 + (96 + 32) * 4
+    assert "MiB saved" in str(report)
+    after = model(x).float()
+    assert 10 * torch.log10(before.square().sum() / (after - before).square().sum()) > 30   # dB
+    assert set(model.state_dict()) == {"0.weight_int8", "0.scale", "0.bias", "2.weight_int8", "2.scale",
+                                       "3.weight"}
+    assert roofline.quantize_int8_weight_only(model).layers == []   # nothing left to swap
+
+
+def test_quantize_int8_weight_only_skips_what_it_is_told_to():
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 8)).to(DEVICE, torch.float16)
+    report = roofline.quantize_int8_weight_only(model, skip=lambda name, m: m.out_features == 8)
+    assert report.layers == ["0"] and type(model[1]) is nn.Linear
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        roofline.quantize_int8_weight_only("model")
+
+
+def test_int8_linear_module_runs_on_torch_where_the_kernel_does_not():
+    layer = nn.Linear(32, 8).double()
+    int8 = rnn.Int8Linear.from_linear(layer)
+    x = torch.randn(3, 32, dtype=torch.float64)
+    torch.testing.assert_close(int8(x), layer(x), rtol=0.02, atol=0.02)

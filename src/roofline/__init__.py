@@ -5,13 +5,16 @@ Submodules load on first use, so `import roofline` is instant and touches no GPU
     roofline.device  what the device is and its measured ceilings
     roofline.ops     fused kernels
     roofline.nn      drop-in modules over them; roofline.patch(model) swaps a model's norms and GELUs in place
+                     (and routes its attention, when asked); roofline.quantize_int8_weight_only(model) its
+                     nn.Linear layers for int8 weight-only ones
     roofline.profiler / roofline.profile   where a program's time goes, line by line
 """
 
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("bench", "device", "nn", "ops", "profiler")
+_SUBMODULES = ("bench", "device", "nn", "ops", "patching", "profiler")
+_FROM_PATCHING = ("patch", "quantize_int8_weight_only")
 
 
 def __getattr__(name):
@@ -19,10 +22,10 @@ def __getattr__(name):
         return importlib.import_module(f"roofline.{name}")
     if name == "profile":
         return importlib.import_module("roofline.profiler").profile
-    if name == "patch":
-        return importlib.import_module("roofline.patching").patch
+    if name in _FROM_PATCHING:
+        return getattr(importlib.import_module("roofline.patching"), name)
     raise AttributeError(f"module 'roofline' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted([*globals(), *_SUBMODULES, "patch", "profile"])
+    return sorted([*globals(), *_SUBMODULES, *_FROM_PATCHING, "profile"])

@@ -69,3 +69,38 @@ class SwiGLUMLP(nn.Module):
         gate, up = self.gate_proj(x), self.up_proj(x)
         hidden = ops.swiglu(gate, up, backend="triton") if _on_kernel(gate) else F.silu(gate) * up
         return self.down_proj(hidden)
+
+
+class Int8Linear(nn.Module):
+    """nn.Linear with its weight stored as per-output-channel int8 (buffers weight_int8 [out, in] and scale
+    [out], fp32) and dequantized in registers by roofline.ops.int8_linear: half the bytes of a bf16 weight, which
+    is what a decode step's matmuls are bound by. The input's gradient flows; the weights are frozen."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=torch.bfloat16):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight_int8", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+        self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+        """The int8 version of linear (its weight quantized, its bias kept in its dtype)."""
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, linear.weight.device,
+                     linear.weight.dtype)
+        q, scale = ops.quantize_int8(linear.weight)
+        module.weight_int8.copy_(q)
+        module.scale.copy_(scale)
+        if linear.bias is not None:
+            module.bias.data.copy_(linear.bias.data)
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if (x.is_cuda or interpreting()) and x.dtype in (torch.float16, torch.bfloat16):
+            return ops.int8_linear(x, self.weight_int8, self.scale, bias, backend="triton")
+        return ops.int8_linear(x, self.weight_int8, self.scale, bias, backend="torch")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

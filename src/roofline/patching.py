@@ -14,6 +14,7 @@ and the router counts why.
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -129,3 +130,40 @@ def attention_router(model: nn.Module) -> AttentionRouter | None:
         if isinstance(getattr(hook, "__self__", None), AttentionRouter):
             return hook.__self__
     return None
+
+
+@dataclasses.dataclass
+class QuantizationReport:
+    """What quantize_int8_weight_only did: the layers swapped, and their weights' bytes before and after (the
+    int8 weight and its fp32 scales)."""
+    layers: list[str]
+    bytes_before: int
+    bytes_after: int
+
+    @property
+    def bytes_saved(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    def __str__(self) -> str:
+        return (f"{len(self.layers)} nn.Linear layers to int8: weights {self.bytes_before / 2**20:,.1f} MiB -> "
+                f"{self.bytes_after / 2**20:,.1f} MiB, {self.bytes_saved / 2**20:,.1f} MiB saved")
+
+
+def quantize_int8_weight_only(model: nn.Module, *, skip=lambda name, module: False) -> QuantizationReport:
+    """Swap model's nn.Linear layers (exactly that class, skip(name, module) false) for roofline.nn.Int8Linear in
+    place: weights per-output-channel int8, activations as they were. The model itself cannot be swapped (it
+    has no parent); a bare nn.Linear is quantized with Int8Linear.from_linear instead."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"quantize_int8_weight_only: model must be a torch.nn.Module, got {type(model).__name__}")
+    report = QuantizationReport([], 0, 0)
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full_name = f"{name}.{child_name}" if name else child_name
+            if type(child) is not nn.Linear or skip(full_name, child):
+                continue
+            quantized = roofline_nn.Int8Linear.from_linear(child)
+            setattr(module, child_name, quantized)
+            report.layers.append(full_name)
+            report.bytes_before += child.weight.numel() * child.weight.element_size()
+            report.bytes_after += quantized.weight_int8.numel() + quantized.scale.numel() * 4
+    return report

@@ -66,6 +66,18 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+if triton is not None:
+
+    @triton.jit
+    def round_to_bf16_as_the_gpu_does(value):
+        """fp32 values rounded to bf16's precision, to nearest even, still fp32. Triton's interpreter converts
+        fp32 to bf16 by truncation, where the GPU rounds: kernels that store bf16 under the interpreter round
+        first, so that the CPU checks see the GPU's error."""
+        bits = value.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        return bits.to(tl.float32, bitcast=True)
+
+
 def elementwise_block(element_size: int, num_warps: int = 4) -> int:
     """Elements per program of an elementwise kernel: 32 bytes per thread (two 16-byte accesses), enough bytes
     in flight per SM to cover memory latency at 4 warps a program."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from roofline.ops._common import KernelOp, choose_backend, interpreting, tl, triton
+from roofline.ops._common import KernelOp, choose_backend, interpreting, round_to_bf16_as_the_gpu_does, tl, triton
 
 BACKENDS = ("torch", "triton")
 HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -111,9 +111,7 @@ if triton is not None:
         does, so that the CPU checks see its error."""
         shape: tl.constexpr = desc.block_shape
         if UPCAST:
-            bits = value.to(tl.int32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-            value = bits.to(tl.float32, bitcast=True)
+            value = round_to_bf16_as_the_gpu_does(value)
         desc.store([b, h, start, 0], value.to(desc.dtype).reshape(shape))
 
     @triton.jit

@@ -1,0 +1,364 @@
+"""linear: a GEMM with its epilogue fused, y = activation(x W^T + bias) + residual, and the int8 weight-only variant.
+
+    linear(x, weight, bias, activation, residual)        weight [N, K] in x's dtype (nn.Linear's layout)
+    int8_linear(x, weight_int8, scale, bias)              weight [N, K] int8, scale [N]: W = weight_int8 * scale
+
+One Triton kernel serves both. A program computes a [BLOCK_M, BLOCK_N] tile of y over K in BLOCK_K steps,
+tiles of x and W arriving through Hopper's copy engine (TMA descriptors); the per-channel scale, the bias, the
+activation and the residual are applied to the fp32 tile in registers before the one store, where a library
+GEMM followed by eager ops would write y and read it back once per op. An int8 weight tile is converted to x's
+dtype in registers (exactly: int8 fits in fp16 and bf16), so the weights cross memory at one byte each, which is
+what a decode step (a few rows of x) is bound by.
+
+Tiles, warps and pipeline depth are autotuned per (M bucket, N, K) over a small set that suits Hopper; programs
+are ordered in groups of GROUP_M row blocks, so that neighbours share tiles of W in L2.
+The backward (linear) is torch's: the forward kernel writes Z = x W^T + bias beside y when a gradient is wanted (as
+torch's autograd keeps it), dZ comes from torch's activation backward, then dX = dZ W, dW = dZ^T X (cuBLAS) and
+dbias = sum dZ.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from roofline.ops._common import KernelOp, choose_backend, interpreting, round_to_bf16_as_the_gpu_does, tl, triton
+from roofline.ops.gelu import _gelu_and_grad
+
+BACKENDS = ("torch", "triton")
+ACTIVATIONS = (None, "gelu", "gelu_tanh", "silu", "relu")
+_ACTIVATION_CODE = {name: code for code, name in enumerate(ACTIVATIONS)}
+GROUP_M = 8
+TMA_ALIGN = 16   # bytes: a descriptor's base and row strides must be multiples of it
+
+if triton is not None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    @triton.jit
+    def _activation(z, ACTIVATION: tl.constexpr):
+        """activation(z), fp32, for the codes of ACTIVATIONS."""
+        if ACTIVATION == 1 or ACTIVATION == 2:
+            y, _ = _gelu_and_grad(z, ACTIVATION == 2)
+            return y
+        if ACTIVATION == 3:
+            return z / (1.0 + tl.exp(-z))
+        if ACTIVATION == 4:
+            return tl.maximum(z, 0.0)
+        return z
+
+    @triton.jit
+    def _as_stored(value, UPCAST: tl.constexpr):
+        """fp32 value about to be stored: under the interpreter in bf16 (UPCAST), rounded as the GPU would."""
+        if UPCAST:
+            value = round_to_bf16_as_the_gpu_does(value)
+        return value
+
+    def _set_block_shapes(nargs):
+        """Autotuning's pre-launch hook: the descriptors' blocks are the config's tiles."""
+        bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+        nargs["x_desc"].block_shape = [bm, bk]
+        nargs["w_desc"].block_shape = [bn, bk]
+        for name in ("y_desc", "r_desc", "z_desc"):
+            if isinstance(nargs[name], TensorDescriptor):
+                nargs[name].block_shape = [bm, bn]
+
+    def _config(bm, bn, bk, stages, warps):
+        return triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk), num_stages=stages, num_warps=warps,
+                             pre_hook=_set_block_shapes)
+
+    # Hopper: 128 x 128..256 tiles with 8 warps (two warp groups) for large M; narrow tiles and long K steps
+    # for decode, where W's bytes are the cost and the grid must still cover the SMs.
+    LARGE = [_config(128, 256, 64, 3, 8), _config(128, 128, 64, 4, 8), _config(256, 128, 64, 3, 8),
+             _config(128, 128, 64, 4, 4), _config(64, 256, 64, 4, 4)]
+    SMALL = [_config(64, 128, 64, 4, 4), _config(64, 64, 128, 4, 4), _config(64, 128, 128, 3, 4)]
+    DECODE = [_config(16, 32, 256, 4, 4), _config(16, 64, 256, 4, 4), _config(16, 64, 128, 6, 4),
+              _config(16, 128, 128, 4, 4), _config(32, 64, 256, 4, 4)]
+    INTERPRETER = [_config(16, 32, 32, 1, 4)]   # one config: the interpreter would time every one of them
+
+    def _prune(configs, named_args, **kwargs):
+        """The configs worth timing for this M: decode tiles for a few rows, small ones up to 128, large beyond."""
+        if interpreting():
+            return configs
+        m = named_args["M"]
+        wanted = DECODE if m <= 32 else (SMALL + DECODE[1:2]) if m <= 128 else (LARGE + SMALL[:1])
+        return [c for c in configs if any(c is w for w in wanted)]
+
+    @triton.autotune(configs=INTERPRETER if interpreting() else LARGE + SMALL + DECODE,
+                     key=["M_BUCKET", "N", "K", "ACTIVATION", "W_SCALED", "HAS_RESIDUAL"],
+                     prune_configs_by=dict(early_config_prune=_prune))
+    @triton.jit
+    def linear_kernel(x_desc, w_desc, y_desc, r_desc, z_desc, bias_ptr, scale_ptr, M, N, K, M_BUCKET,
+                      ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                      W_SCALED: tl.constexpr, SAVE_Z: tl.constexpr, PRECISION: tl.constexpr,
+                      UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+        """Program: the tile [BLOCK_M, BLOCK_N] of y = act(z) + residual, z = x W^T * scale + bias (and z itself
+        into z_desc if SAVE_Z, for the backward). M_BUCKET only keys the autotuning. UPCAST: multiply in fp32 (Triton 3.6's
+        interpreter returns garbage from a bf16 dot; fp32 is exact for bf16 products)."""
+        # grouped order: GROUP_M row blocks sweep the column blocks together
+        pid = tl.program_id(0)
+        blocks_m = tl.cdiv(M, BLOCK_M)
+        blocks_n = tl.cdiv(N, BLOCK_N)
+        group = pid // (GROUP_M * blocks_n)
+        first_m = group * GROUP_M
+        rows_in_group = tl.minimum(blocks_m - first_m, GROUP_M)
+        off_m = (first_m + (pid % (GROUP_M * blocks_n)) % rows_in_group) * BLOCK_M
+        off_n = (pid % (GROUP_M * blocks_n)) // rows_in_group * BLOCK_N
+
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = x_desc.load([off_m, k])
+            b = w_desc.load([off_n, k])
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            elif W_SCALED:
+                b = b.to(a.dtype)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
+
+        cols = off_n + tl.arange(0, BLOCK_N)
+        if W_SCALED:
+            acc = acc * tl.load(scale_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        if SAVE_Z:
+            z_desc.store([off_m, off_n], _as_stored(acc, UPCAST).to(z_desc.dtype))
+        y = _activation(acc, ACTIVATION)
+        if HAS_RESIDUAL:
+            y = y + r_desc.load([off_m, off_n]).to(tl.float32)
+        y_desc.store([off_m, off_n], _as_stored(y, UPCAST).to(y_desc.dtype))
+
+
+# --------------------------------------------------------------------------- launching
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """t (2-D), or a copy the copy engine can read: a contiguous last dimension, and the base and row stride
+    multiples of 16 bytes. A row whose bytes are no multiple of 16 gets zero columns added (columns that are
+    never stored, or that add zero products along K)."""
+    size = t.element_size()
+    if t.stride(1) == 1 and t.data_ptr() % TMA_ALIGN == 0 and (t.stride(0) * size % TMA_ALIGN == 0 or t.shape[0] == 1) \
+            and t.shape[1] * size % TMA_ALIGN == 0:
+        return t
+    width = -(-t.shape[1] * size // TMA_ALIGN) * TMA_ALIGN // size
+    return F.pad(t, (0, width - t.shape[1])) if width != t.shape[1] else t.contiguous()
+
+
+def _descriptor(t: torch.Tensor) -> "TensorDescriptor":
+    # the block shape is set per config by _set_block_shapes; a placeholder until then. A single row's stride is
+    # never used: it gets its width, a multiple of 16 bytes (_tma_ready).
+    step = TMA_ALIGN // t.element_size()
+    strides = [t.stride(0) if t.shape[0] > 1 else -(-t.shape[1] // step) * step, 1]
+    return TensorDescriptor(t, list(t.shape), strides, [1, TMA_ALIGN // t.element_size()])
+
+
+def _padded_empty(m: int, n: int, like: torch.Tensor) -> torch.Tensor:
+    """An [m, n] tensor whose rows start 16-byte aligned (columns past n are scratch)."""
+    step = TMA_ALIGN // like.element_size()
+    return like.new_empty(m, -(-n // step) * step)[:, :n]
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,
+           residual: torch.Tensor | None, activation: int, save_z: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """y = act(z) + residual, z = x weight^T (* scale) + bias, for 2-D x [M, K] and weight [N, K]; and z if
+    save_z (else an empty tensor). y comes back contiguous."""
+    m, k = x.shape
+    n = weight.shape[0]
+    x, weight = _tma_ready(x), _tma_ready(weight)
+    if x.shape[1] != weight.shape[1]:   # one of them padded along K: pad the other alike
+        width = max(x.shape[1], weight.shape[1])
+        x, weight = (F.pad(t, (0, width - t.shape[1])) for t in (x, weight))
+    y = _padded_empty(m, n, x)
+    z = _padded_empty(m, n, x) if save_z else x.new_empty(0)
+    residual = _tma_ready(residual) if residual is not None else None
+    bias, scale = (None if t is None else t.contiguous() for t in (bias, scale))
+    upcast = interpreting() and x.dtype == torch.bfloat16   # Triton 3.6's interpreter: no bf16 dot
+    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)   # noqa: E731
+    linear_kernel[grid](
+        _descriptor(x), _descriptor(weight), _descriptor(y),
+        _descriptor(residual) if residual is not None else None, _descriptor(z) if save_z else None,
+        bias, scale, m, n, x.shape[1], triton.next_power_of_2(m),
+        ACTIVATION=activation, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+        W_SCALED=scale is not None, SAVE_Z=save_z,
+        PRECISION="ieee" if upcast else "tf32", UPCAST=upcast)
+    return (y if y.is_contiguous() else y.contiguous()), z
+
+
+# --------------------------------------------------------------------------- linear: registration and autograd
+
+def linear_reference(x, weight, bias=None, activation=None, residual=None) -> torch.Tensor:
+    """What linear computes, in torch, in x's dtype."""
+    y = F.linear(x, weight, bias)
+    y = {None: lambda t: t, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu,
+         "relu": F.relu}[activation](y)
+    return y if residual is None else y + residual
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+             activation: int, save_z: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch(x, weight, bias, None, residual, activation, save_z)
+
+
+def _forward_fake(x, weight, bias, residual, activation, save_z):
+    y = x.new_empty(x.shape[0], weight.shape[0])
+    return y, (x.new_empty(y.shape) if save_z else x.new_empty(0))
+
+
+def _activation_backward(dy: torch.Tensor, z: torch.Tensor, activation: int) -> torch.Tensor:
+    """dL/dz from dL/dy = dL/d act(z), with the kernels torch's own autograd uses (so the same rounding)."""
+    name = ACTIVATIONS[activation]
+    if name in ("gelu", "gelu_tanh"):
+        return torch.ops.aten.gelu_backward(dy, z, approximate="tanh" if name == "gelu_tanh" else "none")
+    if name == "silu":
+        return torch.ops.aten.silu_backward(dy, z)
+    return torch.ops.aten.threshold_backward(dy, z, 0)
+
+
+def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor, activation: int,
+              bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dz = _activation_backward(dy, z, activation) if activation else dy
+    db = dz.sum(0, dtype=torch.float32).to(dz.dtype) if bias_grad else dz.new_empty(0)
+    return dz @ weight, dz.t() @ x, db
+
+
+def _backward_fake(dy, x, weight, z, activation, bias_grad):
+    return torch.empty_like(x), torch.empty_like(weight), dy.new_empty(weight.shape[0] if bias_grad else 0)
+
+
+def _save(ctx, inputs, output):
+    x, weight, bias, residual, activation, save_z = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.activation, ctx.has_bias, ctx.has_residual = activation, bias is not None, residual is not None
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward_rule(ctx, run_backward, dy, _dz):
+    x, weight, z = ctx.saved_tensors
+    dx, dw, db = run_backward(dy, x, weight, z, ctx.activation, ctx.has_bias)
+    return dx, dw, db if ctx.has_bias else None, dy if ctx.has_residual else None, None, None
+
+
+_linear = KernelOp("linear", forward=_forward, forward_fake=_forward_fake, backward=_backward,
+                   backward_fake=_backward_fake, setup_context=_save, backward_rule=_backward_rule)
+
+
+def _check_linear(x, weight, bias, activation, residual) -> None:
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"linear: weight must be a 2-D tensor [out_features, in_features], got "
+                         f"{getattr(weight, 'shape', type(weight).__name__)}")
+    if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: x's last dimension ({x.shape[-1] if x.dim() else 'none'}) must be weight's "
+                         f"in_features ({weight.shape[1]})")
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"linear: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"linear: {name} has dtype {t.dtype} but x has {x.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"linear: {name} is on {t.device} but x is on {x.device}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"linear: bias must have shape [{weight.shape[0]}], got {list(bias.shape)}")
+    if residual is not None and residual.shape != (*x.shape[:-1], weight.shape[0]):
+        raise ValueError(f"linear: residual must have the output's shape {[*x.shape[:-1], weight.shape[0]]}, "
+                         f"got {list(residual.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None,
+           residual: torch.Tensor | None = None, *, backend: str | None = None) -> torch.Tensor:
+    """activation(x @ weight^T + bias) + residual in one GEMM whose epilogue applies bias, activation and
+    residual to each tile before it is stored. weight in nn.Linear's layout [out_features, in_features];
+    activation one of ACTIVATIONS; residual the output's shape. fp16/bf16 multiply on the tensor cores with fp32
+    accumulation; fp32 as tf32 (as torch.backends.cuda.matmul.allow_tf32 = True would).
+
+    backend: "triton" (the default on CUDA), or "torch" (linear_reference; the default on CPU).
+    """
+    backend = choose_backend("linear", x, backend, BACKENDS)
+    _check_linear(x, weight, bias, activation, residual)
+    if backend == "torch" or x.numel() == 0 or weight.numel() == 0:
+        return linear_reference(x, weight, bias, activation, residual)
+    rows = x.reshape(-1, x.shape[-1])
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                 for t in (x, weight, bias, residual))
+    y, _ = _linear(rows, weight, bias, None if residual is None else residual.reshape(rows.shape[0], -1),
+                   _ACTIVATION_CODE[activation], wants_grad and activation is not None)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+# --------------------------------------------------------------------------- int8 weight-only
+
+INT8_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8: (q [N, K] int8, scale [N] fp32), weight ~= q * scale[:, None], each
+    row's scale its largest |w| / 127. (Clipping the largest values, with the scale that minimizes the squared
+    error, gained nothing on Gaussian, Laplace, Student-t or outlier-sprinkled rows: a few large weights cost
+    more clipped than the finer step saves.)"""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"quantize_int8: weight must be a 2-D floating-point tensor, got "
+                         f"{getattr(weight, 'shape', type(weight).__name__)}")
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+
+
+def int8_linear_reference(x, weight_int8, scale, bias=None) -> torch.Tensor:
+    """What int8_linear computes, in torch: the weight dequantized to x's dtype, then F.linear."""
+    return F.linear(x, (weight_int8.to(torch.float32) * scale[:, None]).to(x.dtype), bias)
+
+
+def _int8_forward(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    return launch(x, weight_int8, bias, scale, None, 0, False)[0]
+
+
+def _int8_save(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1], inputs[2])
+
+
+def _int8_backward(dy: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return dy @ (weight_int8.to(torch.float32) * scale[:, None]).to(dy.dtype)
+
+
+def _int8_backward_rule(ctx, run_backward, dy):
+    # the gradient of x only (adapters trained over a frozen quantized layer); the weights are buffers
+    return run_backward(dy, *ctx.saved_tensors), None, None, None
+
+
+_int8_linear = KernelOp(
+    "int8_linear", forward=_int8_forward,
+    forward_fake=lambda x, weight_int8, scale, bias: x.new_empty(x.shape[0], weight_int8.shape[0]),
+    backward=_int8_backward, backward_fake=lambda dy, weight_int8, scale: dy.new_empty(dy.shape[0], weight_int8.shape[1]),
+    setup_context=_int8_save, backward_rule=_int8_backward_rule)
+
+
+def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+                *, backend: str | None = None) -> torch.Tensor:
+    """x @ (weight_int8 * scale[:, None])^T + bias, the weight read as int8 and dequantized in registers.
+    weight_int8 [N, K] int8 and scale [N] as quantize_int8 gives them; x fp16 or bf16. Differentiable in x.
+
+    backend: "triton" (the default on CUDA), or "torch" (int8_linear_reference, any float dtype; the default on
+    CPU).
+    """
+    backend = choose_backend("int8_linear", x, backend, BACKENDS)
+    if backend == "triton" and x.dtype not in INT8_DTYPES:
+        raise TypeError(f"int8_linear: backend='triton' takes x of float16 or bfloat16, got {x.dtype}")
+    if not isinstance(weight_int8, torch.Tensor) or weight_int8.dtype != torch.int8 or weight_int8.dim() != 2:
+        raise TypeError("int8_linear: weight_int8 must be a 2-D int8 tensor (quantize_int8 gives one)")
+    if x.dim() == 0 or x.shape[-1] != weight_int8.shape[1]:
+        raise ValueError(f"int8_linear: x's last dimension must be weight_int8's in_features ({weight_int8.shape[1]})")
+    if not isinstance(scale, torch.Tensor) or scale.shape != (weight_int8.shape[0],) or not scale.is_floating_point():
+        raise ValueError(f"int8_linear: scale must be a float tensor of shape [{weight_int8.shape[0]}]")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (weight_int8.shape[0],)
+                             or bias.dtype != x.dtype):
+        raise ValueError(f"int8_linear: bias must be a {x.dtype} tensor of shape [{weight_int8.shape[0]}]")
+    for name, t in (("weight_int8", weight_int8), ("scale", scale), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"int8_linear: {name} is on {t.device} but x is on {x.device}")
+    if backend == "torch" or x.numel() == 0 or weight_int8.numel() == 0:
+        return int8_linear_reference(x, weight_int8, scale, bias)
+    rows = x.reshape(-1, x.shape[-1])
+    return _int8_linear(rows, weight_int8, scale, bias).view(*x.shape[:-1], weight_int8.shape[0])
