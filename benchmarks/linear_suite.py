@@ -1,0 +1,148 @@
+"""roofline.ops.linear and int8_linear against cuBLAS, torch.compile and torchao, side by side in one run.
+
+    python benchmarks/linear_suite.py OUT_DIR [--quick]
+
+All bf16, timed under CUDA graphs (the kernels alone; L2 flushed before each call), outputs checked against the
+baseline before timing:
+  gemm      linear without epilogue against F.linear (cuBLAS): 8192^3, and M in {1, 16, 128, 2048, 8192} over
+            (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)}
+  epilogue  y = gelu(x W^T + b): linear(x, W, b, "gelu") against cuBLAS then eager bias+GeLU (F.gelu(F.linear()))
+            and torch.compile of that expression; M in {2048, 8192}, (N, K) = (14336, 4096) and 8192^3
+  int8      int8_linear against bf16 F.linear and torchao's int8 weight-only under torch.compile (where torchao
+            imports; its failure is reported otherwise): M in {1, 16}, (N, K) in {(4096, 4096), (14336, 4096)}
+Writes OUT_DIR/linear.md (summary and every sweep) and OUT_DIR/linear.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from roofline import bench, ops
+from roofline.bench import report
+
+BF16 = torch.bfloat16
+OURS = "roofline (triton)"
+LLM_NK = [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
+
+
+def _label(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def _sweep(name, shapes, providers, baseline, inputs, flops=None, bytes_=None, rtol=0.02, atol=0.02):
+    by_x = {_label(s): s for s in shapes}
+    return bench.Sweep(name=name, x_name="M x N x K", x_values=list(by_x), baseline=baseline,
+                       inputs=lambda x, dev: inputs(*by_x[x], dev), providers=providers,
+                       flops=flops, bytes=bytes_, rtol=rtol, atol=atol, description=name)
+
+
+def _dense(m, n, k, dev, bias=False):
+    x = torch.randn(m, k, device=dev, dtype=BF16)
+    w = torch.randn(n, k, device=dev, dtype=BF16) / k ** 0.5
+    return (x, w, torch.randn(n, device=dev, dtype=BF16)) if bias else (x, w)
+
+
+def _gemm_flops(label, x, w, *rest):
+    return 2 * x.shape[0] * w.shape[0] * x.shape[1]
+
+
+def gemm_sweep(quick: bool) -> bench.Sweep:
+    shapes = [(512, 512, 512)] if quick else [(8192, 8192, 8192)] + [(m, n, k) for m in (1, 16, 128, 2048, 8192)
+                                                                     for n, k in LLM_NK]
+    providers = [bench.Provider("cuBLAS (F.linear)", F.linear),
+                 bench.Provider(OURS, lambda x, w: ops.linear(x, w, backend="triton"))]
+    return _sweep("gemm bf16", shapes, providers, "cuBLAS (F.linear)", _dense, flops=_gemm_flops)
+
+
+def epilogue_sweep(quick: bool) -> bench.Sweep:
+    shapes = [(512, 512, 512)] if quick else [(2048, 14336, 4096), (8192, 14336, 4096), (8192, 8192, 8192)]
+    eager = lambda x, w, b: F.gelu(F.linear(x, w, b))   # noqa: E731
+    providers = [bench.Provider("cuBLAS + eager bias+gelu", eager),
+                 bench.Provider("torch.compile", torch.compile(eager)),
+                 bench.Provider(OURS, lambda x, w, b: ops.linear(x, w, b, "gelu", backend="triton"))]
+    return _sweep("linear + bias + gelu bf16", shapes, providers, "cuBLAS + eager bias+gelu",
+                  lambda m, n, k, dev: _dense(m, n, k, dev, bias=True), flops=_gemm_flops)
+
+
+def _torchao_int8():
+    """A provider running torchao's int8 weight-only linear under torch.compile, or the reason it cannot."""
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except Exception as e:   # noqa: BLE001 - any import failure is the result to report
+        return None, f"torchao does not import: {type(e).__name__}: {e}"
+    layers = {}
+
+    def run(x, w, q, scale):
+        key = (w.data_ptr(), w.shape)
+        if key not in layers:   # quantized and compiled once per weight, in the warm-up
+            layer = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+            layer.weight.data.copy_(w)
+            quantize_(layer, Int8WeightOnlyConfig())
+            layers[key] = torch.compile(layer, mode="max-autotune-no-cudagraphs")
+        return layers[key](x)
+
+    return run, None
+
+
+def int8_sweep(quick: bool) -> bench.Sweep:
+    shapes = [(1, 512, 512)] if quick else [(m, n, k) for m in (1, 16) for n, k in LLM_NK[:2]]
+
+    def inputs(m, n, k, dev):
+        x, w = _dense(m, n, k, dev)
+        q, scale = ops.quantize_int8(w)
+        return x, w, q, scale
+
+    torchao, why_not = _torchao_int8()
+    providers = [bench.Provider("bf16 F.linear (cuBLAS)", lambda x, w, q, s: F.linear(x, w)),
+                 bench.Provider("torchao int8 weight-only + compile", torchao or (lambda *a: None), skip=why_not),
+                 bench.Provider(OURS, lambda x, w, q, s: ops.int8_linear(x, q, s, backend="triton"))]
+    # the least traffic of the int8 kernel: the int8 weight, once (x and y are a few KB)
+    return _sweep("int8 weight-only linear, decode", shapes, providers, "bf16 F.linear (cuBLAS)", inputs,
+                  bytes_=lambda label, x, w, q, s: q.numel() + s.numel() * 4, rtol=0.05, atol=0.1)
+
+
+def summary_lines(results) -> list[str]:
+    lines = ["| sweep | M x N x K | ours (ms) | ours TFLOP/s | peer | peer (ms) | ours / peer (below 1: ours faster) |",
+             "|---|---|---|---|---|---|---|"]
+    for result in results:
+        for x in dict.fromkeys(r.x for r in result.rows):
+            rows = {r.provider: r for r in result.rows if r.x == x and r.status == "ok"}
+            ours = rows.get(OURS)
+            for peer, r in rows.items():
+                if peer == OURS or ours is None:
+                    continue
+                tflops = f"{ours.tflops:,.0f}" if ours.tflops else ""
+                lines.append(f"| {result.name} | {x} | {ours.median_ms:.4f} | {tflops} | {peer} | {r.median_ms:.4f} | "
+                             f"{ours.median_ms / r.median_ms:.3f} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results, sections = [], []
+    for sweep in (gemm_sweep(args.quick), epilogue_sweep(args.quick), int8_sweep(args.quick)):
+        result = sweep.run(rounds=3, progress=False, cuda_graph=True)
+        results.append(result)
+        sections.append(f"### {sweep.name}\n\n{report.to_markdown(result)}")
+        print(sections[-1], flush=True)
+        report.write_json(result, args.out / f"{sweep.name.split()[0]}.json", samples=False)
+    text = "\n".join(["### Ours against each peer", "", *summary_lines(results), "", *sections])
+    (args.out / "linear.md").write_text(text)
+    (args.out / "linear.json").write_text(json.dumps(
+        [json.loads((args.out / f"{s.name.split()[0]}.json").read_text()) for s in results], indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
