@@ -90,7 +90,7 @@ if triton is not None:
     def linear_kernel(x_desc, w_desc, y_desc, r_desc, z_desc, bias_ptr, scale_ptr, M, N, K, M_BUCKET,
                       ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                       W_SCALED: tl.constexpr, SAVE_Z: tl.constexpr, PRECISION: tl.constexpr,
-                      UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      UPCAST: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr):
         """Program: the tile [BLOCK_M, BLOCK_N] of y = act(z) + residual, z = x W^T * scale + bias (and z itself
         into z_desc if SAVE_Z, for the backward). M_BUCKET only keys the autotuning. UPCAST: multiply in fp32 (Triton 3.6's
@@ -179,7 +179,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sca
         bias, scale, m, n, x.shape[1], triton.next_power_of_2(m),
         ACTIVATION=activation, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         W_SCALED=scale is not None, SAVE_Z=save_z,
-        PRECISION="ieee" if upcast else "tf32", UPCAST=upcast)
+        PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, GROUP_M=GROUP_M)
     return (y if y.is_contiguous() else y.contiguous()), z
 
 
