@@ -1,6 +1,6 @@
 """roofline.ops.linear and int8_linear against cuBLAS, torch.compile and torchao, side by side in one run.
 
-    python benchmarks/linear_suite.py OUT_DIR [--quick]
+    python benchmarks/linear_suite.py OUT_DIR [--quick] [--only gemm epilogue int8]
 
 All bf16, timed under CUDA graphs (the kernels alone; L2 flushed before each call), outputs checked against the
 baseline before timing:
@@ -76,16 +76,15 @@ def _torchao_int8():
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
     except Exception as e:   # noqa: BLE001 - any import failure is the result to report
         return None, f"torchao does not import: {type(e).__name__}: {e}"
-    layers = {}
+    made = {}   # the weight tensor (held, so that its id is not reused) and its quantized, compiled layer
 
     def run(x, w, q, scale):
-        key = (w.data_ptr(), w.shape)
-        if key not in layers:   # quantized and compiled once per weight, in the warm-up
+        if made.get("weight") is not w:   # quantized and compiled once per weight, in the warm-up
             layer = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
             layer.weight.data.copy_(w)
             quantize_(layer, Int8WeightOnlyConfig())
-            layers[key] = torch.compile(layer, mode="max-autotune-no-cudagraphs")
-        return layers[key](x)
+            made.update(weight=w, layer=torch.compile(layer, mode="max-autotune-no-cudagraphs"))
+        return made["layer"](x)
 
     return run, None
 
@@ -127,10 +126,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
+    parser.add_argument("--only", nargs="*", default=["gemm", "epilogue", "int8"], help="parts to run")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results, sections = [], []
-    for sweep in (gemm_sweep(args.quick), epilogue_sweep(args.quick), int8_sweep(args.quick)):
+    parts = dict(gemm=gemm_sweep, epilogue=epilogue_sweep, int8=int8_sweep)
+    for sweep in (parts[p](args.quick) for p in args.only):
         result = sweep.run(rounds=3, progress=False, cuda_graph=True)
         results.append(result)
         sections.append(f"### {sweep.name}\n\n{report.to_markdown(result)}")

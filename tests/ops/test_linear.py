@@ -105,7 +105,7 @@ def test_compiles_fullgraph_through_the_kernel():
     ours = _run(compiled, (x, w, b, r), dout)
     exact = _run(lambda x, w, b, r: linear_reference(x * 2, w, b, "gelu", r), (x, w, b, r), dout, torch.float64)
     for o, e in zip(ours, exact):
-        torch.testing.assert_close(o.double(), e, rtol=2e-3, atol=2e-3)   # tf32 on a GPU
+        torch.testing.assert_close(o.double(), e, rtol=5e-3, atol=5e-3)   # tf32 on a GPU
 
 
 X, W = torch.randn(4, 8, device=DEVICE, dtype=torch.float16), torch.randn(6, 8, device=DEVICE, dtype=torch.float16)

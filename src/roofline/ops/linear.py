@@ -47,6 +47,13 @@ if triton is not None:
         return z
 
     @triton.jit
+    def _round_to_tf32(value):
+        """fp32 values rounded to tf32's 10-bit mantissa, to nearest even (still fp32 bits)."""
+        bits = value.to(tl.int32, bitcast=True)
+        bits = (bits + 0xFFF + ((bits >> 13) & 1)) & -8192
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
     def _as_stored(value, UPCAST: tl.constexpr):
         """fp32 value about to be stored: under the interpreter in bf16 (UPCAST), rounded as the GPU would."""
         if UPCAST:
@@ -72,7 +79,8 @@ if triton is not None:
              _config(128, 128, 64, 4, 4), _config(64, 256, 64, 4, 4)]
     SMALL = [_config(64, 128, 64, 4, 4), _config(64, 64, 128, 4, 4), _config(64, 128, 128, 3, 4)]
     DECODE = [_config(16, 32, 256, 4, 4), _config(16, 64, 256, 4, 4), _config(16, 64, 128, 6, 4),
-              _config(16, 128, 128, 4, 4), _config(32, 64, 256, 4, 4)]
+              _config(16, 128, 128, 4, 4), _config(32, 64, 256, 4, 4), _config(16, 16, 512, 4, 4),
+              _config(16, 32, 512, 3, 4), _config(16, 16, 256, 6, 2)]
     INTERPRETER = [_config(16, 32, 32, 1, 4)]   # one config: the interpreter would time every one of them
 
     def _prune(configs, named_args, **kwargs):
@@ -90,7 +98,7 @@ if triton is not None:
     def linear_kernel(x_desc, w_desc, y_desc, r_desc, z_desc, bias_ptr, scale_ptr, M, N, K, M_BUCKET,
                       ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                       W_SCALED: tl.constexpr, SAVE_Z: tl.constexpr, PRECISION: tl.constexpr,
-                      UPCAST: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr):
         """Program: the tile [BLOCK_M, BLOCK_N] of y = act(z) + residual, z = x W^T * scale + bias (and z itself
         into z_desc if SAVE_Z, for the backward). M_BUCKET only keys the autotuning. UPCAST: multiply in fp32 (Triton 3.6's
@@ -114,6 +122,9 @@ if triton is not None:
                 b = b.to(tl.float32)
             elif W_SCALED:
                 b = b.to(a.dtype)
+            if ROUND_TF32:   # the tensor cores read tf32 by dropping fp32's low bits; cuBLAS rounds them
+                a = _round_to_tf32(a)
+                b = _round_to_tf32(b)
             acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
 
         cols = off_n + tl.arange(0, BLOCK_N)
@@ -179,7 +190,8 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sca
         bias, scale, m, n, x.shape[1], triton.next_power_of_2(m),
         ACTIVATION=activation, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         W_SCALED=scale is not None, SAVE_Z=save_z,
-        PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, GROUP_M=GROUP_M)
+        PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, GROUP_M=GROUP_M,
+        ROUND_TF32=x.dtype == torch.float32 and not interpreting())
     return (y if y.is_contiguous() else y.contiguous()), z
 
 
