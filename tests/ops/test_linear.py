@@ -9,6 +9,7 @@ On a CPU the kernel runs through Triton's interpreter at small shapes; the `gpu`
 language model's sizes.
 """
 
+import importlib
 import math
 
 import pytest
@@ -17,6 +18,8 @@ from ops_checks import DEVICE, DTYPES
 
 from roofline.ops.linear import (ACTIVATIONS, int8_linear, int8_linear_reference, linear, linear_reference,
                                  quantize_int8)
+
+linear_module = importlib.import_module("roofline.ops.linear")
 
 
 def _run(fn, tensors, dout, dtype=None):
@@ -87,6 +90,13 @@ def test_non_contiguous_and_transposed_operands():
     b = torch.randn(96, device=DEVICE, dtype=torch.bfloat16)[::2]
     out = check(x, w, b, r, "gelu")
     assert out.shape == (3, 20, 48) and out.is_contiguous()
+
+
+def test_persistent_programs_walk_every_tile(monkeypatch):
+    # On a CPU the grid of a persistent config is one program, which then walks all 3 x 4 tiles.
+    kernel = linear_module.linear_kernel
+    monkeypatch.setattr(kernel, "configs", [linear_module._config(16, 16, 32, 1, 4, persistent=True)])
+    check(*operands(40, 70, 60, torch.float16), activation="gelu")
 
 
 def test_poisoned_output_memory_is_overwritten():

@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend, interpreting, round_to_bf16_as_the_gpu_does, tl, triton
+from roofline.ops._common import (KernelOp, choose_backend, interpreting, round_to_bf16_as_the_gpu_does, sm_count,
+                                  tl, triton)
 from roofline.ops.gelu import _gelu_and_grad
 
 BACKENDS = ("torch", "triton")
@@ -69,14 +70,15 @@ if triton is not None:
             if isinstance(nargs[name], TensorDescriptor):
                 nargs[name].block_shape = [bm, bn]
 
-    def _config(bm, bn, bk, stages, warps):
-        return triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk), num_stages=stages, num_warps=warps,
-                             pre_hook=_set_block_shapes)
+    def _config(bm, bn, bk, stages, warps, persistent=False):
+        return triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PERSISTENT=persistent), num_stages=stages,
+                             num_warps=warps, pre_hook=_set_block_shapes)
 
-    # Hopper: 128 x 128..256 tiles with 8 warps (two warp groups) for large M; narrow tiles and long K steps
-    # for decode, where W's bytes are the cost and the grid must still cover the SMs.
-    LARGE = [_config(128, 256, 64, 3, 8), _config(128, 128, 64, 4, 8), _config(256, 128, 64, 3, 8),
-             _config(128, 128, 64, 4, 4), _config(64, 256, 64, 4, 4)]
+    # Hopper: 128 x 128..256 tiles with 8 warps (two warp groups) for large M, each also persistent (a program
+    # per SM walking the tiles, so that one tile's epilogue overlaps the next one's loads); narrow tiles and long
+    # K steps for decode, where W's bytes are the cost and the grid must still cover the SMs.
+    LARGE = [_config(*c, persistent=p) for c in ((128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (256, 128, 64, 3, 8),
+                                                 (128, 256, 64, 4, 8), (128, 128, 64, 4, 4)) for p in (False, True)]
     SMALL = [_config(64, 128, 64, 4, 4), _config(64, 64, 128, 4, 4), _config(64, 128, 128, 3, 4)]
     DECODE = [_config(16, 32, 256, 4, 4), _config(16, 64, 256, 4, 4), _config(16, 64, 128, 6, 4),
               _config(16, 128, 128, 4, 4), _config(32, 64, 256, 4, 4), _config(16, 16, 512, 4, 4),
@@ -91,27 +93,19 @@ if triton is not None:
         wanted = DECODE if m <= 32 else (SMALL + DECODE[1:2]) if m <= 128 else (LARGE + SMALL[:1])
         return [c for c in configs if any(c is w for w in wanted)]
 
-    @triton.autotune(configs=INTERPRETER if interpreting() else LARGE + SMALL + DECODE,
-                     key=["M_BUCKET", "N", "K", "ACTIVATION", "W_SCALED", "HAS_RESIDUAL"],
-                     prune_configs_by=dict(early_config_prune=_prune))
     @triton.jit
-    def linear_kernel(x_desc, w_desc, y_desc, r_desc, z_desc, bias_ptr, scale_ptr, M, N, K, M_BUCKET,
-                      ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                      W_SCALED: tl.constexpr, SAVE_Z: tl.constexpr, PRECISION: tl.constexpr,
-                      UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
-        """Program: the tile [BLOCK_M, BLOCK_N] of y = act(z) + residual, z = x W^T * scale + bias (and z itself
-        into z_desc if SAVE_Z, for the backward). M_BUCKET only keys the autotuning. UPCAST: multiply in fp32 (Triton 3.6's
-        interpreter returns garbage from a bf16 dot; fp32 is exact for bf16 products)."""
+    def _linear_tile(tile, blocks_m, blocks_n, x_desc, w_desc, y_desc, r_desc, z_desc, bias_ptr, scale_ptr, N, K,
+                     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     W_SCALED: tl.constexpr, SAVE_Z: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                     ROUND_TF32: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+        """One tile of linear_kernel: its K loop and its epilogue."""
         # grouped order: GROUP_M row blocks sweep the column blocks together
-        pid = tl.program_id(0)
-        blocks_m = tl.cdiv(M, BLOCK_M)
-        blocks_n = tl.cdiv(N, BLOCK_N)
-        group = pid // (GROUP_M * blocks_n)
+        group = tile // (GROUP_M * blocks_n)
         first_m = group * GROUP_M
         rows_in_group = tl.minimum(blocks_m - first_m, GROUP_M)
-        off_m = (first_m + (pid % (GROUP_M * blocks_n)) % rows_in_group) * BLOCK_M
-        off_n = (pid % (GROUP_M * blocks_n)) // rows_in_group * BLOCK_N
+        off_m = (first_m + (tile % (GROUP_M * blocks_n)) % rows_in_group) * BLOCK_M
+        off_n = (tile % (GROUP_M * blocks_n)) // rows_in_group * BLOCK_N
 
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
@@ -138,6 +132,26 @@ if triton is not None:
         if HAS_RESIDUAL:
             y = y + r_desc.load([off_m, off_n]).to(tl.float32)
         y_desc.store([off_m, off_n], _as_stored(y, UPCAST).to(y_desc.dtype))
+
+    @triton.autotune(configs=INTERPRETER if interpreting() else LARGE + SMALL + DECODE,
+                     key=["M_BUCKET", "N", "K", "ACTIVATION", "W_SCALED", "HAS_RESIDUAL"],
+                     prune_configs_by=dict(early_config_prune=_prune))
+    @triton.jit
+    def linear_kernel(x_desc, w_desc, y_desc, r_desc, z_desc, bias_ptr, scale_ptr, M, N, K, M_BUCKET,
+                      ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                      W_SCALED: tl.constexpr, SAVE_Z: tl.constexpr, PRECISION: tl.constexpr,
+                      UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr, GROUP_M: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PERSISTENT: tl.constexpr):
+        """Program: the tiles [BLOCK_M, BLOCK_N] tile_id, tile_id + programs, ... (one tile, unless PERSISTENT)
+        of y = act(z) + residual, z = x W^T * scale + bias (and z itself into z_desc if SAVE_Z, for the
+        backward). M_BUCKET only keys the autotuning. UPCAST: multiply in fp32 (Triton 3.6's interpreter returns
+        garbage from a bf16 dot; fp32 is exact for bf16 products)."""
+        blocks_m = tl.cdiv(M, BLOCK_M)
+        blocks_n = tl.cdiv(N, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), blocks_m * blocks_n, tl.num_programs(0), flatten=PERSISTENT):
+            _linear_tile(tile, blocks_m, blocks_n, x_desc, w_desc, y_desc, r_desc, z_desc, bias_ptr, scale_ptr, N, K,
+                         ACTIVATION, HAS_BIAS, HAS_RESIDUAL, W_SCALED, SAVE_Z, PRECISION, UPCAST, ROUND_TF32,
+                         GROUP_M, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 # --------------------------------------------------------------------------- launching
@@ -183,7 +197,12 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sca
     residual = _tma_ready(residual) if residual is not None else None
     bias, scale = (None if t is None else t.contiguous() for t in (bias, scale))
     upcast = interpreting() and x.dtype == torch.bfloat16   # Triton 3.6's interpreter: no bf16 dot
-    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)   # noqa: E731
+    programs = sm_count(x.device) if x.is_cuda else 1
+
+    def grid(meta):
+        tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+        return (min(tiles, programs) if meta["PERSISTENT"] else tiles,)
+
     linear_kernel[grid](
         _descriptor(x), _descriptor(weight), _descriptor(y),
         _descriptor(residual) if residual is not None else None, _descriptor(z) if save_z else None,
