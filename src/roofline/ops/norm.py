@@ -69,6 +69,19 @@ if triton is not None:
         return x.to(tl.float32)
 
     @triton.jit
+    def _exact_mean(total, n):
+        """total / n rounded correctly. The GPU's default fp32 division is an approximation (2 ulp): a constant
+        row's mean could land an ulp off its value, which 1/sqrt(eps) then magnifies; torch rounds it."""
+        return tl.div_rn(total, tl.full(total.shape, n, tl.float32))
+
+    @triton.jit
+    def _rstd(var, eps):
+        """1 / sqrt(var + eps), square root and division correctly rounded (and 0 for an infinite variance,
+        as torch gives), where the GPU's defaults are approximations."""
+        one = tl.full(var.shape, 1.0, tl.float32)
+        return tl.div_rn(one, tl.sqrt_rn(var + eps))
+
+    @triton.jit
     def _mean_and_var(x_row, r_row, n, RMS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
         """(mean, variance) of a row longer than one block, in one pass; for RMS (0, mean of squares).
         Each lane runs Welford's update over its elements, lanes merged by Chan's formula at the end. Every
@@ -88,14 +101,14 @@ if triton is not None:
         tail = whole * BLOCK + cols < n   # the partial last block: its lanes count one more
         x = _row_in(x_row, r_row, whole * BLOCK + cols, tail, HAS_RES)
         if RMS:
-            return 0.0, tl.sum(m2 + x * x, axis=0) / n
+            return 0.0, _exact_mean(tl.sum(m2 + x * x, axis=0), n)
         delta = tl.where(tail, x - mean, 0.0)
         mean += delta * (1.0 / (whole + 1))
         m2 += delta * tl.where(tail, x - mean, 0.0)
         count = whole + tail.to(tl.float32)
-        row_mean = tl.sum(count * mean, axis=0) / n
+        row_mean = _exact_mean(tl.sum(count * mean, axis=0), n)
         spread = mean - row_mean
-        return row_mean, tl.sum(m2 + count * spread * spread, axis=0) / n
+        return row_mean, _exact_mean(tl.sum(m2 + count * spread * spread, axis=0), n)
 
     @triton.jit
     def _normalize_and_store(x, mean, rstd, h_ptr, w_ptr, b_ptr, y_ptr, start_of_row, offs, mask,
@@ -123,12 +136,12 @@ if triton is not None:
             x = _row_in(x_ptr + start_of_row, r_ptr + start_of_row, cols, mask, HAS_RES)
             if RMS:
                 mean = tl.zeros([ROWS, 1], dtype=tl.float32)
-                var = tl.sum(x * x, axis=1, keep_dims=True) / n
+                var = _exact_mean(tl.sum(x * x, axis=1, keep_dims=True), n)
             else:
-                mean = tl.sum(x, axis=1, keep_dims=True) / n
+                mean = _exact_mean(tl.sum(x, axis=1, keep_dims=True), n)
                 centered = tl.where(mask, x - mean, 0.0)
-                var = tl.sum(centered * centered, axis=1, keep_dims=True) / n
-            rstd = 1.0 / tl.sqrt(var + eps)
+                var = _exact_mean(tl.sum(centered * centered, axis=1, keep_dims=True), n)
+            rstd = _rstd(var, eps)
             tl.store(mean_ptr + row, mean, mask=in_rows)
             tl.store(rstd_ptr + row, rstd, mask=in_rows)
             _normalize_and_store(x, mean, rstd, h_ptr, w_ptr, b_ptr, y_ptr, start_of_row, cols, mask,
@@ -138,7 +151,7 @@ if triton is not None:
             start_of_row = row.to(tl.int64) * n
             cols = tl.arange(0, BLOCK)
             mean, var = _mean_and_var(x_ptr + start_of_row, r_ptr + start_of_row, n, RMS, HAS_RES, BLOCK)
-            rstd = 1.0 / tl.sqrt(var + eps)
+            rstd = _rstd(var, eps)
             tl.store(mean_ptr + row, mean)
             tl.store(rstd_ptr + row, rstd)
             for start in range(0, n, BLOCK):
