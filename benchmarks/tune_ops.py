@@ -190,9 +190,8 @@ def attention(head_dims) -> list[dict]:
         for causal in (False, True):
             flops = 4 * batch * heads * n * n * d * (0.5 if causal else 1.0)
             o, lse = att._forward(q, k, v, causal, scale)
-            calls = {"forward": (lambda: att._forward(q, k, v, causal, scale), flops),
-                     "dkdv": (lambda: att._backward(do, q, k, v, o, lse, causal, scale), 2.5 * flops),
-                     "dq": (lambda: att._backward(do, q, k, v, o, lse, causal, scale), 2.5 * flops)}
+            backward = (lambda: att._backward(do, q, k, v, o, lse, causal, scale), 2.5 * flops)
+            calls = {"forward": (lambda: att._forward(q, k, v, causal, scale), flops), "dkdv": backward, "dq": backward}
             for kernel, candidates in ATTENTION_CANDIDATES.items():
                 current = att.TILES[kernel][d]
                 call, work = calls[kernel]
@@ -207,7 +206,8 @@ def attention(head_dims) -> list[dict]:
                         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
                     out.append(row)
                     print(row, flush=True)
-            for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION), ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):
+            for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
+                                  ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):
                 leaves = [t.detach().requires_grad_() for t in (q, k, v)]
 
                 def forward(leaves=leaves, backend=backend):

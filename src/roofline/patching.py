@@ -1,5 +1,6 @@
-"""roofline.patch(model) (this module is roofline.patching, so the name roofline.patch stays the function): swap a model's LayerNorm, RMSNorm and GELU modules for roofline's, in place, and, when asked, route
-its F.scaled_dot_product_attention calls to roofline.ops.flash_attention.
+"""roofline.patch(model) (this module is roofline.patching, so the name roofline.patch stays the function): swap
+a model's LayerNorm, RMSNorm and GELU modules for roofline's, in place, and, when asked, route its
+F.scaled_dot_product_attention calls to roofline.ops.flash_attention; quantize_int8_weight_only(model).
 
 A module is swapped by changing its class to roofline's subclass of the same torch class: its parameters,
 buffers, hooks and state-dict keys stay exactly as they were, so optimizers, checkpoints and FSDP wrappers

@@ -79,3 +79,26 @@ def assert_matches_float64(ours, reference, *args, grad_atol_scale=1.0, out_atol
         torch.testing.assert_close(g.double(), ref, rtol=rtol, atol=atol * grad_atol_scale, equal_nan=True,
                                    msg=lambda m, i=i: f"gradient of argument {i}: {m}")
     return outs if len(outs) > 1 else outs[0]
+
+
+def outputs_and_grads(fn, tensors, dout, dtype=None):
+    """fn(*tensors)'s output and each tensor's gradient for the cotangent dout, on copies (in dtype if given);
+    a None among tensors stays None, and so does its gradient."""
+    leaves = [None if t is None else t.detach().to(dtype or t.dtype).requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    out.backward(dout.to(out.dtype))
+    return [out.detach()] + [None if t is None else t.grad for t in leaves]
+
+
+def assert_within_twice_torchs_error(names, ours, exact, theirs, dtype):
+    """DESIGN.md's rule for kernels whose rounding differs from torch's by construction (attention, GEMMs): each
+    of ours is at most twice as far from the float64 result as torch's own in `dtype`, plus 1e-5. Entries whose
+    float64 result is None are skipped."""
+    for name, o, e, t in zip(names, ours, exact, theirs):
+        if e is None:
+            continue
+        assert o.shape == e.shape and o.dtype == dtype, name
+        our_error = (o.double() - e).abs().max().item()
+        their_error = (t.double() - e).abs().max().item()
+        assert our_error <= 2 * their_error + 1e-5, \
+            f"{name}: error {our_error:.3g}, torch's in {dtype}: {their_error:.3g}"

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from ops_checks import DEVICE, DTYPES
+from ops_checks import DEVICE, DTYPES, assert_within_twice_torchs_error, outputs_and_grads
 
 from roofline.ops.attention import HEAD_DIMS, attention_reference, flash_attention
 
@@ -25,14 +25,6 @@ def inputs(batch, heads, kv_heads, nq, nk, d, dtype, device=DEVICE):
     return q, k, v
 
 
-def _run(fn, q, k, v, dout, dtype=None):
-    """fn's output and the gradients of q, k, v for the cotangent dout, on copies (in dtype if given)."""
-    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in (q, k, v)]
-    out = fn(*leaves)
-    out.backward(dout.to(out.dtype))
-    return [out.detach()] + [t.grad for t in leaves]
-
-
 def check(q, k, v, causal=False, scale=None, grad=True):
     """Our output (and dQ, dK, dV) against float64, each within twice the error of torch's attention in q's
     dtype, plus 1e-5."""
@@ -42,15 +34,10 @@ def check(q, k, v, causal=False, scale=None, grad=True):
         theirs = [attention_reference(q, k, v, causal, scale)]
     else:
         dout = torch.randn_like(q)
-        ours = _run(lambda *a: flash_attention(*a, causal, scale, backend="triton"), q, k, v, dout)
-        exact = _run(lambda *a: attention_reference(*a, causal, scale), q, k, v, dout, torch.float64)
-        theirs = _run(lambda *a: attention_reference(*a, causal, scale), q, k, v, dout)
-    for name, o, e, t in zip(("output", "dq", "dk", "dv"), ours, exact, theirs):
-        assert o.shape == e.shape and o.dtype == q.dtype, name
-        our_error = (o.double() - e).abs().max().item()
-        their_error = (t.double() - e).abs().max().item()
-        assert our_error <= 2 * their_error + 1e-5, \
-            f"{name}: error {our_error:.3g}, torch's in {q.dtype}: {their_error:.3g}"
+        ours = outputs_and_grads(lambda *a: flash_attention(*a, causal, scale, backend="triton"), (q, k, v), dout)
+        exact = outputs_and_grads(lambda *a: attention_reference(*a, causal, scale), (q, k, v), dout, torch.float64)
+        theirs = outputs_and_grads(lambda *a: attention_reference(*a, causal, scale), (q, k, v), dout)
+    assert_within_twice_torchs_error(("output", "dq", "dk", "dv"), ours, exact, theirs, q.dtype)
     return ours[0]
 
 
@@ -109,8 +96,8 @@ def test_compiles_fullgraph_through_the_kernels():
                              backend="aot_eager")
     q, k, v = inputs(1, 2, 1, 40, 50, 32, torch.float32)
     dout = torch.randn_like(q)
-    ours = _run(compiled, q, k, v, dout)
-    exact = _run(lambda q, k, v: attention_reference(q * 2, k, v, True), q, k, v, dout, torch.float64)
+    ours = outputs_and_grads(compiled, (q, k, v), dout)
+    exact = outputs_and_grads(lambda q, k, v: attention_reference(q * 2, k, v, True), (q, k, v), dout, torch.float64)
     for o, e in zip(ours, exact):
         torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-5)
 

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from ops_checks import DEVICE, DTYPES
+from ops_checks import DEVICE, DTYPES, assert_within_twice_torchs_error, outputs_and_grads
 
 from roofline.ops.linear import (ACTIVATIONS, int8_linear, int8_linear_reference, linear, linear_reference,
                                  quantize_int8)
@@ -22,29 +22,14 @@ from roofline.ops.linear import (ACTIVATIONS, int8_linear, int8_linear_reference
 linear_module = importlib.import_module("roofline.ops.linear")
 
 
-def _run(fn, tensors, dout, dtype=None):
-    """fn's output and the gradients of every tensor, on copies (in dtype if given)."""
-    leaves = [None if t is None else t.detach().to(dtype or t.dtype).requires_grad_() for t in tensors]
-    out = fn(*leaves)
-    out.backward(dout.to(out.dtype))
-    return [out.detach()] + [None if t is None else t.grad for t in leaves]
-
-
 def check(x, weight, bias=None, residual=None, activation=None):
     """Ours within twice torch's error against float64, output and gradients (x, weight, bias, residual)."""
     dout = torch.randn(*x.shape[:-1], weight.shape[0], device=x.device, dtype=x.dtype)
     tensors = (x, weight, bias, residual)
-    ours = _run(lambda *t: linear(*t[:3], activation, t[3], backend="triton"), tensors, dout)
-    exact = _run(lambda *t: linear_reference(*t[:3], activation, t[3]), tensors, dout, torch.float64)
-    theirs = _run(lambda *t: linear_reference(*t[:3], activation, t[3]), tensors, dout)
-    for name, o, e, t in zip(("output", "dx", "dweight", "dbias", "dresidual"), ours, exact, theirs):
-        if e is None:
-            continue
-        assert o.shape == e.shape and o.dtype == x.dtype, name
-        our_error = (o.double() - e).abs().max().item()
-        their_error = (t.double() - e).abs().max().item()
-        assert our_error <= 2 * their_error + 1e-5, \
-            f"{name}: error {our_error:.3g}, torch's in {x.dtype}: {their_error:.3g}"
+    ours = outputs_and_grads(lambda *t: linear(*t[:3], activation, t[3], backend="triton"), tensors, dout)
+    exact = outputs_and_grads(lambda *t: linear_reference(*t[:3], activation, t[3]), tensors, dout, torch.float64)
+    theirs = outputs_and_grads(lambda *t: linear_reference(*t[:3], activation, t[3]), tensors, dout)
+    assert_within_twice_torchs_error(("output", "dx", "dweight", "dbias", "dresidual"), ours, exact, theirs, x.dtype)
     return ours[0]
 
 
@@ -112,8 +97,9 @@ def test_compiles_fullgraph_through_the_kernel():
     compiled = torch.compile(lambda x, w, b, r: linear(x * 2, w, b, "gelu", r, backend="triton"), fullgraph=True,
                              backend="aot_eager")
     dout = torch.randn(9, 24, device=DEVICE)
-    ours = _run(compiled, (x, w, b, r), dout)
-    exact = _run(lambda x, w, b, r: linear_reference(x * 2, w, b, "gelu", r), (x, w, b, r), dout, torch.float64)
+    ours = outputs_and_grads(compiled, (x, w, b, r), dout)
+    exact = outputs_and_grads(lambda x, w, b, r: linear_reference(x * 2, w, b, "gelu", r), (x, w, b, r), dout,
+                              torch.float64)
     for o, e in zip(ours, exact):
         torch.testing.assert_close(o.double(), e, rtol=5e-3, atol=5e-3)   # tf32 on a GPU
 
@@ -122,7 +108,8 @@ X, W = torch.randn(4, 8, device=DEVICE, dtype=torch.float16), torch.randn(6, 8, 
 
 
 @pytest.mark.parametrize("call,error,match", [
-    (lambda: linear(X, W[:, :7], backend="triton"), ValueError, r"last dimension \(8\) must be weight's in_features \(7\)"),
+    (lambda: linear(X, W[:, :7], backend="triton"), ValueError,
+     r"last dimension \(8\) must be weight's in_features \(7\)"),
     (lambda: linear(X, W[0], backend="triton"), ValueError, "weight must be a 2-D tensor"),
     (lambda: linear(X, W.float(), backend="triton"), TypeError, "weight has dtype torch.float32"),
     (lambda: linear(X, W, torch.zeros(5, device=DEVICE, dtype=torch.float16), backend="triton"), ValueError,
@@ -161,7 +148,7 @@ def test_int8_linear_matches_the_dequantized_weight(m, k, n, dtype):
     ours = int8_linear(x, q, scale, bias, backend="triton")
     exact = int8_linear_reference(x.double(), q, scale.double(), bias.double())
     theirs = int8_linear_reference(x, q, scale, bias)
-    assert (ours.double() - exact).abs().max() <= 2 * (theirs.double() - exact).abs().max() + 1e-5
+    assert_within_twice_torchs_error(("output",), [ours], [exact], [theirs], x.dtype)
 
 
 def test_int8_linear_gradient_of_x():
@@ -197,7 +184,8 @@ def test_int8_signal_to_noise_against_the_bf16_layer():
 @pytest.mark.parametrize("call,error,match", [
     (lambda q, s: int8_linear(X.float(), q, s, backend="triton"), TypeError, "float16 or bfloat16"),
     (lambda q, s: int8_linear(X, q.float(), s, backend="triton"), TypeError, "2-D int8 tensor"),
-    (lambda q, s: int8_linear(X, q, s[:3], backend="triton"), ValueError, r"scale must be a float tensor of shape \[6\]"),
+    (lambda q, s: int8_linear(X, q, s[:3], backend="triton"), ValueError,
+     r"scale must be a float tensor of shape \[6\]"),
     (lambda q, s: int8_linear(X[:, :7], q, s, backend="triton"), ValueError, "in_features"),
     (lambda q, s: quantize_int8(q[0]), ValueError, "2-D floating-point"),
 ])
@@ -225,4 +213,4 @@ def test_gpu_int8_language_model_sizes(m):
     ours = int8_linear(x, q, scale, backend="triton")
     exact = int8_linear_reference(x.double(), q, scale.double())
     theirs = int8_linear_reference(x, q, scale)
-    assert (ours.double() - exact).abs().max() <= 2 * (theirs.double() - exact).abs().max() + 1e-5
+    assert_within_twice_torchs_error(("output",), [ours], [exact], [theirs], x.dtype)

@@ -67,15 +67,37 @@ def _sm_count(index: int) -> int:
 
 
 if triton is not None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     @triton.jit
-    def round_to_bf16_as_the_gpu_does(value):
-        """fp32 values rounded to bf16's precision, to nearest even, still fp32. Triton's interpreter converts
-        fp32 to bf16 by truncation, where the GPU rounds: kernels that store bf16 under the interpreter round
-        first, so that the CPU checks see the GPU's error."""
-        bits = value.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-        return bits.to(tl.float32, bitcast=True)
+    def as_stored(value, UPCAST: tl.constexpr):
+        """fp32 values about to be stored. UPCAST (bf16 through Triton's interpreter, which converts fp32 to bf16
+        by truncation, where the GPU rounds): rounded to bf16's precision, to nearest even, first, so that the
+        CPU checks see the GPU's error."""
+        if UPCAST:
+            bits = value.to(tl.int32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+            value = bits.to(tl.float32, bitcast=True)
+        return value
+
+
+TMA_ALIGN = 16   # bytes: a copy-engine (TMA) descriptor's base and strides must be multiples of it
+
+
+def tma_readable(t: torch.Tensor) -> bool:
+    """Whether the copy engine can read t as it is: a contiguous last dimension, and the base and the stride of
+    every other dimension longer than 1 multiples of 16 bytes."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % TMA_ALIGN == 0
+            and all(s * size % TMA_ALIGN == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
+
+
+def tma_descriptor(t: torch.Tensor, block_shape: list[int]) -> "TensorDescriptor":
+    """A descriptor of t (tma_readable) for the copy engine, copying blocks of block_shape. A size-1
+    dimension's stride is never used: it is given one that is aligned."""
+    step = TMA_ALIGN // t.element_size()
+    strides = [s if n > 1 else step for s, n in zip(t.stride()[:-1], t.shape[:-1])] + [1]
+    return TensorDescriptor(t, list(t.shape), strides, list(block_shape))
 
 
 def elementwise_block(element_size: int, num_warps: int = 4) -> int:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from roofline.ops._common import KernelOp, choose_backend, interpreting, round_to_bf16_as_the_gpu_does, tl, triton
+from roofline.ops._common import (KernelOp, as_stored, choose_backend, interpreting, tl, tma_descriptor, tma_readable,
+                                  triton)
 
 BACKENDS = ("torch", "triton")
 HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -91,7 +92,6 @@ FP32_TILES = {32: Tiles(64, 32, 4, 1), 64: Tiles(64, 32, 4, 1), 96: Tiles(32, 32
 DELTA_BLOCK = 64   # queries a program of the dot(dO, O) pre-pass takes
 
 if triton is not None:
-    from triton.tools.tensor_descriptor import TensorDescriptor
 
     @triton.jit
     def _tile(desc, b, h, start, UPCAST: tl.constexpr):
@@ -110,9 +110,7 @@ if triton is not None:
         the interpreter, which truncates fp32 to bf16): round to nearest even first, as the GPU's conversion
         does, so that the CPU checks see its error."""
         shape: tl.constexpr = desc.block_shape
-        if UPCAST:
-            value = round_to_bf16_as_the_gpu_does(value)
-        desc.store([b, h, start, 0], value.to(desc.dtype).reshape(shape))
+        desc.store([b, h, start, 0], as_stored(value, UPCAST).to(desc.dtype).reshape(shape))
 
     @triton.jit
     def _key_ranges(start_m, nq, nk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
@@ -331,20 +329,13 @@ def tiles(kernel: str, q: torch.Tensor) -> Tiles:
 
 
 def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
-    """A descriptor of the (batch, heads, seq, head_dim) tensor t for the copy engine (TMA), copying blocks of
-    `rows` rows. t must have a contiguous head_dim and 16-byte aligned strides (_aligned sees to it); a size-1
-    dimension's stride is never used, and is given one that is."""
-    strides = [s if n > 1 else 16 // t.element_size() for s, n in zip(t.stride(), t.shape)]
-    return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, triton.next_power_of_2(t.shape[3])])
+    """A descriptor of the (batch, heads, seq, head_dim) tensor t (made _aligned) copying blocks of `rows` rows."""
+    return tma_descriptor(t, [1, 1, rows, triton.next_power_of_2(t.shape[3])])
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """t, or a contiguous copy where the copy engine cannot read it as it is: a head_dim that is not contiguous,
-    a base or stride that is not a multiple of 16 bytes."""
-    size = t.element_size()
-    ok = (t.stride(3) == 1 and t.data_ptr() % 16 == 0
-          and all(s * size % 16 == 0 for s, n in zip(t.stride()[:3], t.shape[:3]) if n > 1))
-    return t if ok else t.contiguous()
+    """t, or a contiguous copy where the copy engine cannot read it as it is."""
+    return t if tma_readable(t) else t.contiguous()
 
 
 def _settings(kernel: str, q: torch.Tensor) -> tuple[Tiles, dict]:

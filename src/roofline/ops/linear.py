@@ -22,18 +22,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import (KernelOp, choose_backend, interpreting, round_to_bf16_as_the_gpu_does, sm_count,
-                                  tl, triton)
+from roofline.ops._common import (TMA_ALIGN, KernelOp, as_stored, choose_backend, interpreting, sm_count, tl,
+                                  tma_descriptor, tma_readable, triton)
 from roofline.ops.gelu import _gelu_and_grad
 
 BACKENDS = ("torch", "triton")
 ACTIVATIONS = (None, "gelu", "gelu_tanh", "silu", "relu")
 _ACTIVATION_CODE = {name: code for code, name in enumerate(ACTIVATIONS)}
 GROUP_M = 8
-TMA_ALIGN = 16   # bytes: a descriptor's base and row strides must be multiples of it
 
 if triton is not None:
-    from triton.tools.tensor_descriptor import TensorDescriptor
 
     @triton.jit
     def _activation(z, ACTIVATION: tl.constexpr):
@@ -54,20 +52,13 @@ if triton is not None:
         bits = (bits + 0xFFF + ((bits >> 13) & 1)) & -8192
         return bits.to(tl.float32, bitcast=True)
 
-    @triton.jit
-    def _as_stored(value, UPCAST: tl.constexpr):
-        """fp32 value about to be stored: under the interpreter in bf16 (UPCAST), rounded as the GPU would."""
-        if UPCAST:
-            value = round_to_bf16_as_the_gpu_does(value)
-        return value
-
     def _set_block_shapes(nargs):
         """Autotuning's pre-launch hook: the descriptors' blocks are the config's tiles."""
         bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
         nargs["x_desc"].block_shape = [bm, bk]
         nargs["w_desc"].block_shape = [bn, bk]
         for name in ("y_desc", "r_desc", "z_desc"):
-            if isinstance(nargs[name], TensorDescriptor):
+            if nargs[name] is not None:
                 nargs[name].block_shape = [bm, bn]
 
     def _config(bm, bn, bk, stages, warps, persistent=False):
@@ -127,11 +118,11 @@ if triton is not None:
         if HAS_BIAS:
             acc = acc + tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
         if SAVE_Z:
-            z_desc.store([off_m, off_n], _as_stored(acc, UPCAST).to(z_desc.dtype))
+            z_desc.store([off_m, off_n], as_stored(acc, UPCAST).to(z_desc.dtype))
         y = _activation(acc, ACTIVATION)
         if HAS_RESIDUAL:
             y = y + r_desc.load([off_m, off_n]).to(tl.float32)
-        y_desc.store([off_m, off_n], _as_stored(y, UPCAST).to(y_desc.dtype))
+        y_desc.store([off_m, off_n], as_stored(y, UPCAST).to(y_desc.dtype))
 
     @triton.autotune(configs=INTERPRETER if interpreting() else LARGE + SMALL + DECODE,
                      key=["M_BUCKET", "N", "K", "ACTIVATION", "W_SCALED", "HAS_RESIDUAL"],
@@ -157,23 +148,19 @@ if triton is not None:
 # --------------------------------------------------------------------------- launching
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """t (2-D), or a copy the copy engine can read: a contiguous last dimension, and the base and row stride
-    multiples of 16 bytes. A row whose bytes are no multiple of 16 gets zero columns added (columns that are
-    never stored, or that add zero products along K)."""
+    """t (2-D), or a copy the copy engine can read (tma_readable, and rows a multiple of 16 bytes wide). A row
+    whose bytes are no multiple of 16 gets zero columns added (columns that are never stored, or that add zero
+    products along K)."""
     size = t.element_size()
-    if t.stride(1) == 1 and t.data_ptr() % TMA_ALIGN == 0 and (t.stride(0) * size % TMA_ALIGN == 0 or t.shape[0] == 1) \
-            and t.shape[1] * size % TMA_ALIGN == 0:
+    if tma_readable(t) and t.shape[1] * size % TMA_ALIGN == 0:
         return t
     width = -(-t.shape[1] * size // TMA_ALIGN) * TMA_ALIGN // size
     return F.pad(t, (0, width - t.shape[1])) if width != t.shape[1] else t.contiguous()
 
 
 def _descriptor(t: torch.Tensor) -> "TensorDescriptor":
-    # the block shape is set per config by _set_block_shapes; a placeholder until then. A single row's stride is
-    # never used: it gets its width, a multiple of 16 bytes (_tma_ready).
-    step = TMA_ALIGN // t.element_size()
-    strides = [t.stride(0) if t.shape[0] > 1 else -(-t.shape[1] // step) * step, 1]
-    return TensorDescriptor(t, list(t.shape), strides, [1, TMA_ALIGN // t.element_size()])
+    # the block shape is set per config by _set_block_shapes; a placeholder until then
+    return tma_descriptor(t, [1, TMA_ALIGN // t.element_size()])
 
 
 def _padded_empty(m: int, n: int, like: torch.Tensor) -> torch.Tensor:
@@ -362,7 +349,8 @@ def _int8_backward_rule(ctx, run_backward, dy):
 _int8_linear = KernelOp(
     "int8_linear", forward=_int8_forward,
     forward_fake=lambda x, weight_int8, scale, bias: x.new_empty(x.shape[0], weight_int8.shape[0]),
-    backward=_int8_backward, backward_fake=lambda dy, weight_int8, scale: dy.new_empty(dy.shape[0], weight_int8.shape[1]),
+    backward=_int8_backward,
+    backward_fake=lambda dy, weight_int8, scale: dy.new_empty(dy.shape[0], weight_int8.shape[1]),
     setup_context=_int8_save, backward_rule=_int8_backward_rule)
 
 
