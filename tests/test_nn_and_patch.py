@@ -221,6 +221,21 @@ def test_quantize_int8_weight_only_swaps_linears_and_reports_memory():
     assert roofline.quantize_int8_weight_only(model).layers == []   # nothing left to swap
 
 
+def test_quantize_int8_weight_only_with_groups_keeps_a_scale_per_group():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 64), nn.Linear(64, 16)).to(DEVICE, torch.bfloat16)
+    x = torch.randn(3, 128, device=DEVICE, dtype=torch.bfloat16)
+    before = model(x).float()
+    report = roofline.quantize_int8_weight_only(model, group_size=64)
+    assert [model[i].scale.shape for i in (0, 1)] == [(64, 2), (16, 1)]
+    assert report.bytes_after == 128 * 64 + 64 * 16 + (64 * 2 + 16) * 4
+    assert "group_size=64" in repr(model[0])
+    after = model(x).float()
+    assert 10 * torch.log10(before.square().sum() / (after - before).square().sum()) > 30   # dB
+    with pytest.raises(ValueError, match="group_size must be None or a multiple of 64"):
+        roofline.quantize_int8_weight_only(nn.Sequential(nn.Linear(96, 8)), group_size=64)
+
+
 def test_quantize_int8_weight_only_skips_what_it_is_told_to():
     model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 8)).to(DEVICE, torch.float16)
     report = roofline.quantize_int8_weight_only(model, skip=lambda name, m: m.out_features == 8)

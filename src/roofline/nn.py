@@ -72,24 +72,27 @@ class SwiGLUMLP(nn.Module):
 
 
 class Int8Linear(nn.Module):
-    """nn.Linear with its weight stored as per-output-channel int8 (buffers weight_int8 [out, in] and scale
-    [out], fp32) and dequantized in registers by roofline.ops.int8_linear: half the bytes of a bf16 weight, which
-    is what a decode step's matmuls are bound by. The input's gradient flows; the weights are frozen."""
+    """nn.Linear with its weight stored as int8 (buffers weight_int8 [out, in], and fp32 scale: [out] per output
+    channel, or [out, in / group_size] per group of group_size weights along a row) and dequantized in registers
+    by roofline.ops.int8_linear: half the bytes of a bf16 weight, which is what a decode step's matmuls are bound
+    by. The input's gradient flows; the weights are frozen."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
-                 dtype=torch.bfloat16):
+                 dtype=torch.bfloat16, group_size: int | None = None):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        scale_shape = (out_features,) if group_size is None else (out_features, in_features // group_size)
         self.register_buffer("weight_int8", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
-        self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
+        self.register_buffer("scale", torch.ones(scale_shape, dtype=torch.float32, device=device))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
-        """The int8 version of linear (its weight quantized, its bias kept in its dtype)."""
+    def from_linear(cls, linear: nn.Linear, group_size: int | None = None) -> "Int8Linear":
+        """The int8 version of linear (its weight quantized, per group_size weights if given; its bias kept in
+        its dtype)."""
+        q, scale = ops.quantize_int8(linear.weight, group_size)
         module = cls(linear.in_features, linear.out_features, linear.bias is not None, linear.weight.device,
-                     linear.weight.dtype)
-        q, scale = ops.quantize_int8(linear.weight)
+                     linear.weight.dtype, group_size)
         module.weight_int8.copy_(q)
         module.scale.copy_(scale)
         if linear.bias is not None:
@@ -103,4 +106,5 @@ class Int8Linear(nn.Module):
         return ops.int8_linear(x, self.weight_int8, self.scale, bias, backend="torch")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        groups = "" if self.group_size is None else f", group_size={self.group_size}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{groups}"

@@ -150,10 +150,12 @@ class QuantizationReport:
                 f"{self.bytes_after / 2**20:,.1f} MiB, {self.bytes_saved / 2**20:,.1f} MiB saved")
 
 
-def quantize_int8_weight_only(model: nn.Module, *, skip=lambda name, module: False) -> QuantizationReport:
+def quantize_int8_weight_only(model: nn.Module, *, group_size: int | None = None,
+                              skip=lambda name, module: False) -> QuantizationReport:
     """Swap model's nn.Linear layers (exactly that class, skip(name, module) false) for roofline.nn.Int8Linear in
-    place: weights per-output-channel int8, activations as they were. The model itself cannot be swapped (it
-    has no parent); a bare nn.Linear is quantized with Int8Linear.from_linear instead."""
+    place: weights int8 with a scale per output channel, or per group_size weights along each row (for
+    heavy-tailed weights; see ops.quantize_int8), activations as they were. The model itself cannot be swapped
+    (it has no parent); a bare nn.Linear is quantized with Int8Linear.from_linear instead."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"quantize_int8_weight_only: model must be a torch.nn.Module, got {type(model).__name__}")
     report = QuantizationReport([], 0, 0)
@@ -162,7 +164,7 @@ def quantize_int8_weight_only(model: nn.Module, *, skip=lambda name, module: Fal
             full_name = f"{name}.{child_name}" if name else child_name
             if type(child) is not nn.Linear or skip(full_name, child):
                 continue
-            quantized = roofline_nn.Int8Linear.from_linear(child)
+            quantized = roofline_nn.Int8Linear.from_linear(child, group_size)
             setattr(module, child_name, quantized)
             report.layers.append(full_name)
             report.bytes_before += child.weight.numel() * child.weight.element_size()

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from ops_checks import DEVICE, DTYPES, assert_within_twice_torchs_error, outputs_and_grads
+from ops_checks import DEVICE, DTYPES, assert_within_twice_torchs_error, outputs_and_grads, patched
 
 from roofline.ops.linear import (ACTIVATIONS, int8_linear, int8_linear_reference, linear, linear_reference,
                                  quantize_int8)
@@ -84,6 +84,13 @@ def test_persistent_programs_walk_every_tile(monkeypatch):
     check(*operands(40, 70, 60, torch.float16), activation="gelu")
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_epilogue_by_halves_of_the_tile(monkeypatch, persistent):
+    kernel = linear_module.linear_kernel
+    monkeypatch.setattr(kernel, "configs", [linear_module._config(16, 32, 32, 1, 4, persistent, split_epilogue=True)])
+    check(*operands(41, 70, 75 + persistent, torch.bfloat16), activation="gelu")
+
+
 def test_poisoned_output_memory_is_overwritten():
     for _ in range(2):
         poison = torch.full((64, 64), math.nan, device=DEVICE, dtype=torch.float16)
@@ -151,6 +158,59 @@ def test_int8_linear_matches_the_dequantized_weight(m, k, n, dtype):
     assert_within_twice_torchs_error(("output",), [ours], [exact], [theirs], x.dtype)
 
 
+@pytest.mark.parametrize("group_size", [None, 64, 128])
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 40])   # the decode kernel up to DECODE_ROWS = 16, the tiled beyond
+def test_int8_linear_both_kernels_per_channel_and_grouped(m, group_size):
+    k, n = 256, 37
+    weight = heavy_tailed(n, k)
+    q, scale = quantize_int8(weight, group_size)
+    assert scale.shape == ((n,) if group_size is None else (n, k // group_size))
+    # x a column slice of a wider tensor: rows further apart than K
+    x = torch.randn(m, k + 24, device=DEVICE, dtype=torch.bfloat16)[:, 24:]
+    bias = torch.randn(n, device=DEVICE, dtype=torch.bfloat16)
+    ours = int8_linear(x, q, scale, bias, backend="triton")
+    exact = int8_linear_reference(x.double(), q, scale.double(), bias.double())
+    theirs = int8_linear_reference(x, q, scale, bias)
+    assert_within_twice_torchs_error(("output",), [ours], [exact], [theirs], x.dtype)
+
+
+@pytest.mark.parametrize("split", [2, 4, 8])
+@pytest.mark.parametrize("group_size", [None, 64])
+def test_int8_decode_split_along_k(monkeypatch, split, group_size):
+    # shares of K: 320 = 10 steps of 32 (the interpreter's config), 5, 3 and 2 of them a share, the last short
+    monkeypatch.setattr(linear_module, "decode_split_k", lambda n, k, device: split)
+    k, n = 320, 45
+    q, scale = quantize_int8(heavy_tailed(n, k), group_size)
+    for m in (1, 16):
+        x = torch.randn(m, k, device=DEVICE, dtype=torch.float16)
+        bias = torch.randn(n, device=DEVICE, dtype=torch.float16)
+        ours = int8_linear(x, q, scale, bias, backend="triton")
+        exact = int8_linear_reference(x.double(), q, scale.double(), bias.double())
+        theirs = int8_linear_reference(x, q, scale, bias)
+        assert_within_twice_torchs_error(("output",), [ours], [exact], [theirs], x.dtype)
+
+
+def test_decode_splits_k_only_when_n_gives_too_few_programs():
+    split = linear_module.decode_split_k
+    cuda = torch.device("cuda")
+    with patched(linear_module, "sm_count", lambda device: 132):
+        assert split(4096, 14336, cuda) == 2    # 128 column blocks of 32, 2 shares of 7168
+        assert split(1024, 16384, cuda) == 4    # 32 column blocks, 4 shares of 4096
+        assert split(4096, 4096, cuda) == 1     # shares would be shorter than 4096
+        assert split(128256, 65536, cuda) == 1  # N gives 4008 column blocks
+    assert split(4096, 4096, torch.device("cpu")) == 1
+
+
+def test_grouped_scales_are_each_groups_largest_weight():
+    weight = torch.randn(3, 256)
+    weight[1, 70] = 50.0   # in row 1's second group of 64
+    q, scale = quantize_int8(weight, 64)
+    torch.testing.assert_close(scale, weight.abs().reshape(3, 4, 64).amax(-1) / 127)
+    assert q[1, 70] == 127 and q.abs().amax() == 127
+    assert (weight - q.float().reshape(3, 4, 64).mul(scale[..., None]).reshape(3, 256)).abs().le(
+        scale.repeat_interleave(64, dim=1) / 2 + 1e-7).all()
+
+
 def test_int8_linear_gradient_of_x():
     weight = torch.randn(24, 32, device=DEVICE) / 6
     q, scale = quantize_int8(weight)
@@ -172,13 +232,16 @@ def test_int8_signal_to_noise_against_the_bf16_layer():
     laplace = heavy_tailed(256, 512)
     sqnr = {}
     for name, weight in (("gaussian", gaussian), ("laplace", laplace)):
-        q, scale = quantize_int8(weight)
-        sqnr[name] = _sqnr_db(int8_linear(x, q, scale, backend="triton"),
-                              torch.nn.functional.linear(x, weight.to(torch.bfloat16)))
-    # The issue asks 40 dB of both. Per-channel int8 gives ~40.6 dB on Gaussian weights at K=4096 and ~36.8 on
-    # Laplace ones (clipping does not help): the Laplace bound below is what is met, not the target.
-    assert sqnr["gaussian"] >= 40.0, sqnr
-    assert sqnr["laplace"] >= 36.0, sqnr
+        for group_size in (None, 128):
+            q, scale = quantize_int8(weight, group_size)
+            sqnr[name, group_size] = _sqnr_db(int8_linear(x, q, scale, backend="triton"),
+                                              torch.nn.functional.linear(x, weight.to(torch.bfloat16)))
+    # The issue asks 40 dB of both. Per-channel int8 gives ~40.6 dB on Gaussian weights at K=4096 but ~36.8 on
+    # Laplace ones (clipping does not help); scales per group of 128 weights give Laplace weights 40.
+    assert sqnr["gaussian", None] >= 40.0, sqnr
+    assert sqnr["laplace", None] >= 36.0, sqnr
+    assert sqnr["laplace", 128] >= 40.0, sqnr
+    assert sqnr["gaussian", 128] >= sqnr["gaussian", None], sqnr
 
 
 @pytest.mark.parametrize("call,error,match", [
@@ -188,6 +251,12 @@ def test_int8_signal_to_noise_against_the_bf16_layer():
      r"scale must be a float tensor of shape \[6\]"),
     (lambda q, s: int8_linear(X[:, :7], q, s, backend="triton"), ValueError, "in_features"),
     (lambda q, s: quantize_int8(q[0]), ValueError, "2-D floating-point"),
+    (lambda q, s: quantize_int8(torch.randn(6, 128), 96), ValueError,
+     r"group_size must be None or a multiple of 64 that divides in_features \(128\), got 96"),
+    (lambda q, s: quantize_int8(torch.randn(6, 128), 256), ValueError, "divides in_features"),
+    (lambda q, s: quantize_int8(torch.randn(6, 0)), ValueError, "at least one column"),
+    (lambda q, s: int8_linear(X, q, s[:, None].expand(6, 4), backend="triton"), ValueError,
+     r"scale must be a float tensor of shape \[6\], or \[6, 8 / G\]"),
 ])
 def test_int8_bad_input(call, error, match):
     q, scale = quantize_int8(W.float())
@@ -205,10 +274,11 @@ def test_gpu_language_model_sizes(m, k, n, activation):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("group_size", [None, 128])
 @pytest.mark.parametrize("m", [1, 16, 128, 2048])
-def test_gpu_int8_language_model_sizes(m):
+def test_gpu_int8_language_model_sizes(m, group_size):
     weight = heavy_tailed(14336, 4096, "cuda")
-    q, scale = quantize_int8(weight)
+    q, scale = quantize_int8(weight, group_size)
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
     ours = int8_linear(x, q, scale, backend="triton")
     exact = int8_linear_reference(x.double(), q, scale.double())

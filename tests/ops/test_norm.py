@@ -124,9 +124,11 @@ def test_nan_inf_and_constant_rows_as_in_torch(op, max_block):
     x[3, :5] = -math.inf
     args = (x,) + inputs(op, (5, 300), torch.float32)[1:]
     ours = as_tuple(OURS[op]("triton", *args))
-    expected = as_tuple(REFERENCES[op](*(a.double() if a is not None else None for a in args)))
+    # The float64 reference on the CPU: there torch follows the formula (an infinite mean square scales the
+    # finite elements of its row to 0); torch 2.11's CUDA rms_norm turns the whole row into nan.
+    expected = as_tuple(REFERENCES[op](*(a.double().cpu() if a is not None else None for a in args)))
     for y, ref in zip(ours, expected):
-        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4, equal_nan=True)
+        torch.testing.assert_close(y.double().cpu(), ref, rtol=1e-5, atol=1e-4, equal_nan=True)
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "add_rms_norm"])
