@@ -2,8 +2,8 @@
 
     python benchmarks/linear_suite.py OUT_DIR [--quick] [--only gemm epilogue int8 ladder]
 
-gemm, epilogue and int8 in bf16, timed under CUDA graphs (the kernels alone; L2 flushed before each call), outputs checked against the
-baseline before timing:
+gemm, epilogue and int8 in bf16, timed under CUDA graphs (the kernels alone; L2 flushed before each call),
+outputs checked against the baseline before timing:
   gemm      linear without epilogue against F.linear (cuBLAS): 8192^3, and M in {1, 16, 128, 2048, 8192} over
             (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)}
   epilogue  y = gelu(x W^T + b): linear(x, W, b, "gelu") against cuBLAS then eager bias+GeLU (F.gelu(F.linear()))
@@ -107,7 +107,8 @@ def int8_sweep(quick: bool) -> bench.Sweep:
     providers = [bench.Provider("bf16 F.linear (cuBLAS)", lambda x, w, *q: F.linear(x, w)),
                  bench.Provider("torchao int8 weight-only + compile", torchao or (lambda *a: None), skip=why_not),
                  bench.Provider(OURS, lambda x, w, q, s, *g: ops.int8_linear(x, q, s, backend="triton")),
-                 bench.Provider(OURS_GROUPED, lambda x, w, q, s, qg, sg: ops.int8_linear(x, qg, sg, backend="triton"))]
+                 bench.Provider(OURS_GROUPED,
+                                lambda x, w, q, s, qg, sg: ops.int8_linear(x, qg, sg, backend="triton"))]
     # the least traffic of the int8 kernel: the int8 weight, once (x and y are a few KB)
     return _sweep("int8 weight-only linear, decode", shapes, providers, "bf16 F.linear (cuBLAS)", inputs,
                   bytes_=lambda label, x, w, q, s, *g: q.numel() + s.numel() * 4, rtol=0.05, atol=0.1)
@@ -157,8 +158,8 @@ def ladder_lines(result) -> list[str]:
             lines.append(f"| {name} | not measured | | | |")
             continue
         gain = f"{before.median_ms / r.median_ms:.1f}x" if before else ""
-        lines.append(f"| {name} | {r.median_ms:.3f} ms | {r.tflops:.2f} | {100 * cublas.median_ms / r.median_ms:.1f} | "
-                     f"{gain} |")
+        lines.append(f"| {name} | {r.median_ms:.3f} ms | {r.tflops:.2f} | "
+                     f"{100 * cublas.median_ms / r.median_ms:.1f} | {gain} |")
         before = r
     if cublas is not None:
         lines.append(f"| cuBLAS (torch.mm, tf32 off) | {cublas.median_ms:.3f} ms | {cublas.tflops:.2f} | 100 | |")

@@ -95,13 +95,12 @@ if triton is not None:
     # Hopper: 128 x 128..256 tiles with 8 warps (two warp groups) for large M, each also persistent (a program
     # per SM walking the tiles, so that one tile's epilogue overlaps the next one's loads); narrow tiles and long
     # K steps for decode, where W's bytes are the cost and the grid must still cover the SMs.
-    LARGE = [_config(*c, persistent=p) for c in ((128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (256, 128, 64, 3, 8),
-                                                 (128, 256, 64, 4, 8), (128, 128, 64, 4, 4)) for p in (False, True)]
+    LARGE_TILES = ((128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (256, 128, 64, 3, 8), (128, 256, 64, 4, 8),
+                   (128, 128, 64, 4, 4))
+    LARGE = [_config(*c, persistent=p) for c in LARGE_TILES for p in (False, True)]
     # An epilogue with an activation or a residual may go half a tile at a time: fewer registers live while
     # the activation's math runs on 128 x 256 fp32 values.
-    LARGE_SPLIT = [_config(*c, persistent=True, split_epilogue=True)
-                   for c in ((128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (256, 128, 64, 3, 8), (128, 256, 64, 4, 8),
-                             (128, 128, 64, 4, 4))]
+    LARGE_SPLIT = [_config(*c, persistent=True, split_epilogue=True) for c in LARGE_TILES]
     SMALL = [_config(64, 128, 64, 4, 4), _config(64, 64, 128, 4, 4), _config(64, 128, 128, 3, 4)]
     DECODE = [_config(16, 32, 256, 4, 4), _config(16, 64, 256, 4, 4), _config(16, 64, 128, 6, 4),
               _config(16, 128, 128, 4, 4), _config(32, 64, 256, 4, 4), _config(16, 16, 512, 4, 4),
@@ -324,13 +323,14 @@ def _launch_decode(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     y = x.new_empty(m, n)
     upcast = interpreting() and x.dtype == torch.bfloat16
     split = decode_split_k(n, k, x.device)
-    partial = x.new_empty((split, DECODE_ROWS, n) if split > 1 else (0,), dtype=torch.float32)
-    tickets = torch.zeros(triton.cdiv(n, DECODE_MIN_BLOCK_N) if split > 1 else 0, dtype=torch.int32, device=x.device)
+    partial = tickets = None   # only a split K needs the shares' buffer and the zeroed tickets
+    if split > 1:
+        partial = x.new_empty(split, DECODE_ROWS, n, dtype=torch.float32)
+        tickets = torch.zeros(triton.cdiv(n, DECODE_MIN_BLOCK_N), dtype=torch.int32, device=x.device)
     int8_decode_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), split)](
         x, weight, scale, bias, y, partial, tickets, m, n, k, scale.shape[1] if scale.dim() == 2 else 1,
         x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, GROUP_K=_group_k(weight, scale),
-        SPLIT_K=split,
-        PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, BLOCK_M=DECODE_ROWS)
+        SPLIT_K=split, PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, BLOCK_M=DECODE_ROWS)
     return y
 
 
