@@ -1,12 +1,14 @@
 """How roofline.ops' launch settings were chosen: times the alternatives on this GPU, side by side in one run.
 
-    python benchmarks/tune_ops.py OUT_DIR [--only norm-forward cross-entropy host]
+    python benchmarks/tune_ops.py OUT_DIR [--only norm-forward cross-entropy softmax-long host]
 
 norm-forward   the norm forward kernel over (rows per program, warps) at row lengths 256 .. 16384 (256 MB bf16),
                rms_norm and layer_norm, CUDA graphs (the kernel alone), against the current rule
-norm-backward  the norm backward kernels over (column block, row groups, warps), the same way
-cross-entropy  the cross_entropy forward kernel at [8192 x 128256] bf16 over its block and warps, CUDA graphs;
-               and the whole forward+backward as eager code calls it
+norm-backward  the norm backward kernels over (column block, row groups, warps, next-row prefetch), the same way
+cross-entropy  the cross_entropy forward kernel at [8192 x 128256] bf16 over its block, warps and programs per
+               SM, CUDA graphs; and the whole forward+backward as eager code calls it
+softmax-long   softmax's kernels for rows longer than a block (read twice) over programs per SM and warps, at
+               row lengths 32768, 65536 and 262144 (256 MB bf16), CUDA graphs
 attention      flash_attention's tiles (rows held, rows walked, warps, pipeline stages) for each of its kernels
                (forward, dK/dV, dQ), one kernel's varied at a time with the others at their current tiles, at
                B4 H32 N4096 bf16, head_dim 64 and 128, causal and not, CUDA graphs; SDPA's flash and cuDNN
@@ -42,6 +44,7 @@ from roofline import bench, ops
 
 norm = importlib.import_module("roofline.ops.norm")
 ce = importlib.import_module("roofline.ops.cross_entropy")
+sm = importlib.import_module("roofline.ops.softmax")
 att = importlib.import_module("roofline.ops.attention")
 
 try:
@@ -119,12 +122,16 @@ def norm_backward(lengths) -> list[dict]:
             _, _, mean, rstd = norm._forward(x, None, w, None, 1e-6, rms)
             current = norm.backward_config(rows, n, rms, x.device)
             for config in sorted(configs):
-                with patched(norm, backward_config=lambda *args, c=config: c):
-                    us = _graph_us(norm._backward, dy, x, w, mean, rstd, None, rms, not rms)
-                out.append(dict(op="rms_norm" if rms else "layer_norm", n=n, block=config[0], groups=config[1],
-                                warps=config[2], us=us, current=config == current,
-                                gbps=3 * x.numel() * 2 / us / 1e3))
-                print(out[-1], flush=True)
+                current_prefetch = config[0] <= norm.BACKWARD_PREFETCH_BLOCK
+                for prefetch in (False, True):
+                    largest = config[0] if prefetch else 0   # the largest block that prefetches
+                    with patched(norm, backward_config=lambda *args, c=config: c, BACKWARD_PREFETCH_BLOCK=largest):
+                        us = _graph_us(norm._backward, dy, x, w, mean, rstd, None, rms, not rms)
+                    out.append(dict(op="rms_norm" if rms else "layer_norm", n=n, block=config[0], groups=config[1],
+                                    warps=config[2], prefetch=prefetch, us=us,
+                                    current=config == current and prefetch == current_prefetch,
+                                    gbps=3 * x.numel() * 2 / us / 1e3))
+                    print(out[-1], flush=True)
         del x, dy
     return out
 
@@ -134,14 +141,17 @@ def cross_entropy() -> list[dict]:
     rows, vocab = 8192, 128256
     logits = torch.randn(rows, vocab, device="cuda", dtype=BF16) * 2
     target = torch.randint(0, vocab, (rows,), device="cuda")
+    current = (ce.BLOCK, ce.NUM_WARPS, ce.PROGRAMS_PER_SM)
     for block in (4096, 8192, 16384):
         for warps in (8, 16, 32):
-            if not 8 <= block // (32 * warps) <= 32:
-                continue
-            with patched(ce, BLOCK=block, NUM_WARPS=warps):
-                us = _graph_us(ce._forward, logits, target, -100, "mean", 0.0, True, False)
-            out.append(dict(block=block, warps=warps, us=us, current=(block, warps) == (ce.BLOCK, ce.NUM_WARPS)))
-            print(out[-1], flush=True)
+            for per_sm in (1, 2):
+                if not 8 <= block // (32 * warps) <= 32 or per_sm * warps > 64:
+                    continue
+                with patched(ce, BLOCK=block, NUM_WARPS=warps, PROGRAMS_PER_SM=per_sm):
+                    us = _graph_us(ce._forward, logits, target, -100, "mean", 0.0, True, False)
+                out.append(dict(block=block, warps=warps, per_sm=per_sm, us=us,
+                                current=(block, warps, per_sm) == current))
+                print(out[-1], flush=True)
     logits.requires_grad_()
 
     def fwd_bwd(check):
@@ -153,6 +163,29 @@ def cross_entropy() -> list[dict]:
         out.append(dict(what=f"fwd+bwd as eager code calls it (CUDA events), check_targets={check}",
                         us=m.median * 1e3, host_us=(m.host_ms_per_call or 0) * 1e3))
         print(out[-1], flush=True)
+    return out
+
+
+def softmax_long(lengths=(32768, 65536, 262144)) -> list[dict]:
+    """softmax's long-row kernels (rows read twice) over resident programs per SM and warps, 256 MB bf16."""
+    out = []
+    current = (sm.LONG_ROW_PROGRAMS_PER_SM, sm.LONG_ROW_WARPS)
+    for n in lengths:
+        x = torch.randn((128 << 20) // n, n, device="cuda", dtype=BF16)
+        y = sm._forward_rows(x, False)
+        dy = torch.randn_like(x)
+        for per_sm in (1, 2, 4):
+            for warps in (8, 16, 32):
+                if per_sm * warps > 64:
+                    continue
+                with patched(sm, LONG_ROW_PROGRAMS_PER_SM=per_sm, LONG_ROW_WARPS=warps):
+                    fwd = _graph_us(sm._forward_rows, x, False)
+                    bwd = _graph_us(sm._backward_rows, y, dy, False)
+                out.append(dict(n=n, per_sm=per_sm, warps=warps, fwd_us=fwd, bwd_us=bwd,
+                                fwd_gbps=2 * x.numel() * 2 / fwd / 1e3, bwd_gbps=3 * x.numel() * 2 / bwd / 1e3,
+                                current=(per_sm, warps) == current))
+                print(out[-1], flush=True)
+        del x, y, dy
     return out
 
 
@@ -314,24 +347,33 @@ def markdown(results: dict) -> str:
     for part, title, column, key in (
             ("norm-forward", "norm forward kernel (CUDA graphs, 256 MB bf16): us by rows per program and warps",
              "rows / program", "rows_per_program"),
-            ("norm-backward", "norm backward kernels (CUDA graphs, 256 MB bf16 x and dy; layer_norm with a bias)",
-             "row groups", "groups")):
+            ("norm-backward", "norm backward kernels (CUDA graphs, 256 MB bf16 x and dy; layer_norm with a bias; "
+             "prefetch: the next row's loads issued before this row is reduced)", "row groups", "groups")):
         if part not in results:
             continue
-        lines += [f"### {title}", "", f"| op | row length | block | {column} | warps | us | GB/s | current rule |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"### {title}", "", f"| op | row length | block | {column} | warps | prefetch | us | GB/s | "
+                  "current rule |", "|---|---|---|---|---|---|---|---|---|"]
         for r in results[part]:
-            lines.append(f"| {r['op']} | {r['n']} | {r['block']} | {r[key]} | {r['warps']} | {r['us']:.1f} | "
-                         f"{r['gbps']:,.0f} | {'yes' if r['current'] else ''} |")
+            lines.append(f"| {r['op']} | {r['n']} | {r['block']} | {r[key]} | {r['warps']} | "
+                         f"{'yes' if r.get('prefetch') else ''} | {r['us']:.1f} | {r['gbps']:,.0f} | "
+                         f"{'yes' if r['current'] else ''} |")
         lines.append("")
     if "cross-entropy" in results:
-        lines += ["### cross_entropy [8192 x 128256] bf16 forward kernel (CUDA graphs, one program per SM)", "",
-                  "| block | warps | us | current |", "|---|---|---|---|"]
+        lines += ["### cross_entropy [8192 x 128256] bf16 forward kernel (CUDA graphs)", "",
+                  "| block | warps | programs / SM | us | current |", "|---|---|---|---|---|"]
         for r in results["cross-entropy"]:
             if "what" not in r:
-                lines.append(f"| {r['block']} | {r['warps']} | {r['us']:.1f} | {'yes' if r['current'] else ''} |")
+                lines.append(f"| {r['block']} | {r['warps']} | {r['per_sm']} | {r['us']:.1f} | "
+                             f"{'yes' if r['current'] else ''} |")
         lines += [""] + [f"- {r['what']}: {r['us']:.1f} us (host {r['host_us']:.1f} us)"
                          for r in results["cross-entropy"] if "what" in r] + [""]
+    if "softmax-long" in results:
+        lines += ["### softmax's long-row kernels (CUDA graphs, 256 MB bf16; rows read twice)", "",
+                  "| row length | programs / SM | warps | fwd us | fwd GB/s | bwd us | bwd GB/s | current |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['n']} | {r['per_sm']} | {r['warps']} | {r['fwd_us']:.1f} | {r['fwd_gbps']:,.0f} | "
+                  f"{r['bwd_us']:.1f} | {r['bwd_gbps']:,.0f} | {'yes' if r['current'] else ''} |"
+                  for r in results["softmax-long"]] + [""]
     if "attention" in results:
         lines += ["### flash_attention tiles (B4 H32 N4096 bf16, CUDA graphs): one kernel's tiles varied, the others "
                   "current; the backward timed whole (delta, dK/dV, dQ)", "",
@@ -370,7 +412,7 @@ def main(argv=None) -> int:
         print(f"=== {part}", flush=True)
         results[part] = {"norm-forward": lambda: norm_forward(args.lengths),
                          "norm-backward": lambda: norm_backward(args.lengths), "cross-entropy": cross_entropy,
-                         "attention": lambda: attention(args.head_dims),
+                         "softmax-long": softmax_long, "attention": lambda: attention(args.head_dims),
                          "host": lambda: host(args.out)}[part]()
         (args.out / "tune.json").write_text(json.dumps(results, indent=1))
         (args.out / "tune.md").write_text(markdown(results))

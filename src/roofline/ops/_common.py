@@ -66,6 +66,15 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def resident_programs(rows: int, device: torch.device, per_sm: int = 1) -> int:
+    """Programs of a persistent grid that walk `rows` rows: per_sm on each multiprocessor, so that the rows in
+    flight are known (long rows read twice stay in L2 between the reads). Under the interpreter a few, so
+    that the tests walk several rows a program."""
+    if device.type != "cuda":
+        return min(rows, 3)
+    return min(rows, per_sm * sm_count(device))
+
+
 if triton is not None:
     from triton.tools.tensor_descriptor import TensorDescriptor
 

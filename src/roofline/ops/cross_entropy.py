@@ -26,16 +26,19 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend, sm_count, tl, triton
-from roofline.ops.softmax import _row_max_and_sum
+from roofline.ops._common import KernelOp, choose_backend, resident_programs, tl, triton
+from roofline.ops.softmax import LOG2E, _row_max_and_sum
 
 BACKENDS = ("torch", "triton", "compile")
 REDUCTIONS = ("mean", "sum", "none")
 # One program of 32 warps per SM, 16 elements per thread per step: the fastest of the configurations tried on
-# the H100 at [8192 x 128256] bf16 (8 to 32 warps, blocks of 2048 to 16384, 1 to 8 programs per SM, Triton
+# the H100 at [8192 x 128256] bf16 (8 to 32 warps, blocks of 4096 to 16384, 1 or 2 programs per SM, Triton
 # loop pipelining of 1 to 4 stages, L2 eviction hints; benchmarks/tune_ops.py, results in
-# benchmarks/results/h100-tune.md). The forward kernel takes 1.75 ms there, 1.25x the time of one read of the
-# logits and one write of the gradient at the measured copy bandwidth.
+# benchmarks/results/h100-tune.md). The forward kernel takes 1.63 ms there, 1.16x the time of one read of the
+# logits and one write of the gradient at the measured copy bandwidth. It was issue-bound (1.75 ms) until the
+# first pass kept a lane's online softmax over 16-byte chunks and the second folded the gradient's scale into
+# the exponent and compared offsets with the target only in the target's block: 26 instructions an element
+# down to 14 (SASS of the loops).
 BLOCK = 16384           # elements of a row per step
 PROGRAMS_PER_SM = 1     # resident rows per SM: more would push the second pass's reads out of L2
 NUM_WARPS = 32
@@ -68,19 +71,22 @@ if triton is not None:
         tl.store(stats_ptr + 1, tl.sum(bad, axis=0))
 
     @triton.jit
-    def _write_gradient(x_row, grad_row, offs, n, m, log2_total, target, keep, spread, row_scale,
-                        MASKED: tl.constexpr):
-        """grad = (softmax(x) - spread - keep [offs == target]) * row_scale at offs, from the row's max m and
-        log2 of its sum of exponentials. The logits are read for the last time, the gradient is not read again:
-        neither should hold on to L2 (eviction hints)."""
+    def _write_gradient(x_row, grad_row, offs, n, m, log2_scaled_total, target, keep, spread,
+                        MASKED: tl.constexpr, TARGET: tl.constexpr):
+        """grad = softmax(x) scale - spread - keep [offs == target] at offs, from the row's max m and
+        log2(sum of exponentials / scale), the scale folded into the exponent (keep and spread come scaled).
+        Only the block that holds the target (TARGET) compares offsets with it. The logits are read for the
+        last time, the gradient is not read again: neither should hold on to L2 (eviction hints)."""
         if MASKED:
             mask = offs < n
             x = tl.load(x_row + offs, mask=mask, other=0.0, eviction_policy="evict_first")
         else:
             x = tl.load(x_row + offs, eviction_policy="evict_first")
         # (x - m) first: exact near the max, where x - (m + log_total) would round at |x| ~ 1e4
-        p = tl.exp2((x.to(tl.float32) - m) * 1.4426950408889634 - log2_total)
-        g = ((p - spread - tl.where(offs == target, keep, 0.0)) * row_scale).to(grad_row.dtype.element_ty)
+        g = tl.exp2((x.to(tl.float32) - m) * LOG2E - log2_scaled_total) - spread
+        if TARGET:
+            g -= tl.where(offs == target, keep, 0.0)
+        g = g.to(grad_row.dtype.element_ty)
         if MASKED:
             tl.store(grad_row + offs, g, mask=mask, eviction_policy="evict_first")
         else:
@@ -118,18 +124,26 @@ if triton is not None:
                     loss = (1.0 - smoothing) * loss + smoothing * ((m - sum_x / n) + log_total)
                 tl.store(loss_ptr + row, loss)
                 if GRAD:
-                    log2_total = tl.log2(total)
-                    spread = smoothing / n if SMOOTH else 0.0
+                    # The gradient's scale (1 / rows counted, or nan for a target out of range) goes into the
+                    # exponent: log2(total / scale).
                     row_scale = tl.where(valid, grad_scale, float("nan"))
+                    log2_scaled_total = tl.log2(total) - tl.log2(row_scale)
+                    spread = smoothing / n * row_scale if SMOOTH else 0.0
+                    keep = (1.0 - smoothing) * row_scale
                     target_col = tl.where(valid, target, -1).to(tl.int32)   # a 32-bit compare per element
-                    keep = 1.0 - smoothing
+                    grad_row = grad_ptr + start_of_row
                     # Backwards from the row's end: the blocks read last in the first pass are the likeliest in L2.
                     if whole < n:
-                        _write_gradient(x_row, grad_ptr + start_of_row, whole + cols, n, m, log2_total, target_col,
-                                        keep, spread, row_scale, True)
+                        _write_gradient(x_row, grad_row, whole + cols, n, m, log2_scaled_total, target_col, keep,
+                                        spread, True, True)
                     for i in range(0, whole // BLOCK):
-                        _write_gradient(x_row, grad_ptr + start_of_row, whole - (i + 1) * BLOCK + cols, n, m,
-                                        log2_total, target_col, keep, spread, row_scale, False)
+                        start = whole - (i + 1) * BLOCK
+                        if (target_col >= start) & (target_col < start + BLOCK):
+                            _write_gradient(x_row, grad_row, start + cols, n, m, log2_scaled_total, target_col,
+                                            keep, spread, False, True)
+                        else:
+                            _write_gradient(x_row, grad_row, start + cols, n, m, log2_scaled_total, target_col,
+                                            keep, spread, False, False)
 
     @triton.jit
     def scale_rows_kernel(grad_ptr, dloss_ptr, dloss_stride, n, BLOCK: tl.constexpr):
@@ -143,12 +157,6 @@ if triton is not None:
                 mask = start + cols < n
                 g = tl.load(grad_row + start + cols, mask=mask).to(tl.float32)
                 tl.store(grad_row + start + cols, (g * scale).to(grad_ptr.dtype.element_ty), mask=mask)
-
-
-def _programs(rows: int, device: torch.device) -> int:
-    if device.type != "cuda":
-        return min(rows, 3)   # the interpreter: a few programs, so the tests walk several rows each
-    return min(rows, PROGRAMS_PER_SM * sm_count(device))
 
 
 # The forward returns the per-row losses and, when asked, the gradient already scaled for the reduction; the
@@ -167,7 +175,7 @@ def _forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, redu
     # Queued before the check is read, so that the GPU goes from the count to this kernel without waiting for
     # the host: the kernel is safe with any target (a row whose target is out of range gets nan, with no
     # access), and its results are dropped when the check raises.
-    cross_entropy_forward_kernel[(_programs(rows, logits.device),)](
+    cross_entropy_forward_kernel[(resident_programs(rows, logits.device, PROGRAMS_PER_SM),)](
         logits, target, losses, gradient, stats, rows, n, ignore_index, label_smoothing,
         GRAD=grad, MEAN=reduction == "mean", SMOOTH=label_smoothing > 0, BLOCK=min(BLOCK, triton.next_power_of_2(n)),
         num_warps=NUM_WARPS)

@@ -7,8 +7,10 @@ Memory-bound: the least traffic is one read of x and one write of y (backward: r
 dy, write dx). A row that fits in one block (up to MAX_BLOCK elements) is held in registers
 and read once, forward and backward; short rows go several to a program. A longer row is
 read twice: a first pass keeps a running max and a running sum rescaled whenever the max
-grows (the online softmax), a second pass writes the output; no block size spills
-registers, so there is no cliff at long rows.
+grows (the online softmax), a second pass, from the row's end back, writes the output; no
+block size spills registers, so there is no cliff at long rows. Long rows are walked by one
+resident program per SM, so that the rows in flight stay in L2 between their two reads
+(33 MB at 65536 bf16 columns, forward and backward).
 The math runs in fp32 whatever the storage dtype.
 """
 
@@ -19,10 +21,12 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend, rows_per_program, tl, triton
+from roofline.ops._common import KernelOp, choose_backend, resident_programs, rows_per_program, tl, triton
 
 BACKENDS = ("torch", "triton", "compile", "cuda")
 MAX_BLOCK = 16384             # elements per block: 64 KB of fp32 per row, 32 per thread at 16 warps
+LONG_ROW_PROGRAMS_PER_SM = 1  # rows longer than a block: one in flight an SM, 33 MB in all at 2^16 bf16 (L2: 50)
+LONG_ROW_WARPS = 32
 
 
 # --------------------------------------------------------------------------- reference
@@ -38,48 +42,56 @@ def softmax_by_hand(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 if triton is not None:
 
+    LOG2E = tl.constexpr(1.4426950408889634)   # exp(x) = exp2(x log2(e)); exp2 is one hardware instruction
+
     @triton.jit
     def _online_update(m, s, x):
-        """One step of the per-lane online softmax: the running max m and sum s of exp(. - m), updated with x.
+        """One step of the online softmax for each lane: the running max m and sum s of exp(. - m) of a lane's
+        elements, updated with its next chunk of elements x (a row of x per lane, held by one thread, so the
+        chunk's max and sum need no other thread).
 
-        One exp per element: e = exp(min(x, m) - max(x, m)); if x raised the max, s = s e + 1 (rescaled to
-        the new max), else s = s + e. m starts at -FLT_MAX, not -inf, so that no -inf - -inf arises: an x of
-        -inf adds exp(-inf) = 0 and needs no check. nan must reach s: the GPU's default max and min drop a nan
-        operand."""
-        m_new = tl.maximum(m, x, propagate_nan=tl.PropagateNan.ALL)
-        e = tl.exp(tl.minimum(m, x, propagate_nan=tl.PropagateNan.ALL) - m_new)
-        return m_new, tl.where(x > m, s * e + 1.0, s + e)
+        Per element this is a max, a subtraction, a multiply, an exp2 and an add; per chunk, one more exp2 to
+        rescale s when the max grew. m starts at -FLT_MAX, not -inf, so no -inf - -inf arises: an x of -inf adds
+        exp(-inf) = 0. A nan is dropped by the max but reaches s through its own exp. x - m is formed before
+        scaling to base 2, so that no finite x overflows: exp(x - m) is exact for every finite x."""
+        m_new = tl.maximum(m, tl.max(x, axis=1))
+        e = tl.exp2((x - m_new[:, None]) * LOG2E)
+        return m_new, s * tl.exp2((m - m_new) * LOG2E) + tl.sum(e, axis=1)
 
     @triton.jit
     def _row_max_and_sum(x_row, n, BLOCK: tl.constexpr, SUM_X: tl.constexpr):
-        """(max, sum of exp(x - max), and if SUM_X the sum of x) of a row longer than one block, in one pass:
-        each lane runs the online softmax over its elements (whole blocks without masks, then the partial
-        last block), and the lanes are combined at the end (one exp per lane).
-        A row of only -inf gives (-FLT_MAX, 0): its softmax and loss come out nan, as torch's do."""
-        cols = tl.arange(0, BLOCK)
-        m = tl.full([BLOCK], -3.4028234663852886e38, tl.float32)
-        s = tl.zeros([BLOCK], dtype=tl.float32)
-        total = tl.zeros([BLOCK], dtype=tl.float32)
+        """(max, sum of exp(x - max), and if SUM_X the sum of x) of a row longer than one block, in one pass.
+
+        A block is read as lanes of one 16-byte load each (8 elements of 16 bits, 4 of 32); each lane runs the
+        online softmax over its chunks (whole blocks without masks, then the partial last block), and the lanes
+        are combined at the end (one exp per lane). A row of only -inf gives (-FLT_MAX, 0): its softmax and
+        loss come out nan, as torch's do."""
+        CHUNK: tl.constexpr = min(128 // x_row.dtype.element_ty.primitive_bitwidth, BLOCK)
+        LANES: tl.constexpr = BLOCK // CHUNK
+        offs = tl.arange(0, LANES)[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]
+        m = tl.full([LANES], -3.4028234663852886e38, tl.float32)
+        s = tl.zeros([LANES], dtype=tl.float32)
+        # Summed element by element, not a chunk's sum at a time: Triton 3.6's thread-locality pass fails an
+        # assertion on `total += tl.sum(x, axis=1)` in this loop (fp32 rows).
+        total = tl.zeros([LANES, CHUNK], dtype=tl.float32)
         whole = n // BLOCK * BLOCK
         for start in range(0, whole, BLOCK):
-            x = tl.load(x_row + start + cols).to(tl.float32)
+            x = tl.load(x_row + start + offs).to(tl.float32)
             if SUM_X:
                 total += x
             m, s = _online_update(m, s, x)
         if whole < n:
-            mask = whole + cols < n
-            x = tl.load(x_row + whole + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            mask = whole + offs < n
+            x = tl.load(x_row + whole + offs, mask=mask, other=-float("inf")).to(tl.float32)
             if SUM_X:
                 total += tl.where(mask, x, 0.0)
             m, s = _online_update(m, s, x)
         row_max = tl.max(m, axis=0)
-        return row_max, tl.sum(s * tl.exp(m - row_max), axis=0), tl.sum(total, axis=0)
+        return row_max, tl.sum(s * tl.exp2((m - row_max) * LOG2E), axis=0), tl.sum(tl.sum(total, axis=1), axis=0)
 
     @triton.jit
     def softmax_forward_kernel(x_ptr, y_ptr, rows, n, LOG: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
                                ROWS: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64) * n
-        x_row, y_row = x_ptr + row, y_ptr + row
         cols = tl.arange(0, BLOCK)
         # A row of all -inf gives nan (-inf minus -inf), as torch does.
         if SINGLE:   # rows that fit in one block, ROWS of them per program: each read once, kept in registers
@@ -88,23 +100,30 @@ if triton is not None:
             mask = (r < rows) & (cols[None, :] < n)
             x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
             shifted = x - tl.max(x, axis=1, keep_dims=True)
-            e = tl.exp(shifted)
+            e = tl.exp2(shifted * LOG2E)
             total = tl.sum(e, axis=1, keep_dims=True)
-            y = shifted - tl.log(total) if LOG else e / total
+            # times the reciprocal: a division per element is a dozen instructions, and within 1 ulp of it
+            y = shifted - tl.log(total) if LOG else e * (1.0 / total)
             tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-        else:
-            m, total, _ = _row_max_and_sum(x_row, n, BLOCK, False)
-            log_total = tl.log(total)
-            for start in range(0, n, BLOCK):
-                mask = start + cols < n
-                x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
-                # (x - m) first: exact near the max, where x - (m + log_total) would round at |x| ~ 1e4
-                y = (x - m) - log_total if LOG else tl.exp(x - m) / total
-                tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        else:        # longer rows, walked by resident programs: max and sum in one pass, y in a second
+            blocks = tl.cdiv(n, BLOCK)
+            for r in range(tl.program_id(0), rows, tl.num_programs(0)):
+                row = tl.cast(r, tl.int64) * n
+                x_row, y_row = x_ptr + row, y_ptr + row
+                m, total, _ = _row_max_and_sum(x_row, n, BLOCK, False)
+                log_total = tl.log(total)
+                inverse_total = 1.0 / total
+                for i in range(0, blocks):
+                    start = (blocks - 1 - i) * BLOCK   # from the row's end back: the blocks likeliest in L2 first
+                    mask = start + cols < n
+                    x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+                    # (x - m) first: exact near the max, where x - (m + log_total) would round at |x| ~ 1e4
+                    y = (x - m) - log_total if LOG else tl.exp2((x - m) * LOG2E) * inverse_total
+                    tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _backward_from(y, g, LOG: tl.constexpr, total):
-        return g - tl.exp(y) * total if LOG else y * (g - total)
+        return g - tl.exp2(y * LOG2E) * total if LOG else y * (g - total)
 
     @triton.jit
     def softmax_backward_kernel(y_ptr, dy_ptr, dx_ptr, rows, n, LOG: tl.constexpr, BLOCK: tl.constexpr,
@@ -119,23 +138,26 @@ if triton is not None:
             y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             total = tl.sum(g if LOG else g * y, axis=1, keep_dims=True)
             tl.store(dx_ptr + offs, _backward_from(y, g, LOG, total).to(dx_ptr.dtype.element_ty), mask=mask)
-        else:        # a longer row: its sum in one pass, dx in a second
-            row = tl.program_id(0).to(tl.int64) * n
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
-            for start in range(0, n, BLOCK):
-                mask = start + cols < n
-                g = tl.load(dy_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
-                if LOG:
-                    acc += g
-                else:
-                    acc += g * tl.load(y_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
-            total = tl.sum(acc, axis=0)
-            for start in range(0, n, BLOCK):
-                mask = start + cols < n
-                g = tl.load(dy_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
-                y = tl.load(y_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
-                tl.store(dx_ptr + row + start + cols, _backward_from(y, g, LOG, total).to(dx_ptr.dtype.element_ty),
-                         mask=mask)
+        else:        # longer rows, walked by resident programs: the sum in one pass, dx in a second
+            blocks = tl.cdiv(n, BLOCK)
+            for r in range(tl.program_id(0), rows, tl.num_programs(0)):
+                row = tl.cast(r, tl.int64) * n
+                acc = tl.zeros([BLOCK], dtype=tl.float32)
+                for start in range(0, n, BLOCK):
+                    mask = start + cols < n
+                    g = tl.load(dy_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+                    if LOG:
+                        acc += g
+                    else:
+                        acc += g * tl.load(y_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+                total = tl.sum(acc, axis=0)
+                for i in range(0, blocks):
+                    start = (blocks - 1 - i) * BLOCK   # from the row's end back: the blocks likeliest in L2 first
+                    mask = start + cols < n
+                    g = tl.load(dy_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+                    y = tl.load(y_ptr + row + start + cols, mask=mask, other=0.0).to(tl.float32)
+                    tl.store(dx_ptr + row + start + cols,
+                             _backward_from(y, g, LOG, total).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def _block(n: int) -> int:
@@ -146,29 +168,32 @@ def _warps(block: int) -> int:
     return max(1, min(16, block // 512))
 
 
+def _launch(kernel, rows: int, n: int, *args, log: bool, device: torch.device) -> None:
+    """Rows that fit in a block go several to a program; longer rows are walked by LONG_ROW_PROGRAMS_PER_SM
+    resident programs an SM, so that the rows in flight (read twice) stay in L2 between their two passes."""
+    block = _block(n)
+    if n <= block:
+        per_program = rows_per_program(rows, n, block)
+        grid, warps = triton.cdiv(rows, per_program), _warps(block * per_program)
+    else:
+        per_program = 1
+        grid, warps = resident_programs(rows, device, LONG_ROW_PROGRAMS_PER_SM), LONG_ROW_WARPS
+    kernel[(grid,)](*args, rows, n, LOG=log, BLOCK=block, SINGLE=n <= block, ROWS=per_program, num_warps=warps)
+
+
 # The kernels take contiguous rows (the last dimension); the entry point moves `dim` there and back.
 
 def _forward_rows(x: torch.Tensor, log: bool) -> torch.Tensor:
     n = x.shape[-1]
-    rows = x.numel() // n
     y = torch.empty_like(x)
-    block = _block(n)
-    per_program = rows_per_program(rows, n, block)
-    softmax_forward_kernel[(triton.cdiv(rows, per_program),)](
-        x, y, rows, n, LOG=log, BLOCK=block, SINGLE=n <= block, ROWS=per_program,
-        num_warps=_warps(block * per_program))
+    _launch(softmax_forward_kernel, x.numel() // n, n, x, y, log=log, device=x.device)
     return y
 
 
 def _backward_rows(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
     n = y.shape[-1]
-    rows = y.numel() // n
     dx = torch.empty_like(y)
-    block = _block(n)
-    per_program = rows_per_program(rows, n, block)
-    softmax_backward_kernel[(triton.cdiv(rows, per_program),)](
-        y, dy, dx, rows, n, LOG=log, BLOCK=block, SINGLE=n <= block, ROWS=per_program,
-        num_warps=_warps(block * per_program))
+    _launch(softmax_backward_kernel, y.numel() // n, n, y, dy, dx, log=log, device=y.device)
     return dx
 
 
