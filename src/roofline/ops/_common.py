@@ -36,8 +36,7 @@ def choose_backend(op: str, x, backend: str | None, backends: tuple[str, ...], a
         if x.dtype not in DTYPES:
             raise TypeError(f"{op}: backend={backend!r} takes {arg} of dtype float32, float16 or bfloat16, "
                             f"got {x.dtype}")
-        on_cpu_ok = backend == "triton" and interpreting()
-        if not x.is_cuda and not on_cpu_ok:
+        if not x.is_cuda and not (backend == "triton" and interpreting()):
             raise ValueError(
                 f"{op}: backend={backend!r} needs {arg} on a CUDA device, got {arg} on {x.device}"
                 + (" (set TRITON_INTERPRET=1 to run Triton kernels on the CPU)" if backend == "triton" else ""))
@@ -53,7 +52,18 @@ def rows_per_program(rows: int, n: int, block: int, longest_packed: int | None =
     fits one block (and is at most `longest_packed` wide), one otherwise."""
     if n > block or (longest_packed is not None and block > longest_packed):
         return 1
-    return max(1, min(SHORT_ROW_ELEMENTS // block, triton.next_power_of_2(rows)))
+    return max(1, min(SHORT_ROW_ELEMENTS // block, next_power_of_2(rows)))
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for launch code. triton.cdiv and triton.next_power_of_2 are constexpr functions in Triton 3.6,
+    which cost ~5 us a call from plain Python (more than a whole torch op's host time on a slow host)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1), for launch code; see cdiv."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def sm_count(device: torch.device) -> int:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from roofline.ops._common import (KernelOp, as_stored, choose_backend, interpreting, tl, tma_descriptor, tma_readable,
-                                  triton)
+from roofline.ops._common import (KernelOp, as_stored, cdiv, choose_backend, interpreting, next_power_of_2, tl,
+                                  tma_descriptor, tma_readable, triton)
 
 BACKENDS = ("torch", "triton")
 HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -330,7 +330,7 @@ def tiles(kernel: str, q: torch.Tensor) -> Tiles:
 
 def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
     """A descriptor of the (batch, heads, seq, head_dim) tensor t (made _aligned) copying blocks of `rows` rows."""
-    return tma_descriptor(t, [1, 1, rows, triton.next_power_of_2(t.shape[3])])
+    return tma_descriptor(t, [1, 1, rows, next_power_of_2(t.shape[3])])
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -355,7 +355,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     o = torch.empty_like(q)
     lse = torch.empty(batch, heads, nq, device=q.device, dtype=torch.float32)
     t, settings = _settings("forward", q)
-    attention_forward_kernel[(triton.cdiv(nq, t.held), batch * heads)](
+    attention_forward_kernel[(cdiv(nq, t.held), batch * heads)](
         _descriptor(q, t.held), _descriptor(k, t.walked), _descriptor(v, t.walked), _descriptor(o, t.held), lse,
         heads, heads // k.shape[1], nq, k.shape[2], abs(scale) * LOG2E, -1.0 if scale < 0 else 1.0, CAUSAL=causal,
         **settings)
@@ -372,16 +372,16 @@ def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     batch, heads, nq, d = q.shape
     kv_heads, nk = k.shape[1], k.shape[2]
     delta = torch.empty_like(lse)
-    attention_delta_kernel[(triton.cdiv(nq, DELTA_BLOCK), batch * heads)](
+    attention_delta_kernel[(cdiv(nq, DELTA_BLOCK), batch * heads)](
         _descriptor(o, DELTA_BLOCK), _descriptor(do, DELTA_BLOCK), delta, heads, nq)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     t, settings = _settings("dkdv", q)
-    attention_dkdv_kernel[(triton.cdiv(nk, t.held), batch * kv_heads)](
+    attention_dkdv_kernel[(cdiv(nk, t.held), batch * kv_heads)](
         _descriptor(q, t.walked), _descriptor(k, t.held), _descriptor(v, t.held), _descriptor(do, t.walked),
         _descriptor(dk, t.held), _descriptor(dv, t.held), lse, delta,
         heads, kv_heads, heads // kv_heads, nq, nk, scale, scale * LOG2E, CAUSAL=causal, **settings)
     t, settings = _settings("dq", q)
-    attention_dq_kernel[(triton.cdiv(nq, t.held), batch * heads)](
+    attention_dq_kernel[(cdiv(nq, t.held), batch * heads)](
         _descriptor(q, t.held), _descriptor(k, t.walked), _descriptor(v, t.walked), _descriptor(do, t.held),
         _descriptor(dq, t.held), lse, delta, heads, heads // kv_heads, nq, nk, scale, scale * LOG2E, CAUSAL=causal,
         **settings)

@@ -26,7 +26,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend, resident_programs, tl, triton
+from roofline.ops._common import KernelOp, choose_backend, next_power_of_2, resident_programs, tl, triton
 from roofline.ops.softmax import LOG2E, _row_max_and_sum
 
 BACKENDS = ("torch", "triton", "compile")
@@ -38,7 +38,7 @@ REDUCTIONS = ("mean", "sum", "none")
 # logits and one write of the gradient at the measured copy bandwidth. It was issue-bound (1.75 ms) until the
 # first pass kept a lane's online softmax over 16-byte chunks and the second folded the gradient's scale into
 # the exponent and compared offsets with the target only in the target's block: 26 instructions an element
-# down to 14 (SASS of the loops).
+# down to 14 (benchmarks/sass_loops.py).
 BLOCK = 16384           # elements of a row per step
 PROGRAMS_PER_SM = 1     # resident rows per SM: more would push the second pass's reads out of L2
 NUM_WARPS = 32
@@ -177,7 +177,7 @@ def _forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, redu
     # access), and its results are dropped when the check raises.
     cross_entropy_forward_kernel[(resident_programs(rows, logits.device, PROGRAMS_PER_SM),)](
         logits, target, losses, gradient, stats, rows, n, ignore_index, label_smoothing,
-        GRAD=grad, MEAN=reduction == "mean", SMOOTH=label_smoothing > 0, BLOCK=min(BLOCK, triton.next_power_of_2(n)),
+        GRAD=grad, MEAN=reduction == "mean", SMOOTH=label_smoothing > 0, BLOCK=min(BLOCK, next_power_of_2(n)),
         num_warps=NUM_WARPS)
     if bad_targets is not None and bad_targets():
         _raise_for_target_out_of_range(target, n, ignore_index)
@@ -205,7 +205,7 @@ def _forward_fake(logits, target, ignore_index, reduction, label_smoothing, grad
 def _scale_rows_(grad: torch.Tensor, dloss: torch.Tensor) -> None:
     rows, n = grad.shape
     dloss_stride = dloss.stride(0) if dloss.dim() else 0   # 0 for a mean's or sum's gradient, expanded
-    scale_rows_kernel[(rows,)](grad, dloss, dloss_stride, n, BLOCK=min(BLOCK, triton.next_power_of_2(n)),
+    scale_rows_kernel[(rows,)](grad, dloss, dloss_stride, n, BLOCK=min(BLOCK, next_power_of_2(n)),
                                num_warps=8)
 
 

@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend, elementwise_block, tl, triton
+from roofline.ops._common import KernelOp, cdiv, choose_backend, elementwise_block, tl, triton
 
 APPROXIMATIONS = ("none", "tanh")
 BACKENDS = ("torch", "triton", "compile", "cuda")
@@ -79,7 +79,7 @@ if triton is not None:
 def _launch(kernel, out: torch.Tensor, *tensors: torch.Tensor, approximate: str) -> torch.Tensor:
     n = out.numel()
     block = elementwise_block(out.element_size())
-    kernel[(triton.cdiv(n, block),)](*tensors, out, n, APPROX_TANH=approximate == "tanh", BLOCK=block, num_warps=4)
+    kernel[(cdiv(n, block),)](*tensors, out, n, APPROX_TANH=approximate == "tanh", BLOCK=block, num_warps=4)
     return out
 
 

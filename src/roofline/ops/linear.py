@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import (TMA_ALIGN, KernelOp, as_stored, choose_backend, interpreting, sm_count, tl,
-                                  tma_descriptor, tma_readable, triton)
+from roofline.ops._common import (KernelOp, TMA_ALIGN, as_stored, cdiv, choose_backend, interpreting, next_power_of_2,
+                                  sm_count, tl, tma_descriptor, tma_readable, triton)
 from roofline.ops.gelu import _gelu_and_grad
 
 BACKENDS = ("torch", "triton")
@@ -307,7 +307,7 @@ def decode_split_k(n: int, k: int, device: torch.device) -> int:
     blocks times the shares give each SM a few programs, when N alone does not."""
     programs = sm_count(device) * DECODE_PROGRAMS_PER_SM if device.type == "cuda" else 1
     split = 1
-    blocks = triton.cdiv(n, 2 * DECODE_MIN_BLOCK_N)   # the configs' typical column block: 32
+    blocks = cdiv(n, 2 * DECODE_MIN_BLOCK_N)   # the configs' typical column block: 32
     while split < 8 and blocks * split < programs and k // (2 * split) >= DECODE_MIN_SHARE:
         split *= 2
     return split
@@ -326,8 +326,8 @@ def _launch_decode(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     partial = tickets = None   # only a split K needs the shares' buffer and the zeroed tickets
     if split > 1:
         partial = x.new_empty(split, DECODE_ROWS, n, dtype=torch.float32)
-        tickets = torch.zeros(triton.cdiv(n, DECODE_MIN_BLOCK_N), dtype=torch.int32, device=x.device)
-    int8_decode_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), split)](
+        tickets = torch.zeros(cdiv(n, DECODE_MIN_BLOCK_N), dtype=torch.int32, device=x.device)
+    int8_decode_kernel[lambda meta: (cdiv(n, meta["BLOCK_N"]), split)](
         x, weight, scale, bias, y, partial, tickets, m, n, k, scale.shape[1] if scale.dim() == 2 else 1,
         x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, GROUP_K=_group_k(weight, scale),
         SPLIT_K=split, PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, BLOCK_M=DECODE_ROWS)
@@ -353,13 +353,13 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sca
     programs = sm_count(x.device) if x.is_cuda else 1
 
     def grid(meta):
-        tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+        tiles = cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])
         return (min(tiles, programs) if meta["PERSISTENT"] else tiles,)
 
     linear_kernel[grid](
         _descriptor(x), _descriptor(weight), _descriptor(y),
         _descriptor(residual) if residual is not None else None, _descriptor(z) if save_z else None,
-        bias, scale, m, n, x.shape[1], scale.shape[1] if group_k else 1, triton.next_power_of_2(m),
+        bias, scale, m, n, x.shape[1], scale.shape[1] if group_k else 1, next_power_of_2(m),
         ACTIVATION=activation, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         W_SCALED=scale is not None, GROUP_K=group_k, SAVE_Z=save_z,
         PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, GROUP_M=GROUP_M,

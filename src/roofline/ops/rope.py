@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from roofline.ops._common import DTYPES, KernelOp, choose_backend, tl, triton
+from roofline.ops._common import DTYPES, KernelOp, choose_backend, next_power_of_2, tl, triton
 
 BACKENDS = ("torch", "triton", "compile")
 
@@ -91,8 +91,8 @@ def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     rope_kernel[(B * T,)](
         q, k, cos, sin, q_out, k_out, T, HQ, HK, q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
-        HALF=half, BLOCK_D=triton.next_power_of_2(half), BLOCK_HQ=triton.next_power_of_2(HQ),
-        BLOCK_HK=triton.next_power_of_2(HK), BACKWARD=backward, num_warps=4)
+        HALF=half, BLOCK_D=next_power_of_2(half), BLOCK_HQ=next_power_of_2(HQ),
+        BLOCK_HK=next_power_of_2(HK), BACKWARD=backward, num_warps=4)
     return q_out, k_out
 
 

@@ -21,7 +21,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend, resident_programs, rows_per_program, tl, triton
+from roofline.ops._common import (KernelOp, cdiv, choose_backend, next_power_of_2, resident_programs, rows_per_program,
+                                  tl, triton)
 
 BACKENDS = ("torch", "triton", "compile", "cuda")
 MAX_BLOCK = 16384             # elements per block: 64 KB of fp32 per row, 32 per thread at 16 warps
@@ -161,7 +162,7 @@ if triton is not None:
 
 
 def _block(n: int) -> int:
-    return min(triton.next_power_of_2(max(n, 1)), MAX_BLOCK)
+    return min(next_power_of_2(max(n, 1)), MAX_BLOCK)
 
 
 def _warps(block: int) -> int:
@@ -174,7 +175,7 @@ def _launch(kernel, rows: int, n: int, *args, log: bool, device: torch.device) -
     block = _block(n)
     if n <= block:
         per_program = rows_per_program(rows, n, block)
-        grid, warps = triton.cdiv(rows, per_program), _warps(block * per_program)
+        grid, warps = cdiv(rows, per_program), _warps(block * per_program)
     else:
         per_program = 1
         grid, warps = resident_programs(rows, device, LONG_ROW_PROGRAMS_PER_SM), LONG_ROW_WARPS
@@ -214,6 +215,8 @@ _softmax_rows = KernelOp(
 
 
 def _triton_softmax(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    if dim == x.dim() - 1:   # the usual case, without two movedim calls (a few us of host time each)
+        return _softmax_rows(x.contiguous(), log)
     rows = x.movedim(dim, -1).contiguous()   # a copy unless `dim` is already last and contiguous
     return _softmax_rows(rows, log).movedim(-1, dim)
 

@@ -18,7 +18,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend, elementwise_block, tl, triton
+from roofline.ops._common import KernelOp, cdiv, choose_backend, elementwise_block, tl, triton
 
 BACKENDS = ("torch", "triton", "compile")
 
@@ -66,7 +66,7 @@ if triton is not None:
 
 
 def _grid(rows: int, n: int, block: int) -> tuple[int]:
-    return (rows * triton.cdiv(n, block),)
+    return (rows * cdiv(n, block),)
 
 
 # The kernels take (rows, n) tensors whose last dimension is contiguous; their outputs are contiguous.
