@@ -14,7 +14,9 @@ across lanes at the end, then a write pass). The per-row mean and rstd (fp32) ar
 
 Backward: dx = rstd * (w dy - (xhat * mean(xhat w dy) + mean(w dy))), and dw, db are sums over rows. A 2-D
 grid of column blocks by row groups: each program walks its group's rows, writes dx and keeps dw and db for
-its columns in registers, then writes one partial row; the few partial rows are summed afterwards. A row
+its columns in registers, then writes one partial row; the few partial rows are summed afterwards. Up to
+blocks of BACKWARD_PREFETCH_BLOCK columns a program issues the next row's loads before it reduces the current
+row, so that memory stays busy while the threads wait on each other. A row
 longer than one block needs its two means before any dx: a small kernel computes them first (one more
 read of x and dy, for those rows only).
 """
