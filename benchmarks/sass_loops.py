@@ -51,7 +51,7 @@ def resources(kernel) -> str:
 
 
 def loops(kernel) -> list[collections.Counter]:
-    """The opcode counts of each loop body (from a label to a branch back to it), innermost loops first."""
+    """The opcode counts of each loop body (from a label to a branch back to it), the shortest first."""
     instructions, labels = [], {}
     for line in _tool("nvdisasm", kernel).splitlines():
         label = re.match(r"^\s*(\.L_x_\d+):", line)

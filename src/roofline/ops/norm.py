@@ -246,7 +246,7 @@ if triton is not None:
 
 
 def _block(n: int, largest: int) -> int:
-    return min(next_power_of_2(max(n, 1)), largest)
+    return min(next_power_of_2(n), largest)
 
 
 def _programs_per_wave(device: torch.device, per_sm: int) -> int:

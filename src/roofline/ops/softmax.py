@@ -162,7 +162,7 @@ if triton is not None:
 
 
 def _block(n: int) -> int:
-    return min(next_power_of_2(max(n, 1)), MAX_BLOCK)
+    return min(next_power_of_2(n), MAX_BLOCK)
 
 
 def _warps(block: int) -> int:
