@@ -1,4 +1,5 @@
-"""Instructions per element in the hot loops of roofline's row kernels, read off their SASS, with no GPU.
+"""Instructions per element in the hot loops of roofline's row kernels, and in linear's epilogue for each
+activation, read off their SASS, with no GPU.
 
     python benchmarks/sass_loops.py
 
@@ -9,7 +10,8 @@ come out vectorized as they do on the GPU. A loop is a backward branch; its body
 elements a thread handles per iteration is the figure that made cross_entropy's first pass issue-bound (15.25
 before the chunked online softmax, 7.6 after: benchmarks/results/h100-tune.md, run 8). A body with an if/else
 counts both arms (cross_entropy's gradient loop: the block that holds the target and the others), and an outer
-loop counts its inner loops once.
+loop counts its inner loops once. The epilogue report is what made GeLU's erf the cost of linear's fused
+epilogue (65 instructions an output element and a spill before _normal_cdf, 33 after: h100-linear.md).
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ def resources(kernel) -> str:
     return _tool("cuobjdump", kernel).strip().splitlines()[-1].strip()
 
 
-def loops(kernel) -> list[collections.Counter]:
-    """The opcode counts of each loop body (from a label to a branch back to it), the shortest first."""
+def _disassembly(kernel) -> tuple[list[str], dict[str, int]]:
+    """The kernel's SASS instructions, and the index of the instruction each label marks."""
     instructions, labels = [], {}
     for line in _tool("nvdisasm", kernel).splitlines():
         label = re.match(r"^\s*(\.L_x_\d+):", line)
@@ -59,13 +61,22 @@ def loops(kernel) -> list[collections.Counter]:
             labels[label.group(1)] = len(instructions)
         elif (found := re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?);", line)):
             instructions.append(found.group(1))
+    return instructions, labels
+
+
+def _opcodes(instructions) -> collections.Counter:
+    return collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", i).split()[0].split(".")[0]   # no predicate
+                               for i in instructions)
+
+
+def loops(kernel) -> list[collections.Counter]:
+    """The opcode counts of each loop body (from a label to a branch back to it), the shortest first."""
+    instructions, labels = _disassembly(kernel)
     bodies = []
     for end, instruction in enumerate(instructions):
         target = re.search(r"\bBRA\b.*?(\.L_x_\d+)", instruction)
         if target and labels.get(target.group(1), end + 1) < end:
-            body = instructions[labels[target.group(1)]:end + 1]
-            ops = (re.sub(r"^@!?U?P\w+\s+", "", i).split()[0].split(".")[0] for i in body)   # no predicate
-            bodies.append(collections.Counter(ops))
+            bodies.append(_opcodes(instructions[labels[target.group(1)]:end + 1]))
     return sorted(bodies, key=lambda c: sum(c.values()))
 
 
@@ -87,7 +98,36 @@ def _row_kernels():
     ]
 
 
+def linear_epilogues() -> None:
+    """What each activation adds to linear_kernel (bf16, bias, the 128 x 256 persistent tile with 8 warps that the
+    autotuner picks for the large shapes): registers, spills, and instructions an output element beyond the
+    kernel without activation (every instruction of the kernel counted once; the epilogue runs once per tile)."""
+    lin = importlib.import_module("roofline.ops.linear")
+    bm, bn, bk, warps = 128, 256, 64, 8
+    signature = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w_desc": f"tensordesc<bf16[{bn}, {bk}]>",
+                 "y_desc": f"tensordesc<bf16[{bm}, {bn}]>", "r_desc": "constexpr", "z_desc": "constexpr",
+                 "bias_ptr": "*bf16", "scale_ptr": "constexpr", "M": "i32", "N": "i32", "K": "i32", "GROUPS": "i32",
+                 "M_BUCKET": "i32"}
+    constexprs = dict(r_desc=None, z_desc=None, scale_ptr=None, HAS_BIAS=True, HAS_RESIDUAL=False, W_SCALED=False,
+                      GROUP_K=0, SAVE_Z=False, PRECISION="tf32", UPCAST=False, ROUND_TF32=False, GROUP_M=lin.GROUP_M,
+                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PERSISTENT=True, SPLIT_EPILOGUE=False)
+    signature.update({name: "constexpr" for name in constexprs if name not in signature})
+    signature["ACTIVATION"] = "constexpr"
+    per_thread = bm * bn // (32 * warps)
+    plain = None
+    print(f"linear_kernel epilogues, bf16 {bm} x {bn} tiles, {warps} warps:")
+    for code, name in enumerate(lin.ACTIVATIONS):
+        compiled = compile_for_sm90(lin.linear_kernel.fn, signature, dict(constexprs, ACTIVATION=code), warps,
+                                    ("bias_ptr", "N", "K"))
+        ops = _opcodes(_disassembly(compiled)[0])
+        plain = plain or ops
+        extra = (sum(ops.values()) - sum(plain.values())) / per_thread
+        top = ", ".join(f"{op} {n / per_thread:+.1f}" for op, n in (ops - plain).most_common(6))
+        print(f"  {name or 'none'}: {resources(compiled)}; {extra:.1f} instructions an element more: {top}")
+
+
 def main() -> None:
+    linear_epilogues()
     for name, kernel, signature, constexprs, warps, per_thread in _row_kernels():
         pointers_and_n = [a for a, t in signature.items() if t.startswith("*") or a == "n"]
         compiled = compile_for_sm90(kernel, signature, constexprs, warps, pointers_and_n)

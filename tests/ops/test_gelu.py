@@ -62,6 +62,14 @@ def test_extreme_values_behave_as_in_torch(approximate):
     torch.testing.assert_close(y, expected, equal_nan=True)
 
 
+def test_erf_form_keeps_its_digits_in_the_negative_tail():
+    # Phi(x) from erfc directly: 1 + erf(x / sqrt 2) cancels to nothing down here (in float64 too, past x = -8).
+    x = -torch.linspace(4.0, 12.0, 4097, device=DEVICE)
+    y = gelu(x, backend="triton").double()
+    ref = x.double() * 0.5 * torch.special.erfc(-x.double() / math.sqrt(2))
+    assert ((y - ref).abs() / ref.abs()).max() < 1e-4
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_hand_written_tanh_formula_and_torch_backend(approximate):
     x = torch.randn(1000, device=DEVICE, dtype=torch.float64)

@@ -100,6 +100,27 @@ if triton is not None:
         return value
 
 
+    # The GPU's approximate reciprocal and exp (one MUFU instruction each, subnormals flushed to zero: relative error
+    # ~2^-22) where epilogue math is on the critical path; '/' and tl.exp compile to a rounded division and a
+    # subnormal-safe exp2 of several instructions each. The interpreter has no libdevice: plain math there.
+    FAST_MATH = tl.constexpr(not interpreting())
+
+    if FAST_MATH:
+        from triton.language.extra import libdevice
+
+    @triton.jit
+    def fast_reciprocal(x):
+        if FAST_MATH:
+            return libdevice.fast_dividef(1.0, x)
+        return 1.0 / x
+
+    @triton.jit
+    def fast_exp(x):
+        if FAST_MATH:
+            return libdevice.fast_expf(x)
+        return tl.exp(x)
+
+
 TMA_ALIGN = 16   # bytes: a copy-engine (TMA) descriptor's base and strides must be multiples of it
 
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import (KernelOp, TMA_ALIGN, as_stored, cdiv, choose_backend, interpreting, next_power_of_2,
-                                  sm_count, tl, tma_descriptor, tma_readable, triton)
+from roofline.ops._common import (KernelOp, TMA_ALIGN, as_stored, cdiv, choose_backend, fast_exp, fast_reciprocal,
+                                  interpreting, next_power_of_2, sm_count, tl, tma_descriptor, tma_readable, triton)
 from roofline.ops.gelu import _gelu_and_grad
 
 BACKENDS = ("torch", "triton")
@@ -45,7 +45,7 @@ if triton is not None:
             y, _ = _gelu_and_grad(z, ACTIVATION == 2)
             return y
         if ACTIVATION == 3:
-            return z / (1.0 + tl.exp(-z))
+            return z * fast_reciprocal(1.0 + fast_exp(-z))
         if ACTIVATION == 4:
             return tl.maximum(z, 0.0)
         return z
