@@ -175,6 +175,23 @@ def test_int8_linear_both_kernels_per_channel_and_grouped(m, group_size):
     assert_within_twice_torchs_error(("output",), [ours], [exact], [theirs], x.dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k,n", [(1, 1), (70, 17), (1000, 33)])   # K not a multiple of the step, N of the block
+def test_int8_single_row_takes_the_gemv(monkeypatch, k, n, dtype):
+    class Refused:
+        def __getitem__(self, grid):
+            raise AssertionError("one row with per-channel scales must not take the MMA decode kernel")
+
+    monkeypatch.setattr(linear_module, "int8_decode_kernel", Refused())
+    q, scale = quantize_int8(heavy_tailed(n, k))
+    x = torch.randn(3, k + 5, device=DEVICE, dtype=dtype)[1:2, 5:]   # a row of a wider tensor
+    for bias in (None, torch.randn(n, device=DEVICE, dtype=dtype)):
+        ours = int8_linear(x, q, scale, bias, backend="triton")
+        exact = int8_linear_reference(x.double(), q, scale.double(), None if bias is None else bias.double())
+        theirs = int8_linear_reference(x, q, scale, bias)
+        assert_within_twice_torchs_error(("output",), [ours], [exact], [theirs], x.dtype)
+
+
 @pytest.mark.parametrize("split", [2, 4, 8])
 @pytest.mark.parametrize("group_size", [None, 64])
 def test_int8_decode_split_along_k(monkeypatch, split, group_size):

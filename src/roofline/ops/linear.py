@@ -12,7 +12,8 @@ GEMM followed by eager ops would write y and read it back once per op. An int8 w
 dtype in registers (exactly: int8 fits in fp16 and bf16), so the weights cross memory at one byte each, which is
 what a decode step (a few rows of x) is bound by. Grouped scales multiply each group's partial product, so the
 kernel's K step never straddles two groups. Up to DECODE_ROWS rows of x take int8_decode_kernel instead: narrow
-column blocks, so that many programs stream W at once, and plain vector loads.
+column blocks, so that many programs stream W at once, and plain vector loads; and one row of x with per-channel
+scales int8_gemv_kernel, on the CUDA cores, in thousands of programs of one or two columns.
 
 Tiles, warps and pipeline depth are autotuned per (M bucket, N, K) over a small set that suits Hopper; programs
 are ordered in groups of GROUP_M row blocks, so that neighbours share tiles of W in L2.
@@ -259,6 +260,39 @@ if triton is not None:
                 _decode_epilogue(acc, rows, cols, M, N, scale_ptr, bias_ptr, y_ptr, stride_y, HAS_BIAS, GROUP_K,
                                  UPCAST)
 
+    # One row of x with per-channel scales (a decode step of one token): a GEMV on the CUDA cores. A program per
+    # output column or two and short K steps make thousands of small programs, whose loads in flight keep the
+    # memory busier than the MMA kernel's ~N / 32 programs of 4 warps (4096 x 4096 on the H100: 9.6 against
+    # 10.9 us, benchmarks/results/h100-linear.md); a column block's product with one row needs no tensor cores.
+
+    def _gemv_config(bn, bk, warps):
+        return triton.Config(dict(BLOCK_N=bn, BLOCK_K=bk), num_stages=1, num_warps=warps)
+
+    INT8_GEMV = [_gemv_config(*c) for c in ((1, 512, 4), (1, 512, 2), (1, 1024, 4), (2, 1024, 2), (1, 256, 2))]
+
+    @triton.autotune(configs=[_gemv_config(2, 32, 4)] if interpreting() else INT8_GEMV, key=["N", "K"])
+    @triton.heuristics(dict(EVEN_K=lambda args: args["K"] % args["BLOCK_K"] == 0))
+    @triton.jit
+    def int8_gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, y_ptr, N, K, stride_w, HAS_BIAS: tl.constexpr,
+                         UPCAST: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Program: y[BLOCK_N columns] = x W^T * scale + bias for one row x [K] (contiguous), W int8 [N, K] (rows
+        stride_w apart), scale [N]. W streams through once (evict first); x stays in cache for every program."""
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ks = tl.arange(0, BLOCK_K)
+        w_ptrs = w_ptr + tl.minimum(cols, N - 1)[:, None].to(tl.int64) * stride_w + ks[None, :]
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            if EVEN_K:
+                x = tl.load(x_ptr + k + ks, eviction_policy="evict_last")
+                w = tl.load(w_ptrs, eviction_policy="evict_first")
+            else:
+                x = tl.load(x_ptr + k + ks, mask=k + ks < K, other=0.0, eviction_policy="evict_last")
+                w = tl.load(w_ptrs, mask=(k + ks)[None, :] < K, other=0, eviction_policy="evict_first")
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            w_ptrs += BLOCK_K
+        _decode_epilogue(tl.sum(acc, axis=1)[None, :], tl.arange(0, 1), cols, 1, N, scale_ptr, bias_ptr, y_ptr, 0,
+                         HAS_BIAS, 0, UPCAST)
+
     @triton.jit
     def _decode_epilogue(acc, rows, cols, M, N, scale_ptr, bias_ptr, y_ptr, stride_y, HAS_BIAS: tl.constexpr,
                          GROUP_K: tl.constexpr, UPCAST: tl.constexpr):
@@ -315,13 +349,18 @@ def decode_split_k(n: int, k: int, device: torch.device) -> int:
 
 def _launch_decode(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    scale: torch.Tensor) -> torch.Tensor:
-    """int8_decode_kernel: x [M <= DECODE_ROWS, K], weight int8 [N, K]."""
+    """int8_gemv_kernel (one row, per-channel scales) or int8_decode_kernel: x [M <= DECODE_ROWS, K], weight
+    int8 [N, K]."""
     m, k = x.shape
     n = weight.shape[0]
     x, weight = (t if t.stride(1) == 1 else t.contiguous() for t in (x, weight))
     scale = scale.contiguous()
     y = x.new_empty(m, n)
     upcast = interpreting() and x.dtype == torch.bfloat16
+    if m == 1 and scale.dim() == 1:
+        int8_gemv_kernel[lambda meta: (cdiv(n, meta["BLOCK_N"]),)](
+            x, weight, scale, bias, y, n, k, weight.stride(0), HAS_BIAS=bias is not None, UPCAST=upcast)
+        return y
     split = decode_split_k(n, k, x.device)
     partial = tickets = None   # only a split K needs the shares' buffer and the zeroed tickets
     if split > 1:
