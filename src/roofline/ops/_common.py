@@ -99,7 +99,6 @@ if triton is not None:
             value = bits.to(tl.float32, bitcast=True)
         return value
 
-
     # The GPU's approximate reciprocal and exp (one MUFU instruction each, subnormals flushed to zero: relative error
     # ~2^-22) where epilogue math is on the critical path; '/' and tl.exp compile to a rounded division and a
     # subnormal-safe exp2 of several instructions each. The interpreter has no libdevice: plain math there.
