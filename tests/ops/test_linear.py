@@ -208,6 +208,15 @@ def test_int8_decode_split_along_k(monkeypatch, split, group_size):
         assert_within_twice_torchs_error(("output",), [ours], [exact], [theirs], x.dtype)
 
 
+def test_autotuning_gives_every_timed_split_launch_fresh_tickets():
+    # a launch leaves each column block's ticket at SPLIT_K; the next timed launch must start from zero again
+    kernel = linear_module.int8_decode_kernel
+    tickets = torch.full((7,), 4, dtype=torch.int32)
+    kernel.pre_hook(dict(ticket_ptr=tickets))
+    assert tickets.eq(0).all()
+    kernel.pre_hook(dict(ticket_ptr=None), reset_only=True)   # no split: nothing to reset, no error
+
+
 def test_decode_splits_k_only_when_n_gives_too_few_programs():
     split = linear_module.decode_split_k
     cuda = torch.device("cuda")
@@ -294,10 +303,11 @@ def test_gpu_language_model_sizes(m, k, n, activation):
 @pytest.mark.gpu
 @pytest.mark.parametrize("group_size", [None, 128])
 @pytest.mark.parametrize("m", [1, 16, 128, 2048])
-def test_gpu_int8_language_model_sizes(m, group_size):
-    weight = heavy_tailed(14336, 4096, "cuda")
+@pytest.mark.parametrize("n,k", [(14336, 4096), (4096, 14336)])   # the second: a decode splits K in 2
+def test_gpu_int8_language_model_sizes(m, group_size, n, k):
+    weight = heavy_tailed(n, k, "cuda")
     q, scale = quantize_int8(weight, group_size)
-    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     ours = int8_linear(x, q, scale, backend="triton")
     exact = int8_linear_reference(x.double(), q, scale.double())
     theirs = int8_linear_reference(x, q, scale)
