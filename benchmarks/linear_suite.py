@@ -11,8 +11,9 @@ outputs checked against the baseline before timing:
   int8      int8_linear (per channel, and per group of 128) against bf16 F.linear and torchao's int8 weight-only
             under torch.compile (where torchao imports; its failure is reported otherwise): M in {1, 16}, (N, K) in
             {(4096, 4096), (14336, 4096)}; and the SQNR of each against the bf16 layer
-  ladder    the CUDA C++ matmul ladder (ops.matmul_ladder: naive, coalesced, shared_memory, register_tiled), fp32
-            4096^3, against cuBLAS's fp32 matmul (tf32 off): TFLOP/s, % of cuBLAS and what each step bought
+  ladder    the CUDA C++ matmul ladder (ops.matmul_ladder: naive, coalesced, shared_memory, register_tiled,
+            vectorized), fp32 4096^3, against cuBLAS's fp32 matmul (tf32 off): TFLOP/s, % of cuBLAS and what each
+            step bought
 Writes OUT_DIR/linear.md (summary and every sweep) and OUT_DIR/linear.json.
 """
 
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from roofline import bench, ops
 from roofline.bench import report
+from roofline.ops import cuda as cuda_kernels
 from roofline.ops.matmul_ladder import STEPS as LADDER_STEPS
 
 BF16 = torch.bfloat16
@@ -136,6 +138,8 @@ def int8_sqnr_lines(quick: bool) -> list[str]:
 def ladder_sweep(quick: bool) -> bench.Sweep:
     size = 256 if quick else 4096
     torch.backends.cuda.matmul.allow_tf32 = False   # cuBLAS on the same fp32 CUDA cores as the ladder
+    if cuda_kernels.unavailable_reason() is None:   # build the extension (a minute of nvcc) before any timing
+        ops.matmul_ladder(torch.ones(1, 1, device="cuda"), torch.ones(1, 1, device="cuda"))
 
     def step(name):
         return bench.Provider(name, lambda a, b: ops.matmul_ladder(a, b, name))

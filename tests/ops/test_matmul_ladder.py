@@ -9,9 +9,10 @@ import torch
 
 from roofline.ops.matmul_ladder import STEPS, matmul_ladder
 
-# M, K, N: single elements, primes, edges of every tile size (32, 128, and 8 along K), K = 0
+# M, K, N: single elements, primes, edges of every tile size (32, 128, and 8 along K), K = 0; rows a multiple of
+# 4 floats wide with ragged tiles (the vectorized step's 16-byte path up to the edges)
 SHAPES = [(1, 1, 1), (1, 4095, 17), (17, 33, 1), (31, 7, 129), (127, 9, 255), (128, 8, 128), (129, 257, 131),
-          (300, 1000, 77), (5, 0, 6)]
+          (300, 1000, 77), (5, 0, 6), (129, 20, 260), (3, 12, 4)]
 
 
 @pytest.mark.gpu
@@ -36,6 +37,16 @@ def test_gpu_takes_views_by_copying_them(step):
     a = torch.randn(64, 70, device="cuda").t()   # [70, 64], transposed
     b = torch.randn(64, 90, device="cuda")[:, ::2]   # [64, 45], strided
     torch.testing.assert_close(matmul_ladder(a, b, step), (a.double() @ b.double()).float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_vectorized_step_takes_operands_not_16_byte_aligned():
+    # contiguous views one float into their storage: rows a multiple of 4 floats wide, bases 4 bytes off
+    a = torch.randn(33 * 64 + 1, device="cuda")[1:].view(33, 64)
+    b = torch.randn(64 * 132 + 1, device="cuda")[1:].view(64, 132)
+    out = torch.full((34 * 132 + 1,), float("nan"), device="cuda")[1:33 * 132 + 1].view(33, 132)
+    matmul_ladder(a, b, "vectorized", out=out)
+    torch.testing.assert_close(out, (a.double() @ b.double()).float(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""The matmul ladder: a @ b in CUDA C++, four steps from naive to register-tiled, for reading and measuring.
+"""The matmul ladder: a @ b in CUDA C++, five steps from naive to vectorized, for reading and measuring.
 
     matmul_ladder(a, b, step)     a [M, K] @ b [K, N], fp32, on the CUDA cores (no tensor cores, no tf32)
 
@@ -8,8 +8,9 @@ Each step is one idea (the kernels and the why of each are in ops/cuda/matmul_la
     coalesced        a warp along a row of C: the same math, loads in whole cache lines
     shared_memory    32x32 tiles staged in shared memory: each load from L2 serves 32 multiply-adds
     register_tiled   a thread computes an 8x8 block of C from registers: 16 shared-memory reads per 64 FMAs
+    vectorized       the same with 16-byte accesses: float4 loads from memory and from shared memory
 
-`benchmarks/linear_suite.py --only ladder` times the four against cuBLAS's fp32 matmul (torch.mm with tf32
+`benchmarks/linear_suite.py --only ladder` times the five against cuBLAS's fp32 matmul (torch.mm with tf32
 off) and reports TFLOP/s and the fraction of cuBLAS each reaches. The kernels are for learning what each step
 buys, not for use: linear() is the fast GEMM.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-STEPS = ("naive", "coalesced", "shared_memory", "register_tiled")
+STEPS = ("naive", "coalesced", "shared_memory", "register_tiled", "vectorized")
 # The kernels index with 32-bit ints, and put row or column blocks of 32 on the grid's y axis (65535 at most).
 MAX_ELEMENTS = 2**31 - 1
 MAX_ROWS_OR_COLUMNS = 65535 * 32
