@@ -1,6 +1,6 @@
 """How roofline.ops' launch settings were chosen: times the alternatives on this GPU, side by side in one run.
 
-    python benchmarks/tune_ops.py OUT_DIR [--only norm-forward cross-entropy softmax-long host]
+    python benchmarks/tune_ops.py OUT_DIR [--only norm-forward cross-entropy softmax-long attention]
 
 norm-forward   the norm forward kernel over (rows per program, warps) at row lengths 256 .. 16384 (256 MB bf16),
                rms_norm and layer_norm, CUDA graphs (the kernel alone), against the current rule
@@ -13,24 +13,18 @@ attention      flash_attention's tiles (rows held, rows walked, warps, pipeline 
                (forward, dK/dV, dQ), one kernel's varied at a time with the others at their current tiles, at
                B4 H32 N4096 bf16, head_dim 64 and 128, causal and not, CUDA graphs; SDPA's flash and cuDNN
                backends beside them
-host           the host's time to issue one call (fwd and fwd+bwd) at a tiny shape, where the GPU waits on the
-               host, for roofline's ops, eager PyTorch and Liger-Kernel where it imports; a bare Triton launch
-               (the floor under every op here); and a cProfile of roofline's rms_norm fwd+bwd
+(The host's time per call is benchmarks/host_overhead.py's.)
 
-Writes OUT_DIR/tune.md and OUT_DIR/tune.json (and OUT_DIR/host-profile.txt).
+Writes OUT_DIR/tune.md and OUT_DIR/tune.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import contextlib
 import importlib
-import io
 import json
-import pstats
 import sys
-import time as _time
 from dataclasses import astuple
 from pathlib import Path
 
@@ -38,19 +32,14 @@ import torch
 import torch.nn.functional as F
 
 import triton
-import triton.language as tl
 
 from roofline import bench, ops
+from roofline.ops._launch import clear_plans
 
 norm = importlib.import_module("roofline.ops.norm")
 ce = importlib.import_module("roofline.ops.cross_entropy")
 sm = importlib.import_module("roofline.ops.softmax")
 att = importlib.import_module("roofline.ops.attention")
-
-try:
-    from liger_kernel.transformers import functional as liger
-except ImportError:
-    liger = None
 
 BF16 = torch.bfloat16
 
@@ -60,11 +49,13 @@ def patched(module, **values):
     old = {k: getattr(module, k) for k in values}
     for k, v in values.items():
         setattr(module, k, v)
+    clear_plans()   # plans hold the settings they were built with
     try:
         yield
     finally:
         for k, v in old.items():
             setattr(module, k, v)
+        clear_plans()
 
 
 def _graph_us(fn, *args) -> float:
@@ -260,88 +251,6 @@ def attention(head_dims) -> list[dict]:
     return out
 
 
-def _host_cases():
-    x = torch.randn(8, 1024, device="cuda", dtype=BF16, requires_grad=True)
-    r = torch.randn(8, 1024, device="cuda", dtype=BF16, requires_grad=True)
-    w = torch.ones(1024, device="cuda", dtype=BF16, requires_grad=True)
-    b = torch.zeros(1024, device="cuda", dtype=BF16, requires_grad=True)
-    t = torch.randint(0, 1024, (8,), device="cuda")
-    cases = {
-        "rms_norm": {"eager": lambda: F.rms_norm(x, (1024,), w, 1e-6),
-                     "roofline": lambda: ops.rms_norm(x, (1024,), w, 1e-6),
-                     "liger": liger and (lambda: liger.liger_rms_norm(x, w, 1e-6, in_place=False))},
-        "layer_norm": {"eager": lambda: F.layer_norm(x, (1024,), w, b, 1e-6),
-                       "roofline": lambda: ops.layer_norm(x, (1024,), w, b, 1e-6),
-                       "liger": liger and (lambda: liger.liger_layer_norm(x, w, b, 1e-6))},
-        "add_rms_norm": {"eager": lambda: norm.add_rms_norm_reference(x, r, w, 1e-6)[0],
-                         "roofline": lambda: ops.add_rms_norm(x, r, w, 1e-6)[0]},
-        "softmax": {"eager": lambda: F.softmax(x, -1), "roofline": lambda: ops.softmax(x),
-                    "liger": liger and (lambda: liger.liger_softmax(x))},
-        "gelu": {"eager": lambda: F.gelu(x, approximate="tanh"), "roofline": lambda: ops.gelu(x, "tanh")},
-        "swiglu": {"eager": lambda: F.silu(x) * r, "roofline": lambda: ops.swiglu(x, r),
-                   "liger": liger and (lambda: liger.liger_swiglu(x, r))},
-        "cross_entropy": {"eager": lambda: F.cross_entropy(x, t), "roofline": lambda: ops.cross_entropy(x, t),
-                          "liger": liger and (lambda: liger.liger_cross_entropy(x, t))},
-    }
-    return cases, x, w
-
-
-def _host_us(fn, calls=300) -> float:
-    """Wall time per call of a loop of calls whose GPU work is a few microseconds: the host's time to issue one."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = _time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (_time.perf_counter() - t0) / calls * 1e6)
-    return best
-
-
-@triton.jit
-def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
-
-
-def host(out_dir: Path) -> list[dict]:
-    cases, x, w = _host_cases()
-    y = torch.empty_like(x)
-    launch_us = _host_us(lambda: _copy_kernel[(8,)](x, y, x.numel(), BLOCK=1024))
-    out = [dict(op="a bare Triton launch (copy kernel, 3 arguments)", provider="triton", fwd_us=launch_us,
-                fwd_bwd_us=float("nan"))]
-    print(out[-1], flush=True)
-    for op, providers in cases.items():
-        for name, fn in providers.items():
-            if not fn:
-                continue
-            dy = torch.ones(8, 1024, device="cuda", dtype=BF16)
-
-            def fwd_bwd(fn=fn, dy=dy):
-                y = fn()
-                y.backward(dy if y.dim() else None)
-
-            with torch.no_grad():
-                fwd_us = _host_us(fn)
-            out.append(dict(op=op, provider=name, fwd_us=fwd_us, fwd_bwd_us=_host_us(fwd_bwd)))
-            print(out[-1], flush=True)
-    dy = torch.ones_like(x)
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(500):
-        ops.rms_norm(x, (1024,), w, 1e-6).backward(dy)
-    torch.cuda.synchronize()
-    profile.disable()
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(35)
-    (out_dir / "host-profile.txt").write_text("500 calls of ops.rms_norm(x [8 x 1024] bf16, weight).backward(dy)\n"
-                                              + text.getvalue())
-    return out
-
-
 def markdown(results: dict) -> str:
     lines = []
     for part, title, column, key in (
@@ -390,18 +299,13 @@ def markdown(results: dict) -> str:
         lines += [f"| {r['kernel']} | {r['d']} | {r['causal']} | {r['fwd_us']:.1f} | {r['fwd_tflops']:.0f} | "
                   f"{r['bwd_us']:.1f} | {r['bwd_tflops']:.0f} |" for r in results["attention"] if "tiles" not in r]
         lines.append("")
-    if "host" in results:
-        lines += ["### host time per call ([8 x 1024] bf16; GPU work a few us)", "",
-                  "| op | provider | fwd (us) | fwd+bwd (us) |", "|---|---|---|---|"]
-        for r in results["host"]:
-            lines.append(f"| {r['op']} | {r['provider']} | {r['fwd_us']:.1f} | {r['fwd_bwd_us']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--only", nargs="*", default=["norm-forward", "cross-entropy", "host"])
+    parser.add_argument("--only", nargs="*", default=["norm-forward", "cross-entropy"])
     parser.add_argument("--lengths", nargs="*", type=int, default=[256, 1024, 4096, 16384, 65536],
                         help="row lengths of norm-forward and norm-backward")
     parser.add_argument("--head-dims", nargs="*", type=int, default=[128, 64], help="head dims of attention")
@@ -412,8 +316,7 @@ def main(argv=None) -> int:
         print(f"=== {part}", flush=True)
         results[part] = {"norm-forward": lambda: norm_forward(args.lengths),
                          "norm-backward": lambda: norm_backward(args.lengths), "cross-entropy": cross_entropy,
-                         "softmax-long": softmax_long, "attention": lambda: attention(args.head_dims),
-                         "host": lambda: host(args.out)}[part]()
+                         "softmax-long": softmax_long, "attention": lambda: attention(args.head_dims)}[part]()
         (args.out / "tune.json").write_text(json.dumps(results, indent=1))
         (args.out / "tune.md").write_text(markdown(results))
     print(markdown(results))

@@ -23,6 +23,17 @@ def _private_cache(tmp_path_factory):
         os.environ["ROOFLINE_CACHE_DIR"] = saved
 
 
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Each test builds its own launch plans: a plan is built from module settings (block sizes, tiles,
+    autotuning configs) that tests patch, and must not carry one test's settings into the next."""
+    from roofline.ops._launch import clear_plans
+
+    clear_plans()
+    yield
+    clear_plans()
+
+
 def pytest_collection_modifyitems(config, items):
     """Without a GPU, GPU tests are deselected (not skipped and not passed): scripts/gpu-check runs them."""
     if HAS_CUDA:

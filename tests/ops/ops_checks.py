@@ -5,6 +5,8 @@ import contextlib
 import pytest
 import torch
 
+from roofline.ops._launch import clear_plans
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # rtol, atol against the float64 reference, by the dtype compared (DESIGN.md's tolerances).
@@ -17,13 +19,16 @@ def as_tuple(out):
 
 @contextlib.contextmanager
 def patched(module, name: str, value):
-    """module.name = value inside the block (for tests that are not fixtures, such as hypothesis tests)."""
+    """module.name = value inside the block (for tests that are not fixtures, such as hypothesis tests), with
+    no launch plan built from the other value on either side of it."""
     saved = getattr(module, name)
     setattr(module, name, value)
+    clear_plans()
     try:
         yield
     finally:
         setattr(module, name, saved)
+        clear_plans()
 
 
 def block_size_fixture(module, name: str, values, ids):

@@ -82,7 +82,7 @@ def test_queries_that_see_no_key_get_zeros():
 def test_tiles_smaller_than_the_lengths_and_poisoned_memory(monkeypatch, held, walked, nq, nk):
     # Several blocks each way, so that the unmasked and masked loops both run, and the causal diagonal cuts
     # blocks of either size at an offset (nk - nq) that is no multiple of them.
-    monkeypatch.setattr(attention_module, "tiles", lambda kernel, q: attention_module.Tiles(held, walked, 4, 1))
+    monkeypatch.setattr(attention_module, "tiles", lambda kernel, dtype, d: attention_module.Tiles(held, walked, 4, 1))
     for _ in range(2):
         poison = torch.full((1, 3, max(nq, nk), 64), math.nan, device=DEVICE)
         del poison

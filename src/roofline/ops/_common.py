@@ -131,12 +131,15 @@ def tma_readable(t: torch.Tensor) -> bool:
             and all(s * size % TMA_ALIGN == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
 
 
-def tma_descriptor(t: torch.Tensor, block_shape: list[int]) -> "TensorDescriptor":
-    """A descriptor of t (tma_readable) for the copy engine, copying blocks of block_shape. A size-1
+def tma_descriptor(t: torch.Tensor, block_shape: list[int], shape=None, strides=None) -> "TensorDescriptor":
+    """A descriptor of t (tma_readable) for the copy engine, copying blocks of block_shape; of t's memory seen
+    as `shape` with `strides` where given (a [B, T, K] activation as the [B * T, K] matrix it is). A size-1
     dimension's stride is never used: it is given one that is aligned."""
+    shape = list(t.shape if shape is None else shape)
+    strides = t.stride() if strides is None else strides
     step = TMA_ALIGN // t.element_size()
-    strides = [s if n > 1 else step for s, n in zip(t.stride()[:-1], t.shape[:-1])] + [1]
-    return TensorDescriptor(t, list(t.shape), strides, list(block_shape))
+    strides = [s if n > 1 else step for s, n in zip(strides[:-1], shape[:-1])] + [1]
+    return TensorDescriptor(t, shape, strides, list(block_shape))
 
 
 def elementwise_block(element_size: int, num_warps: int = 4) -> int:
@@ -146,24 +149,26 @@ def elementwise_block(element_size: int, num_warps: int = 4) -> int:
 
 
 class KernelOp:
-    """A forward implementation and its backward, callable as op(*args), differentiable, and visible to
-    torch.compile as one op.
+    """A forward implementation and its backward, differentiable, and visible to torch.compile as one op.
 
     Under torch.compile a call goes through torch.library custom ops, roofline::<name> and
     roofline::<name>_backward, so that torch.compile(fullgraph=True) holds them without a graph break. In
-    eager mode it goes through a torch.autograd.Function straight to the same two functions: torch.library's
-    Python dispatch costs ~100 µs a call on our H100 machine's host, as long as the kernel on 128 MB.
+    eager mode, `eager(plan, grad, *args)` runs plan.forward(*args) straight away when no gradient is wanted,
+    and otherwise through a torch.autograd.Function entered at torch's C entry point (Function.apply's Python
+    wrapper costs ~12 us a call on a 2-core host, more than a torch op), whose backward calls plan.backward.
+    torch.library's Python dispatch costs ~100 us a call on our H100 machine's host: eager calls never take it.
 
-    forward(*args) and backward(...) run the kernels (their type annotations give the ops' schemas);
-    forward_fake and backward_fake give outputs' shapes without running anything; setup_context(ctx, inputs,
-    output) keeps what the backward needs; backward_rule(ctx, run_backward, *grads) returns a gradient per
-    input, calling run_backward, which is `backward` itself in eager mode and the registered op under compile.
-    ctx.in_graph says which: under compile a tensor kept for the backward must go through ctx.save_for_backward
-    (one only held on ctx is not kept alive by the compiled graph).
+    forward(*args) and backward(...) run the kernels (their type annotations give the ops' schemas; each finds
+    its plan and calls it); forward_fake and backward_fake give outputs' shapes without running anything;
+    setup_context(ctx, inputs, output) keeps what the backward needs; backward_rule(ctx, run_backward, *grads)
+    returns a gradient per input, calling run_backward, which is the plan's backward in eager mode and the
+    registered op under compile. ctx.in_graph says which: under compile a tensor kept for the backward must go
+    through ctx.save_for_backward (one only held on ctx is not kept alive by the compiled graph).
     """
 
     def __init__(self, name, *, forward, forward_fake, backward, backward_fake, setup_context, backward_rule,
-                 backward_mutates: tuple[str, ...] = ()):
+                 plan, backward_mutates: tuple[str, ...] = ()):
+        self.plan = plan   # plan(*forward args): the plan that runs them
         self.forward_op = torch.library.custom_op(f"roofline::{name}", forward, mutates_args=())
         self.forward_op.register_fake(forward_fake)
         self.backward_op = torch.library.custom_op(f"roofline::{name}_backward", backward,
@@ -176,25 +181,37 @@ class KernelOp:
         self.forward_op.register_autograd(lambda ctx, *grads: backward_rule(ctx, self.backward_op, *grads),
                                           setup_context=setup_in_graph)
 
-        class Eager(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, *args):
-                # An output that gets no gradient gets None, not a zero tensor of its size (cross_entropy's
-                # gradient buffer would cost a 2 GB fill).
-                ctx.set_materialize_grads(False)
-                ctx.in_graph = False
-                output = forward(*args)
-                setup_context(ctx, args, output)
-                return output
+        def eager_forward(ctx, plan, *args):
+            # An output that gets no gradient gets None, not a zero tensor of its size (cross_entropy's
+            # gradient buffer would cost a 2 GB fill).
+            ctx.set_materialize_grads(False)
+            ctx.in_graph = False
+            ctx.plan = plan
+            output = plan.forward(*args)
+            setup_context(ctx, args, output)
+            return output
 
-            @staticmethod
-            def backward(ctx, *grads):
-                return backward_rule(ctx, backward, *grads)
+        def eager_backward(ctx, *grads):
+            return None, *backward_rule(ctx, ctx.plan.backward, *grads)
 
-        Eager.__name__ = Eager.__qualname__ = f"{name}_eager"
+        # made with its name, so that its backward node is <name>_eagerBackward (autograd names it at creation)
+        Eager = type(f"{name}_eager", (torch.autograd.Function,), dict(
+            forward=staticmethod(eager_forward), backward=staticmethod(eager_backward)))
         self._eager = Eager
+        # torch's C entry point of Function.apply, bound to Eager: what Function.apply calls after its Python
+        # checks, which matter only under functorch transforms (vmap, grad), checked for on each call
+        self._apply = super(torch.autograd.Function, Eager).apply
+
+    def eager(self, plan, grad: bool, *args):
+        """An eager call of the forward through `plan`, differentiable if `grad` (some input requires grad
+        and grad mode is on)."""
+        if not grad:
+            return plan.forward(*args)
+        if torch._C._are_functorch_transforms_active():
+            return self._eager.apply(plan, *args)
+        return self._apply(plan, *args)
 
     def __call__(self, *args):
         if torch.compiler.is_compiling():
             return self.forward_op(*args)
-        return self._eager.apply(*args)
+        return self.eager(self.plan(*args), torch.is_grad_enabled(), *args)

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from roofline.ops._common import (KernelOp, as_stored, cdiv, choose_backend, interpreting, next_power_of_2, tl,
-                                  tma_descriptor, tma_readable, triton)
+                                  tma_readable, triton)
+from roofline.ops._launch import Launch, Plans, tensor_key
 
 BACKENDS = ("torch", "triton")
 HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -323,43 +324,107 @@ if triton is not None:
         _store_tile(dq_desc, b, h, start_m, dq * scale, UPCAST)
 
 
-def tiles(kernel: str, q: torch.Tensor) -> Tiles:
-    """The tiles `kernel` ("forward", "dkdv" or "dq") runs with on q's head dim and dtype."""
-    return (FP32_TILES if q.dtype == torch.float32 else TILES[kernel])[q.shape[3]]
+def tiles(kernel: str, dtype: torch.dtype, d: int) -> Tiles:
+    """The tiles `kernel` ("forward", "dkdv" or "dq") runs with at head dim d and dtype."""
+    return (FP32_TILES if dtype == torch.float32 else TILES[kernel])[d]
 
 
-def _descriptor(t: torch.Tensor, rows: int) -> "TensorDescriptor":
-    """A descriptor of the (batch, heads, seq, head_dim) tensor t (made _aligned) copying blocks of `rows` rows."""
-    return tma_descriptor(t, [1, 1, rows, next_power_of_2(t.shape[3])])
+def _block(t: Tiles | int, d: int, kind: str = "held") -> list[int]:
+    """The descriptor block of a (batch, heads, seq, head_dim) tensor: one head's `rows` rows."""
+    rows = t if isinstance(t, int) else getattr(t, kind)
+    return [1, 1, rows, next_power_of_2(d)]
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """t, or a contiguous copy where the copy engine cannot read it as it is."""
-    return t if tma_readable(t) else t.contiguous()
+    """t, or a contiguous copy (at a new, aligned address) where the copy engine cannot read it as it is."""
+    return t if tma_readable(t) else t.clone(memory_format=torch.contiguous_format)
 
 
-def _settings(kernel: str, q: torch.Tensor) -> tuple[Tiles, dict]:
+def _settings(kernel: str, dtype: torch.dtype, d: int) -> tuple[Tiles, dict]:
     """The tiles of `kernel` and the launch options every attention kernel takes. fp32 inputs in fp32 (tl.dot
     would round them to tf32); fp16 and bf16 on the tensor cores. Triton 3.6's interpreter returns garbage from
     a bf16 tl.dot, so there bf16 multiplies in fp32 (exactly)."""
-    upcast = interpreting() and q.dtype == torch.bfloat16
-    t = tiles(kernel, q)
-    return t, dict(PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
+    upcast = interpreting() and dtype == torch.bfloat16
+    t = tiles(kernel, dtype, d)
+    return t, dict(PRECISION="ieee" if dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
                    num_warps=t.warps, num_stages=t.stages)
+
+
+class AttentionPlan:
+    """The launches for q, k and v of given shapes and strides (readable by the copy engine) and one dtype on
+    one device, causal or not, at one scale. The backward's launches are kept by the strides of dO, which come
+    from the caller's graph (a transposed view's gradient is itself transposed)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float):
+        batch, heads, nq, d = q.shape
+        kv_heads, nk = k.shape[1], k.shape[2]
+        self.causal, self.scale, self.dtype, self.d = causal, scale, q.dtype, d
+        self.index = q.device.index if q.is_cuda else -1
+        self.lse_shape, self.device = (batch, heads, nq), q.device
+        self.grids = {name: (cdiv(n, tiles(name, q.dtype, d).held), batch * h)
+                      for name, n, h in (("forward", nq, heads), ("dkdv", nk, kv_heads), ("dq", nq, heads))}
+        t, settings = _settings("forward", q.dtype, d)
+        self.forward_launch = Launch(
+            attention_forward_kernel, self.grids["forward"], self.index,
+            descriptors={0: _block(t, d), 1: _block(t, d, "walked"), 2: _block(t, d, "walked"), 3: _block(t, d)},
+            CAUSAL=causal, **settings)
+        self.forward_args = (heads, heads // kv_heads, nq, nk, abs(scale) * LOG2E, -1.0 if scale < 0 else 1.0)
+        self.backward_args = (heads, kv_heads, heads // kv_heads, nq, nk, scale, scale * LOG2E)
+        self.delta_grid = (cdiv(nq, DELTA_BLOCK), batch * heads)
+        self._backward_launches = {}
+
+    def forward(self, q, k, v, causal, scale) -> tuple[torch.Tensor, torch.Tensor]:
+        o = torch.empty_like(q)
+        lse = torch.empty(self.lse_shape, device=self.device, dtype=torch.float32)
+        self.forward_launch(q, k, v, o, lse, *self.forward_args)
+        return o, lse
+
+    def _backward_launch(self, do_strides):
+        """(delta, dK and dV, dQ) launches for a dO of these strides."""
+        launches = self._backward_launches.get(do_strides)
+        if launches is None:
+            d, dtype, causal = self.d, self.dtype, self.causal
+            t, settings = _settings("dkdv", dtype, d)
+            dkdv = Launch(attention_dkdv_kernel, self.grids["dkdv"], self.index, descriptors={
+                0: _block(t, d, "walked"), 1: _block(t, d), 2: _block(t, d), 3: _block(t, d, "walked"),
+                4: _block(t, d), 5: _block(t, d)}, CAUSAL=causal, **settings)
+            t, settings = _settings("dq", dtype, d)
+            dq = Launch(attention_dq_kernel, self.grids["dq"], self.index, descriptors={
+                0: _block(t, d), 1: _block(t, d, "walked"), 2: _block(t, d, "walked"), 3: _block(t, d),
+                4: _block(t, d)}, CAUSAL=causal, **settings)
+            delta = Launch(attention_delta_kernel, self.delta_grid, self.index,
+                           descriptors={0: _block(DELTA_BLOCK, d), 1: _block(DELTA_BLOCK, d)})
+            launches = self._backward_launches[do_strides] = delta, dkdv, dq
+        return launches
+
+    def backward(self, do, q, k, v, o, lse, causal, scale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        do = _aligned(do)
+        delta_launch, dkdv_launch, dq_launch = self._backward_launch(do.stride())
+        delta = torch.empty_like(lse)
+        heads, _, _, nq = self.backward_args[:4]
+        delta_launch(o, do, delta, heads, nq)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dkdv_launch(q, k, v, do, dk, dv, lse, delta, *self.backward_args)
+        dq_launch(q, k, v, do, dq, lse, delta, heads, *self.backward_args[2:])
+        return dq, dk, dv
+
+
+_plans = Plans("flash_attention")
+
+
+def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> AttentionPlan:
+    """The plan for q, k and v readable by the copy engine (_aligned)."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal, scale)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans.add(key, AttentionPlan(q, k, causal, scale))
+    return plan
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    batch, heads, nq, d = q.shape
-    o = torch.empty_like(q)
-    lse = torch.empty(batch, heads, nq, device=q.device, dtype=torch.float32)
-    t, settings = _settings("forward", q)
-    attention_forward_kernel[(cdiv(nq, t.held), batch * heads)](
-        _descriptor(q, t.held), _descriptor(k, t.walked), _descriptor(v, t.walked), _descriptor(o, t.held), lse,
-        heads, heads // k.shape[1], nq, k.shape[2], abs(scale) * LOG2E, -1.0 if scale < 0 else 1.0, CAUSAL=causal,
-        **settings)
-    return o, lse
+    return _plan(q, k, v, causal, scale).forward(q, k, v, causal, scale)
 
 
 def _forward_fake(q, k, v, causal, scale):
@@ -368,24 +433,8 @@ def _forward_fake(q, k, v, causal, scale):
 
 def _backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
               lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    do, q, k, v, o = (_aligned(t) for t in (do, q, k, v, o))
-    batch, heads, nq, d = q.shape
-    kv_heads, nk = k.shape[1], k.shape[2]
-    delta = torch.empty_like(lse)
-    attention_delta_kernel[(cdiv(nq, DELTA_BLOCK), batch * heads)](
-        _descriptor(o, DELTA_BLOCK), _descriptor(do, DELTA_BLOCK), delta, heads, nq)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    t, settings = _settings("dkdv", q)
-    attention_dkdv_kernel[(cdiv(nk, t.held), batch * kv_heads)](
-        _descriptor(q, t.walked), _descriptor(k, t.held), _descriptor(v, t.held), _descriptor(do, t.walked),
-        _descriptor(dk, t.held), _descriptor(dv, t.held), lse, delta,
-        heads, kv_heads, heads // kv_heads, nq, nk, scale, scale * LOG2E, CAUSAL=causal, **settings)
-    t, settings = _settings("dq", q)
-    attention_dq_kernel[(cdiv(nq, t.held), batch * heads)](
-        _descriptor(q, t.held), _descriptor(k, t.walked), _descriptor(v, t.walked), _descriptor(do, t.held),
-        _descriptor(dq, t.held), lse, delta, heads, heads // kv_heads, nq, nk, scale, scale * LOG2E, CAUSAL=causal,
-        **settings)
-    return dq, dk, dv
+    q, k, v, o = (_aligned(t) for t in (q, k, v, o))
+    return _plan(q, k, v, causal, scale).backward(do, q, k, v, o, lse, causal, scale)
 
 
 def _save_for_backward(ctx, inputs, output):
@@ -406,7 +455,8 @@ _attention = KernelOp(
     "flash_attention", forward=_forward, forward_fake=_forward_fake, backward=_backward,
     backward_fake=lambda do, q, k, v, o, lse, causal, scale: (torch.empty_like(q), torch.empty_like(k),
                                                                torch.empty_like(v)),
-    setup_context=_save_for_backward, backward_rule=_backward_rule)
+    setup_context=_save_for_backward, backward_rule=_backward_rule, plan=_plan)
+_calls = Plans("flash_attention calls")   # the plans of calls as the entry point saw them, checks passed
 
 
 # --------------------------------------------------------------------------- entry point
@@ -449,6 +499,17 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     scale defaults to 1 / sqrt(head_dim). backend: "triton" (the default on CUDA; head_dim one of HEAD_DIMS),
     forward and backward, or "torch" (attention_reference; the default on CPU).
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (type(q), tensor_key(q), tensor_key(k), tensor_key(v), causal, type(causal), scale, type(scale),
+                   backend)
+            plan = _calls.get(key)
+        except (AttributeError, TypeError):
+            key = plan = None
+        # the plan's descriptors need the copy engine's alignment, which the signature cannot hold
+        if plan is not None and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15 == 0:
+            return _run(plan, q, k, v)
     backend = choose_backend("flash_attention", q, backend, BACKENDS, arg="q")
     _check(q, k, v, causal, scale)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
@@ -458,5 +519,16 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         raise ValueError(f"flash_attention: backend='triton' takes head_dim in {HEAD_DIMS}, got {q.shape[3]}")
     if q.numel() == 0 or k.shape[2] == 0:   # nothing to launch for: torch's result, with its grad_fn
         return attention_reference(q, k, v, causal, scale)
-    o, _ = _attention(q, k, v, causal, scale)
-    return o
+    if torch.compiler.is_compiling():
+        return _attention(q, k, v, causal, scale)[0]
+    given = (q, k, v)
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    plan = _plan(q, k, v, causal, scale)
+    if key is not None and all(a is b for a, b in zip(given, (q, k, v))):
+        _calls.add(key, plan)
+    return _run(plan, q, k, v)
+
+
+def _run(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return _attention.eager(plan, grad, q, k, v, plan.causal, plan.scale)[0]

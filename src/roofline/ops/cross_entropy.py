@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from roofline.ops._common import KernelOp, choose_backend, next_power_of_2, resident_programs, tl, triton
+from roofline.ops._launch import Launch, Plans, tensor_key
 from roofline.ops.softmax import LOG2E, _row_max_and_sum
 
 BACKENDS = ("torch", "triton", "compile")
@@ -158,55 +159,123 @@ if triton is not None:
                 g = tl.load(grad_row + start + cols, mask=mask).to(tl.float32)
                 tl.store(grad_row + start + cols, (g * scale).to(grad_ptr.dtype.element_ty), mask=mask)
 
+    @triton.jit
+    def reduce_losses_kernel(loss_ptr, stats_ptr, out_ptr, rows, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+        """out = the sum of the rows' losses, divided by the rows counted (stats[0]) for a mean, in out's dtype:
+        one program, the rows in a fixed order (deterministic), one launch where torch would take three."""
+        offs = tl.arange(0, BLOCK)
+        total = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, rows, BLOCK):
+            total += tl.load(loss_ptr + start + offs, mask=start + offs < rows, other=0.0)
+        result = tl.sum(total, axis=0)
+        if MEAN:
+            result = tl.div_rn(result, tl.load(stats_ptr).to(tl.float32))
+        tl.store(out_ptr, result.to(out_ptr.dtype.element_ty))
 
-# The forward returns the per-row losses and, when asked, the gradient already scaled for the reduction; the
-# backward scales that gradient in place by the incoming one.
+
+REDUCE_BLOCK = 1024   # losses per step of the one-program reduction
+
+
+class CrossEntropyPlan:
+    """The launches for rows x n logits of one dtype and targets of one dtype on one device, with one
+    ignore_index, reduction and label smoothing, and with or without the gradient.
+
+    The forward returns the loss (reduced, in the logits' dtype), the gradient already scaled for the reduction
+    (when asked) and the targets' counts; the backward scales that gradient in place by the incoming one."""
+
+    def __init__(self, rows: int, n: int, ignore_index: int, reduction: str, smoothing: float, grad: bool,
+                 device: torch.device):
+        self.rows, self.n, self.ignore_index, self.smoothing = rows, n, ignore_index, smoothing
+        self.reduction, self.device = reduction, device
+        self.index = index = device.index if device.type == "cuda" else -1
+        block = min(BLOCK, next_power_of_2(n))
+        self.stats_launch = Launch(target_stats_kernel, (1,), index, BLOCK=STATS_BLOCK)
+        self.forward_launch = Launch(
+            cross_entropy_forward_kernel, (resident_programs(rows, device, PROGRAMS_PER_SM),), index, GRAD=grad,
+            MEAN=reduction == "mean", SMOOTH=smoothing > 0, BLOCK=block, num_warps=NUM_WARPS)
+        self.reduce_launch = Launch(reduce_losses_kernel, (1,), index, MEAN=reduction == "mean", BLOCK=REDUCE_BLOCK)
+        self.scale_launches = {}   # by the incoming gradient's stride, which the kernel is specialized on
+        self.scale_block = block
+        self._counts = None        # pinned host memory and an event for the targets' check, made on first use
+
+    def forward(self, logits, target, ignore_index, reduction, label_smoothing, grad, check_targets):
+        stats = torch.empty(2, device=self.device, dtype=torch.int32)   # (rows counted, targets out of range)
+        losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
+        gradient = torch.empty_like(logits) if grad else None
+        direct = (logits.data_ptr() | target.data_ptr()) & 15 == 0
+        launch = self.stats_launch
+        (launch if direct else launch.jit)(target, stats, self.rows, self.n, self.ignore_index)
+        if check_targets:
+            ready = self._count_out_of_range(stats)
+        # Queued before the check is read, so that the GPU goes from the count to this kernel without waiting for
+        # the host: the kernel is safe with any target (a row whose target is out of range gets nan, with no
+        # access), and its results are dropped when the check raises.
+        launch = self.forward_launch
+        (launch if direct else launch.jit)(logits, target, losses, losses if gradient is None else gradient, stats,
+                                           self.rows, self.n, self.ignore_index, self.smoothing)
+        if check_targets and ready():
+            _raise_for_target_out_of_range(target, self.n, self.ignore_index)
+        if self.reduction == "none":
+            return losses, gradient, stats   # fp32: a compiled graph reduces them
+        loss = torch.empty((), device=self.device, dtype=logits.dtype)
+        self.reduce_launch(losses, stats, loss, self.rows)
+        return loss, gradient, stats
+
+    def _count_out_of_range(self, stats: torch.Tensor):
+        """A function that returns the count of targets out of range once the GPU has computed it, waiting for
+        that and not for the work queued after it: the counts go to pinned host memory behind an event. One
+        buffer per plan: each call reads it before it returns."""
+        if not stats.is_cuda:
+            return lambda: int(stats[1])
+        if self._counts is None:
+            self._counts = torch.empty(2, dtype=torch.int32, pin_memory=True), torch.cuda.Event()
+        host, ready = self._counts
+        host.copy_(stats, non_blocking=True)
+        ready.record()
+        return lambda: ready.synchronize() or host.tolist()[1]
+
+    def backward(self, gradient: torch.Tensor, dloss: torch.Tensor) -> None:
+        """gradient[row] *= dloss[row] (a loss per row) or dloss (a reduced loss), in place."""
+        stride = dloss.stride(0) if dloss.dim() else 0
+        launch = self.scale_launches.get(stride)
+        if launch is None:
+            launch = self.scale_launches[stride] = Launch(scale_rows_kernel, (self.rows,), self.index,
+                                                          BLOCK=self.scale_block, num_warps=8)
+        (launch if dloss.data_ptr() & 15 == 0 else launch.jit)(gradient, dloss, stride, self.n)
+
+
+_plans = Plans("cross_entropy")
+
+
+def _plan(logits, target, ignore_index, reduction, label_smoothing, grad, check_targets=None) -> CrossEntropyPlan:
+    rows, n = logits.shape
+    key = (rows, n, logits.dtype, target.dtype, logits.device, ignore_index, reduction, label_smoothing, grad)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans.add(key, CrossEntropyPlan(rows, n, ignore_index, reduction, label_smoothing, grad,
+                                                logits.device))
+    return plan
+
+
+# The registered ops (torch.compile): per-row losses, the reduction left to the graph; the backward scales out of
+# place there.
 
 def _forward(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
              label_smoothing: float, grad: bool, check_targets: bool) -> tuple[torch.Tensor, torch.Tensor,
                                                                                 torch.Tensor]:
-    rows, n = logits.shape
-    # (rows counted, targets out of range): the mean's divisor, counted on the device, and the eager check
-    stats = torch.empty(2, device=logits.device, dtype=torch.int32)
-    target_stats_kernel[(1,)](target, stats, rows, n, ignore_index, BLOCK=STATS_BLOCK)
-    bad_targets = _count_when_ready(stats[1:]) if check_targets else None
-    losses = torch.empty(rows, device=logits.device, dtype=torch.float32)
-    gradient = torch.empty_like(logits) if grad else logits.new_empty(0)
-    # Queued before the check is read, so that the GPU goes from the count to this kernel without waiting for
-    # the host: the kernel is safe with any target (a row whose target is out of range gets nan, with no
-    # access), and its results are dropped when the check raises.
-    cross_entropy_forward_kernel[(resident_programs(rows, logits.device, PROGRAMS_PER_SM),)](
-        logits, target, losses, gradient, stats, rows, n, ignore_index, label_smoothing,
-        GRAD=grad, MEAN=reduction == "mean", SMOOTH=label_smoothing > 0, BLOCK=min(BLOCK, next_power_of_2(n)),
-        num_warps=NUM_WARPS)
-    if bad_targets is not None and bad_targets():
-        _raise_for_target_out_of_range(target, n, ignore_index)
-    return losses, gradient, stats
-
-
-def _count_when_ready(count: torch.Tensor):
-    """A function that returns the one-element count once the GPU has computed it, waiting for that and not
-    for the work queued after it: the count goes to pinned host memory behind an event."""
-    if not count.is_cuda:
-        return lambda: int(count.item())
-    host = torch.empty(1, dtype=count.dtype, pin_memory=True)
-    host.copy_(count, non_blocking=True)
-    ready = torch.cuda.Event()
-    ready.record()
-    return lambda: ready.synchronize() or int(host.item())
+    loss, gradient, stats = _plan(logits, target, ignore_index, reduction, label_smoothing, grad).forward(
+        logits, target, ignore_index, reduction, label_smoothing, grad, check_targets)
+    return loss, logits.new_empty(0) if gradient is None else gradient, stats
 
 
 def _forward_fake(logits, target, ignore_index, reduction, label_smoothing, grad, check_targets):
-    losses = logits.new_empty(logits.shape[0], dtype=torch.float32)
+    loss = logits.new_empty(logits.shape[0], dtype=torch.float32) if reduction == "none" else logits.new_empty(())
     gradient = torch.empty_like(logits) if grad else logits.new_empty(0)
-    return losses, gradient, logits.new_empty(2, dtype=torch.int32)
+    return loss, gradient, logits.new_empty(2, dtype=torch.int32)
 
 
 def _scale_rows_(grad: torch.Tensor, dloss: torch.Tensor) -> None:
-    rows, n = grad.shape
-    dloss_stride = dloss.stride(0) if dloss.dim() else 0   # 0 for a mean's or sum's gradient, expanded
-    scale_rows_kernel[(rows,)](grad, dloss, dloss_stride, n, BLOCK=min(BLOCK, next_power_of_2(n)),
-                               num_warps=8)
+    _plan(grad, dloss, 0, "none", 0.0, True).backward(grad, dloss)
 
 
 def _keep_gradient(ctx, inputs, output):
@@ -215,53 +284,34 @@ def _keep_gradient(ctx, inputs, output):
     # would copy). Marked non-differentiable, so holding it makes no reference cycle through the graph. Under
     # compile it must be saved: the compiled graph keeps only saved tensors alive (one held on ctx was freed,
     # and its memory reused, before the backward read it: zero gradients on the GPU).
-    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.mark_non_differentiable(*(t for t in output[1:] if t is not None))
     if ctx.in_graph:
         ctx.save_for_backward(output[1])
     else:
         ctx.gradient = output[1]
 
 
-def _backward_rule(ctx, scale_rows_, dlosses, _, __):
+def _backward_rule(ctx, scale_rows_, dloss, _, __):
     if ctx.in_graph:
         # Under compile, out of place (a mutation of a saved tensor is one more thing for the graph to track).
         (gradient,) = ctx.saved_tensors
-        scale = dlosses if dlosses.dim() else dlosses.expand(gradient.shape[0])
+        scale = dloss if dloss.dim() else dloss.expand(gradient.shape[0])
         return (gradient * scale.to(gradient.dtype)[:, None], None, None, None, None, None, None)
-    else:
-        gradient = getattr(ctx, "gradient", None)
-        if gradient is None:
-            raise RuntimeError("cross_entropy(backend='triton') wrote its gradient during the forward pass and "
-                               "hands that buffer on: a second backward through the same forward "
-                               "(retain_graph=True) is not supported; use backend='torch' for that")
-        del ctx.gradient
-    scale_rows_(gradient, dlosses)
+    gradient = getattr(ctx, "gradient", None)
+    if gradient is None:
+        raise RuntimeError("cross_entropy(backend='triton') wrote its gradient during the forward pass and "
+                           "hands that buffer on: a second backward through the same forward "
+                           "(retain_graph=True) is not supported; use backend='torch' for that")
+    del ctx.gradient
+    scale_rows_(gradient, dloss)
     return gradient, None, None, None, None, None, None
 
 
 _cross_entropy_rows = KernelOp(
     "cross_entropy_rows", forward=_forward, forward_fake=_forward_fake, backward=_scale_rows_,
     backward_fake=lambda grad, dloss: None, backward_mutates=("grad",), setup_context=_keep_gradient,
-    backward_rule=_backward_rule)
-
-
-class _ReduceLosses(torch.autograd.Function):
-    """The reduction of the per-row losses, whose backward hands the incoming gradient to the rows unchanged:
-    the forward kernel already scaled the gradient for the reduction."""
-
-    @staticmethod
-    def forward(ctx, losses, stats, reduction, dtype):
-        ctx.rows = losses.shape[0]
-        if reduction == "none":
-            return losses.to(dtype)
-        total = losses.sum()
-        if reduction == "mean":
-            total = total / stats[0]
-        return total.to(dtype)
-
-    @staticmethod
-    def backward(ctx, dloss):
-        return dloss.float().expand(ctx.rows) if dloss.dim() == 0 else dloss.float(), None, None, None
+    backward_rule=_backward_rule, plan=_plan)
+_calls = Plans("cross_entropy calls")   # the plans of calls as the entry point saw them, checks passed
 
 
 # --------------------------------------------------------------------------- entry point
@@ -312,6 +362,17 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     forward pass whenever logits requires grad; a target out of range raises ValueError in eager mode (one
     host sync) and gives a nan loss under torch.compile.
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (type(logits), tensor_key(logits), type(target), tensor_key(target), ignore_index,
+                   type(ignore_index), reduction, label_smoothing, type(label_smoothing), backend, check_targets,
+                   logits.requires_grad and torch.is_grad_enabled())
+            plan = _calls.get(key)
+        except (AttributeError, TypeError):
+            key = plan = None
+        if plan is not None:
+            return _run(plan, key[-1], logits, target, check_targets)
     backend = choose_backend("cross_entropy", logits, backend, BACKENDS, arg="logits")
     _check(logits, target, ignore_index, reduction, label_smoothing)
     if backend == "torch":
@@ -321,20 +382,30 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     if logits.numel() == 0 or logits.dim() == 1:   # nothing to launch for, or one row: torch's own result
         return cross_entropy_reference(logits, target, ignore_index, reduction, label_smoothing)
     grad = logits.requires_grad and torch.is_grad_enabled()
-    # A target out of range is a clear error in eager mode: the host waits for the targets' count (not for
-    # the loss kernel, queued behind it), so it cannot run ahead of the GPU past this call. Under
-    # torch.compile there is no check, and such a row gets a nan loss and gradient instead.
-    in_graph = torch.compiler.is_compiling()
-    check_targets = check_targets and not in_graph
-    # Eager: the kernel scales the gradient for the reduction and _ReduceLosses hands the incoming gradient on
-    # unchanged, so loss.backward() costs nothing more. Under compile that autograd.Function came out as zero
-    # gradients on the GPU (not pinned down): there the reduction is plain torch ops, and the backward scales.
-    losses, _, stats = _cross_entropy_rows(logits.contiguous(), target.contiguous(), int(ignore_index),
-                                           "none" if in_graph else reduction, float(label_smoothing), grad,
-                                           check_targets)
-    if not in_graph:
-        return _ReduceLosses.apply(losses, stats, reduction, logits.dtype)
-    if reduction == "none":
-        return losses.to(logits.dtype)
-    total = losses.sum()
-    return (total / stats[0] if reduction == "mean" else total).to(logits.dtype)
+    given = logits, target
+    logits, target = logits.contiguous(), target.contiguous()
+    args = (int(ignore_index), reduction, float(label_smoothing), grad)
+    if torch.compiler.is_compiling():
+        # No check of the targets under torch.compile (it would be a host sync in the graph): a row whose target
+        # is out of range gets a nan loss and gradient instead. The reduction is plain torch ops there, and the
+        # backward scales the gradient (an autograd.Function reducing the losses came out as zero gradients on
+        # the GPU, not pinned down).
+        losses, _, stats = _cross_entropy_rows(logits, target, *args[:1], "none", *args[2:], False)
+        if reduction == "none":
+            return losses
+        total = losses.sum()
+        return (total / stats[0] if reduction == "mean" else total).to(logits.dtype)
+    # Eager: a target out of range is a clear error: the host waits for the targets' count (not for the loss
+    # kernel, queued behind it), so it cannot run ahead of the GPU past this call. The kernel scales the
+    # gradient for the reduction, so loss.backward() costs only the scaling by the incoming gradient, skipped
+    # on the device where that is 1.
+    plan = _plan(logits, target, *args)
+    if key is not None and given[0] is logits and given[1] is target:
+        _calls.add(key, plan)
+    return _run(plan, grad, logits, target, check_targets)
+
+
+def _run(plan: CrossEntropyPlan, grad: bool, logits: torch.Tensor, target: torch.Tensor, check_targets: bool):
+    loss = _cross_entropy_rows.eager(plan, grad, logits, target, plan.ignore_index, plan.reduction, plan.smoothing,
+                                     grad, check_targets)[0]
+    return loss.to(logits.dtype) if plan.reduction == "none" else loss

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from roofline.ops._common import (KernelOp, cdiv, choose_backend, elementwise_block, fast_exp, fast_reciprocal, tl,
                                   triton)
+from roofline.ops._launch import Launch, Plans
 
 APPROXIMATIONS = ("none", "tanh")
 BACKENDS = ("torch", "triton", "compile", "cuda")
@@ -98,19 +99,49 @@ if triton is not None:
         tl.store(dx_ptr + offsets, (g * d).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(kernel, out: torch.Tensor, *tensors: torch.Tensor, approximate: str) -> torch.Tensor:
-    n = out.numel()
-    block = elementwise_block(out.element_size())
-    kernel[(cdiv(n, block),)](*tensors, out, n, APPROX_TANH=approximate == "tanh", BLOCK=block, num_warps=4)
-    return out
+class GeluPlan:
+    """The launches for n contiguous elements of one dtype on one device, erf or tanh."""
+
+    def __init__(self, n: int, element_size: int, approximate: str, device: torch.device):
+        self.n = n
+        block = elementwise_block(element_size)
+        index = device.index if device.type == "cuda" else -1
+        settings = dict(APPROX_TANH=approximate == "tanh", BLOCK=block, num_warps=4)
+        self.forward_launch = Launch(gelu_forward_kernel, (cdiv(n, block),), index, **settings)
+        self.backward_launch = Launch(gelu_backward_kernel, (cdiv(n, block),), index, **settings)
+
+    def forward(self, x: torch.Tensor, approximate: str) -> torch.Tensor:
+        y = torch.empty_like(x)
+        launch = self.forward_launch
+        (launch if x.data_ptr() & 15 == 0 else launch.jit)(x, y, self.n)
+        return y
+
+    def backward(self, dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
+        dx = torch.empty_like(x)
+        launch = self.backward_launch
+        (launch if (dy.data_ptr() | x.data_ptr()) & 15 == 0 else launch.jit)(dy, x, dx, self.n)
+        return dx
+
+
+_plans = Plans("gelu")
+
+
+def _plan(x: torch.Tensor, approximate: str) -> GeluPlan:
+    key = (x.numel(), x.dtype, x.device, approximate)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans.add(key, GeluPlan(x.numel(), x.element_size(), approximate, x.device))
+    return plan
 
 
 def _forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
-    return _launch(gelu_forward_kernel, torch.empty_like(x), x, approximate=approximate)
+    return _plan(x, approximate).forward(x, approximate)
 
 
 def _backward(dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
-    return _launch(gelu_backward_kernel, torch.empty_like(x), dy, x, approximate=approximate)
+    return _plan(x, approximate).backward(dy, x, approximate)
 
 
 def _save_input(ctx, inputs, output):
@@ -120,12 +151,12 @@ def _save_input(ctx, inputs, output):
 
 def _backward_rule(ctx, run_backward, dy):
     (x,) = ctx.saved_tensors
-    return run_backward(dy.contiguous(), x, ctx.approximate), None
+    return run_backward(dy, x, ctx.approximate), None
 
 
 _gelu = KernelOp("gelu", forward=_forward, forward_fake=lambda x, approximate: torch.empty_like(x),
                  backward=_backward, backward_fake=lambda dy, x, approximate: torch.empty_like(x),
-                 setup_context=_save_input, backward_rule=_backward_rule)
+                 setup_context=_save_input, backward_rule=_backward_rule, plan=_plan)
 
 
 # --------------------------------------------------------------------------- CUDA C++ and compile
@@ -153,6 +184,9 @@ def _check(x, approximate: str, backend: str | None) -> str:
     return backend
 
 
+_calls = Plans("gelu calls")   # the plans of calls as the entry point saw them, checks passed
+
+
 def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str | None = None) -> torch.Tensor:
     """GeLU with the signature of torch.nn.functional.gelu.
 
@@ -160,6 +194,15 @@ def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str | None = No
     "compile" (torch.compile of F.gelu) or "cuda" (CUDA C++, forward only).
     Non-contiguous inputs are made contiguous once before a kernel runs.
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (type(x), x.shape, x.stride(), x.dtype, x.device, approximate, backend)
+            plan = _calls.get(key)
+        except (AttributeError, TypeError):
+            key = plan = None
+        if plan is not None:
+            return _gelu.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, approximate)
     backend = _check(x, approximate, backend)
     if backend == "torch":
         return gelu_reference(x, approximate)
@@ -167,7 +210,12 @@ def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str | None = No
         return _compiled(approximate)(x)
     if x.numel() == 0:
         return torch.empty_like(x)
-    x = x.contiguous()
+    given, x = x, x.contiguous()
     if backend == "cuda":
         return _cuda_gelu(x, approximate)
-    return _gelu(x, approximate)
+    if torch.compiler.is_compiling():
+        return _gelu(x, approximate)
+    plan = _plan(x, approximate)
+    if key is not None and x is given:
+        _calls.add(key, plan)
+    return _gelu.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, approximate)

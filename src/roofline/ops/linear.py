@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from roofline.ops._common import (KernelOp, TMA_ALIGN, as_stored, cdiv, choose_backend, fast_exp, fast_reciprocal,
-                                  interpreting, next_power_of_2, sm_count, tl, tma_descriptor, tma_readable, triton)
+                                  interpreting, next_power_of_2, sm_count, tl, tma_readable, triton)
+from roofline.ops._launch import Launch, Plans, tensor_key
 from roofline.ops.gelu import _gelu_and_grad
 
 BACKENDS = ("torch", "triton")
@@ -208,7 +209,7 @@ if triton is not None:
         return [c for c in configs if _fits_groups(c, kwargs["GROUP_K"])]
 
     def _fresh_tickets(nargs, reset_only=False):
-        """Autotuning's hook before each launch it times: a split K's tickets zeroed again (_launch_decode zeroes
+        """Autotuning's hook before each launch it times: a split K's tickets zeroed again (DecodePlan zeroes
         them once; without this the later launches would never see the last ticket, skip the epilogue, and time
         short)."""
         if nargs["ticket_ptr"] is not None:
@@ -319,23 +320,158 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     if tma_readable(t) and t.shape[1] * size % TMA_ALIGN == 0:
         return t
     width = -(-t.shape[1] * size // TMA_ALIGN) * TMA_ALIGN // size
-    return F.pad(t, (0, width - t.shape[1])) if width != t.shape[1] else t.contiguous()
+    return F.pad(t, (0, width - t.shape[1])) if width != t.shape[1] else t.clone(memory_format=torch.contiguous_format)
 
 
-def _descriptor(t: torch.Tensor) -> "TensorDescriptor":
-    # the block shape is set per config by _set_block_shapes; a placeholder until then
-    return tma_descriptor(t, [1, TMA_ALIGN // t.element_size()])
-
-
-def _padded_empty(m: int, n: int, like: torch.Tensor) -> torch.Tensor:
-    """An [m, n] tensor whose rows start 16-byte aligned (columns past n are scratch)."""
-    step = TMA_ALIGN // like.element_size()
-    return like.new_empty(m, -(-n // step) * step)[:, :n]
+def _matrix(t: torch.Tensor | None):
+    """(block placeholder, shape, strides) of a descriptor of t's memory as the 2-D matrix it holds: its rows
+    are its leading dimensions (contiguous among themselves), its last dimension the columns. The autotuner's
+    pre-hook sets the block."""
+    if t is None:
+        return None
+    return [1, TMA_ALIGN // t.element_size()], (t.numel() // t.shape[-1], t.shape[-1]), (t.stride(-2), 1)
 
 
 def _group_k(weight: torch.Tensor, scale: torch.Tensor | None) -> int:
     """The group size along K of grouped int8 scales [N, K / G]; 0 for per-channel scales [N] (or none)."""
     return weight.shape[1] // scale.shape[1] if scale is not None and scale.dim() == 2 else 0
+
+
+class LinearPlan:
+    """The launch of linear_kernel for an [M, K] x (any leading shape whose rows are evenly strided, as
+    _tma_ready leaves it) and weight [N, K] of given strides and dtypes on one device; bias, scale (int8 weights,
+    per channel or per group), residual, activation and whether z is kept. Outputs are [M, N], or x's leading
+    shape by N (`out_shape`), contiguous where N's rows are 16-byte multiples (else padded views)."""
+
+    def __init__(self, x, weight, bias, scale, residual, activation: int, save_z: bool, out_shape):
+        m, k = x.numel() // x.shape[-1], x.shape[-1]
+        n = weight.shape[0]
+        self.m, self.n, self.out_shape, self.dtype, self.device = m, n, tuple(out_shape), x.dtype, x.device
+        self.step = TMA_ALIGN // x.element_size()
+        self.padded = n % self.step != 0   # y's rows are not 16-byte multiples: a padded buffer, sliced
+        group_k = _group_k(weight, scale)
+        upcast = interpreting() and x.dtype == torch.bfloat16   # Triton 3.6's interpreter: no bf16 dot
+        programs = sm_count(x.device) if x.is_cuda else 1
+        y_like = (self.m, self.n), (-(-n // self.step) * self.step, 1)
+
+        def grid(meta):
+            tiles = cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])
+            return (min(tiles, programs) if meta["PERSISTENT"] else tiles,)
+
+        placeholder = [1, self.step]
+        self.launch = Launch(
+            linear_kernel, grid, x.device.index if x.is_cuda else -1,
+            descriptors={0: _matrix(x), 1: _matrix(weight), 2: (placeholder, *y_like), 3: _matrix(residual),
+                         4: (placeholder, *y_like)},
+            ACTIVATION=activation, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+            W_SCALED=scale is not None, GROUP_K=group_k, SAVE_Z=save_z, PRECISION="ieee" if upcast else "tf32",
+            UPCAST=upcast, GROUP_M=GROUP_M, ROUND_TF32=x.dtype == torch.float32 and not interpreting())
+        self.args = (m, n, k, scale.shape[1] if group_k else 1, next_power_of_2(m))
+        self.activation, self.save_z = activation, save_z
+
+    def _output(self) -> torch.Tensor:
+        if not self.padded:
+            return torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        return torch.empty(self.m, -(-self.n // self.step) * self.step, dtype=self.dtype,
+                           device=self.device)[:, :self.n]
+
+    def forward(self, x, weight, bias, residual, activation: int, save_z: bool):
+        """linear's forward (the registered op's signature)."""
+        return self.run(x, weight, bias, None, residual)
+
+    def backward(self, dy, x, weight, z, activation: int, bias_grad: bool):
+        """linear's backward: torch's matmuls."""
+        return _backward(dy, x, weight, z, activation, bias_grad)
+
+    def run(self, x, weight, bias, scale, residual) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(y, z or None): y = act(z) + residual, z = x weight^T (* scale) + bias, for x, weight and residual
+        laid out as the plan's and 16-byte aligned (a padded y is made contiguous, in out_shape)."""
+        y = self._output()
+        z = self._output() if self.save_z else None
+        pointers = (0 if bias is None else bias.data_ptr()) | (0 if scale is None else scale.data_ptr())
+        (self.launch if pointers & 15 == 0 else self.launch.jit)(x, weight, y, residual, z, bias, scale, *self.args)
+        if self.padded:
+            y = y.contiguous().view(self.out_shape)
+        return y, z
+
+
+_plans = Plans("linear")
+
+
+def _plan(x, weight, bias, scale, residual, activation: int, save_z: bool, out_shape) -> LinearPlan:
+    """The plan for x, weight and residual as _tma_ready leaves them."""
+    key = (x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device,
+           None if bias is None else bias.dtype, None if scale is None else scale.shape,
+           None if residual is None else residual.stride(), activation, save_z, out_shape)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans.add(key, LinearPlan(x, weight, bias, scale, residual, activation, save_z, out_shape))
+    return plan
+
+
+def _prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,
+             residual: torch.Tensor | None):
+    """2-D x, weight and residual the copy engine can read (padded along K alike where a row is no 16-byte
+    multiple), contiguous bias and scale."""
+    x, weight = _tma_ready(x), _tma_ready(weight)
+    if x.shape[1] != weight.shape[1]:   # one of them padded along K: pad the other alike
+        width = max(x.shape[1], weight.shape[1])
+        x, weight = (F.pad(t, (0, width - t.shape[1])) for t in (x, weight))
+    residual = _tma_ready(residual) if residual is not None else None
+    bias, scale = (None if t is None else t.contiguous() for t in (bias, scale))
+    return x, weight, bias, scale, residual
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,
+           residual: torch.Tensor | None, activation: int, save_z: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """y = act(z) + residual, z = x weight^T (* scale) + bias, for 2-D x [M, K] and weight [N, K]; and z if
+    save_z (else an empty tensor). y comes back contiguous."""
+    x, weight, bias, scale, residual = _prepare(x, weight, bias, scale, residual)
+    y, z = _plan(x, weight, bias, scale, residual, activation, save_z, (x.shape[0], weight.shape[0])).run(
+        x, weight, bias, scale, residual)
+    return y, x.new_empty(0) if z is None else z
+
+
+# --------------------------------------------------------------------------- int8 decode: launching
+
+class DecodePlan:
+    """The launch of the decode kernels for x [M <= DECODE_ROWS, K] (rows stride_x apart, unit last stride; any
+    leading shape) and int8 weight [N, K] of given strides, scales per channel or per group, with or without
+    bias: int8_gemv_kernel for one row with per-channel scales, else int8_decode_kernel, K split where N alone
+    gives too few programs."""
+
+    def __init__(self, x, weight, scale, has_bias: bool, out_shape):
+        m, k = x.numel() // x.shape[-1], x.shape[-1]
+        n = weight.shape[0]
+        self.out_shape, self.dtype, self.device, self.n = tuple(out_shape), x.dtype, x.device, n
+        index = x.device.index if x.is_cuda else -1
+        upcast = interpreting() and x.dtype == torch.bfloat16
+        self.gemv = m == 1 and scale.dim() == 1
+        stride_x = x.stride(-2) if x.dim() > 1 else k
+        if self.gemv:
+            self.launch = Launch(int8_gemv_kernel, lambda meta: (cdiv(n, meta["BLOCK_N"]),), index,
+                                 HAS_BIAS=has_bias, UPCAST=upcast)
+            self.args = (n, k, weight.stride(0))
+            return
+        self.split = split = decode_split_k(n, k, x.device)
+        self.launch = Launch(int8_decode_kernel, lambda meta: (cdiv(n, meta["BLOCK_N"]), split), index,
+                             HAS_BIAS=has_bias, GROUP_K=_group_k(weight, scale), SPLIT_K=split,
+                             PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, BLOCK_M=DECODE_ROWS)
+        self.args = (m, n, k, scale.shape[1] if scale.dim() == 2 else 1, stride_x, weight.stride(0), n)
+
+    def forward(self, x, weight, scale, bias) -> torch.Tensor:
+        y = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        pointers = x.data_ptr() | weight.data_ptr() | scale.data_ptr() | (0 if bias is None else bias.data_ptr())
+        launch = self.launch if pointers & 15 == 0 else self.launch.jit
+        if self.gemv:
+            launch(x, weight, scale, bias, y, *self.args)
+            return y
+        partial = tickets = None   # only a split K needs the shares' buffer and the zeroed tickets
+        if self.split > 1:
+            partial = torch.empty(self.split * DECODE_ROWS * self.n, dtype=torch.float32, device=self.device)
+            tickets = torch.zeros(cdiv(self.n, DECODE_MIN_BLOCK_N), dtype=torch.int32, device=self.device)
+        launch(x, weight, scale, bias, y, partial, tickets, *self.args)
+        return y
 
 
 DECODE_MIN_BLOCK_N = 16      # the narrowest column block of the decode kernel's configs
@@ -355,63 +491,17 @@ def decode_split_k(n: int, k: int, device: torch.device) -> int:
     return split
 
 
-def _launch_decode(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   scale: torch.Tensor) -> torch.Tensor:
-    """int8_gemv_kernel (one row, per-channel scales) or int8_decode_kernel: x [M <= DECODE_ROWS, K], weight
-    int8 [N, K]."""
-    m, k = x.shape
-    n = weight.shape[0]
-    x, weight = (t if t.stride(1) == 1 else t.contiguous() for t in (x, weight))
-    scale = scale.contiguous()
-    y = x.new_empty(m, n)
-    upcast = interpreting() and x.dtype == torch.bfloat16
-    if m == 1 and scale.dim() == 1:
-        int8_gemv_kernel[lambda meta: (cdiv(n, meta["BLOCK_N"]),)](
-            x, weight, scale, bias, y, n, k, weight.stride(0), HAS_BIAS=bias is not None, UPCAST=upcast)
-        return y
-    split = decode_split_k(n, k, x.device)
-    partial = tickets = None   # only a split K needs the shares' buffer and the zeroed tickets
-    if split > 1:
-        partial = x.new_empty(split, DECODE_ROWS, n, dtype=torch.float32)
-        tickets = torch.zeros(cdiv(n, DECODE_MIN_BLOCK_N), dtype=torch.int32, device=x.device)
-    int8_decode_kernel[lambda meta: (cdiv(n, meta["BLOCK_N"]), split)](
-        x, weight, scale, bias, y, partial, tickets, m, n, k, scale.shape[1] if scale.dim() == 2 else 1,
-        x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, GROUP_K=_group_k(weight, scale),
-        SPLIT_K=split, PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, BLOCK_M=DECODE_ROWS)
-    return y
+_decode_plans = Plans("int8_linear decode")
 
 
-def launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,
-           residual: torch.Tensor | None, activation: int, save_z: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """y = act(z) + residual, z = x weight^T (* scale) + bias, for 2-D x [M, K] and weight [N, K]; and z if
-    save_z (else an empty tensor). y comes back contiguous."""
-    m, k = x.shape
-    n = weight.shape[0]
-    group_k = _group_k(weight, scale)
-    x, weight = _tma_ready(x), _tma_ready(weight)
-    if x.shape[1] != weight.shape[1]:   # one of them padded along K: pad the other alike
-        width = max(x.shape[1], weight.shape[1])
-        x, weight = (F.pad(t, (0, width - t.shape[1])) for t in (x, weight))
-    y = _padded_empty(m, n, x)
-    z = _padded_empty(m, n, x) if save_z else x.new_empty(0)
-    residual = _tma_ready(residual) if residual is not None else None
-    bias, scale = (None if t is None else t.contiguous() for t in (bias, scale))
-    upcast = interpreting() and x.dtype == torch.bfloat16   # Triton 3.6's interpreter: no bf16 dot
-    programs = sm_count(x.device) if x.is_cuda else 1
-
-    def grid(meta):
-        tiles = cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])
-        return (min(tiles, programs) if meta["PERSISTENT"] else tiles,)
-
-    linear_kernel[grid](
-        _descriptor(x), _descriptor(weight), _descriptor(y),
-        _descriptor(residual) if residual is not None else None, _descriptor(z) if save_z else None,
-        bias, scale, m, n, x.shape[1], scale.shape[1] if group_k else 1, next_power_of_2(m),
-        ACTIVATION=activation, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        W_SCALED=scale is not None, GROUP_K=group_k, SAVE_Z=save_z,
-        PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, GROUP_M=GROUP_M,
-        ROUND_TF32=x.dtype == torch.float32 and not interpreting())
-    return (y if y.is_contiguous() else y.contiguous()), z
+def _decode_plan(x, weight, scale, bias, out_shape) -> DecodePlan:
+    """The plan for x and weight with unit last strides, scale contiguous."""
+    key = (x.shape, x.stride(), weight.shape, weight.stride(), scale.shape, x.dtype, x.device, bias is not None,
+           out_shape)
+    plan = _decode_plans.get(key)
+    if plan is None:
+        plan = _decode_plans.add(key, DecodePlan(x, weight, scale, bias is not None, out_shape))
+    return plan
 
 
 # --------------------------------------------------------------------------- linear: registration and autograd
@@ -446,9 +536,11 @@ def _activation_backward(dy: torch.Tensor, z: torch.Tensor, activation: int) -> 
 
 def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor, activation: int,
               bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dweight, dbias) for x of any leading shape (its rows against dy's)."""
     dz = _activation_backward(dy, z, activation) if activation else dy
-    db = dz.sum(0, dtype=torch.float32).to(dz.dtype) if bias_grad else dz.new_empty(0)
-    return dz @ weight, dz.t() @ x, db
+    rows = dz if dz.dim() == 2 else dz.reshape(-1, dz.shape[-1])
+    db = rows.sum(0, dtype=torch.float32).to(dz.dtype) if bias_grad else dz.new_empty(0)
+    return dz @ weight, rows.t() @ (x if x.dim() == 2 else x.reshape(-1, x.shape[-1])), db
 
 
 def _backward_fake(dy, x, weight, z, activation, bias_grad):
@@ -459,7 +551,8 @@ def _save(ctx, inputs, output):
     x, weight, bias, residual, activation, save_z = inputs
     ctx.save_for_backward(x, weight, output[1])
     ctx.activation, ctx.has_bias, ctx.has_residual = activation, bias is not None, residual is not None
-    ctx.mark_non_differentiable(output[1])
+    if output[1] is not None:
+        ctx.mark_non_differentiable(output[1])
 
 
 def _backward_rule(ctx, run_backward, dy, _dz):
@@ -468,8 +561,18 @@ def _backward_rule(ctx, run_backward, dy, _dz):
     return dx, dw, db if ctx.has_bias else None, dy if ctx.has_residual else None, None, None
 
 
+class _AsGiven:
+    """linear's eager forward and backward for tensors as the caller holds them: launch() prepares them for the
+    copy engine (a pad or a copy where it cannot read them as they are), which a LinearPlan's forward, for
+    tensors already so, does not."""
+    forward = staticmethod(_forward)
+    backward = staticmethod(_backward)
+
+
 _linear = KernelOp("linear", forward=_forward, forward_fake=_forward_fake, backward=_backward,
-                   backward_fake=_backward_fake, setup_context=_save, backward_rule=_backward_rule)
+                   backward_fake=_backward_fake, setup_context=_save, backward_rule=_backward_rule,
+                   plan=lambda *args: _AsGiven)
+_calls = Plans("linear calls")   # the plans of calls as the entry points saw them, checks passed
 
 
 def _check_linear(x, weight, bias, activation, residual) -> None:
@@ -506,16 +609,44 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     backend: "triton" (the default on CUDA), or "torch" (linear_reference; the default on CPU).
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            grad = torch.is_grad_enabled() and _requires_grad(x, weight, bias, residual)
+            key = (type(x), tensor_key(x), tensor_key(weight), tensor_key(bias), activation, tensor_key(residual),
+                   backend, grad)
+            plan = _calls.get(key)
+        except (AttributeError, TypeError):
+            key = plan = None
+        # the copy engine reads x, weight and residual: 16-byte aligned, which the signature cannot hold
+        if plan is not None and (x.data_ptr() | weight.data_ptr()
+                                 | (0 if residual is None else residual.data_ptr())) & 15 == 0:
+            return _linear.eager(plan, grad, x, weight, bias, residual, plan.activation, plan.save_z)[0]
     backend = choose_backend("linear", x, backend, BACKENDS)
     _check_linear(x, weight, bias, activation, residual)
     if backend == "torch" or x.numel() == 0 or weight.numel() == 0:
         return linear_reference(x, weight, bias, activation, residual)
     rows = x.reshape(-1, x.shape[-1])
-    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                                 for t in (x, weight, bias, residual))
-    y, _ = _linear(rows, weight, bias, None if residual is None else residual.reshape(rows.shape[0], -1),
-                   _ACTIVATION_CODE[activation], wants_grad and activation is not None)
-    return y.view(*x.shape[:-1], weight.shape[0])
+    residual_rows = None if residual is None else residual.reshape(rows.shape[0], -1)
+    grad = torch.is_grad_enabled() and _requires_grad(x, weight, bias, residual)
+    code, save_z = _ACTIVATION_CODE[activation], grad and activation is not None
+    out_shape = (*x.shape[:-1], weight.shape[0])
+    if torch.compiler.is_compiling():
+        return _linear(rows, weight, bias, residual_rows, code, save_z)[0].view(out_shape)
+    x2, w2, b2, _, r2 = _prepare(rows, weight, bias, None, residual_rows)
+    if x2.data_ptr() != x.data_ptr() or w2 is not weight or b2 is not bias or (
+            residual is not None and r2.data_ptr() != residual.data_ptr()):   # padded or copied
+        return _linear.eager(_AsGiven, grad, rows, weight, bias, residual_rows, code, save_z)[0].view(out_shape)
+    # x and residual are the rows the plan describes (views of their memory, no copies): the plan takes them as
+    # they are, and a later call with this signature too
+    plan = _plan(x2, w2, b2, None, r2, code, save_z, out_shape)
+    if key is not None:
+        _calls.add(key, plan)
+    return _linear.eager(plan, grad, x, weight, bias, residual, code, save_z)[0]
+
+
+def _requires_grad(*tensors) -> bool:
+    return any(t is not None and t.requires_grad for t in tensors)
 
 
 # --------------------------------------------------------------------------- int8 weight-only
@@ -561,19 +692,58 @@ def int8_linear_reference(x, weight_int8, scale, bias=None) -> torch.Tensor:
     return F.linear(x, dequantize_int8(weight_int8, scale).to(x.dtype), bias)
 
 
+def _int8_backward(dy: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return dy @ dequantize_int8(weight_int8, scale.float()).to(dy.dtype)
+
+
+class Int8Plan:
+    """int8_linear's launches for one signature: the decode kernels (DecodePlan) up to DECODE_ROWS rows,
+    linear_kernel (LinearPlan) beyond. Its backward, for x only, is torch's."""
+
+    def __init__(self, x, weight_int8, scale, bias, out_shape):
+        self.decode = x.numel() // x.shape[-1] <= DECODE_ROWS
+        self.plan = DecodePlan(x, weight_int8, scale, bias is not None, out_shape) if self.decode else \
+            LinearPlan(x, weight_int8, bias, scale, None, 0, False, out_shape)
+
+    def forward(self, x, weight_int8, scale, bias) -> torch.Tensor:
+        if self.decode:
+            return self.plan.forward(x, weight_int8, scale, bias)
+        return self.plan.run(x, weight_int8, bias, scale, None)[0]
+
+    backward = staticmethod(_int8_backward)
+
+
+_int8_plans = Plans("int8_linear")
+
+
+def _int8_prepare(x, weight_int8, scale, bias):
+    """2-D x [rows, K] and the rest as the decode kernels (unit last strides) or linear_kernel (_prepare) take
+    them."""
+    if x.shape[0] <= DECODE_ROWS:
+        x, weight_int8 = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, weight_int8))
+        return x, weight_int8, scale.contiguous(), bias
+    x, weight_int8, bias, scale, _ = _prepare(x, weight_int8, bias, scale, None)
+    return x, weight_int8, scale, bias
+
+
+def _int8_plan(x, weight_int8, scale, bias, out_shape) -> Int8Plan:
+    key = (x.shape, x.stride(), weight_int8.shape, weight_int8.stride(), scale.shape, scale.dtype, x.dtype,
+           x.device, None if bias is None else bias.dtype, out_shape)
+    plan = _int8_plans.get(key)
+    if plan is None:
+        plan = _int8_plans.add(key, Int8Plan(x, weight_int8, scale, bias, out_shape))
+    return plan
+
+
 def _int8_forward(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
                   bias: torch.Tensor | None) -> torch.Tensor:
-    if x.shape[0] <= DECODE_ROWS:
-        return _launch_decode(x, weight_int8, bias, scale)
-    return launch(x, weight_int8, bias, scale, None, 0, False)[0]
+    x, weight_int8, scale, bias = _int8_prepare(x, weight_int8, scale, bias)
+    return _int8_plan(x, weight_int8, scale, bias, (x.shape[0], weight_int8.shape[0])).forward(
+        x, weight_int8, scale, bias)
 
 
 def _int8_save(ctx, inputs, output):
     ctx.save_for_backward(inputs[1], inputs[2])
-
-
-def _int8_backward(dy: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return dy @ dequantize_int8(weight_int8, scale.float()).to(dy.dtype)
 
 
 def _int8_backward_rule(ctx, run_backward, dy):
@@ -581,12 +751,20 @@ def _int8_backward_rule(ctx, run_backward, dy):
     return run_backward(dy, *ctx.saved_tensors), None, None, None
 
 
+class _Int8AsGiven:
+    """int8_linear's eager forward and backward for tensors as the caller holds them (_int8_forward prepares
+    them, as _AsGiven's forward does for linear)."""
+    forward = staticmethod(_int8_forward)
+    backward = staticmethod(_int8_backward)
+
+
 _int8_linear = KernelOp(
     "int8_linear", forward=_int8_forward,
     forward_fake=lambda x, weight_int8, scale, bias: x.new_empty(x.shape[0], weight_int8.shape[0]),
     backward=_int8_backward,
     backward_fake=lambda dy, weight_int8, scale: dy.new_empty(dy.shape[0], weight_int8.shape[1]),
-    setup_context=_int8_save, backward_rule=_int8_backward_rule)
+    setup_context=_int8_save, backward_rule=_int8_backward_rule, plan=lambda *args: _Int8AsGiven)
+_int8_calls = Plans("int8_linear calls")   # the plans of calls as the entry point saw them, checks passed
 
 
 def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -598,6 +776,17 @@ def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
     backend: "triton" (the default on CUDA), or "torch" (int8_linear_reference, any float dtype; the default on
     CPU).
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (type(x), tensor_key(x), tensor_key(weight_int8), tensor_key(scale), tensor_key(bias), backend)
+            plan = _int8_calls.get(key)
+        except (AttributeError, TypeError):
+            key = plan = None
+        # the copy engine may read x and the weight: 16-byte aligned, which the signature cannot hold
+        if plan is not None and (x.data_ptr() | weight_int8.data_ptr()) & 15 == 0:
+            return _int8_linear.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, weight_int8, scale,
+                                      bias)
     backend = choose_backend("int8_linear", x, backend, BACKENDS)
     if backend == "triton" and x.dtype not in INT8_DTYPES:
         raise TypeError(f"int8_linear: backend='triton' takes x of float16 or bfloat16, got {x.dtype}")
@@ -621,4 +810,16 @@ def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
     if backend == "torch" or x.numel() == 0 or weight_int8.numel() == 0:
         return int8_linear_reference(x, weight_int8, scale, bias)
     rows = x.reshape(-1, x.shape[-1])
-    return _int8_linear(rows, weight_int8, scale, bias).view(*x.shape[:-1], weight_int8.shape[0])
+    out_shape = (*x.shape[:-1], weight_int8.shape[0])
+    if torch.compiler.is_compiling():
+        return _int8_linear(rows, weight_int8, scale, bias).view(out_shape)
+    grad = x.requires_grad and torch.is_grad_enabled()
+    x2, w2, s2, b2 = _int8_prepare(rows, weight_int8, scale, bias)
+    if x2.data_ptr() != x.data_ptr() or w2 is not weight_int8 or s2 is not scale or b2 is not bias:   # copied
+        return _int8_linear.eager(_Int8AsGiven, grad, rows, weight_int8, scale, bias).view(out_shape)
+    # x is the rows the plan describes (a view of its memory, no copy): the plan takes it as it is, and a later
+    # call with this signature too
+    plan = _int8_plan(x2, w2, s2, b2, out_shape)
+    if key is not None:
+        _int8_calls.add(key, plan)
+    return _int8_linear.eager(plan, grad, x, weight_int8, scale, bias)

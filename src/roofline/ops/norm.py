@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from roofline.ops._common import (DTYPES, KernelOp, cdiv, choose_backend, next_power_of_2, rows_per_program, sm_count,
                                   tl, triton)
+from roofline.ops._launch import Launch, Plans, tensor_key
 
 BACKENDS = ("torch", "triton", "compile")
 MAX_BLOCK = 16384        # forward: elements of a row held in registers at once
@@ -130,9 +131,11 @@ if triton is not None:
         tl.store(y_ptr + start_of_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def norm_forward_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, rows, n, eps,
+    def norm_forward_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, stats_ptr, rows, n, eps,
                             RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                            BLOCK: tl.constexpr, SINGLE: tl.constexpr, ROWS: tl.constexpr):
+                            STATS: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, ROWS: tl.constexpr):
+        """STATS: each row's mean and rstd to stats_ptr [2, rows] (fp32), for the backward."""
+        mean_ptr, rstd_ptr = stats_ptr, stats_ptr + rows
         if SINGLE:   # rows that fit in one block, ROWS of them per program: one read, an exact two-pass variance
             row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
             in_rows = row < rows
@@ -148,8 +151,9 @@ if triton is not None:
                 centered = tl.where(mask, x - mean, 0.0)
                 var = _exact_mean(tl.sum(centered * centered, axis=1, keep_dims=True), n)
             rstd = _rstd(var, eps)
-            tl.store(mean_ptr + row, mean, mask=in_rows)
-            tl.store(rstd_ptr + row, rstd, mask=in_rows)
+            if STATS:
+                tl.store(mean_ptr + row, mean, mask=in_rows)
+                tl.store(rstd_ptr + row, rstd, mask=in_rows)
             _normalize_and_store(x, mean, rstd, h_ptr, w_ptr, b_ptr, y_ptr, start_of_row, cols, mask,
                                  HAS_RES, HAS_W, HAS_B)
         else:        # one long row per program: statistics in one pass, then a write pass
@@ -158,8 +162,9 @@ if triton is not None:
             cols = tl.arange(0, BLOCK)
             mean, var = _mean_and_var(x_ptr + start_of_row, r_ptr + start_of_row, n, RMS, HAS_RES, BLOCK)
             rstd = _rstd(var, eps)
-            tl.store(mean_ptr + row, mean)
-            tl.store(rstd_ptr + row, rstd)
+            if STATS:
+                tl.store(mean_ptr + row, mean)
+                tl.store(rstd_ptr + row, rstd)
             for start in range(0, n, BLOCK):
                 offs = start + cols
                 mask = offs < n
@@ -183,9 +188,11 @@ if triton is not None:
         return xhat, dy, w * dy
 
     @triton.jit
-    def norm_row_means_kernel(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr, n,
+    def norm_row_means_kernel(x_ptr, dy_ptr, w_ptr, stats_ptr, c_ptr, rows, n,
                               RMS: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
-        """For rows longer than one block: c1 = mean(xhat * w dy) and c2 = mean(w dy) of each row."""
+        """For rows longer than one block: c1 = mean(xhat * w dy) and c2 = mean(w dy) of each row, to c_ptr
+        [2, rows]."""
+        mean_ptr, rstd_ptr, c1_ptr, c2_ptr = stats_ptr, stats_ptr + rows, c_ptr, c_ptr + rows
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         c1 = tl.zeros([BLOCK], dtype=tl.float32)
@@ -201,14 +208,16 @@ if triton is not None:
         tl.store(c2_ptr + row, tl.sum(c2, axis=0) / n)
 
     @triton.jit
-    def norm_backward_kernel(x_ptr, dy_ptr, dres_ptr, w_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr,
-                             dx_ptr, dw_ptr, db_ptr, rows, n,
+    def norm_backward_kernel(x_ptr, dy_ptr, dres_ptr, w_ptr, stats_ptr, c_ptr, dx_ptr, parts_ptr, rows, n,
                              RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DRES: tl.constexpr,
                              BLOCK: tl.constexpr, SINGLE: tl.constexpr, PREFETCH: tl.constexpr):
-        """Program (column block, row group): dx for its rows and columns; partial dw, db for its columns.
-        PREFETCH: the next row's loads are issued before this row is reduced, so that they are in flight
-        meanwhile (registers for a second row)."""
+        """Program (column block, row group): dx for its rows and columns; partial dw, db for its columns, to
+        row `group` of parts_ptr [HAS_W + HAS_B, groups, n] (dw's first). PREFETCH: the next row's loads are
+        issued before this row is reduced, so that they are in flight meanwhile (registers for a second row)."""
+        mean_ptr, rstd_ptr, c1_ptr, c2_ptr = stats_ptr, stats_ptr + rows, c_ptr, c_ptr + rows
         col_block, group, groups = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+        dw_ptr = parts_ptr
+        db_ptr = parts_ptr + groups * n if HAS_W else parts_ptr
         offs = col_block * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) if HAS_W else 1.0
@@ -243,6 +252,28 @@ if triton is not None:
             tl.store(dw_ptr + group * n + offs, dw, mask=mask)
         if HAS_B:
             tl.store(db_ptr + group * n + offs, db, mask=mask)
+
+    @triton.jit
+    def norm_parameter_grads_kernel(parts_ptr, dw_ptr, db_ptr, groups, n, HAS_W: tl.constexpr,
+                                    HAS_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
+        """dw and db: the backward kernel's partial rows [HAS_W + HAS_B, groups, n] summed (fp32) and stored in
+        the parameters' dtypes, in one launch where torch would take a sum and a cast for each."""
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        g = tl.arange(0, BLOCK_G)[:, None]
+        dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db_parts = parts_ptr + groups * n if HAS_W else parts_ptr
+        for start in range(0, groups, BLOCK_G):
+            mask = (start + g < groups) & (cols[None, :] < n)
+            at = (start + g) * n + cols[None, :]
+            if HAS_W:
+                dw += tl.sum(tl.load(parts_ptr + at, mask=mask, other=0.0), axis=0)
+            if HAS_B:
+                db += tl.sum(tl.load(db_parts + at, mask=mask, other=0.0), axis=0)
+        if HAS_W:
+            tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=cols < n)
+        if HAS_B:
+            tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=cols < n)
 
 
 def _block(n: int, largest: int) -> int:
@@ -284,88 +315,170 @@ def backward_config(rows: int, n: int, rms: bool, device: torch.device) -> tuple
     return block, groups, max(4, min(16, block // 512))
 
 
+PARAMETER_GRADS_BLOCK = (32, 64)   # rows of partial sums a step, columns a program of norm_parameter_grads_kernel
+
+
+class NormPlan:
+    """The launches of one norm signature: rows of n elements of one dtype on one device; whether a residual,
+    a weight and a bias are there (and their dtypes); eps; rms_norm or layer_norm. Built once per signature
+    (Plans), so that no config is chosen and no kernel looked up on later calls."""
+
+    def __init__(self, rows: int, n: int, eps: float | None, rms: bool, has_residual: bool, has_weight: bool,
+                 bias_dtype: torch.dtype | None, device: torch.device):
+        self.rows, self.n, self.eps, self.rms = rows, n, eps, rms
+        self.has_weight, self.bias_dtype, self.device = has_weight, bias_dtype, device
+        has_bias = bias_dtype is not None
+        index = device.index if device.type == "cuda" else -1
+        block, per_program, warps = forward_config(rows, n)
+        forward = dict(RMS=rms, HAS_RES=has_residual, HAS_W=has_weight, HAS_B=has_bias, BLOCK=block,
+                       SINGLE=n <= block, ROWS=per_program, num_warps=warps)
+        grid = (cdiv(rows, per_program),)
+        self.forward_launch = Launch(norm_forward_kernel, grid, index, STATS=False, **forward)
+        self.forward_saving_launch = Launch(norm_forward_kernel, grid, index, STATS=True, **forward)
+
+        block, groups, warps = backward_config(rows, n, rms, device)
+        self.single, self.groups = n <= block, groups
+        self.row_means_launch = Launch(norm_row_means_kernel, (rows,), index, RMS=rms, HAS_W=has_weight,
+                                       BLOCK=block, num_warps=warps)
+        backward = dict(RMS=rms, HAS_W=has_weight, HAS_B=has_bias, BLOCK=block, SINGLE=self.single,
+                        PREFETCH=block <= BACKWARD_PREFETCH_BLOCK, num_warps=warps)
+        grid = (cdiv(n, block), groups)
+        self.backward_launch = {dres: Launch(norm_backward_kernel, grid, index, HAS_DRES=dres, **backward)
+                                for dres in (False, True)}
+        self.parts = (has_weight + has_bias) * groups * n
+        g, b = PARAMETER_GRADS_BLOCK
+        self.parameter_grads_launch = Launch(norm_parameter_grads_kernel, (cdiv(n, b),), index, HAS_W=has_weight,
+                                             HAS_B=has_bias, BLOCK_G=g, BLOCK_N=b)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
+                bias: torch.Tensor | None, n: int, eps: float, rms: bool, stats: bool):
+        """(y, h or None, stats [2, rows] fp32 or None) for contiguous x (and residual) of any shape."""
+        y = torch.empty_like(x)
+        h = torch.empty_like(x) if residual is not None else None
+        saved = torch.empty(2 * self.rows, dtype=torch.float32, device=self.device) if stats else None
+        pointers = x.data_ptr()
+        if residual is not None:
+            pointers |= residual.data_ptr()
+        if weight is not None:
+            pointers |= weight.data_ptr()
+        if bias is not None:
+            pointers |= bias.data_ptr()
+        launch = self.forward_saving_launch if stats else self.forward_launch
+        (launch if pointers & 15 == 0 else launch.jit)(
+            x, x if residual is None else residual, x if weight is None else weight, x if bias is None else bias,
+            y, y if h is None else h, y if saved is None else saved, self.rows, self.n, eps)
+        return y, h, saved
+
+    def backward(self, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, stats: torch.Tensor,
+                 dresidual: torch.Tensor | None, rms: bool, bias_dtype: torch.dtype | None):
+        """(dx, dw or None, db or None): dw in the weight's dtype, db in bias_dtype."""
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
+        dx = torch.empty_like(x)
+        parts = torch.empty(self.parts, dtype=torch.float32, device=self.device) if self.parts else None
+        dw = torch.empty_like(weight) if weight is not None else None
+        db = torch.empty(self.n, dtype=bias_dtype, device=self.device) if bias_dtype is not None else None
+        pointers = dy.data_ptr() | x.data_ptr()
+        if weight is not None:
+            pointers |= weight.data_ptr()
+        if dresidual is not None:
+            pointers |= dresidual.data_ptr()
+        direct = pointers & 15 == 0
+        w = x if weight is None else weight
+        means = stats
+        if not self.single:
+            means = torch.empty(2 * self.rows, dtype=torch.float32, device=self.device)
+            launch = self.row_means_launch
+            (launch if direct else launch.jit)(x, dy, w, stats, means, self.rows, self.n)
+        launch = self.backward_launch[dresidual is not None]
+        (launch if direct else launch.jit)(x, dy, x if dresidual is None else dresidual, w, stats, means, dx,
+                                           dx if parts is None else parts, self.rows, self.n)
+        if parts is not None:
+            self.parameter_grads_launch(parts, parts if dw is None else dw, parts if db is None else db,
+                                        self.groups, self.n)
+        return dx, dw, db
+
+
+_plans = Plans("norm")
+
+
+def _plan(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, bias_dtype, n: int,
+          eps: float | None, rms: bool) -> NormPlan:
+    """The plan for these arguments (as the registered ops take them), built on first use."""
+    key = (x.numel(), n, x.dtype, x.device, residual is not None, None if weight is None else weight.dtype,
+           bias_dtype, eps, rms)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans.add(key, NormPlan(x.numel() // n, n, eps, rms, residual is not None, weight is not None,
+                                        bias_dtype, x.device))
+    return plan
+
+
 def _nothing(like: torch.Tensor) -> torch.Tensor:
-    """A placeholder for an absent tensor argument or result (a custom op's outputs are all tensors)."""
+    """A placeholder for an absent result (a registered op's outputs are all tensors)."""
     return like.new_empty(0)
 
 
-# The kernels take contiguous (rows, n) tensors; the entry points check and reshape. Absent tensors are
-# passed as None and absent results come back empty (a registered op's outputs are all tensors).
+# The registered ops: contiguous x (and residual) of any shape, normalized over their last n elements.
 
 def _forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
-               bias: torch.Tensor | None, eps: float, rms: bool) -> tuple[torch.Tensor, torch.Tensor,
-                                                                          torch.Tensor, torch.Tensor]:
-    rows, n = x.shape
-    y = torch.empty_like(x)
+             bias: torch.Tensor | None, n: int, eps: float, rms: bool,
+             stats: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, h, saved = _plan(x, residual, weight, None if bias is None else bias.dtype, n, eps, rms).forward(
+        x, residual, weight, bias, n, eps, rms, stats)
+    return y, _nothing(x) if h is None else h, _nothing(x) if saved is None else saved
+
+
+def _forward_fake(x, residual, weight, bias, n, eps, rms, stats):
     h = torch.empty_like(x) if residual is not None else _nothing(x)
-    mean = torch.empty(rows, device=x.device, dtype=torch.float32)
-    rstd = torch.empty_like(mean)
-    block, per_program, warps = forward_config(rows, n)
-    norm_forward_kernel[(cdiv(rows, per_program),)](
-        x, residual if residual is not None else x, weight if weight is not None else x,
-        bias if bias is not None else x, y, h, mean, rstd, rows, n, eps,
-        RMS=rms, HAS_RES=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        BLOCK=block, SINGLE=n <= block, ROWS=per_program, num_warps=warps)
-    return y, h, mean, rstd
+    return torch.empty_like(x), h, x.new_empty(2 * (x.numel() // n) if stats else 0, dtype=torch.float32)
 
 
-def _forward_fake(x, residual, weight, bias, eps, rms):
-    rows = x.shape[0]
-    h = torch.empty_like(x) if residual is not None else _nothing(x)
-    return torch.empty_like(x), h, x.new_empty(rows, dtype=torch.float32), x.new_empty(rows, dtype=torch.float32)
+def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, stats: torch.Tensor,
+              dresidual: torch.Tensor | None, rms: bool,
+              bias_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = x.numel() // (stats.numel() // 2)
+    dx, dw, db = _plan(x, dresidual, weight, bias_dtype, n, None, rms).backward(dy, x, weight, stats, dresidual,
+                                                                               rms, bias_dtype)
+    return dx, _nothing(x) if dw is None else dw, _nothing(x) if db is None else db
 
 
-def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
-                        rstd: torch.Tensor, dresidual: torch.Tensor | None, rms: bool,
-                        has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows, n = x.shape
-    block, groups, warps = backward_config(rows, n, rms, x.device)
-    single = n <= block
-    col_blocks = cdiv(n, block)
-    dx = torch.empty_like(x)
-    dw_parts = torch.empty(groups if weight is not None else 0, n, device=x.device, dtype=torch.float32)
-    db_parts = torch.empty(groups if has_bias else 0, n, device=x.device, dtype=torch.float32)
-    c1 = c2 = mean
-    w = weight if weight is not None else x
-    if not single:
-        c1, c2 = torch.empty_like(rstd), torch.empty_like(rstd)
-        norm_row_means_kernel[(rows,)](x, dy, w, mean, rstd, c1, c2, n, RMS=rms, HAS_W=weight is not None,
-                                       BLOCK=block, num_warps=warps)
-    norm_backward_kernel[(col_blocks, groups)](
-        x, dy, dresidual if dresidual is not None else x, w, mean, rstd, c1, c2, dx, dw_parts, db_parts, rows, n,
-        RMS=rms, HAS_W=weight is not None, HAS_B=has_bias, HAS_DRES=dresidual is not None,
-        BLOCK=block, SINGLE=single, PREFETCH=block <= BACKWARD_PREFETCH_BLOCK, num_warps=warps)
-    dw = dw_parts.sum(0).to(weight.dtype) if weight is not None else _nothing(x)
-    db = db_parts.sum(0) if has_bias else _nothing(x)   # fp32: the caller casts to the bias's dtype
-    return dx, dw, db
-
-
-def _backward_fake(dy, x, weight, mean, rstd, dresidual, rms, has_bias):
+def _backward_fake(dy, x, weight, stats, dresidual, rms, bias_dtype):
     dw = torch.empty_like(weight) if weight is not None else _nothing(x)
-    db = x.new_empty(x.shape[1], dtype=torch.float32) if has_bias else _nothing(x)
+    n = x.numel() // (stats.numel() // 2)
+    db = x.new_empty(n, dtype=bias_dtype) if bias_dtype is not None else _nothing(x)
     return torch.empty_like(x), dw, db
 
 
 def _save_for_backward(ctx, inputs, output):
-    x, residual, weight, bias, eps, rms = inputs
-    y, h, mean, rstd = output
-    ctx.save_for_backward(h if residual is not None else x, weight, mean, rstd)
+    x, residual, weight, bias, n, eps, rms, stats = inputs
+    y, h, saved = output
+    ctx.save_for_backward(h if residual is not None else x, weight, saved)
     ctx.rms, ctx.has_residual, ctx.bias_dtype = rms, residual is not None, None if bias is None else bias.dtype
+    ctx.bias_shape = None if bias is None or bias.dim() == 1 else bias.shape   # db comes flat
 
 
-def _backward_rule(ctx, run_backward, dy, dh, dmean, drstd):
-    x, weight, mean, rstd = ctx.saved_tensors
+def _backward_rule(ctx, run_backward, dy, dh, dstats):
+    x, weight, stats = ctx.saved_tensors
     if dy is None:   # only the new residual h reached the loss
         dy = torch.zeros_like(x)
     dresidual = dh.contiguous() if ctx.has_residual and dh is not None else None
-    dx, dw, db = run_backward(dy.contiguous(), x, weight, mean, rstd, dresidual, ctx.rms,
-                                     ctx.bias_dtype is not None)
-    return (dx, dx if ctx.has_residual else None, dw if weight is not None else None,
-            db.to(ctx.bias_dtype) if ctx.bias_dtype is not None else None, None, None)
+    dx, dw, db = run_backward(dy, x, weight, stats, dresidual, ctx.rms, ctx.bias_dtype)
+    if ctx.bias_dtype is None:
+        db = None
+    elif ctx.bias_shape is not None:
+        db = db.view(ctx.bias_shape)
+    return dx, dx if ctx.has_residual else None, dw if weight is not None else None, db, None, None, None, None
+
+
+def _eager_plan(x, residual, weight, bias, n, eps, rms):
+    return _plan(x, residual, weight, None if bias is None else bias.dtype, n, eps, rms)
 
 
 _norm_rows = KernelOp("norm_rows", forward=_forward, forward_fake=_forward_fake, backward=_backward,
-                      backward_fake=_backward_fake, setup_context=_save_for_backward, backward_rule=_backward_rule)
+                      backward_fake=_backward_fake, setup_context=_save_for_backward, backward_rule=_backward_rule,
+                      plan=lambda x, residual, weight, bias, n, eps, rms, stats: _eager_plan(
+                          x, residual, weight, bias, n, eps, rms))
 
 
 # --------------------------------------------------------------------------- entry points
@@ -408,23 +521,43 @@ def _check_eps(op: str, eps) -> None:
         raise ValueError(f"{op}: eps must be a number >= 0, got {eps!r}")
 
 
-# The shape checks, reshapes and views cost the host microseconds each (more than a small kernel): the common
-# case, already in shape, skips them.
-
-def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
-    if t is None or (t.dim() == 2 and t.shape[1] == n and t.is_contiguous()):
-        return t
-    return t.reshape(-1, n).contiguous()
+_calls = Plans("norm calls")   # the plans of calls as the entry points saw them, checks passed
 
 
-def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
-    if t is None or (t.dim() == 1 and t.is_contiguous()):
-        return t
-    return t.contiguous().view(-1)
+def _call_plan(op: str, x, normalized_shape, residual, weight, bias, eps, backend):
+    """(key, plan): everything the entry point's checks look at, and the plan of a call with that signature
+    seen before (None: not seen). (None, None) where the arguments cannot be a key (a list shape, say)."""
+    try:
+        key = (op, type(x), x.shape, x.stride(), x.dtype, x.device, normalized_shape, tensor_key(residual),
+               tensor_key(weight), tensor_key(bias), eps, type(eps), backend)
+        return key, _calls.get(key)
+    except (AttributeError, TypeError):
+        return None, None
 
 
-def _shaped(y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return y if y.shape == like.shape else y.view(like.shape)
+def _run(key, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
+         bias: torch.Tensor | None, n: int, eps: float, rms: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(normalized, h) for checked arguments. A call whose tensors the kernels take as they are leaves its plan
+    under `key`, so that the next call with this signature goes from the entry point straight to it."""
+    as_given = (x, residual, weight, bias)
+    x, residual, weight, bias = (None if t is None else t.contiguous() for t in as_given)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in as_given)
+    if torch.compiler.is_compiling():
+        y, h, _ = _norm_rows(x, residual, weight, bias, n, eps, rms, grad)
+        return y, h
+    plan = _eager_plan(x, residual, weight, bias, n, eps, rms)
+    if key is not None and all(a is b for a, b in zip(as_given, (x, residual, weight, bias))):
+        _calls.add(key, plan)
+    y, h, _ = _norm_rows.eager(plan, grad, x, residual, weight, bias, n, eps, rms, grad)
+    return y, h
+
+
+def _run_plan(plan: NormPlan, x, residual, weight, bias):
+    """A call whose signature has a plan: checked before, nothing to reshape."""
+    grad = torch.is_grad_enabled() and (x.requires_grad or (residual is not None and residual.requires_grad)
+                                        or (weight is not None and weight.requires_grad)
+                                        or (bias is not None and bias.requires_grad))
+    return _norm_rows.eager(plan, grad, x, residual, weight, bias, plan.n, plan.eps, plan.rms, grad)
 
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
@@ -435,6 +568,11 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
     The result has x's dtype; statistics are fp32. weight and bias may have another float dtype than x
     (their gradients keep it).
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        key, plan = _call_plan("layer_norm", x, normalized_shape, None, weight, bias, eps, backend)
+        if plan is not None:
+            return _run_plan(plan, x, None, weight, bias)[0]
     backend = choose_backend("layer_norm", x, backend, BACKENDS)
     shape, n = _normalized_size("layer_norm", x, normalized_shape)
     _check_parameter("layer_norm", "weight", weight, x, shape)
@@ -446,8 +584,7 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
         return _compiled(F.layer_norm)(x, shape, weight, bias, eps)
     if x.numel() == 0:
         return F.layer_norm(x, shape, weight, bias, eps)
-    y, _, _, _ = _norm_rows(_rows(x, n), None, _flat(weight), _flat(bias), float(eps), False)
-    return _shaped(y, x)
+    return _run(key, x, None, weight, bias, n, float(eps), False)[0]
 
 
 def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None, eps: float | None = None,
@@ -457,6 +594,11 @@ def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = No
 
     backend: "triton" (the default on CUDA), "torch" (F.rms_norm; the default on CPU), "compile".
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        key, plan = _call_plan("rms_norm", x, normalized_shape, None, weight, None, eps, backend)
+        if plan is not None:
+            return _run_plan(plan, x, None, weight, None)[0]
     backend = choose_backend("rms_norm", x, backend, BACKENDS)
     shape, n = _normalized_size("rms_norm", x, normalized_shape)
     _check_parameter("rms_norm", "weight", weight, x, shape)
@@ -468,9 +610,7 @@ def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = No
         return _compiled(F.rms_norm)(x, shape, weight, eps)
     if x.numel() == 0:
         return F.rms_norm(x, shape, weight, eps)
-    eps = DEFAULT_RMS_EPS if eps is None else float(eps)
-    y, _, _, _ = _norm_rows(_rows(x, n), None, _flat(weight), None, eps, True)
-    return _shaped(y, x)
+    return _run(key, x, None, weight, None, n, DEFAULT_RMS_EPS if eps is None else float(eps), True)[0]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
@@ -481,6 +621,11 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     Returns (normalized, new residual), both of x's shape and dtype. residual must match x in shape, dtype
     and device. backend: as rms_norm ("torch" is add_rms_norm_reference).
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        key, plan = _call_plan("add_rms_norm", x, None, residual, weight, None, eps, backend)
+        if plan is not None:
+            return _run_plan(plan, x, residual, weight, None)[:2]
     backend = choose_backend("add_rms_norm", x, backend, BACKENDS)
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"add_rms_norm: residual must be a torch.Tensor, got {type(residual).__name__}")
@@ -498,7 +643,4 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
         return add_rms_norm_reference(x, residual, weight, eps)
     if backend == "compile":
         return _compiled(add_rms_norm_reference)(x, residual, weight, eps)
-    eps = DEFAULT_RMS_EPS if eps is None else float(eps)
-    y, h, _, _ = _norm_rows(_rows(x, n), _rows(residual, n), weight.contiguous() if weight is not None else None,
-                            None, eps, True)
-    return _shaped(y, x), _shaped(h, x)
+    return _run(key, x, residual, weight, None, n, DEFAULT_RMS_EPS if eps is None else float(eps), True)

@@ -20,6 +20,7 @@ import functools
 import torch
 
 from roofline.ops._common import DTYPES, KernelOp, choose_backend, next_power_of_2, tl, triton
+from roofline.ops._launch import Launch, Plans, tensor_key
 
 BACKENDS = ("torch", "triton", "compile")
 
@@ -80,20 +81,63 @@ if triton is not None:
         _rotate_heads(k_ptr, ko_ptr, b, t, T, HK, k_sb, k_sh, k_st, c1, c2, s1, s2, cols, dmask, HALF, BLOCK_HK)
 
 
-def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool):
-    q, k = _unit_last_stride(q), _unit_last_stride(k)
-    cos, sin = (_unit_last_stride(_per_batch(c).expand(q.shape[0], -1, -1)) for c in (cos, sin))
-    B, HQ, T, D = q.shape
-    HK = k.shape[1]
-    q_out, k_out = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype,
-                                                                                     device=k.device)
-    half = D // 2
-    rope_kernel[(B * T,)](
-        q, k, cos, sin, q_out, k_out, T, HQ, HK, q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
-        HALF=half, BLOCK_D=next_power_of_2(half), BLOCK_HQ=next_power_of_2(HQ),
-        BLOCK_HK=next_power_of_2(HK), BACKWARD=backward, num_warps=4)
-    return q_out, k_out
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def _angle_strides(t: torch.Tensor) -> tuple[int, int]:
+    """(batch, position) strides of cos or sin, (seq, head_dim) or (batch or 1, seq, head_dim): 0 along a batch
+    they are shared by."""
+    return (0 if t.dim() == 2 or t.shape[0] == 1 else t.stride(0)), t.stride(-2)
+
+
+class RopePlan:
+    """The launches for q and k of given shapes and strides (unit last strides), cos and sin of given strides,
+    on one device. The outputs are contiguous; so are the gradients the backward takes (made so if need be)."""
+
+    def __init__(self, q_shape, q_strides, k_shape, k_strides, angle_strides, device: torch.device):
+        B, HQ, T, D = q_shape
+        HK = k_shape[1]
+        self.forward_args = (T, HQ, HK, *q_strides[:3], *k_strides[:3], *angle_strides)
+        self.backward_args = (T, HQ, HK, *_contiguous_strides(q_shape)[:3], *_contiguous_strides(k_shape)[:3],
+                              *angle_strides)
+        half = D // 2
+        settings = dict(HALF=half, BLOCK_D=next_power_of_2(half), BLOCK_HQ=next_power_of_2(HQ),
+                        BLOCK_HK=next_power_of_2(HK), num_warps=4)
+        index = device.index if device.type == "cuda" else -1
+        self.forward_launch = Launch(rope_kernel, (B * T,), index, BACKWARD=False, **settings)
+        self.backward_launch = Launch(rope_kernel, (B * T,), index, BACKWARD=True, **settings)
+
+    def _rotate(self, launch: Launch, q, k, cos, sin, args):
+        q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
+        (launch if (q.data_ptr() | k.data_ptr() | cos.data_ptr() | sin.data_ptr()) & 15 == 0 else launch.jit)(
+            q, k, cos, sin, q_out, k_out, *args)
+        return q_out, k_out
+
+    def forward(self, q, k, cos, sin):
+        return self._rotate(self.forward_launch, q, k, cos, sin, self.forward_args)
+
+    def backward(self, dq, dk, cos, sin):
+        dq, dk = (t if t.is_contiguous() else t.contiguous() for t in (dq, dk))
+        return self._rotate(self.backward_launch, dq, dk, cos, sin, self.backward_args)
+
+
+_plans = Plans("rope")
+
+
+def _plan(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> RopePlan:
+    """The plan for q, k, cos and sin with unit last strides."""
+    angles = (*_angle_strides(cos), *_angle_strides(sin))
+    key = (q.shape, q.stride(), k.shape, k.stride(), angles, q.dtype, cos.dtype, sin.dtype, q.device)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans.add(key, RopePlan(q.shape, q.stride(), k.shape, k.stride(), angles, q.device))
+    return plan
 
 
 def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
@@ -102,12 +146,14 @@ def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
 
 def _forward(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor,
                                                                                             torch.Tensor]:
-    return _rotate(q, k, cos, sin, backward=False)
+    q, k, cos, sin = (_unit_last_stride(t) for t in (q, k, cos, sin))
+    return _plan(q, k, cos, sin).forward(q, k, cos, sin)
 
 
 def _backward(dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor,
                                                                                                torch.Tensor]:
-    return _rotate(dq, dk, cos, sin, backward=True)
+    cos, sin = _unit_last_stride(cos), _unit_last_stride(sin)
+    return _plan(dq, dk, cos, sin).backward(dq, dk, cos, sin)
 
 
 def _save_angles(ctx, inputs, output):
@@ -131,7 +177,8 @@ _rope = KernelOp("rope", forward=_forward,
                  backward=_backward,
                  backward_fake=lambda dq, dk, cos, sin: (torch.empty(dq.shape, dtype=dq.dtype, device=dq.device),
                                                          torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)),
-                 setup_context=_save_angles, backward_rule=_backward_rule)
+                 setup_context=_save_angles, backward_rule=_backward_rule, plan=_plan)
+_calls = Plans("rope calls")   # the plans of calls as the entry point saw them, checks passed
 
 
 # --------------------------------------------------------------------------- entry point
@@ -178,6 +225,16 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     backend: "triton" (the default on CUDA), "torch" (rope_reference; the default on CPU), "compile".
     Returns contiguous tensors with q's and k's shapes and dtype; the math runs in fp32.
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (type(q), tensor_key(q), tensor_key(k), tensor_key(cos), cos.requires_grad, tensor_key(sin),
+                   sin.requires_grad, backend)
+            plan = _calls.get(key)
+        except (AttributeError, TypeError):
+            key = plan = None
+        if plan is not None:
+            return _rope.eager(plan, torch.is_grad_enabled() and (q.requires_grad or k.requires_grad), q, k, cos, sin)
     backend = choose_backend("rope", q, backend, BACKENDS, arg="q")
     _check(q, k, cos, sin)
     if backend == "torch":
@@ -186,4 +243,12 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         return _compiled()(q, k, cos, sin)
     if q.numel() == 0 or k.numel() == 0:
         return rope_reference(q, k, cos, sin)
-    return _rope(q, k, cos, sin)
+    if torch.compiler.is_compiling():
+        return _rope(q, k, cos, sin)
+    given = (q, k, cos, sin)
+    q, k, cos, sin = (_unit_last_stride(t) for t in given)
+    plan = _plan(q, k, cos, sin)
+    if key is not None and all(a is b for a, b in zip(given, (q, k, cos, sin))) \
+            and not (cos.requires_grad or sin.requires_grad):   # then the checks pass whatever the grad mode
+        _calls.add(key, plan)
+    return _rope.eager(plan, torch.is_grad_enabled() and (q.requires_grad or k.requires_grad), q, k, cos, sin)

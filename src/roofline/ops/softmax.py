@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from roofline.ops._common import (KernelOp, cdiv, choose_backend, next_power_of_2, resident_programs, rows_per_program,
                                   tl, triton)
+from roofline.ops._launch import Launch, Plans
 
 BACKENDS = ("torch", "triton", "compile", "cuda")
 MAX_BLOCK = 16384             # elements per block: 64 KB of fp32 per row, 32 per thread at 16 warps
@@ -169,33 +170,61 @@ def _warps(block: int) -> int:
     return max(1, min(16, block // 512))
 
 
-def _launch(kernel, rows: int, n: int, *args, log: bool, device: torch.device) -> None:
-    """Rows that fit in a block go several to a program; longer rows are walked by LONG_ROW_PROGRAMS_PER_SM
-    resident programs an SM, so that the rows in flight (read twice) stay in L2 between their two passes."""
-    block = _block(n)
-    if n <= block:
-        per_program = rows_per_program(rows, n, block)
-        grid, warps = cdiv(rows, per_program), _warps(block * per_program)
-    else:
-        per_program = 1
-        grid, warps = resident_programs(rows, device, LONG_ROW_PROGRAMS_PER_SM), LONG_ROW_WARPS
-    kernel[(grid,)](*args, rows, n, LOG=log, BLOCK=block, SINGLE=n <= block, ROWS=per_program, num_warps=warps)
+class SoftmaxPlan:
+    """The launches for contiguous rows of n elements of one dtype on one device, softmax or log_softmax. Rows
+    that fit in a block go several to a program; longer rows are walked by LONG_ROW_PROGRAMS_PER_SM resident
+    programs an SM, so that the rows in flight (read twice) stay in L2 between their two passes."""
+
+    def __init__(self, rows: int, n: int, log: bool, device: torch.device):
+        self.rows, self.n = rows, n
+        block = _block(n)
+        if n <= block:
+            per_program = rows_per_program(rows, n, block)
+            grid, warps = cdiv(rows, per_program), _warps(block * per_program)
+        else:
+            per_program = 1
+            grid, warps = resident_programs(rows, device, LONG_ROW_PROGRAMS_PER_SM), LONG_ROW_WARPS
+        index = device.index if device.type == "cuda" else -1
+        settings = dict(LOG=log, BLOCK=block, SINGLE=n <= block, ROWS=per_program, num_warps=warps)
+        self.forward_launch = Launch(softmax_forward_kernel, (grid,), index, **settings)
+        self.backward_launch = Launch(softmax_backward_kernel, (grid,), index, **settings)
+
+    def forward(self, x: torch.Tensor, log: bool) -> torch.Tensor:
+        y = torch.empty_like(x)
+        launch = self.forward_launch
+        (launch if x.data_ptr() & 15 == 0 else launch.jit)(x, y, self.rows, self.n)
+        return y
+
+    def backward(self, y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
+        dx = torch.empty_like(y)
+        launch = self.backward_launch
+        (launch if (y.data_ptr() | dy.data_ptr()) & 15 == 0 else launch.jit)(y, dy, dx, self.rows, self.n)
+        return dx
 
 
-# The kernels take contiguous rows (the last dimension); the entry point moves `dim` there and back.
+_plans = Plans("softmax")
+
+
+def _plan(x: torch.Tensor, log: bool) -> SoftmaxPlan:
+    """The plan for contiguous x, over its last dimension."""
+    n = x.shape[-1]
+    key = (x.numel(), n, x.dtype, x.device, log)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans.add(key, SoftmaxPlan(x.numel() // n, n, log, x.device))
+    return plan
+
+
+# The registered ops take contiguous x of any shape, over its last dimension; the entry point moves `dim` there.
 
 def _forward_rows(x: torch.Tensor, log: bool) -> torch.Tensor:
-    n = x.shape[-1]
-    y = torch.empty_like(x)
-    _launch(softmax_forward_kernel, x.numel() // n, n, x, y, log=log, device=x.device)
-    return y
+    return _plan(x, log).forward(x, log)
 
 
 def _backward_rows(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
-    n = y.shape[-1]
-    dx = torch.empty_like(y)
-    _launch(softmax_backward_kernel, y.numel() // n, n, y, dy, dx, log=log, device=y.device)
-    return dx
+    return _plan(y, log).backward(y, dy, log)
 
 
 def _save_output(ctx, inputs, output):
@@ -205,20 +234,27 @@ def _save_output(ctx, inputs, output):
 
 def _backward_rule(ctx, run_backward, dy):
     (y,) = ctx.saved_tensors
-    return run_backward(y, dy.contiguous(), ctx.log), None
+    return run_backward(y, dy, ctx.log), None
 
 
 _softmax_rows = KernelOp(
     "softmax_rows", forward=_forward_rows, forward_fake=lambda x, log: torch.empty_like(x),
     backward=_backward_rows, backward_fake=lambda y, dy, log: torch.empty_like(y),
-    setup_context=_save_output, backward_rule=_backward_rule)
+    setup_context=_save_output, backward_rule=_backward_rule, plan=_plan)
+_calls = Plans("softmax calls")   # the plans of calls as the entry points saw them, checks passed
 
 
-def _triton_softmax(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-    if dim == x.dim() - 1:   # the usual case, without two movedim calls (a few us of host time each)
-        return _softmax_rows(x.contiguous(), log)
-    rows = x.movedim(dim, -1).contiguous()   # a copy unless `dim` is already last and contiguous
-    return _softmax_rows(rows, log).movedim(-1, dim)
+def _triton_softmax(key, x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    if dim != x.dim() - 1:
+        rows = x.movedim(dim, -1).contiguous()   # a copy unless `dim` is already last and contiguous
+        return _softmax_rows(rows, log).movedim(-1, dim)
+    rows = x.contiguous()   # the usual case, without two movedim calls (a few us of host time each)
+    if torch.compiler.is_compiling():
+        return _softmax_rows(rows, log)
+    plan = _plan(rows, log)
+    if key is not None and rows is x:
+        _calls.add(key, plan)
+    return _softmax_rows.eager(plan, rows.requires_grad and torch.is_grad_enabled(), rows, log)
 
 
 def _cuda_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -237,6 +273,15 @@ def _compiled(log: bool):
 
 
 def _run(op: str, x, dim, backend: str | None, log: bool) -> torch.Tensor:
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (type(x), x.shape, x.stride(), x.dtype, x.device, dim, type(dim), backend, log)
+            plan = _calls.get(key)
+        except (AttributeError, TypeError):
+            key = plan = None
+        if plan is not None:
+            return _softmax_rows.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, log)
     backend = choose_backend(op, x, backend, BACKENDS)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
@@ -254,7 +299,7 @@ def _run(op: str, x, dim, backend: str | None, log: bool) -> torch.Tensor:
         if log:
             raise ValueError("log_softmax: backend='cuda' has softmax only; use 'triton'")
         return _cuda_softmax(x, dim % x.dim())
-    return _triton_softmax(x, dim % x.dim(), log)
+    return _triton_softmax(key, x, dim % x.dim(), log)
 
 
 def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from roofline.ops._common import KernelOp, cdiv, choose_backend, elementwise_block, tl, triton
+from roofline.ops._launch import Launch, Plans, tensor_key
 
 BACKENDS = ("torch", "triton", "compile")
 
@@ -65,30 +66,60 @@ if triton is not None:
         tl.store(dup_ptr + row * n + cols, (g * silu).to(dup_ptr.dtype.element_ty), mask=mask)
 
 
-def _grid(rows: int, n: int, block: int) -> tuple[int]:
-    return (rows * cdiv(n, block),)
+class SwigluPlan:
+    """The launches for gate and up of one dtype on one device that are rows of n elements, gate_stride and
+    up_stride apart (a contiguous last dimension). They may have any shape that describes that layout: the
+    outputs take gate's shape, contiguous."""
+
+    def __init__(self, rows: int, n: int, gate_stride: int, up_stride: int, element_size: int,
+                 device: torch.device):
+        self.rows, self.n, self.strides = rows, n, (gate_stride, up_stride)
+        block = elementwise_block(element_size)
+        grid = (rows * cdiv(n, block),)
+        index = device.index if device.type == "cuda" else -1
+        self.forward_launch = Launch(swiglu_forward_kernel, grid, index, BLOCK=block, num_warps=4)
+        self.backward_launch = Launch(swiglu_backward_kernel, grid, index, BLOCK=block, num_warps=4)
+
+    def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        y = torch.empty_like(gate, memory_format=torch.contiguous_format)
+        launch = self.forward_launch
+        (launch if (gate.data_ptr() | up.data_ptr()) & 15 == 0 else launch.jit)(gate, up, y, self.n, *self.strides)
+        return y
+
+    def backward(self, gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
+        dgate = torch.empty_like(gate, memory_format=torch.contiguous_format)
+        dup = torch.empty_like(gate, memory_format=torch.contiguous_format)
+        launch = self.backward_launch
+        (launch if (gate.data_ptr() | up.data_ptr() | dy.data_ptr()) & 15 == 0 else launch.jit)(
+            gate, up, dy, dgate, dup, self.n, *self.strides)
+        return dgate, dup
 
 
-# The kernels take (rows, n) tensors whose last dimension is contiguous; their outputs are contiguous.
+_plans = Plans("swiglu")
+
+
+def _plan(gate: torch.Tensor, up: torch.Tensor) -> SwigluPlan:
+    """The plan for (rows, n) gate and up with contiguous last dimensions (views of the tensors a call gets)."""
+    rows, n = gate.shape
+    key = (rows, n, gate.stride(0), up.stride(0), gate.dtype, gate.device)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans.add(key, SwigluPlan(rows, n, gate.stride(0), up.stride(0), gate.element_size(), gate.device))
+    return plan
+
+
+# The registered ops take (rows, n) tensors whose last dimension is contiguous; their outputs are contiguous.
 
 def _forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     gate, up = _as_rows(gate), _as_rows(up)   # a no-op unless a compiler handed over another layout
-    rows, n = gate.shape
-    y = gate.new_empty(rows, n)
-    block = elementwise_block(gate.element_size())
-    swiglu_forward_kernel[_grid(rows, n, block)](gate, up, y, n, gate.stride(0), up.stride(0), BLOCK=block,
-                                                 num_warps=4)
-    return y
+    return _plan(gate, up).forward(gate, up)
 
 
 def _backward(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    gate, up, dy = _as_rows(gate), _as_rows(up), dy.contiguous()
-    rows, n = gate.shape
-    dgate, dup = gate.new_empty(rows, n), gate.new_empty(rows, n)
-    block = elementwise_block(gate.element_size())
-    swiglu_backward_kernel[_grid(rows, n, block)](gate, up, dy, dgate, dup, n, gate.stride(0), up.stride(0),
-                                                  BLOCK=block, num_warps=4)
-    return dgate, dup
+    gate, up = _as_rows(gate), _as_rows(up)
+    return _plan(gate, up).backward(gate, up, dy)
 
 
 def _save_inputs(ctx, inputs, output):
@@ -103,7 +134,8 @@ def _backward_rule(ctx, run_backward, dy):
 _swiglu_rows = KernelOp(
     "swiglu_rows", forward=_forward, forward_fake=lambda gate, up: gate.new_empty(gate.shape),
     backward=_backward, backward_fake=lambda gate, up, dy: (gate.new_empty(gate.shape), gate.new_empty(gate.shape)),
-    setup_context=_save_inputs, backward_rule=_backward_rule)
+    setup_context=_save_inputs, backward_rule=_backward_rule, plan=_plan)
+_calls = Plans("swiglu calls")   # the plans of calls as the entry point saw them, checks passed
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -131,6 +163,15 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None) 
     backend: "triton" (the default on CUDA), "torch" (F.silu(gate) * up; the default on CPU), "compile".
     The result is contiguous, with gate's shape and dtype; the math runs in fp32.
     """
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (type(gate), tensor_key(gate), type(up), tensor_key(up), backend)
+            call = _calls.get(key)
+        except (AttributeError, TypeError):
+            key = call = None
+        if call is not None:
+            return _run(call, gate, up)
     backend = choose_backend("swiglu", gate, backend, BACKENDS, arg="gate")
     if not isinstance(up, torch.Tensor):
         raise TypeError(f"swiglu: up must be a torch.Tensor, got {type(up).__name__}")
@@ -143,4 +184,18 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None) 
         return _compiled()(gate, up)
     if gate.numel() == 0:
         return swiglu_reference(gate, up)
-    return _swiglu_rows(_as_rows(gate), _as_rows(up)).view(gate.shape)
+    gate_rows, up_rows = _as_rows(gate), _as_rows(up)
+    if torch.compiler.is_compiling():
+        return _swiglu_rows(gate_rows, up_rows).view(gate.shape)
+    plan = _plan(gate_rows, up_rows)
+    if gate_rows.data_ptr() != gate.data_ptr() or up_rows.data_ptr() != up.data_ptr():   # copied
+        return _run(plan, gate_rows, up_rows).view(gate.shape)
+    # the inputs are rows as they are: the plan takes them so, and a later call with this signature too
+    if key is not None:
+        _calls.add(key, plan)
+    return _run(plan, gate, up)
+
+
+def _run(plan: SwigluPlan, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    grad = torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)
+    return _swiglu_rows.eager(plan, grad, gate, up)

@@ -1,0 +1,232 @@
+"""The eager launch path: launch plans, and Triton kernels launched straight through their compiled launchers.
+
+An op called from eager Python pays host time on every call, and on a slow host that time, not the kernel, is
+what the program waits for. On our H100 machine `kernel[grid](...)` of a trivial Triton kernel costs 15 us a
+call (torch's `x + 1`: 11 us): the JIT binds the arguments, computes every argument's specialization, hashes
+them into a cache key and looks the compiled kernel up, before the C launcher it generated runs. Around that,
+our ops checked their arguments, reshaped views and went through torch.autograd.Function.apply, whose Python
+wrapper alone costs more than a torch op.
+
+What replaces it:
+
+- A *plan* per call signature (shapes, strides, dtypes, device, options) holds everything derived from them:
+  the launch grids, the constexprs and the chosen (autotuned) config. `Plans` keeps them by key, so that no
+  heuristic, autotuner or argument check runs again for a signature it has seen: an entry point looks its
+  call's signature up first and goes straight to the plan on a hit.
+- `Launch` is one kernel of a plan. Its first call goes through Triton's JIT as usual (compiling or
+  autotuning); later calls hand the arguments to the C launcher Triton generated for that compiled kernel,
+  as Inductor's generated launchers do: grid, stream, function handle and metadata fixed, nothing bound or
+  hashed.
+
+Specialization: Triton compiles a kernel for the values of its integer arguments (1, multiples of 16) and for
+whether each pointer is 16-byte aligned. A plan's key fixes every integer a kernel takes. Pointers change from
+call to call: a plan checks that its inputs' are 16-byte aligned (outputs come from torch's allocator, which
+aligns them) and sends a call with a misaligned one through the JIT (`Launch.jit`), which specializes it anew;
+a Launch's first call, whose compiled kernel all later direct calls reuse, is always an aligned one.
+
+Under Triton's interpreter (the CPU tests) every launch goes through the JIT: the plans and their keys are the
+same, so the tests check which plans are built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import types
+
+import torch
+
+from roofline.ops._common import interpreting, tma_descriptor, triton
+
+PLAN_LIMIT = 4096   # plans one op keeps; past it the oldest go first (a program whose shapes never repeat)
+
+
+class Plans(dict):
+    """Plans of one op by key: `plans.get(key)` on the hot path, `plans.add(key, plan)` after a miss.
+    `builds` counts the plans added, for the tests (a second call with a signature seen builds nothing)."""
+
+    registry: list["Plans"] = []
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.name, self.builds = name, 0
+        Plans.registry.append(self)
+
+    def add(self, key, plan):
+        if len(self) >= PLAN_LIMIT:
+            del self[next(iter(self))]
+        self[key] = plan
+        self.builds += 1
+        return plan
+
+
+def plans_built() -> dict[str, int]:
+    """How many plans each op has built in this process."""
+    return {plans.name: plans.builds for plans in Plans.registry}
+
+
+def clear_plans() -> None:
+    """Forget every plan (their kernels stay compiled): after changing a setting that plans were built from,
+    such as a block size a test or a tuning run patches."""
+    for plans in Plans.registry:
+        plans.clear()
+
+
+def tensor_key(t: torch.Tensor | None):
+    """What a call signature holds of a tensor argument (None for an absent one): shape, strides, dtype,
+    device. Raises AttributeError for what is not a tensor, which a signature then cannot hold."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+@contextlib.contextmanager
+def _on_device(index: int):
+    if index < 0 or torch.cuda.current_device() == index:
+        yield
+    else:
+        with torch.cuda.device(index):
+            yield
+
+
+def _jit_function(kernel):
+    """The JITFunction under autotuning and heuristics."""
+    while not isinstance(kernel, triton.runtime.JITFunction):
+        kernel = kernel.fn
+    return kernel
+
+
+class Launch:
+    """kernel[grid](*args, **constexprs) with grid and constexprs fixed, on device `device` (an index; -1 on the
+    CPU through the interpreter).
+
+    Call it with the kernel's runtime arguments in order (every constexpr comes after them in the kernel's
+    signature). `descriptors` maps positions of arguments that the kernel takes as TMA tensor descriptors to
+    their block shapes (placeholders where an autotuner's pre-hook sets them), or to (block shape, shape,
+    strides) to describe the tensor's memory as that shape: at those positions pass the tensor (or None). The
+    descriptors' shapes and strides are the first call's: every call of a Launch must pass tensors laid out
+    alike (a plan's key holds their shapes and strides). Call `jit` instead where an input pointer is not
+    16-byte aligned.
+    """
+
+    __slots__ = ("kernel", "grid", "device", "descriptors", "constexprs", "run", "direct", "config")
+
+    def __init__(self, kernel, grid, device: int, descriptors: dict | None = None, **constexprs):
+        self.kernel, self.grid, self.device = kernel, grid, device
+        self.descriptors, self.constexprs = descriptors or {}, constexprs
+        self.direct = not interpreting()
+        self.config = None   # the autotuner's choice, once known
+        self.run = self._first
+
+    def __call__(self, *args) -> None:
+        self.run(*args)
+
+    def _jit_args(self, args) -> list:
+        if not self.descriptors:
+            return args
+        args = list(args)
+        for position, spec in self.descriptors.items():
+            if args[position] is not None:
+                block, shape, strides = spec if isinstance(spec, tuple) else (spec, None, None)
+                args[position] = tma_descriptor(args[position], block, shape, strides)
+        return args
+
+    def jit(self, *args) -> None:
+        """A launch through Triton's JIT, which specializes on these very arguments (a misaligned pointer)."""
+        with _on_device(self.device):
+            self.kernel[self.grid](*self._jit_args(args), **self.constexprs)
+
+    def _first(self, *args) -> None:
+        jit_args = self._jit_args(args)
+        with _on_device(self.device):
+            compiled = self.kernel[self.grid](*jit_args, **self.constexprs)
+        self.config = getattr(self.kernel, "best_config", None)
+        run = self._direct_run(compiled, jit_args) if self.direct and compiled is not None else None
+        self.run = run or self.jit
+
+    def _grid_of(self, jit_args) -> tuple[int, int, int]:
+        grid = self.grid
+        if callable(grid):
+            meta = dict(zip(self.kernel.arg_names, jit_args))
+            meta.update(self.constexprs)
+            if self.config is not None:
+                meta.update(self.config.all_kwargs())
+            grid = grid(meta)
+        return (tuple(grid) + (1, 1))[:3]
+
+    def _direct_run(self, compiled, jit_args):
+        """A function that launches `compiled` (what the JIT just ran) on the same grid with new arguments, or
+        None where this Triton's launcher is not the one this was written for (then every call takes the JIT)."""
+        if triton.knobs.runtime.launch_enter_hook is not None or triton.knobs.runtime.launch_exit_hook is not None:
+            return None   # a profiler hooked Triton's launches: keep them visible to it
+        params = _jit_function(self.kernel).params
+        runtime = len(jit_args)
+        if any(p.is_constexpr for p in params[:runtime]) or not all(p.is_constexpr for p in params[runtime:]):
+            raise TypeError(f"{self.kernel}: Launch needs every constexpr after the runtime arguments")
+        launcher = compiled.run   # loads the module on first use
+        try:
+            c_launch = launcher.launch
+            if isinstance(c_launch, types.FunctionType):   # Triton's Python wrapper that expands descriptors
+                c_launch = inspect.getclosurevars(c_launch).nonlocals["launcher"]
+            if launcher.global_scratch_size or launcher.profile_scratch_size:
+                return None   # the kernel needs scratch memory allocated per launch
+            expanders = _expanders(compiled, jit_args)
+            cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+        except (AttributeError, KeyError, TypeError):
+            return None
+        g0, g1, g2 = self._grid_of(jit_args)
+        function, metadata, device = compiled.function, compiled.packed_metadata, self.device
+        tail = (None,) * (len(params) - runtime)
+        stream = torch._C._cuda_getCurrentRawStream
+        current = torch._C._cuda_getDevice
+
+        def launch(*args):
+            if current() == device:
+                c_launch(g0, g1, g2, stream(device), function, cooperative, pdl, None, None, metadata, None, None,
+                         None, *args, *tail)
+            else:   # the kernel is loaded in its device's context: launch it there
+                with torch.cuda.device(device):
+                    c_launch(g0, g1, g2, stream(device), function, cooperative, pdl, None, None, metadata, None,
+                             None, None, *args, *tail)
+
+        if not any(expanders):
+            return launch
+
+        def expand_and_launch(*args):
+            flat = []
+            for arg, expand in zip(args, expanders):
+                if expand is None:
+                    flat.append(arg)
+                else:
+                    flat.extend(expand(arg))
+            launch(*flat)
+
+        return expand_and_launch
+
+
+def _expanders(compiled, jit_args) -> list:
+    """For each runtime argument, None, or for a TMA descriptor argument a function from the tensor to what the
+    C launcher takes in its place (the shape and strides are the plan's, taken from the first call)."""
+    signature = list(compiled.src.signature.values())
+    metas = iter(getattr(compiled.metadata, "tensordesc_meta", None) or ())
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST as host_type
+
+    fill = triton.runtime.driver.active.utils.fill_tma_descriptor
+    expanders = []
+    for arg, kind in zip(jit_args, signature):
+        if not (isinstance(kind, str) and kind.startswith("tensordesc")):
+            expanders.append(None)
+            continue
+        shape, strides = [int(s) for s in arg.shape], [int(s) for s in arg.strides]
+        meta = next(metas, None)
+        if meta is None:   # not lowered to the copy engine: base, shape and strides, twice
+            nan = arg.padding == "nan"
+            expanders.append(lambda t, s=shape, st=strides, nan=nan: (t, *s, *st, nan, *s, *st))
+            continue
+        if meta["fp4_padded"]:
+            raise TypeError("fp4-padded descriptors are not expanded here")
+        padding = 1 if arg.padding == "nan" else 0
+        expanders.append(
+            lambda t, m=meta, s=shape, st=strides, p=padding: (
+                fill(t.data_ptr(), m["swizzle"], m["elem_size"], host_type[m["elem_type"]], m["block_size"], s, st, p),
+                *s, *st))
+    return expanders
+
