@@ -12,7 +12,6 @@ from roofline.ops import _launch
 from roofline.ops.norm import add_rms_norm_reference
 from roofline.ops.rope import rope_reference
 
-BF16 = torch.bfloat16
 
 
 def _randn(*shape, grad=False, dtype=torch.float32):
@@ -30,7 +29,7 @@ def _rope_inputs(grad):
 
 def _int8_inputs(grad):
     q, scale = ops.quantize_int8(_randn(48, 64))
-    return _randn(1, 64, grad=grad, dtype=BF16), q, scale
+    return _randn(1, 64, grad=grad, dtype=torch.float16), q, scale
 
 
 # name: (inputs(grad) -> args, roofline's call, the torch reference)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import types
+import warnings
 
 import torch
 
@@ -139,7 +140,12 @@ class Launch:
         with _on_device(self.device):
             compiled = self.kernel[self.grid](*jit_args, **self.constexprs)
         self.config = getattr(self.kernel, "best_config", None)
-        run = self._direct_run(compiled, jit_args) if self.direct and compiled is not None else None
+        run = None
+        if self.direct and compiled is not None:
+            run, reason = self._direct_run(compiled, jit_args)
+            if run is None:
+                warnings.warn(f"roofline: {self.kernel} launches through Triton's JIT on every call ({reason})",
+                              RuntimeWarning, stacklevel=2)
         self.run = run or self.jit
 
     def _grid_of(self, jit_args) -> tuple[int, int, int]:
@@ -153,10 +159,10 @@ class Launch:
         return (tuple(grid) + (1, 1))[:3]
 
     def _direct_run(self, compiled, jit_args):
-        """A function that launches `compiled` (what the JIT just ran) on the same grid with new arguments, or
-        None where this Triton's launcher is not the one this was written for (then every call takes the JIT)."""
+        """(a function that launches `compiled`, what the JIT just ran, on the same grid with new arguments, None),
+        or (None, why not) where this Triton's launcher is not the one this was written for."""
         if triton.knobs.runtime.launch_enter_hook is not None or triton.knobs.runtime.launch_exit_hook is not None:
-            return None   # a profiler hooked Triton's launches: keep them visible to it
+            return None, "a launch hook is set: the launches stay visible to it"
         params = _jit_function(self.kernel).params
         runtime = len(jit_args)
         if any(p.is_constexpr for p in params[:runtime]) or not all(p.is_constexpr for p in params[runtime:]):
@@ -167,11 +173,11 @@ class Launch:
             if isinstance(c_launch, types.FunctionType):   # Triton's Python wrapper that expands descriptors
                 c_launch = inspect.getclosurevars(c_launch).nonlocals["launcher"]
             if launcher.global_scratch_size or launcher.profile_scratch_size:
-                return None   # the kernel needs scratch memory allocated per launch
+                return None, "the kernel needs scratch memory allocated per launch"
             expanders = _expanders(compiled, jit_args)
             cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
-        except (AttributeError, KeyError, TypeError):
-            return None
+        except (AttributeError, KeyError, TypeError) as exc:
+            return None, f"this Triton's launcher is not the one expected: {exc!r}"
         g0, g1, g2 = self._grid_of(jit_args)
         function, metadata, device = compiled.function, compiled.packed_metadata, self.device
         tail = (None,) * (len(params) - runtime)
@@ -188,7 +194,7 @@ class Launch:
                              None, None, *args, *tail)
 
         if not any(expanders):
-            return launch
+            return launch, None
 
         def expand_and_launch(*args):
             flat = []
@@ -199,7 +205,7 @@ class Launch:
                     flat.extend(expand(arg))
             launch(*flat)
 
-        return expand_and_launch
+        return expand_and_launch, None
 
 
 def _expanders(compiled, jit_args) -> list:
