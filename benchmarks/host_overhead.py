@@ -92,9 +92,10 @@ def _linear_inputs(shape, grad, bias=True):
 
 
 def _int8_inputs(shape, grad):
+    """x, the int8 weight and its scales, and the bf16 weight they stand for (what the torch call reads)."""
     m, n, k = shape
     q, scale = ops.quantize_int8(torch.randn(n, k, device="cuda") * k ** -0.5)
-    return _randn((m, k), grad), q, scale
+    return _randn((m, k), grad), q, scale, ops.dequantize_int8(q, scale).to(BF16)
 
 
 def _ce_inputs(shape, grad):
@@ -125,8 +126,8 @@ CASES = [
     Case("linear (vs F.linear)", _linear_inputs, ops.linear, F.linear, (8, 256, 256)),
     Case("linear + gelu (vs F.gelu(F.linear))", _linear_inputs, lambda x, w, b: ops.linear(x, w, b, "gelu"),
          lambda x, w, b: F.gelu(F.linear(x, w, b)), (8, 256, 256)),
-    Case("int8_linear, 1 row (vs bf16 F.linear)", _int8_inputs, ops.int8_linear,
-         lambda x, q, s: F.linear(x, q.to(x.dtype)), (1, 256, 256)),
+    Case("int8_linear, 1 row (vs bf16 F.linear)", _int8_inputs, lambda x, q, s, w: ops.int8_linear(x, q, s),
+         lambda x, q, s, w: F.linear(x, w), (1, 256, 256)),
 ]
 SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 24]
 

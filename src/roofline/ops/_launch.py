@@ -161,8 +161,8 @@ class Launch:
     def _direct_run(self, compiled, jit_args):
         """(a function that launches `compiled`, what the JIT just ran, on the same grid with new arguments, None),
         or (None, why not) where this Triton's launcher is not the one this was written for."""
-        if triton.knobs.runtime.launch_enter_hook is not None or triton.knobs.runtime.launch_exit_hook is not None:
-            return None, "a launch hook is set: the launches stay visible to it"
+        if _hooked(triton.knobs.runtime.launch_enter_hook) or _hooked(triton.knobs.runtime.launch_exit_hook):
+            return None, "a launch hook is set (a profiler of Triton's): the launches stay visible to it"
         params = _jit_function(self.kernel).params
         runtime = len(jit_args)
         if any(p.is_constexpr for p in params[:runtime]) or not all(p.is_constexpr for p in params[runtime:]):
@@ -206,6 +206,12 @@ class Launch:
             launch(*flat)
 
         return expand_and_launch, None
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook would do anything: Triton 3.6 keeps an empty HookChain there, which the JIT calls on
+    every launch (a direct launch skips it; a hook added after a plan's first call is not seen by that plan)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _expanders(compiled, jit_args) -> list:
