@@ -39,6 +39,7 @@ try:
     from roofline.ops import _launch
 except ImportError:   # a checkout from before the launch plans (a "before" run): no plans to count
     _launch = None
+from roofline.ops.linear import dequantize_int8
 from roofline.ops.norm import add_rms_norm_reference
 from roofline.ops.rope import rope_reference
 
@@ -95,7 +96,7 @@ def _int8_inputs(shape, grad):
     """x, the int8 weight and its scales, and the bf16 weight they stand for (what the torch call reads)."""
     m, n, k = shape
     q, scale = ops.quantize_int8(torch.randn(n, k, device="cuda") * k ** -0.5)
-    return _randn((m, k), grad), q, scale, ops.dequantize_int8(q, scale).to(BF16)
+    return _randn((m, k), grad), q, scale, dequantize_int8(q, scale).to(BF16)
 
 
 def _ce_inputs(shape, grad):
@@ -121,6 +122,8 @@ CASES = [
     Case("rope (vs eager rotate-half)", _rope_inputs, ops.rope, rope_reference, (1, 8, 2, 16, 64)),
     Case("cross_entropy", _ce_inputs, ops.cross_entropy, F.cross_entropy, (8, 512),
          lambda e: _rows(e, 32768)),
+    Case("cross_entropy, check_targets=False (no host sync)", _ce_inputs,
+         lambda x, t: ops.cross_entropy(x, t, check_targets=False), F.cross_entropy, (8, 512)),
     Case("flash_attention (vs SDPA)", _attention_inputs, lambda q, k, v: ops.flash_attention(q, k, v, causal=True),
          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (1, 4, 128, 64)),
     Case("linear (vs F.linear)", _linear_inputs, ops.linear, F.linear, (8, 256, 256)),
