@@ -211,6 +211,18 @@ class KernelOp:
             return self._eager.apply(plan, *args)
         return self._apply(plan, *args)
 
+    def call(self, calls, key, keep: bool, grad: bool, *args):
+        """A call whose arguments the entry point checked: the registered op under torch.compile, else its plan
+        (built or found by self.plan), which `calls` keeps under the call's signature `key` when `keep` (the
+        plan takes the entry point's tensors as they are, so that the next call with that signature can go
+        straight to it)."""
+        if torch.compiler.is_compiling():
+            return self.forward_op(*args)
+        plan = self.plan(*args)
+        if keep and key is not None:
+            calls.add(key, plan)
+        return self.eager(plan, grad, *args)
+
     def __call__(self, *args):
         if torch.compiler.is_compiling():
             return self.forward_op(*args)

@@ -130,6 +130,11 @@ class Launch:
                 args[position] = tma_descriptor(args[position], block, shape, strides)
         return args
 
+    def for_pointers(self, pointers: int):
+        """This launch, where `pointers` (its inputs' data pointers or-ed together) are all 16-byte aligned, else
+        its JIT path."""
+        return self if pointers & 15 == 0 else self.jit
+
     def jit(self, *args) -> None:
         """A launch through Triton's JIT, which specializes on these very arguments (a misaligned pointer)."""
         with _on_device(self.device):

@@ -519,14 +519,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         raise ValueError(f"flash_attention: backend='triton' takes head_dim in {HEAD_DIMS}, got {q.shape[3]}")
     if q.numel() == 0 or k.shape[2] == 0:   # nothing to launch for: torch's result, with its grad_fn
         return attention_reference(q, k, v, causal, scale)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():   # _aligned reads pointers, which a traced graph has not: the op aligns
         return _attention(q, k, v, causal, scale)[0]
     given = (q, k, v)
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    plan = _plan(q, k, v, causal, scale)
-    if key is not None and all(a is b for a, b in zip(given, (q, k, v))):
-        _calls.add(key, plan)
-    return _run(plan, q, k, v)
+    keep = all(a is b for a, b in zip(given, (q, k, v)))
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return _attention.call(_calls, key, keep, grad, q, k, v, causal, scale)[0]
 
 
 def _run(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -202,17 +202,15 @@ class CrossEntropyPlan:
         stats = torch.empty(2, device=self.device, dtype=torch.int32)   # (rows counted, targets out of range)
         losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
         gradient = torch.empty_like(logits) if grad else None
-        direct = (logits.data_ptr() | target.data_ptr()) & 15 == 0
-        launch = self.stats_launch
-        (launch if direct else launch.jit)(target, stats, self.rows, self.n, self.ignore_index)
+        pointers = logits.data_ptr() | target.data_ptr()
+        self.stats_launch.for_pointers(pointers)(target, stats, self.rows, self.n, self.ignore_index)
         if check_targets:
             ready = self._count_out_of_range(stats)
         # Queued before the check is read, so that the GPU goes from the count to this kernel without waiting for
         # the host: the kernel is safe with any target (a row whose target is out of range gets nan, with no
         # access), and its results are dropped when the check raises.
-        launch = self.forward_launch
-        (launch if direct else launch.jit)(logits, target, losses, losses if gradient is None else gradient, stats,
-                                           self.rows, self.n, self.ignore_index, self.smoothing)
+        self.forward_launch.for_pointers(pointers)(logits, target, losses, losses if gradient is None else gradient,
+                                                   stats, self.rows, self.n, self.ignore_index, self.smoothing)
         if check_targets and ready():
             _raise_for_target_out_of_range(target, self.n, self.ignore_index)
         if self.reduction == "none":
@@ -241,7 +239,7 @@ class CrossEntropyPlan:
         if launch is None:
             launch = self.scale_launches[stride] = Launch(scale_rows_kernel, (self.rows,), self.index,
                                                           BLOCK=self.scale_block, num_warps=8)
-        (launch if dloss.data_ptr() & 15 == 0 else launch.jit)(gradient, dloss, stride, self.n)
+        launch.for_pointers(dloss.data_ptr())(gradient, dloss, stride, self.n)
 
 
 _plans = Plans("cross_entropy")

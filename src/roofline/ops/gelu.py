@@ -112,16 +112,14 @@ class GeluPlan:
 
     def forward(self, x: torch.Tensor, approximate: str) -> torch.Tensor:
         y = torch.empty_like(x)
-        launch = self.forward_launch
-        (launch if x.data_ptr() & 15 == 0 else launch.jit)(x, y, self.n)
+        self.forward_launch.for_pointers(x.data_ptr())(x, y, self.n)
         return y
 
     def backward(self, dy: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
         if not dy.is_contiguous():
             dy = dy.contiguous()
         dx = torch.empty_like(x)
-        launch = self.backward_launch
-        (launch if (dy.data_ptr() | x.data_ptr()) & 15 == 0 else launch.jit)(dy, x, dx, self.n)
+        self.backward_launch.for_pointers(dy.data_ptr() | x.data_ptr())(dy, x, dx, self.n)
         return dx
 
 
@@ -213,9 +211,4 @@ def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str | None = No
     given, x = x, x.contiguous()
     if backend == "cuda":
         return _cuda_gelu(x, approximate)
-    if torch.compiler.is_compiling():
-        return _gelu(x, approximate)
-    plan = _plan(x, approximate)
-    if key is not None and x is given:
-        _calls.add(key, plan)
-    return _gelu.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, approximate)
+    return _gelu.call(_calls, key, x is given, x.requires_grad and torch.is_grad_enabled(), x, approximate)

@@ -389,7 +389,7 @@ class LinearPlan:
         y = self._output()
         z = self._output() if self.save_z else None
         pointers = (0 if bias is None else bias.data_ptr()) | (0 if scale is None else scale.data_ptr())
-        (self.launch if pointers & 15 == 0 else self.launch.jit)(x, weight, y, residual, z, bias, scale, *self.args)
+        self.launch.for_pointers(pointers)(x, weight, y, residual, z, bias, scale, *self.args)
         if self.padded:
             y = y.contiguous().view(self.out_shape)
         return y, z
@@ -462,7 +462,7 @@ class DecodePlan:
     def forward(self, x, weight, scale, bias) -> torch.Tensor:
         y = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         pointers = x.data_ptr() | weight.data_ptr() | scale.data_ptr() | (0 if bias is None else bias.data_ptr())
-        launch = self.launch if pointers & 15 == 0 else self.launch.jit
+        launch = self.launch.for_pointers(pointers)
         if self.gemv:
             launch(x, weight, scale, bias, y, *self.args)
             return y

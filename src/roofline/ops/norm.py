@@ -364,7 +364,7 @@ class NormPlan:
         if bias is not None:
             pointers |= bias.data_ptr()
         launch = self.forward_saving_launch if stats else self.forward_launch
-        (launch if pointers & 15 == 0 else launch.jit)(
+        launch.for_pointers(pointers)(
             x, x if residual is None else residual, x if weight is None else weight, x if bias is None else bias,
             y, y if h is None else h, y if saved is None else saved, self.rows, self.n, eps)
         return y, h, saved
@@ -383,16 +383,14 @@ class NormPlan:
             pointers |= weight.data_ptr()
         if dresidual is not None:
             pointers |= dresidual.data_ptr()
-        direct = pointers & 15 == 0
         w = x if weight is None else weight
         means = stats
         if not self.single:
             means = torch.empty(2 * self.rows, dtype=torch.float32, device=self.device)
-            launch = self.row_means_launch
-            (launch if direct else launch.jit)(x, dy, w, stats, means, self.rows, self.n)
-        launch = self.backward_launch[dresidual is not None]
-        (launch if direct else launch.jit)(x, dy, x if dresidual is None else dresidual, w, stats, means, dx,
-                                           dx if parts is None else parts, self.rows, self.n)
+            self.row_means_launch.for_pointers(pointers)(x, dy, w, stats, means, self.rows, self.n)
+        self.backward_launch[dresidual is not None].for_pointers(pointers)(
+            x, dy, x if dresidual is None else dresidual, w, stats, means, dx, dx if parts is None else parts,
+            self.rows, self.n)
         if parts is not None:
             self.parameter_grads_launch(parts, parts if dw is None else dw, parts if db is None else db,
                                         self.groups, self.n)
@@ -542,13 +540,8 @@ def _run(key, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tens
     as_given = (x, residual, weight, bias)
     x, residual, weight, bias = (None if t is None else t.contiguous() for t in as_given)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in as_given)
-    if torch.compiler.is_compiling():
-        y, h, _ = _norm_rows(x, residual, weight, bias, n, eps, rms, grad)
-        return y, h
-    plan = _eager_plan(x, residual, weight, bias, n, eps, rms)
-    if key is not None and all(a is b for a, b in zip(as_given, (x, residual, weight, bias))):
-        _calls.add(key, plan)
-    y, h, _ = _norm_rows.eager(plan, grad, x, residual, weight, bias, n, eps, rms, grad)
+    keep = all(a is b for a, b in zip(as_given, (x, residual, weight, bias)))
+    y, h, _ = _norm_rows.call(_calls, key, keep, grad, x, residual, weight, bias, n, eps, rms, grad)
     return y, h
 
 

@@ -115,7 +115,7 @@ class RopePlan:
     def _rotate(self, launch: Launch, q, k, cos, sin, args):
         q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
         k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
-        (launch if (q.data_ptr() | k.data_ptr() | cos.data_ptr() | sin.data_ptr()) & 15 == 0 else launch.jit)(
+        launch.for_pointers(q.data_ptr() | k.data_ptr() | cos.data_ptr() | sin.data_ptr())(
             q, k, cos, sin, q_out, k_out, *args)
         return q_out, k_out
 
@@ -243,12 +243,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         return _compiled()(q, k, cos, sin)
     if q.numel() == 0 or k.numel() == 0:
         return rope_reference(q, k, cos, sin)
-    if torch.compiler.is_compiling():
-        return _rope(q, k, cos, sin)
     given = (q, k, cos, sin)
     q, k, cos, sin = (_unit_last_stride(t) for t in given)
-    plan = _plan(q, k, cos, sin)
-    if key is not None and all(a is b for a, b in zip(given, (q, k, cos, sin))) \
-            and not (cos.requires_grad or sin.requires_grad):   # then the checks pass whatever the grad mode
-        _calls.add(key, plan)
-    return _rope.eager(plan, torch.is_grad_enabled() and (q.requires_grad or k.requires_grad), q, k, cos, sin)
+    # kept only where cos and sin need no gradient: then the checks pass whatever the grad mode
+    keep = all(a is b for a, b in zip(given, (q, k, cos, sin))) and not (cos.requires_grad or sin.requires_grad)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    return _rope.call(_calls, key, keep, grad, q, k, cos, sin)

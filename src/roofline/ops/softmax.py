@@ -191,16 +191,14 @@ class SoftmaxPlan:
 
     def forward(self, x: torch.Tensor, log: bool) -> torch.Tensor:
         y = torch.empty_like(x)
-        launch = self.forward_launch
-        (launch if x.data_ptr() & 15 == 0 else launch.jit)(x, y, self.rows, self.n)
+        self.forward_launch.for_pointers(x.data_ptr())(x, y, self.rows, self.n)
         return y
 
     def backward(self, y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
         if not dy.is_contiguous():
             dy = dy.contiguous()
         dx = torch.empty_like(y)
-        launch = self.backward_launch
-        (launch if (y.data_ptr() | dy.data_ptr()) & 15 == 0 else launch.jit)(y, dy, dx, self.rows, self.n)
+        self.backward_launch.for_pointers(y.data_ptr() | dy.data_ptr())(y, dy, dx, self.rows, self.n)
         return dx
 
 
@@ -249,12 +247,7 @@ def _triton_softmax(key, x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
         rows = x.movedim(dim, -1).contiguous()   # a copy unless `dim` is already last and contiguous
         return _softmax_rows(rows, log).movedim(-1, dim)
     rows = x.contiguous()   # the usual case, without two movedim calls (a few us of host time each)
-    if torch.compiler.is_compiling():
-        return _softmax_rows(rows, log)
-    plan = _plan(rows, log)
-    if key is not None and rows is x:
-        _calls.add(key, plan)
-    return _softmax_rows.eager(plan, rows.requires_grad and torch.is_grad_enabled(), rows, log)
+    return _softmax_rows.call(_calls, key, rows is x, rows.requires_grad and torch.is_grad_enabled(), rows, log)
 
 
 def _cuda_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:

@@ -82,8 +82,7 @@ class SwigluPlan:
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         y = torch.empty_like(gate, memory_format=torch.contiguous_format)
-        launch = self.forward_launch
-        (launch if (gate.data_ptr() | up.data_ptr()) & 15 == 0 else launch.jit)(gate, up, y, self.n, *self.strides)
+        self.forward_launch.for_pointers(gate.data_ptr() | up.data_ptr())(gate, up, y, self.n, *self.strides)
         return y
 
     def backward(self, gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,8 +90,7 @@ class SwigluPlan:
             dy = dy.contiguous()
         dgate = torch.empty_like(gate, memory_format=torch.contiguous_format)
         dup = torch.empty_like(gate, memory_format=torch.contiguous_format)
-        launch = self.backward_launch
-        (launch if (gate.data_ptr() | up.data_ptr() | dy.data_ptr()) & 15 == 0 else launch.jit)(
+        self.backward_launch.for_pointers(gate.data_ptr() | up.data_ptr() | dy.data_ptr())(
             gate, up, dy, dgate, dup, self.n, *self.strides)
         return dgate, dup
 
