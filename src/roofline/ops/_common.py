@@ -148,6 +148,12 @@ def elementwise_block(element_size: int, num_warps: int = 4) -> int:
     return 32 * num_warps * (32 // element_size)
 
 
+def wants_grad(*tensors) -> bool:
+    """Whether autograd must record a call on these tensors (None for absent ones): grad mode on and one of
+    them requiring grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 class KernelOp:
     """A forward implementation and its backward, differentiable, and visible to torch.compile as one op.
 

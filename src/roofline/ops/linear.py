@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from roofline.ops._common import (KernelOp, TMA_ALIGN, as_stored, cdiv, choose_backend, fast_exp, fast_reciprocal,
-                                  interpreting, next_power_of_2, sm_count, tl, tma_readable, triton)
+                                  interpreting, next_power_of_2, sm_count, tl, tma_readable, triton, wants_grad)
 from roofline.ops._launch import Launch, Plans, tensor_key
 from roofline.ops.gelu import _gelu_and_grad
 
@@ -612,7 +612,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     key = None
     if not torch.compiler.is_compiling():
         try:
-            grad = torch.is_grad_enabled() and _requires_grad(x, weight, bias, residual)
+            grad = wants_grad(x, weight, bias, residual)
             key = (type(x), tensor_key(x), tensor_key(weight), tensor_key(bias), activation, tensor_key(residual),
                    backend, grad)
             plan = _calls.get(key)
@@ -628,7 +628,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return linear_reference(x, weight, bias, activation, residual)
     rows = x.reshape(-1, x.shape[-1])
     residual_rows = None if residual is None else residual.reshape(rows.shape[0], -1)
-    grad = torch.is_grad_enabled() and _requires_grad(x, weight, bias, residual)
+    grad = wants_grad(x, weight, bias, residual)
     code, save_z = _ACTIVATION_CODE[activation], grad and activation is not None
     out_shape = (*x.shape[:-1], weight.shape[0])
     if torch.compiler.is_compiling():
@@ -644,9 +644,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         _calls.add(key, plan)
     return _linear.eager(plan, grad, x, weight, bias, residual, code, save_z)[0]
 
-
-def _requires_grad(*tensors) -> bool:
-    return any(t is not None and t.requires_grad for t in tensors)
 
 
 # --------------------------------------------------------------------------- int8 weight-only

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from roofline.ops._common import (DTYPES, KernelOp, cdiv, choose_backend, next_power_of_2, rows_per_program, sm_count,
-                                  tl, triton)
+                                  tl, triton, wants_grad)
 from roofline.ops._launch import Launch, Plans, tensor_key
 
 BACKENDS = ("torch", "triton", "compile")
@@ -326,7 +326,7 @@ class NormPlan:
     def __init__(self, rows: int, n: int, eps: float | None, rms: bool, has_residual: bool, has_weight: bool,
                  bias_dtype: torch.dtype | None, device: torch.device):
         self.rows, self.n, self.eps, self.rms = rows, n, eps, rms
-        self.has_weight, self.bias_dtype, self.device = has_weight, bias_dtype, device
+        self.device = device
         has_bias = bias_dtype is not None
         index = device.index if device.type == "cuda" else -1
         block, per_program, warps = forward_config(rows, n)
@@ -469,14 +469,10 @@ def _backward_rule(ctx, run_backward, dy, dh, dstats):
     return dx, dx if ctx.has_residual else None, dw if weight is not None else None, db, None, None, None, None
 
 
-def _eager_plan(x, residual, weight, bias, n, eps, rms):
-    return _plan(x, residual, weight, None if bias is None else bias.dtype, n, eps, rms)
-
-
 _norm_rows = KernelOp("norm_rows", forward=_forward, forward_fake=_forward_fake, backward=_backward,
                       backward_fake=_backward_fake, setup_context=_save_for_backward, backward_rule=_backward_rule,
-                      plan=lambda x, residual, weight, bias, n, eps, rms, stats: _eager_plan(
-                          x, residual, weight, bias, n, eps, rms))
+                      plan=lambda x, residual, weight, bias, n, eps, rms, stats: _plan(
+                          x, residual, weight, None if bias is None else bias.dtype, n, eps, rms))
 
 
 # --------------------------------------------------------------------------- entry points
@@ -539,7 +535,7 @@ def _run(key, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tens
     under `key`, so that the next call with this signature goes from the entry point straight to it."""
     as_given = (x, residual, weight, bias)
     x, residual, weight, bias = (None if t is None else t.contiguous() for t in as_given)
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in as_given)
+    grad = wants_grad(*as_given)
     keep = all(a is b for a, b in zip(as_given, (x, residual, weight, bias)))
     y, h, _ = _norm_rows.call(_calls, key, keep, grad, x, residual, weight, bias, n, eps, rms, grad)
     return y, h
