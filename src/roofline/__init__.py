@@ -4,16 +4,16 @@ Submodules load on first use, so `import roofline` is instant and touches no GPU
     roofline.bench   timing, comparisons, sweeps
     roofline.device  what the device is and its measured ceilings
     roofline.ops     fused kernels
-    roofline.nn      drop-in modules over them; roofline.patch(model) swaps a model's norms and GELUs in place
-                     (and routes its attention, when asked); roofline.quantize_int8_weight_only(model) its
-                     nn.Linear layers for int8 weight-only ones
+    roofline.nn      drop-in modules over them; roofline.patch(model) routes a model's norms, GELUs, SwiGLU
+                     MLPs, rotary embeddings and attention to them where measured faster (roofline.routing);
+                     roofline.quantize_int8_weight_only(model) swaps its nn.Linear layers for int8 weight-only ones
     roofline.profiler / roofline.profile   where a program's time goes, line by line
 """
 
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("bench", "device", "nn", "ops", "patching", "profiler")
+_SUBMODULES = ("bench", "device", "nn", "ops", "patching", "profiler", "routing")
 _FROM_PATCHING = ("patch", "quantize_int8_weight_only")
 
 

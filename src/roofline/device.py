@@ -331,37 +331,39 @@ def matmul_key(dtype: torch.dtype) -> str | None:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
 
 
-def _cache_key(device: torch.device) -> str:
+def cache_key(device: torch.device) -> str:
+    """What a measurement on this device holds for: the device itself, its driver, CUDA and torch."""
     d = info(device)
     parts = [d.kind, d.name, d.uuid or "", d.driver or "", d.cuda or "", d.torch]
     return "|".join(parts)
 
 
-def _cache_file() -> Path:
-    return cache_dir() / "ceilings.json"
-
-
-def _read_cache() -> dict:
+def read_cache(name: str) -> dict:
+    """The JSON object cached under cache_dir()/name, or {} if there is none (or it cannot be read)."""
     try:
-        return json.loads(_cache_file().read_text())
+        return json.loads((cache_dir() / name).read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_cache(key: str, c: Ceilings) -> None:
-    entries = _read_cache()
-    entries[key] = c.to_dict()
-    path = _cache_file()
+def write_cache(name: str, key: str, value) -> None:
+    """Set key to value in the JSON object cached under cache_dir()/name."""
+    entries = read_cache(name)
+    entries[key] = value
+    path = cache_dir() / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(entries, indent=2))
     tmp.replace(path)  # atomic: a reader never sees half a file
+
+
+CEILINGS_CACHE = "ceilings.json"
 
 
 def ceilings(device=None) -> Ceilings:
     """Measured ceilings if this device was measured with this software, else the datasheet's."""
     device = resolve(device)
-    cached = _read_cache().get(_cache_key(device))
+    cached = read_cache(CEILINGS_CACHE).get(cache_key(device))
     if cached is not None:
         return Ceilings(**cached)
     d = info(device)
@@ -465,5 +467,5 @@ def measure_ceilings(device=None, save: bool = True, progress=None) -> Ceilings:
         details=details,
     )
     if save:
-        _write_cache(_cache_key(device), c)
+        write_cache(CEILINGS_CACHE, cache_key(device), c.to_dict())
     return c

@@ -1,33 +1,79 @@
-"""roofline.patch(model) (this module is roofline.patching, so the name roofline.patch stays the function): swap
-a model's LayerNorm, RMSNorm and GELU modules for roofline's, in place, and, when asked, route its
-F.scaled_dot_product_attention calls to roofline.ops.flash_attention; quantize_int8_weight_only(model).
+"""roofline.patch(model) (this module is roofline.patching, so the name roofline.patch stays the function): send a
+model's norms, GELUs, SwiGLU gates, rotary embeddings and attention to roofline's kernels where, and only where,
+they are faster on this device; quantize_int8_weight_only(model).
 
-A module is swapped by changing its class to roofline's subclass of the same torch class: its parameters,
-buffers, hooks and state-dict keys stay exactly as they were, so optimizers, checkpoints and FSDP wrappers
-see no difference. Only modules whose type is exactly the torch class are swapped (a user's subclass may
-have changed forward).
+How calls are caught, in place (parameters, buffers, hooks and state-dict keys stay exactly as they were, so
+optimizers, checkpoints and FSDP wrappers see no difference):
+  - modules by class: nn.LayerNorm, nn.RMSNorm and nn.GELU whose type is exactly torch's (a user's subclass may
+    have changed forward) get a subclass whose forward asks the model's Router;
+  - SwiGLU MLPs by structure: a module whose children gate_proj, up_proj, down_proj (Hugging Face, torchtitan) or
+    w1, w3, w2 (gpt-fast, Meta's Llama) are nn.Linear layers, once its forward is checked on a random input to be
+    down(silu(gate(x)) * up(x));
+  - functions while the model's forward runs: torch.nn.functional.scaled_dot_product_attention, and
+    apply_rotary_pos_emb (Hugging Face's name and signature for rotate-half RoPE) in the Python modules that define
+    the model's classes, once it is checked on a random input to be rotate-half RoPE. A name bound before the
+    forward (from torch.nn.functional import scaled_dot_product_attention) still calls torch's.
 
-Attention calls are caught by an AttentionRouter that stands in for torch.nn.functional.scaled_dot_product_attention
-while the model's forward runs. A call flash_attention cannot serve exactly as SDPA would goes to SDPA unchanged,
-and the router counts why.
+Every caught call goes through the model's roofline.routing.Router, which serves it with roofline's kernel only
+where that was measured faster for the call's signature (and checked against torch on a random input), leaves
+it to torch otherwise, and counts who served what and why: print(patch(model)) after a forward, or
+router(model).report().
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from roofline import nn as roofline_nn
-from roofline.ops._common import interpreting
-from roofline.ops.attention import HEAD_DIMS, flash_attention
+from roofline import ops
+from roofline.ops._common import DTYPES, interpreting
+from roofline.ops.attention import HEAD_DIMS
+from roofline.ops.rope import rope_reference
+from roofline.routing import Router
 
 TORCH_SDPA = F.scaled_dot_product_attention
-SWAPS = {nn.LayerNorm: roofline_nn.LayerNorm, nn.RMSNorm: roofline_nn.RMSNorm, nn.GELU: roofline_nn.GELU}
 ROUTED_DTYPES = (torch.float16, torch.bfloat16)
+MLP_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
+ROPE_FUNCTION = "apply_rotary_pos_emb"
+
+
+# --------------------------------------------------------------------------- what roofline can serve
+
+def why_not_kernel(x, *rest, **options) -> str | None:
+    """Why roofline's kernel cannot take x (None if it can): it runs on CUDA tensors of fp32, fp16 and bf16 (and
+    on the CPU through Triton's interpreter, which is how the tests run it)."""
+    if not isinstance(x, torch.Tensor):
+        return "the input is not a tensor"
+    if not (x.is_cuda or interpreting()):
+        return "not on a CUDA device"
+    if x.dtype not in DTYPES:
+        return f"dtype {x.dtype} (served: float32, float16, bfloat16)"
+    return None
+
+
+def why_not_swiglu(gate, up) -> str | None:
+    if gate.shape != up.shape or gate.dtype != up.dtype:
+        return "gate and up differ in shape or dtype"
+    return why_not_kernel(gate)
+
+
+def why_not_rope(q, k, cos, sin, *rest, **options) -> str | None:
+    """Why ops.rope cannot give what apply_rotary_pos_emb(q, k, cos, sin) gives, or None if it can."""
+    if rest or any(options.get(name, default) != default for name, default in
+                   (("unsqueeze_dim", 1), ("position_ids", None))) or set(options) - {"unsqueeze_dim", "position_ids"}:
+        return "arguments beyond (q, k, cos, sin)"
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
+        return "an argument is not a tensor"
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3:
+        return "not q, k (batch, heads, seq, head_dim) with cos, sin (batch or 1, seq, head_dim)"
+    if not (q.dtype == k.dtype == cos.dtype == sin.dtype):
+        return f"cos and sin in {cos.dtype}, q in {q.dtype}: torch promotes the result"
+    return why_not_kernel(q)
 
 
 def why_not_flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -59,78 +105,241 @@ def why_not_flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     return None
 
 
-class AttentionRouter:
-    """Routes the F.scaled_dot_product_attention calls made during a patched model's forward: those that
-    flash_attention serves go to it, the rest to SDPA. served counts the calls routed, passed the others by
-    reason.
+# --------------------------------------------------------------------------- roofline's side of each call
 
-    For the forward, torch.nn.functional.scaled_dot_product_attention is this router's route (put back after it, an
-    exception included), so calls made through that module's attribute (F.scaled_dot_product_attention,
-    torch.nn.functional.scaled_dot_product_attention, nn.MultiheadAttention) are caught, and nothing else in
-    the program pays for it. A name bound before the forward (from torch.nn.functional import
-    scaled_dot_product_attention) still calls torch's.
-    """
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    return ops.layer_norm(x, normalized_shape, weight, bias, eps, backend="triton")
+
+
+def _rms_norm(x, normalized_shape, weight, eps):
+    return ops.rms_norm(x, normalized_shape, weight, eps, backend="triton")
+
+
+def _gelu(x, approximate):
+    return ops.gelu(x, approximate, backend="triton")
+
+
+def _torch_gelu(x, approximate):
+    return F.gelu(x, approximate=approximate)
+
+
+def _swiglu(gate, up):
+    return ops.swiglu(gate, up, backend="triton")
+
+
+def _silu_times(gate, up):
+    return F.silu(gate) * up
+
+
+def _rope(q, k, cos, sin, *rest, **options):
+    return ops.rope(q, k, cos, sin, backend="triton")
+
+
+def _flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return ops.flash_attention(query, key, value, bool(is_causal), scale, backend="triton")
+
+
+# --------------------------------------------------------------------------- the swapped modules' forwards
+
+def _layer_norm_forward(self, x):
+    return self._roofline_router.call("layer_norm", why_not_kernel, _layer_norm, F.layer_norm,
+                                      x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+def _rms_norm_forward(self, x):
+    return self._roofline_router.call("rms_norm", why_not_kernel, _rms_norm, F.rms_norm,
+                                      x, self.normalized_shape, self.weight, self.eps)
+
+
+def _gelu_forward(self, x):
+    return self._roofline_router.call("gelu", why_not_kernel, _gelu, _torch_gelu, x, self.approximate)
+
+
+def _swiglu_forward(self, x):
+    gate, up, down = (getattr(self, name) for name in self._roofline_mlp)
+    return down(self._roofline_router.call("swiglu", why_not_swiglu, _swiglu, _silu_times, gate(x), up(x)))
+
+
+MODULE_SWAPS = {nn.LayerNorm: ("layer_norm", _layer_norm_forward), nn.RMSNorm: ("rms_norm", _rms_norm_forward),
+                nn.GELU: ("gelu", _gelu_forward)}
+_SUBCLASSES: dict[tuple, type] = {}
+
+
+def _swap_forward(module: nn.Module, forward, router: Router, **attributes) -> None:
+    """Change module's class to a subclass of its own whose forward is `forward` (one subclass per class and
+    forward, named as the class), and hand it the router."""
+    cls = type(module)
+    key = (cls, forward, tuple(attributes.items()))
+    if key not in _SUBCLASSES:
+        _SUBCLASSES[key] = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
+                                                       "__qualname__": cls.__qualname__, **attributes})
+    module.__class__ = _SUBCLASSES[key]
+    module._roofline_router = router
+
+
+# --------------------------------------------------------------------------- checks before a swap
+
+def _close(got, want, tolerance: float) -> bool:
+    got, want = (t if isinstance(t, tuple) else (t,) for t in (got, want))
+    return len(got) == len(want) and all(
+        a.shape == b.shape and ((a.double() - b.double()).norm() <= tolerance * b.double().norm()).item()
+        for a, b in zip(got, want))
+
+
+def _why_not_swiglu_mlp(module: nn.Module, names) -> str | None:
+    """None if module's forward is down(silu(gate(x)) * up(x)) on a random input; else why not."""
+    gate, up, down = (getattr(module, name) for name in names)
+    weight = gate.weight
+    if weight.device.type == "meta":
+        return "parameters on the meta device: its forward cannot be checked"
+    x = torch.randn(2, 3, gate.in_features, dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        try:
+            got = module.forward(x)
+        except Exception as exc:  # noqa: BLE001 - a forward that needs more than x is not an MLP we can serve
+            return f"forward(x) raised {type(exc).__name__}"
+        want = down(F.silu(gate(x)) * up(x))
+    tolerance = 1e-5 if weight.dtype == torch.float32 else 2e-2
+    if not isinstance(got, torch.Tensor) or not _close(got, want, tolerance):
+        return f"its forward is not {names[2]}(silu({names[0]}(x)) * {names[1]}(x))"
+    return None
+
+
+def _why_not_rope_function(fn) -> str | None:
+    """None if fn(q, k, cos, sin) is rotate-half RoPE on a random input; else why not."""
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 4, 5, 8, generator=generator), torch.randn(1, 2, 5, 8, generator=generator)
+    cos, sin = torch.randn(1, 5, 8, generator=generator), torch.randn(1, 5, 8, generator=generator)
+    try:
+        got = fn(q, k, cos, sin)
+    except Exception as exc:  # noqa: BLE001 - a different signature: not a function we can serve
+        return f"{ROPE_FUNCTION}(q, k, cos, sin) raised {type(exc).__name__}"
+    if not isinstance(got, tuple) or not _close(got, rope_reference(q, k, cos, sin), 1e-5):
+        return f"{ROPE_FUNCTION} is not rotate-half RoPE"
+    return None
+
+
+# --------------------------------------------------------------------------- functions routed during a forward
+
+class FunctionRoutes:
+    """The module-level functions a patched model's forward calls through its router: each (namespace, name) is
+    set to its route before the forward and put back after it (an exception included; nested forwards too)."""
 
     def __init__(self):
-        self.served = 0
-        self.passed: collections.Counter[str] = collections.Counter()
-        self._saved = []
+        self.routes: list[tuple[object, str, object]] = []
+        self._saved: list[list] = []
 
-    def route(self, *args, **kwargs):
-        """F.scaled_dot_product_attention(*args, **kwargs), through flash_attention where it serves."""
-        reason = why_not_flash(*args, **kwargs)
-        if reason is None:
-            self.served += 1
-            return _flash_from_sdpa_arguments(*args, **kwargs)
-        self.passed[reason] += 1
-        return (self._saved[-1] if self._saved else TORCH_SDPA)(*args, **kwargs)
+    def add(self, namespace, name: str, route) -> None:
+        self.routes.append((namespace, name, route))
 
-    def _enter(self, module, args):
-        self._saved.append(F.scaled_dot_product_attention)
-        F.scaled_dot_product_attention = self.route
+    def enter(self, module, args):
+        self._saved.append([getattr(namespace, name) for namespace, name, _ in self.routes])
+        for namespace, name, route in self.routes:
+            setattr(namespace, name, route)
 
-    def _exit(self, module, args, output):
-        F.scaled_dot_product_attention = self._saved.pop()
+    def exit(self, module, args, output):
+        for (namespace, name, _), original in zip(self.routes, self._saved.pop()):
+            setattr(namespace, name, original)
 
 
-def _flash_from_sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                               enable_gqa=False):
-    return flash_attention(query, key, value, bool(is_causal), scale, backend="triton")
+def _route_function(router: Router, op: str, why_not, ours, original):
+    def route(*args, **kwargs):
+        return router.call(op, why_not, ours, original, *args, **kwargs)
+    route.__name__ = route.__qualname__ = getattr(original, "__name__", op)
+    return route
+
+
+# --------------------------------------------------------------------------- patch
+
+@dataclasses.dataclass
+class PatchReport:
+    """What patch(model) swapped (qualified name, what), what it looked at and left (qualified name, why), and the
+    model's router, whose report() says who served each call signature since, and why."""
+    swapped: list[tuple[str, str]]
+    left: list[tuple[str, str]]
+    router: Router
+
+    def __str__(self) -> str:
+        lines = [f"swapped {len(self.swapped)}: " + ", ".join(f"{name or '(model)'} {what}"
+                                                             for name, what in self.swapped)]
+        lines += [f"left {name or '(model)'}: {why}" for name, why in self.left]
+        for row in self.router.report():
+            times = "" if row["ours_us"] is None else f" ({row['ours_us']:.1f} vs torch {row['torch_us']:.1f} us)"
+            signature = f" {row['signature']}" if row["signature"] else ""
+            lines.append(f"{row['op']}{signature}: {row['calls']} calls to {row['served_by']}, "
+                         f"{row['why']}{times}")
+        return "\n".join(lines)
 
 
 def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, gelu: bool = True,
-          attention: bool = False) -> list[tuple[str, str]]:
-    """Swap model's nn.LayerNorm, nn.RMSNorm and nn.GELU modules (those asked for) in place; with attention=True,
-    also route the F.scaled_dot_product_attention calls made during model's forward that flash_attention can
-    serve (fp16/bf16 on CUDA, no mask or dropout, a supported head_dim, causal only with equal lengths) to it.
+          swiglu: bool = True, rope: bool = True, attention: bool = True, policy: str = "faster") -> PatchReport:
+    """Route model's norms, GELUs, SwiGLU gates, rotary embeddings and attention (those asked for) through a
+    Router that serves each call signature with roofline's kernel only where it measured faster on this device
+    (policy="faster"), or wherever roofline can serve it (policy="always"). In place; see the module's docstring
+    for what is caught and how.
 
-    Returns (qualified name, torch class name) for every module swapped, in the model's order; the model
-    itself may be one of them (name ""). Routing adds ("", "scaled_dot_product_attention"); its counts are in
-    attention_router(model). Calling it again swaps nothing more.
+    Returns a PatchReport: what was swapped and what was left, with why. Calling it again swaps nothing more
+    (the model keeps its router and policy).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch: model must be a torch.nn.Module, got {type(model).__name__}")
-    wanted = {nn.LayerNorm: layer_norm, nn.RMSNorm: rms_norm, nn.GELU: gelu}
-    swapped = []
+    existing = router(model)
+    routes_router = existing or Router(policy)
+    wanted = {"layer_norm": layer_norm, "rms_norm": rms_norm, "gelu": gelu}
+    report = PatchReport([], [], routes_router)
     for name, module in model.named_modules():
-        torch_class = type(module)
-        if torch_class in SWAPS and wanted[torch_class]:
-            module.__class__ = SWAPS[torch_class]
-            swapped.append((name, torch_class.__name__))
-    if attention and attention_router(model) is None:
-        router = AttentionRouter()
-        model.register_forward_pre_hook(router._enter)
-        model.register_forward_hook(router._exit, always_call=True)
-        swapped.append(("", "scaled_dot_product_attention"))
-    return swapped
+        if hasattr(module, "_roofline_router"):
+            continue
+        swap = MODULE_SWAPS.get(type(module))
+        if swap is not None and wanted[swap[0]]:
+            _swap_forward(module, swap[1], routes_router)
+            report.swapped.append((name, swap[0]))
+        elif swiglu:
+            _patch_mlp(name, module, routes_router, report)
+    if existing is None:
+        routes = FunctionRoutes()
+        if attention:
+            routes.add(F, "scaled_dot_product_attention",
+                       _route_function(routes_router, "attention", why_not_flash, _flash, TORCH_SDPA))
+            report.swapped.append(("", "scaled_dot_product_attention"))
+        if rope:
+            _patch_rope(model, routes, routes_router, report)
+        model._roofline_router = routes_router
+        if routes.routes:
+            model.register_forward_pre_hook(routes.enter)
+            model.register_forward_hook(routes.exit, always_call=True)
+    return report
 
 
-def attention_router(model: nn.Module) -> AttentionRouter | None:
-    """The router patch(model, attention=True) installed (with its counts), or None."""
-    for hook in model._forward_pre_hooks.values():
-        if isinstance(getattr(hook, "__self__", None), AttentionRouter):
-            return hook.__self__
-    return None
+def _patch_mlp(name: str, module: nn.Module, routes_router: Router, report: PatchReport) -> None:
+    for names in MLP_NAMES:
+        if all(type(getattr(module, n, None)) is nn.Linear for n in names):
+            why = _why_not_swiglu_mlp(module, names)
+            if why is None:
+                _swap_forward(module, _swiglu_forward, routes_router, _roofline_mlp=names)
+                report.swapped.append((name, "swiglu"))
+            else:
+                report.left.append((name, why))
+            return
+
+
+def _patch_rope(model: nn.Module, routes: FunctionRoutes, routes_router: Router, report: PatchReport) -> None:
+    namespaces = {type(m).__module__: sys.modules.get(type(m).__module__) for m in model.modules()}
+    for module_name, namespace in namespaces.items():
+        original = getattr(namespace, ROPE_FUNCTION, None)
+        if not callable(original):
+            continue
+        why = _why_not_rope_function(original)
+        if why is None:
+            routes.add(namespace, ROPE_FUNCTION, _route_function(routes_router, "rope", why_not_rope, _rope, original))
+            report.swapped.append((f"{module_name}.{ROPE_FUNCTION}", "rope"))
+        else:
+            report.left.append((f"{module_name}.{ROPE_FUNCTION}", why))
+
+
+def router(model: nn.Module) -> Router | None:
+    """The Router patch(model) installed (with its decisions and counts), or None if model is not patched."""
+    return model.__dict__.get("_roofline_router")
 
 
 @dataclasses.dataclass

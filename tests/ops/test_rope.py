@@ -58,6 +58,26 @@ def test_strided_views_from_a_fused_projection():
     check(torch.randn(B, HQ, T, 2 * D, device=DEVICE)[..., ::2], torch.randn(B, HK, T, D, device=DEVICE), cos, sin)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "fused", "decode"])
+def test_outputs_are_laid_out_as_the_torch_expression_lays_them_out(layout):
+    """A swapped rope must hand attention the layout torch's expression would: attention kernels choose their
+    paths (and cuDNN its bugs) by the layout of q and k."""
+    B, T, HQ, HK, D = 2, 1 if layout == "decode" else 7, 4, 2, 16
+    if layout == "contiguous":
+        q, k = torch.randn(B, HQ, T, D, device=DEVICE), torch.randn(B, HK, T, D, device=DEVICE)
+    else:
+        qkv = torch.randn(B, T, (HQ + 2 * HK) * D, device=DEVICE)
+        width = (HQ + HK) * D if layout == "fused" else HQ * D   # fused: views into one projection
+        q = qkv[..., :HQ * D].view(B, T, HQ, D).transpose(1, 2)
+        k = (qkv[..., HQ * D:width] if layout == "fused" else torch.randn(B, T, HK * D, device=DEVICE))
+        k = k.reshape(B, T, HK, D).transpose(1, 2) if layout != "fused" else k.view(B, T, HK, D).transpose(1, 2)
+    cos, sin = angles(B, T, D)
+    for ours, theirs in zip(rope(q, k, cos, sin, backend="triton"), rope_reference(q, k, cos, sin)):
+        assert [ours.stride(d) for d in range(4) if ours.shape[d] > 1] == \
+            [theirs.stride(d) for d in range(4) if theirs.shape[d] > 1]
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("layout", ["seq", "one", "batch"])
 def test_every_layout_of_the_angle_tables_and_their_dtype(layout):
     B, T, D = 3, 6, 16

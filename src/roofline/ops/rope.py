@@ -47,21 +47,22 @@ def _per_batch(t: torch.Tensor) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _rotate_heads(x_ptr, out_ptr, b, t, T, H, stride_b, stride_h, stride_t, c1, c2, s1, s2, cols, dmask,
-                      HALF: tl.constexpr, BLOCK_H: tl.constexpr):
-        """Rotate every head of x at (b, t) into out, contiguous (batch, heads, seq, head_dim)."""
+    def _rotate_heads(x_ptr, out_ptr, b, t, H, stride_b, stride_h, stride_t, out_b, out_h, out_t,
+                      c1, c2, s1, s2, cols, dmask, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+        """Rotate every head of x at (b, t) into out (both strided; unit last strides)."""
         heads = tl.arange(0, BLOCK_H)[:, None]
         mask = (heads < H) & dmask
         src = x_ptr + b * stride_b + t * stride_t + heads * stride_h + cols
         x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-        dst = out_ptr + ((b * H + heads) * T + t) * (2 * HALF) + cols
+        dst = out_ptr + b * out_b + t * out_t + heads * out_h + cols
         tl.store(dst, (x1 * c1 - x2 * s1).to(out_ptr.dtype.element_ty), mask=mask)
         tl.store(dst + HALF, (x2 * c2 + x1 * s2).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T, HQ, HK,
-                    q_sb, q_sh, q_st, k_sb, k_sh, k_st, c_sb, c_st, s_sb, s_st,
+                    q_sb, q_sh, q_st, k_sb, k_sh, k_st, qo_sb, qo_sh, qo_st, ko_sb, ko_sh, ko_st,
+                    c_sb, c_st, s_sb, s_st,
                     HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
                     BACKWARD: tl.constexpr):
         pid = tl.program_id(0)
@@ -77,8 +78,10 @@ if triton is not None:
         s2 = tl.load(s_row + HALF, mask=dmask, other=0.0).to(tl.float32)
         if BACKWARD:   # the transpose of the rotation: swap the sines' halves and negate them
             s1, s2 = -s2, -s1
-        _rotate_heads(q_ptr, qo_ptr, b, t, T, HQ, q_sb, q_sh, q_st, c1, c2, s1, s2, cols, dmask, HALF, BLOCK_HQ)
-        _rotate_heads(k_ptr, ko_ptr, b, t, T, HK, k_sb, k_sh, k_st, c1, c2, s1, s2, cols, dmask, HALF, BLOCK_HK)
+        _rotate_heads(q_ptr, qo_ptr, b, t, HQ, q_sb, q_sh, q_st, qo_sb, qo_sh, qo_st, c1, c2, s1, s2, cols, dmask,
+                      HALF, BLOCK_HQ)
+        _rotate_heads(k_ptr, ko_ptr, b, t, HK, k_sb, k_sh, k_st, ko_sb, ko_sh, ko_st, c1, c2, s1, s2, cols, dmask,
+                      HALF, BLOCK_HK)
 
 
 def _contiguous_strides(shape) -> tuple[int, ...]:
@@ -89,6 +92,27 @@ def _contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def _dimension_order(strides) -> list[int]:
+    """A tensor's dimensions from outermost to innermost in memory (stride descending, ties in logical order):
+    the order in which torch's elementwise ops lay out their results, so that a rotated q has the layout that
+    q * cos + rotate_half(q) * sin would have."""
+    return sorted(range(len(strides)), key=lambda d: -strides[d])
+
+
+def _dense_strides(shape, order) -> tuple[int, ...]:
+    """The strides of a dense tensor of `shape` whose dimensions lie in memory in `order` (outermost first)."""
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= shape[d]
+    return tuple(strides)
+
+
+def _output_like(t: torch.Tensor) -> torch.Tensor:
+    """An empty tensor with t's shape and dtype, dense, with t's dimension order."""
+    return torch.empty_permuted(t.shape, _dimension_order(t.stride()), dtype=t.dtype, device=t.device)
+
+
 def _angle_strides(t: torch.Tensor) -> tuple[int, int]:
     """(batch, position) strides of cos or sin, (seq, head_dim) or (batch or 1, seq, head_dim): 0 along a batch
     they are shared by."""
@@ -97,14 +121,18 @@ def _angle_strides(t: torch.Tensor) -> tuple[int, int]:
 
 class RopePlan:
     """The launches for q and k of given shapes and strides (unit last strides), cos and sin of given strides,
-    on one device. The outputs are contiguous; so are the gradients the backward takes (made so if need be)."""
+    on one device. The forward's outputs are dense in q's and k's dimension order (the layout torch's expression
+    gives them, which is the layout attention kernels downstream are tuned for); the backward takes the
+    gradients contiguous (made so if need be) and gives them contiguous."""
 
     def __init__(self, q_shape, q_strides, k_shape, k_strides, angle_strides, device: torch.device):
         B, HQ, T, D = q_shape
         HK = k_shape[1]
-        self.forward_args = (T, HQ, HK, *q_strides[:3], *k_strides[:3], *angle_strides)
-        self.backward_args = (T, HQ, HK, *_contiguous_strides(q_shape)[:3], *_contiguous_strides(k_shape)[:3],
-                              *angle_strides)
+        self.q_order, self.k_order = _dimension_order(q_strides), _dimension_order(k_strides)
+        q_out, k_out = _dense_strides(q_shape, self.q_order), _dense_strides(k_shape, self.k_order)
+        q_dense, k_dense = _contiguous_strides(q_shape), _contiguous_strides(k_shape)
+        self.forward_args = (T, HQ, HK, *q_strides[:3], *k_strides[:3], *q_out[:3], *k_out[:3], *angle_strides)
+        self.backward_args = (T, HQ, HK, *q_dense[:3], *k_dense[:3], *q_dense[:3], *k_dense[:3], *angle_strides)
         half = D // 2
         settings = dict(HALF=half, BLOCK_D=next_power_of_2(half), BLOCK_HQ=next_power_of_2(HQ),
                         BLOCK_HK=next_power_of_2(HK), num_warps=4)
@@ -112,19 +140,21 @@ class RopePlan:
         self.forward_launch = Launch(rope_kernel, (B * T,), index, BACKWARD=False, **settings)
         self.backward_launch = Launch(rope_kernel, (B * T,), index, BACKWARD=True, **settings)
 
-    def _rotate(self, launch: Launch, q, k, cos, sin, args):
-        q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
+    @staticmethod
+    def _rotate(launch: Launch, q, k, cos, sin, q_out, k_out, args):
         launch.for_pointers(q.data_ptr() | k.data_ptr() | cos.data_ptr() | sin.data_ptr())(
             q, k, cos, sin, q_out, k_out, *args)
         return q_out, k_out
 
     def forward(self, q, k, cos, sin):
-        return self._rotate(self.forward_launch, q, k, cos, sin, self.forward_args)
+        q_out = torch.empty_permuted(q.shape, self.q_order, dtype=q.dtype, device=q.device)
+        k_out = torch.empty_permuted(k.shape, self.k_order, dtype=k.dtype, device=k.device)
+        return self._rotate(self.forward_launch, q, k, cos, sin, q_out, k_out, self.forward_args)
 
     def backward(self, dq, dk, cos, sin):
         dq, dk = (t if t.is_contiguous() else t.contiguous() for t in (dq, dk))
-        return self._rotate(self.backward_launch, dq, dk, cos, sin, self.backward_args)
+        return self._rotate(self.backward_launch, dq, dk, cos, sin, torch.empty_like(dq), torch.empty_like(dk),
+                            self.backward_args)
 
 
 _plans = Plans("rope")
@@ -172,8 +202,7 @@ def _backward_rule(ctx, run_backward, dq, dk):
 
 
 _rope = KernelOp("rope", forward=_forward,
-                 forward_fake=lambda q, k, cos, sin: (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-                                                      torch.empty(k.shape, dtype=k.dtype, device=k.device)),
+                 forward_fake=lambda q, k, cos, sin: (_output_like(q), _output_like(k)),
                  backward=_backward,
                  backward_fake=lambda dq, dk, cos, sin: (torch.empty(dq.shape, dtype=dq.dtype, device=dq.device),
                                                          torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)),
@@ -223,7 +252,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     q: (batch, heads, seq, head_dim); k: the same but possibly fewer heads; both may be strided views.
     cos, sin: (seq, head_dim), (1, seq, head_dim) or (batch, seq, head_dim), any float dtype; no gradient.
     backend: "triton" (the default on CUDA), "torch" (rope_reference; the default on CPU), "compile".
-    Returns contiguous tensors with q's and k's shapes and dtype; the math runs in fp32.
+    Returns tensors with q's and k's shapes and dtype, laid out as the torch expression lays them out (dense, in
+    q's and k's dimension order: a transposed view gives a transposed result, as q * cos would); fp32 math.
     """
     key = None
     if not torch.compiler.is_compiling():

@@ -1,0 +1,422 @@
+"""Whole models as the benchmark: a training step and token-by-token generation of GPT-2 small and a Llama-style
+model (examples/models), eager and patched, compiled, under CUDA graphs and with int8 weights, side by side in
+one run. The third level of every speed claim: an op that wins alone but not here has not won.
+
+    python benchmarks/models.py OUT_DIR [--models gpt2 llama] [--train MODE ...] [--generate MODE ...]
+                                [--batches 1 8] [--steps 10] [--tokens 64] [--tiny]
+
+Training (bf16 autocast, fp32 weights, fused AdamW; batch 8 x 1024 tokens; the loss is F.cross_entropy):
+  eager            the model as written
+  patch            roofline.patch(model): each norm, GELU, SwiGLU gate, RoPE and attention call served by
+                   roofline's kernel only where measured faster here (the decisions are in the JSON)
+  patch-all        roofline.patch(model, policy="always"): every call roofline can serve, faster or not
+  compile          torch.compile(model)
+  compile+patch    roofline.patch, then torch.compile: under compile patch leaves every call to Inductor
+  graphs           the whole step (forward, backward, optimizer) captured as one CUDA graph and replayed: the
+                   GPU's work alone, with no host time per step
+  graphs+patch     the same with roofline.patch
+Generation (bf16 weights, a static KV cache, one token a step after a 32-token prompt; batch 1 and 8):
+  eager, patch, patch-all, graphs, graphs+patch as above (graphs: one decode step captured), int8 and
+  int8+graphs (roofline.quantize_int8_weight_only: every nn.Linear int8 weight-only, the LM head too), compile
+  (torch.compile(mode="reduce-overhead"), which is Inductor plus CUDA graphs).
+
+Every mode starts from the same weights and sees the same tokens: generation feeds a fixed random sequence
+(teacher forcing), so that every mode's logits can be compared with eager's at every step; a step costs what a
+greedy decoding step costs, less one argmax. Checked: training losses within 1% of eager's at the first 3 steps
+compared (later ones reported); generation logits within a relative error (norm) of 3% of eager's, 15% for
+int8. Times: CUDA events between
+consecutive steps with no synchronization in between (host time shows wherever the GPU waits for it); the
+median step, and the speedup over eager with a 95% bootstrap interval. Peak memory: torch.cuda's peak allocated.
+Writes OUT_DIR/models.json and models.md. --tiny: small configs on whatever device there is (the CPU test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import roofline  # noqa: E402
+from roofline.bench.stats import speedup_ci  # noqa: E402
+from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
+from examples.models.llama import Llama, LlamaConfig  # noqa: E402
+
+MODELS = {
+    "gpt2": (GPT2, GPT2Config(), GPT2Config(vocab_size=96, max_seq=64, n_layer=2, n_head=2, d_model=32)),
+    "llama": (Llama, LlamaConfig(), LlamaConfig(vocab_size=96, max_seq=64, n_layer=2, n_head=4, n_kv_head=2,
+                                                 d_model=64, intermediate_size=96)),
+}
+TRAIN_MODES = ("eager", "patch", "patch-all", "compile", "compile+patch", "graphs", "graphs+patch")
+GENERATE_MODES = ("eager", "patch", "patch-all", "graphs", "graphs+patch", "int8", "int8+graphs", "compile")
+LOSS_TOLERANCE = 0.01
+CHECKED_STEPS = 3
+LOGITS_TOLERANCE = {"int8": 0.15}
+PROMPT = 32
+WARMUP = 3
+
+
+def _sizes(tiny: bool) -> dict:
+    return dict(train_batch=2, train_seq=16, prompt=8) if tiny else dict(train_batch=8, train_seq=1024,
+                                                                         prompt=PROMPT)
+
+
+def build(name: str, tiny: bool, device: torch.device) -> torch.nn.Module:
+    cls, config, tiny_config = MODELS[name]
+    torch.manual_seed(0)
+    with torch.device(device):
+        return cls(tiny_config if tiny else config)
+
+
+def _patch(model, mode: str) -> dict | None:
+    if "patch" not in mode:
+        return None
+    report = roofline.patch(model, policy="always" if mode == "patch-all" else "faster")
+    return dict(swapped=[list(s) for s in report.swapped], left=[list(s) for s in report.left],
+                router=roofline.patching.router(model))
+
+
+def _routes(patched: dict | None) -> list[dict] | None:
+    if patched is None:
+        return None
+    return patched["router"].report()
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+
+
+class StepTimer:
+    """Times consecutive steps by CUDA events recorded between them (no synchronization in between), or by the
+    wall clock on a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = []
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def samples_ms(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
+
+
+def _captured(step, device: torch.device):
+    """step() captured as a CUDA graph after WARMUP calls on a side stream (which make every lazy decision:
+    kernels compiled, plans built, routes measured); returns a callable replaying it and returning its output."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(WARMUP):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = step()
+
+    def replay():
+        graph.replay()
+        return output
+    return replay
+
+
+# --------------------------------------------------------------------------- training
+
+def train(name: str, mode: str, args) -> dict:
+    device, sizes = args.device, _sizes(args.tiny)
+    _free(device)
+    model = build(name, args.tiny, device)
+    patched = _patch(model, mode)
+    graphs = mode.startswith("graphs")
+    cuda = device.type == "cuda"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=cuda, capturable=graphs)
+    forward = torch.compile(model) if mode.startswith("compile") else model
+    generator = torch.Generator(device).manual_seed(1)
+    vocab = model.config.vocab_size
+    idx, targets = (torch.randint(0, vocab, (sizes["train_batch"], sizes["train_seq"]), device=device,
+                                  generator=generator) for _ in range(2))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)   # in a capture, backward then writes the graph's own gradients
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda, cache_enabled=not graphs):
+            logits = forward(idx)
+            loss = F.cross_entropy(logits.view(-1, vocab), targets.view(-1))
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    losses = []
+    start = time.perf_counter()
+    if graphs:
+        run = _captured(step, device)
+    else:
+        run = step
+        for _ in range(WARMUP):
+            losses.append(run().clone())
+    first_s = time.perf_counter() - start
+    timer = StepTimer(device)
+    timer.mark()
+    for _ in range(args.steps):
+        losses.append(run().clone())
+        timer.mark()
+    samples = timer.samples_ms()
+    row = dict(model=name, mode=mode, samples_ms=samples, median_ms=statistics.median(samples),
+               tokens_per_s=sizes["train_batch"] * sizes["train_seq"] / statistics.median(samples) * 1e3,
+               peak_gib=_peak_gib(device), warmup_s=first_s,
+               losses=[float(x) for x in torch.stack(losses).float().cpu()], routes=_routes(patched),
+               swapped=None if patched is None else patched["swapped"],
+               left=None if patched is None else patched["left"])
+    return row
+
+
+def _check_losses(rows: list[dict]) -> None:
+    """Each row's losses against eager's, step by step. Checked: the first CHECKED_STEPS steps the row recorded
+    (the graphs modes record from their first replay, which is step WARMUP), each within LOSS_TOLERANCE of eager's.
+    Later steps are reported, not checked: the batch is memorized within a dozen steps, and in that steep
+    descent bf16 rounding (and the backward's atomics: compile against itself) spread losses by a few percent,
+    where a wrong gradient moves the loss by far more at the first step after it."""
+    eager = next((r for r in rows if r["mode"] == "eager" and "error" not in r), None)
+    for row in rows:
+        if "error" in row:
+            continue
+        if eager is None:
+            row["loss_error"] = row["loss_spread"] = row["numerics_ok"] = None
+            continue
+        errors = [abs(a - b) / abs(b) for a, b in zip(row["losses"], eager["losses"][-len(row["losses"]):])]
+        row["loss_error"], row["loss_spread"] = max(errors[:CHECKED_STEPS]), max(errors)
+        row["numerics_ok"] = row["loss_error"] <= LOSS_TOLERANCE
+
+
+# --------------------------------------------------------------------------- generation
+
+def generate(name: str, mode: str, batch: int, args) -> dict:
+    device, sizes = args.device, _sizes(args.tiny)
+    _free(device)
+    model = build(name, args.tiny, device).to(torch.bfloat16).eval()
+    if mode.startswith("int8"):
+        roofline.quantize_int8_weight_only(model)
+    patched = _patch(model, mode)
+    prompt, tokens = sizes["prompt"], args.tokens
+    model.setup_cache(batch, prompt + tokens, torch.bfloat16)
+    generator = torch.Generator(device).manual_seed(2)
+    sequence = torch.randint(0, model.config.vocab_size, (batch, prompt + tokens), device=device,
+                             generator=generator)
+    positions = torch.arange(prompt + tokens, device=device)
+    forward = torch.compile(model, mode="reduce-overhead", fullgraph=True) if mode == "compile" else model
+    token, position = sequence[:, prompt:prompt + 1].clone(), positions[prompt:prompt + 1].clone()
+
+    def decode():
+        return forward(token, position)[:, -1]
+
+    def at(i):
+        token.copy_(sequence[:, prompt + i:prompt + i + 1])
+        position.copy_(positions[prompt + i:prompt + i + 1])
+
+    with torch.inference_mode():
+        start = time.perf_counter()
+        model(sequence[:, :prompt], positions[:prompt])     # prefill
+        if "graphs" in mode:
+            run = _captured(decode, device)
+        else:
+            run = decode
+            for _ in range(WARMUP):
+                run()
+        first_s = time.perf_counter() - start
+        logits, timer = [], StepTimer(device)
+        timer.mark()
+        for i in range(tokens):
+            at(i)
+            logits.append(run().clone())
+            timer.mark()
+        samples = timer.samples_ms()
+    row = dict(model=name, mode=mode, batch=batch, samples_ms=samples, median_ms=statistics.median(samples),
+               tokens_per_s=batch / statistics.median(samples) * 1e3, peak_gib=_peak_gib(device),
+               warmup_s=first_s, logits=torch.stack(logits).float(), routes=_routes(patched),
+               swapped=None if patched is None else patched["swapped"],
+               left=None if patched is None else patched["left"])
+    return row
+
+
+def _check_logits(rows: list[dict]) -> None:
+    """Each row's logits at every step against eager's: relative error as a norm over all of them."""
+    eager = next((r["logits"] for r in rows if r["mode"] == "eager" and "error" not in r), None)
+    for row in rows:
+        if "error" in row:
+            continue
+        logits = row.pop("logits")
+        if eager is None:
+            row["logits_error"], row["numerics_ok"] = None, None
+            continue
+        error = ((logits - eager).norm() / eager.norm()).item()
+        row["logits_error"] = error
+        row["numerics_ok"] = error <= LOGITS_TOLERANCE.get(row["mode"].split("+")[0], 0.03)
+
+
+# --------------------------------------------------------------------------- speedups and output
+
+def _speedups(rows: list[dict], against: str, column: str) -> None:
+    base = next((r for r in rows if r["mode"] == against and "error" not in r), None)
+    for row in rows:
+        if "error" in row:
+            continue
+        if base is None or len(row["samples_ms"]) < 2:
+            row[column] = None
+            continue
+        s = speedup_ci(base["samples_ms"], row["samples_ms"])
+        row[column] = dict(ratio=s.ratio, low=s.low, high=s.high)
+
+
+def _x(s: dict | None) -> str:
+    return "" if s is None else f"{s['ratio']:.3f}x ({s['low']:.3f}-{s['high']:.3f})"
+
+
+def _served(routes: list[dict] | None) -> str:
+    if routes is None:
+        return ""
+    by_op = {}
+    for r in routes:
+        by_op.setdefault(r["op"], set()).add(r["served_by"])
+    return ", ".join(f"{op}: {'/'.join(sorted(who))}" for op, who in sorted(by_op.items()))
+
+
+def _check_mark(row) -> str:
+    return {True: "ok", False: "**differs**", None: "-"}[row["numerics_ok"]]
+
+
+def markdown(result: dict) -> str:
+    env = result["environment"]
+    out = [f"# Whole models: training step and generation ({env['gpu']})", "",
+           f"{env['date']}; torch {env['torch']}, triton {env['triton']}. Command: `{env['command']}`", ""]
+    for name, rows in result["train"].items():
+        out += [f"## {name}: training step (batch {rows[0]['batch']} x {rows[0]['seq']} tokens, bf16 autocast, "
+                "fused AdamW)", "",
+                "| mode | ms/step | vs eager (95% CI) | tokens/s | peak GiB | warm-up s | loss vs eager: 3 steps, all "
+                "| served |", "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if "error" in r:
+                out.append(f"| {r['mode']} | failed: {r['error']} |||||||")
+                continue
+            error = "" if r["loss_error"] is None else \
+                f"{r['loss_error']:.1e} {_check_mark(r)}, {r['loss_spread']:.1e}"
+            out.append(f"| {r['mode']} | {r['median_ms']:.2f} | {_x(r['vs_eager'])} | {r['tokens_per_s']:,.0f} | "
+                       f"{_gib(r['peak_gib'])} | {r['warmup_s']:.1f} | {error} | {_served(r['routes'])} |")
+        out.append("")
+    for name, rows in result["generate"].items():
+        out += [f"## {name}: generation, one token a step (bf16, KV cache)", "",
+                "| batch | mode | ms/token | vs eager (95% CI) | vs graphs | tokens/s | peak GiB | warm-up s | "
+                "logits vs eager | served |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if "error" in r:
+                out.append(f"| {r['batch']} | {r['mode']} | failed: {r['error']} ||||||||")
+                continue
+            error = "" if r["logits_error"] is None else f"{r['logits_error']:.1e} {_check_mark(r)}"
+            out.append(f"| {r['batch']} | {r['mode']} | {r['median_ms']:.3f} | {_x(r['vs_eager'])} | "
+                       f"{_x(r['vs_graphs'])} | {r['tokens_per_s']:,.0f} | {_gib(r['peak_gib'])} | "
+                       f"{r['warmup_s']:.1f} | {error} | {_served(r['routes'])} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _gib(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _attempt(run, name: str, mode: str, *args) -> dict:
+    """run(name, mode, *args), or a row saying how it failed: one mode's failure must not lose the others."""
+    try:
+        return run(name, mode, *args)
+    except Exception as exc:  # noqa: BLE001 - reported in the results, and the exit status
+        print(f"{name} {mode} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return dict(model=name, mode=mode, error=f"{type(exc).__name__}: {exc}"[:300], numerics_ok=False)
+
+
+def write(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "models.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / "models.md").write_text(markdown(result))
+
+
+def needs_gpu(train_modes, generate_modes) -> list[str]:
+    """The modes asked for that run only on a CUDA GPU: CUDA graphs, and compile's reduce-overhead mode."""
+    return sorted({m for m in (*train_modes, *generate_modes) if "graphs" in m} |
+                  {m for m in generate_modes if m == "compile"})
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--train", nargs="*", choices=TRAIN_MODES, default=list(TRAIN_MODES), metavar="MODE")
+    parser.add_argument("--generate", nargs="*", choices=GENERATE_MODES, default=list(GENERATE_MODES),
+                        metavar="MODE")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8], help="generation batch sizes")
+    parser.add_argument("--steps", type=int, default=10, help="training steps timed per mode")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens generated (timed) per mode")
+    parser.add_argument("--tiny", action="store_true", help="tiny configs (for the CPU test)")
+    args = parser.parse_args(argv)
+    args.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    unavailable = needs_gpu(args.train, args.generate) if args.device.type != "cuda" else []
+    if unavailable:
+        parser.error(f"modes {unavailable} need a CUDA GPU")
+    import triton
+    sizes = _sizes(args.tiny)
+    result = dict(environment=dict(
+        gpu=torch.cuda.get_device_name() if args.device.type == "cuda" else "CPU", date=time.strftime("%Y-%m-%d"),
+        torch=torch.__version__, triton=triton.__version__, python=sys.version.split()[0],
+        command="python benchmarks/models.py " + " ".join(argv if argv is not None else sys.argv[1:])),
+        train={}, generate={})
+    for name in args.models:
+        rows = []
+        for mode in args.train:
+            print(f"== {name} training: {mode}", flush=True)
+            rows.append(_attempt(train, name, mode, args) | dict(batch=sizes["train_batch"], seq=sizes["train_seq"]))
+        if rows:
+            _check_losses(rows)
+            _speedups(rows, "eager", "vs_eager")
+            result["train"][name] = rows
+        rows = []
+        for batch in args.batches:
+            batch_rows = []
+            for mode in args.generate:
+                print(f"== {name} generation, batch {batch}: {mode}", flush=True)
+                batch_rows.append(_attempt(generate, name, mode, batch, args) | dict(batch=batch))
+            _check_logits(batch_rows)
+            _speedups(batch_rows, "eager", "vs_eager")
+            _speedups(batch_rows, "graphs", "vs_graphs")
+            rows += batch_rows
+        if rows:
+            result["generate"][name] = rows
+        write(result, args.out)   # after each model: a run stopped by a time limit keeps what it measured
+    print(markdown(result))
+    failed = [f"{r['model']} {r['mode']}" for rows in (*result["train"].values(), *result["generate"].values())
+              for r in rows if r["numerics_ok"] is False]
+    if failed:
+        print(f"numerics differ from eager's: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

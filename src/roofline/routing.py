@@ -1,0 +1,280 @@
+"""Which implementation serves a call: roofline's kernel, or the torch code it would replace. Decided once per
+call signature (shapes, strides, dtypes, device, whether a gradient is wanted, the other arguments) by measuring
+both as eager code calls them, on this device, after checking them against each other on a random input.
+
+A kernel that is faster when timed alone can still lose where it is called: its host cost, or a shape its tiles
+do not suit. So `roofline.patch` asks a Router for every call it could serve, and the router sends the call to
+roofline only where that was measured to be faster here. Decisions are cached per device and software (device,
+driver, CUDA, torch, triton, roofline) in cache_dir()/routes.json, as doctor caches ceilings: a later process
+measures nothing it has measured before.
+
+Policies: "faster" (measure; the default) and "always" (route every call roofline can serve: for tests, and for
+users who have measured themselves). Whatever the policy, a call is left to torch
+  - under torch.compile: Inductor fuses the torch expression with its neighbours, which an opaque kernel would
+    prevent, and nothing can be measured while tracing;
+  - when first seen during CUDA graph capture, where nothing can be measured (decided calls are captured as
+    decided);
+  - when roofline's result differs from torch's on a random input of the call's signature.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib.metadata
+import statistics
+import time
+
+import torch
+
+from roofline import device as _device
+
+POLICIES = ("faster", "always")
+MEASURED_PER_OP = 32  # signatures measured per op and router; a program of ever new shapes leaves the rest to torch
+DECISIONS_KEPT = 4096 # signatures kept per router
+MARGIN = 0.97        # roofline must take at most this fraction of torch's time: a tie goes to torch
+ROUNDS = 7           # alternating rounds of back-to-back calls; the median round counts
+ROUND_S = 2e-3       # host and GPU time per round and implementation, about
+CACHE = "routes.json"
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # relative error, as a norm
+
+
+@dataclasses.dataclass
+class Decision:
+    """Who serves a signature's calls (ours: roofline), why, and the times measured (µs per call) if any."""
+    ours: bool
+    why: str
+    signature: str = ""
+    ours_us: float | None = None
+    torch_us: float | None = None
+    calls: int = 0
+
+
+class Router:
+    """Routes calls between roofline and torch by measured decisions; counts every call by who served it and why.
+
+    call(op, why_not, ours, theirs, *args, **kwargs): theirs(*args, **kwargs) is what the program would have run;
+    why_not(*args, **kwargs) says why roofline cannot serve the call (None if it can); ours(*args, **kwargs) is
+    roofline's version, which must return what theirs returns.
+    """
+
+    def __init__(self, policy: str = "faster", *, timer=None, persist: bool = True):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.policy = policy
+        self.decisions: dict[tuple, Decision] = {}
+        self.measured: collections.Counter[str] = collections.Counter()   # signatures measured, by op
+        self._timer = timer or time_as_eager
+        self._persist = persist
+
+    def call(self, op: str, why_not, ours, theirs, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return theirs(*args, **kwargs)
+        key = _key(op, args, kwargs)
+        try:
+            decision = self.decisions.get(key)
+        except TypeError:   # an argument that cannot be hashed: no signature to decide for
+            decision = self._note(op, "an argument that a signature cannot hold")
+        if decision is None:
+            decision = self._decide(key, why_not, ours, theirs, args, kwargs)
+            if decision is None:   # no measurement possible now: torch serves, and a later call decides
+                return theirs(*args, **kwargs)
+        decision.calls += 1
+        return (ours if decision.ours else theirs)(*args, **kwargs)
+
+    def report(self) -> list[dict]:
+        """One row per signature that was called: op, signature, calls, served_by, why, and the times (µs)."""
+        return [dict(op=key[0], signature=d.signature, calls=d.calls, served_by="roofline" if d.ours else "torch",
+                     why=d.why, ours_us=d.ours_us, torch_us=d.torch_us)
+                for key, d in self.decisions.items() if d.calls]
+
+    def _decide(self, key, why_not, ours, theirs, args, kwargs) -> Decision | None:
+        op, grad = key[0], key[1]
+        signature = describe(args, grad)
+        reason = why_not(*args, **kwargs)
+        if reason is not None:
+            decision = Decision(False, reason, signature)
+        elif self.policy == "always":
+            decision = Decision(True, "policy 'always'", signature)
+        elif _capturing():
+            self._note(op, CAPTURING).calls += 1
+            return None
+        elif self.measured[op] >= MEASURED_PER_OP:
+            decision = Decision(False, TOO_MANY, signature)
+        else:
+            cache_key = f"{op} {key[1:]!r}"
+            cached = _cached(cache_key, args) if self._persist else None
+            if cached is not None:
+                decision = Decision(**{**cached, "why": cached["why"] + " (measured by an earlier run)", "calls": 0})
+            else:
+                self.measured[op] += 1
+                decision = self._measure(ours, theirs, args, kwargs, grad, signature)
+                if self._persist and decision.ours_us is not None:
+                    _store(cache_key, args, decision)
+        if len(self.decisions) < DECISIONS_KEPT:
+            self.decisions[key] = decision
+        else:   # a program of ever new shapes: count them under their op, decided alike, measured no more
+            decision = self._note(op, f"beyond {DECISIONS_KEPT} signatures: " + decision.why, decision.ours)
+        return decision
+
+    def _note(self, op: str, why: str, ours: bool = False) -> Decision:
+        """The decision that counts calls of op not kept under a signature of their own."""
+        return self.decisions.setdefault((op, why), Decision(ours, why))
+
+    def _measure(self, ours, theirs, args, kwargs, grad: bool, signature: str) -> Decision:
+        inputs = [_random_like(a) for a in args]
+        run_ours, run_theirs = (_runner(fn, inputs, kwargs, grad) for fn in (ours, theirs))
+        expected = run_theirs()
+        try:
+            got = run_ours()
+        except Exception as exc:  # noqa: BLE001 - any failure means roofline must not serve this signature
+            return Decision(False, f"roofline raised {type(exc).__name__}: {exc}", signature)
+        error = _mismatch(got, expected)
+        if error is not None:
+            return Decision(False, f"differs from torch on a random input: {error}", signature)
+        ours_us, torch_us = self._timer(run_ours, run_theirs, _device_of(args))
+        ratio = torch_us / ours_us
+        if ours_us <= MARGIN * torch_us:
+            why = f"{ratio:.2f}x faster than torch here"
+        else:
+            why = f"torch {1 / ratio:.2f}x as fast here" if ratio < 1 else f"only {ratio:.2f}x faster than torch"
+        return Decision(ours_us <= MARGIN * torch_us, why, signature, round(ours_us, 2), round(torch_us, 2))
+
+
+CAPTURING = ("first seen during CUDA graph capture, where nothing can be measured: torch serves it until a call "
+             "outside capture decides")
+TOO_MANY = f"more than {MEASURED_PER_OP} signatures measured for this op: left to torch unmeasured"
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _key(op: str, args, kwargs) -> tuple:
+    """What a decision is kept under: op, whether a gradient is wanted, each tensor argument's shape, strides,
+    dtype and device, and the other arguments' values. Built in one pass: it is paid on every call."""
+    key = [op, False]
+    grad = False
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, torch.Tensor):
+            key += (value.shape, value.stride(), value.dtype, value.device)
+            grad = grad or value.requires_grad
+        else:
+            key.append(tuple(value) if isinstance(value, list) else value)
+    if kwargs:
+        key.append(tuple(kwargs))
+    key[1] = grad and torch.is_grad_enabled()
+    return tuple(key)
+
+
+_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def describe(args, grad: bool) -> str:
+    """A call's tensors as a reader wants them: '[8, 1024, 768] bf16, [768] bf16 (forward+backward)'."""
+    tensors = [f"{list(a.shape)} {_SHORT.get(a.dtype, a.dtype)}" for a in args if isinstance(a, torch.Tensor)]
+    return ", ".join(tensors) + (" (forward+backward)" if grad else " (forward)")
+
+
+def _device_of(args) -> torch.device:
+    return next(a.device for a in args if isinstance(a, torch.Tensor))
+
+
+def _random_like(a):
+    """A fresh random tensor with a's shape, strides, dtype, device and requires_grad (integer tensors and
+    everything else as given)."""
+    if not isinstance(a, torch.Tensor) or not a.is_floating_point():
+        return a
+    try:
+        out = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).normal_()
+    except RuntimeError:   # overlapping strides (an expanded tensor): contiguous instead
+        out = torch.randn(a.shape, dtype=a.dtype, device=a.device)
+    return out.requires_grad_(a.requires_grad)
+
+
+def _runner(fn, inputs, kwargs, grad: bool):
+    """A callable making one call as the program makes it and returning (outputs, gradients): the forward, and
+    with grad the backward too (a random cotangent, the gradients of every input that requires one)."""
+    def forward():
+        outputs = fn(*inputs, **kwargs)
+        return outputs if isinstance(outputs, tuple) else (outputs,)
+
+    if not grad:
+        return lambda: (forward(), ())
+    wrt = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad]
+    cotangents = None
+
+    def forward_backward():
+        nonlocal cotangents
+        outputs = forward()
+        if cotangents is None:
+            generator = torch.Generator(outputs[0].device).manual_seed(0)
+            cotangents = [torch.randn(o.shape, dtype=o.dtype, device=o.device, generator=generator) for o in outputs]
+        return outputs, torch.autograd.grad(outputs, wrt, cotangents)
+    return forward_backward
+
+
+def _mismatch(got, expected) -> str | None:
+    """How roofline's (outputs, gradients) differ from torch's, or None: in number, shape, dtype, the outputs'
+    memory layout (a swap must hand the code after it what torch would: kernels downstream choose their paths by
+    layout), or in value beyond TOLERANCE."""
+    (outputs, grads), (torch_outputs, torch_grads) = got, expected
+    if len(outputs) != len(torch_outputs) or len(grads) != len(torch_grads):
+        return f"{len(outputs)} results where torch gives {len(torch_outputs)}"
+    for i, (a, b) in enumerate(zip(outputs, torch_outputs)):
+        if any(a.stride(d) != b.stride(d) for d in range(a.dim()) if a.shape[d] > 1):
+            return f"result {i} is laid out with strides {a.stride()}, torch's with {b.stride()}"
+    for i, (a, b) in enumerate(zip((*outputs, *grads), (*torch_outputs, *torch_grads))):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"result {i} is {list(a.shape)} {a.dtype}, torch's {list(b.shape)} {b.dtype}"
+        error = ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+        if not error <= TOLERANCE.get(b.dtype, 1e-6):
+            return f"relative error {error:.2g} in result {i}"
+    return None
+
+
+def time_as_eager(run_ours, run_theirs, device: torch.device) -> tuple[float, float]:
+    """µs per call of each, as back-to-back eager calls take them (host and device, whichever is slower),
+    alternating rounds so that a drift of the machine falls on both; the median round of each."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for run in (run_ours, run_theirs):   # warm up: compile, autotune, build plans
+        run(), run()
+    sync()
+    start = time.perf_counter()
+    run_theirs()
+    sync()
+    calls = max(1, min(200, int(ROUND_S / max(time.perf_counter() - start, 1e-7))))
+    samples = {run_ours: [], run_theirs: []}
+    for round_ in range(ROUNDS):
+        for run in (run_ours, run_theirs) if round_ % 2 else (run_theirs, run_ours):
+            sync()
+            start = time.perf_counter()
+            for _ in range(calls):
+                run()
+            sync()
+            samples[run].append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples[run_ours]), statistics.median(samples[run_theirs])
+
+
+def _cache_name(args) -> str:
+    d = _device_of(args)
+    versions = [f"triton {_version('triton')}", f"roofline {_version('roofline')}"]
+    return " | ".join([_device.cache_key(d), *versions])
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def _cached(key: str, args) -> dict | None:
+    return _device.read_cache(CACHE).get(_cache_name(args), {}).get(key)
+
+
+def _store(key: str, args, decision: Decision) -> None:
+    name = _cache_name(args)
+    entries = _device.read_cache(CACHE).get(name, {})
+    entries[key] = dataclasses.asdict(decision)
+    _device.write_cache(CACHE, name, entries)

@@ -1,0 +1,336 @@
+"""roofline.patch (what it catches, swaps and leaves, on small blocks and on the Llama-style example model) and
+roofline.routing.Router (measured decisions, checks before a swap, the decisions' cache)."""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import roofline
+from roofline import routing
+from roofline.patching import TORCH_SDPA, router
+
+from module_checks import same_outputs_and_grads
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.models.llama import Llama, LlamaConfig  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TINY_LLAMA = LlamaConfig(vocab_size=64, max_seq=32, n_layer=1, n_head=4, n_kv_head=2, d_model=32,
+                         intermediate_size=48)
+
+
+def served(model, op) -> dict[str, int]:
+    """Calls of op by who served them."""
+    counts = {}
+    for row in router(model).report():
+        if row["op"] == op:
+            counts[row["served_by"]] = counts.get(row["served_by"], 0) + row["calls"]
+    return counts
+
+
+def twins(make, dtype=torch.float32):
+    torch.manual_seed(0)
+    theirs = make().to(DEVICE, dtype)
+    ours = make().to(DEVICE, dtype)
+    ours.load_state_dict(theirs.state_dict())
+    return ours, theirs
+
+
+# --------------------------------------------------------------------------- modules swapped by class
+
+class Block(nn.Module):
+    """A pre-norm transformer block's non-attention half, with one subclass that must not be swapped."""
+
+    class CustomNorm(nn.LayerNorm):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    def __init__(self, width=32):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"), nn.Linear(4 * width, width))
+        self.norm2 = nn.RMSNorm(width)
+        self.custom = Block.CustomNorm(width)
+
+    def forward(self, x):
+        x = x + self.mlp(self.norm1(x))
+        return self.custom(self.norm2(x))
+
+
+def test_patch_swaps_in_place_and_keeps_outputs():
+    model, reference = twins(Block)
+    keys = list(model.state_dict())
+    report = roofline.patch(model, policy="always")
+    assert report.swapped == [("norm1", "layer_norm"), ("mlp.1", "gelu"), ("norm2", "rms_norm"),
+                              ("", "scaled_dot_product_attention")]
+    assert isinstance(model.norm1, nn.LayerNorm) and type(model.norm1).__name__ == "LayerNorm"
+    assert type(model.custom) is Block.CustomNorm                      # a user's subclass keeps its forward
+    assert list(model.state_dict()) == keys
+    same_outputs_and_grads(model, reference, torch.randn(4, 9, 32, device=DEVICE), rtol=1e-4, atol=1e-4)
+    assert served(model, "layer_norm") == {"roofline": 1} and served(model, "gelu") == {"roofline": 1}
+    assert roofline.patch(model).swapped == []                          # nothing left to swap
+    partial = Block()
+    assert roofline.patch(partial, gelu=False, rms_norm=False, attention=False).swapped == [("norm1", "layer_norm")]
+
+
+def test_patch_names_a_wrong_argument():
+    with pytest.raises(TypeError, match="patch: model must be a torch.nn.Module, got dict"):
+        roofline.patch({})
+    with pytest.raises(ValueError, match="policy must be one of"):
+        roofline.patch(Block(), policy="sometimes")
+
+
+def test_patch_leaves_float64_to_torch_and_says_why():
+    model, reference = twins(Block, torch.float64)
+    roofline.patch(model, policy="always")
+    x = torch.randn(3, 32, device=DEVICE, dtype=torch.float64)
+    torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
+    reasons = {row["why"] for row in router(model).report()}
+    assert reasons == {"dtype torch.float64 (served: float32, float16, bfloat16)"}
+
+
+# --------------------------------------------------------------------------- a Llama-style model: SwiGLU MLP and RoPE
+
+def test_patch_serves_the_llama_example_and_keeps_outputs_and_grads():
+    model, reference = twins(lambda: Llama(TINY_LLAMA))
+    report = roofline.patch(model, policy="always")
+    assert ("layers.0.mlp", "swiglu") in report.swapped
+    assert ("examples.models.llama.apply_rotary_pos_emb", "rope") in report.swapped
+    assert [what for _, what in report.swapped].count("rms_norm") == 3 and report.left == []
+    idx = torch.randint(0, TINY_LLAMA.vocab_size, (2, 7), device=DEVICE)
+    same_outputs_and_grads(model, reference, idx, rtol=1e-4, atol=1e-4)
+    for op in ("swiglu", "rope", "rms_norm"):
+        assert served(model, op) == {"roofline": 3 if op == "rms_norm" else 1}, op
+    assert served(model, "attention") == {"torch": 1}   # fp32: flash_attention serves fp16 and bf16
+    import examples.models.llama as llama
+    assert llama.apply_rotary_pos_emb.__module__ == "examples.models.llama"   # put back after the forward
+
+
+class GeluMLP(nn.Module):
+    """The names of a SwiGLU MLP, but not its forward."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(width, 24), nn.Linear(width, 24)
+        self.down_proj = nn.Linear(24, width)
+
+    def forward(self, x):
+        return self.down_proj(F.gelu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def apply_rotary_pos_emb(q, k, cos, sin):
+    """Interleaved (GPT-J) RoPE under Hugging Face's name: not what ops.rope computes."""
+    def rotate(x):
+        pairs = x.unflatten(-1, (-1, 2))
+        return torch.stack((-pairs[..., 1], pairs[..., 0]), -1).flatten(-2)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+
+
+def test_patch_checks_what_it_catches_by_name_and_leaves_what_differs():
+    model = GeluMLP()
+    report = roofline.patch(model, policy="always")
+    assert type(model) is GeluMLP
+    assert report.left == [("", "its forward is not down_proj(silu(gate_proj(x)) * up_proj(x))"),
+                           (f"{__name__}.apply_rotary_pos_emb", "apply_rotary_pos_emb is not rotate-half RoPE")]
+
+
+# --------------------------------------------------------------------------- attention
+
+class SelfAttention(nn.Module):
+    """A block that calls F.scaled_dot_product_attention as most models do; the arguments of the call are set per
+    test."""
+
+    def __init__(self, dim=128, heads=2, kv_heads=2, **sdpa_options):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
+        self.sdpa_options = sdpa_options
+
+    def forward(self, x, memory=None):
+        b, n, _ = x.shape
+        memory = x if memory is None else memory
+        q = self.q(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(memory).view(b, memory.shape[1], 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, **self.sdpa_options).transpose(1, 2).reshape(b, n, -1)
+
+
+@pytest.mark.parametrize("options", [dict(is_causal=True), dict(scale=0.2), dict(is_causal=True, enable_gqa=True)])
+def test_patch_routes_the_attention_flash_attention_serves(options):
+    kv_heads = 1 if options.get("enable_gqa") else 2
+    ours, theirs = twins(lambda: SelfAttention(kv_heads=kv_heads, **options), torch.float16)
+    assert ("", "scaled_dot_product_attention") in roofline.patch(ours, policy="always").swapped
+    x = torch.randn(2, 37, 128, device=DEVICE, dtype=torch.float16)
+    same_outputs_and_grads(ours, theirs, x, rtol=2e-2, atol=2e-2)
+    assert served(ours, "attention") == {"roofline": 1}
+    assert F.scaled_dot_product_attention is TORCH_SDPA   # put back after the forward
+
+
+@pytest.mark.parametrize("options, call_args, reason", [
+    (dict(attn_mask=None, dropout_p=0.0), dict(dtype=torch.float32), "dtype torch.float32"),
+    (dict(is_causal=True), dict(memory_length=20), "causal with query and key lengths that differ"),
+    (dict(dropout_p=0.5), dict(), "dropout"),
+    (dict(), dict(dim=96, heads=2), "head_dim 48"),
+    (dict(), dict(kv_heads=1), "key heads differ"),
+])
+def test_patch_leaves_to_sdpa_what_flash_attention_does_not_serve(options, call_args, reason):
+    dim, heads = call_args.get("dim", 128), call_args.get("heads", 2)
+    ours, theirs = twins(lambda: SelfAttention(dim, heads, call_args.get("kv_heads", heads), **options),
+                         call_args.get("dtype", torch.float16))
+    roofline.patch(ours, policy="always")
+    x = torch.randn(2, 24, dim, device=DEVICE, dtype=call_args.get("dtype", torch.float16))
+    memory = torch.randn(2, call_args["memory_length"], dim, device=DEVICE, dtype=x.dtype) \
+        if "memory_length" in call_args else None
+    torch.manual_seed(1)   # the same dropout draws
+    y_ours = ours(x, memory)
+    torch.manual_seed(1)
+    torch.testing.assert_close(y_ours, theirs(x, memory), rtol=0, atol=0)   # torch's own call, whatever it does
+    [row] = router(ours).report()
+    assert row["served_by"] == "torch" and row["why"].startswith(reason)
+
+
+def test_patch_puts_sdpa_back_when_the_forward_raises():
+    model = SelfAttention().to(DEVICE, torch.float16)
+    roofline.patch(model)
+    with pytest.raises(RuntimeError):
+        model(torch.randn(2, 5, 64, device=DEVICE, dtype=torch.float16))   # wrong width for the projections
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_patched_model_under_torch_compile_leaves_every_call_to_torch():
+    ours, theirs = twins(lambda: SelfAttention(is_causal=True), torch.float16)
+    roofline.patch(ours, policy="always")
+    compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
+    x = torch.randn(1, 40, 128, device=DEVICE, dtype=torch.float16)
+    torch.testing.assert_close(compiled(x), theirs(x), rtol=0, atol=0)
+    assert router(ours).report() == []          # Inductor gets torch's expression; nothing was routed
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+# --------------------------------------------------------------------------- Router: measured decisions
+
+def _never(*args, **kwargs):
+    return None
+
+
+def _twice(x):
+    return x * 2
+
+
+def _doubled(x):
+    return x + x
+
+
+class Timer:
+    """A stand-in for routing.time_as_eager that says what it is told and counts its calls."""
+
+    def __init__(self, ours_us, torch_us):
+        self.times, self.calls = (ours_us, torch_us), 0
+
+    def __call__(self, run_ours, run_theirs, device):
+        self.calls += 1
+        run_ours(), run_theirs()
+        return self.times
+
+
+@pytest.mark.parametrize("times, ours", [((10.0, 20.0), True), ((20.0, 10.0), False), ((9.9, 10.0), False)])
+def test_router_serves_each_signature_by_what_it_measured(times, ours):
+    timer = Timer(*times)
+    r = routing.Router(timer=timer, persist=False)
+    calls = []
+    mine = lambda x: calls.append("ours") or _twice(x)   # noqa: E731
+    torchs = lambda x: calls.append("torch") or _doubled(x)   # noqa: E731
+    x = torch.randn(5, 3)
+    for _ in range(3):
+        torch.testing.assert_close(r.call("double", _never, mine, torchs, x), x * 2)
+    assert timer.calls == 1                      # measured once per signature
+    [row] = r.report()
+    assert row["served_by"] == ("roofline" if ours else "torch") and row["calls"] == 3
+    assert (row["ours_us"], row["torch_us"]) == times and row["signature"] == "[5, 3] fp32 (forward)"
+    r.call("double", _never, mine, torchs, torch.randn(5, 4))   # a new signature: measured again
+    assert timer.calls == 2
+
+
+def test_router_measures_forward_and_backward_apart():
+    timer = Timer(1.0, 2.0)
+    r = routing.Router(timer=timer, persist=False)
+    x = torch.randn(4, requires_grad=True)
+    r.call("double", _never, _twice, _doubled, x)
+    with torch.no_grad():
+        r.call("double", _never, _twice, _doubled, x)
+    assert timer.calls == 2
+    assert sorted(row["signature"] for row in r.report()) == ["[4] fp32 (forward)", "[4] fp32 (forward+backward)"]
+
+
+def test_router_checks_roofline_against_torch_before_serving():
+    timer = Timer(1.0, 2.0)
+    r = routing.Router(timer=timer, persist=False)
+    x = torch.randn(6)
+    torch.testing.assert_close(r.call("wrong", _never, lambda t: t * 2 + 1e-2, _doubled, x), x * 2)
+    torch.testing.assert_close(r.call("raises", _never, lambda t: 1 / 0, _doubled, x), x * 2)
+    whys = {row["op"]: row["why"] for row in r.report()}
+    assert whys["wrong"].startswith("differs from torch on a random input: relative error")
+    assert whys["raises"] == "roofline raised ZeroDivisionError: division by zero"
+    assert timer.calls == 0
+
+
+def test_router_leaves_to_torch_a_result_laid_out_otherwise():
+    r = routing.Router(timer=Timer(1.0, 2.0), persist=False)
+    x = torch.randn(4, 6).t()                    # torch's x * 2 keeps this transposed layout
+    r.call("double", _never, lambda t: (t * 2).contiguous(), _twice, x)
+    [row] = r.report()
+    assert row["served_by"] == "torch" and row["why"].startswith("differs from torch on a random input: result 0 "
+                                                                 "is laid out with strides (4, 1), torch's with (1, 6)")
+
+
+def test_router_counts_why_roofline_cannot_serve():
+    r = routing.Router(timer=Timer(1.0, 2.0), persist=False)
+    for _ in range(2):
+        r.call("double", lambda x: "not today", _twice, _doubled, torch.randn(3))
+    assert r.report() == [dict(op="double", signature="[3] fp32 (forward)", calls=2, served_by="torch",
+                               why="not today", ours_us=None, torch_us=None)]
+
+
+def test_router_decisions_are_cached_for_the_next_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))
+    x = torch.randn(8)
+    routing.Router(timer=Timer(1.0, 3.0)).call("double", _never, _twice, _doubled, x)
+    later = routing.Router(timer=Timer(3.0, 1.0))
+    later.call("double", _never, _twice, _doubled, torch.randn(8))
+    [row] = later.report()
+    assert later._timer.calls == 0 and row["served_by"] == "roofline"
+    assert row["why"] == "3.00x faster than torch here (measured by an earlier run)"
+    assert (tmp_path / routing.CACHE).exists()
+
+
+def test_router_always_serves_what_roofline_can():
+    r = routing.Router("always", timer=Timer(5.0, 1.0), persist=False)
+    r.call("double", _never, _twice, _doubled, torch.randn(2))
+    assert r.report()[0]["served_by"] == "roofline" and r._timer.calls == 0
+
+
+def test_time_as_eager_tells_a_slow_call_from_a_fast_one():
+    fast_us, slow_us = routing.time_as_eager(lambda: None, lambda: time.sleep(2e-4), torch.device("cpu"))
+    assert 0 < fast_us < 50 < slow_us
+
+
+# --------------------------------------------------------------------------- on the GPU: measured, as users call it
+
+@pytest.mark.gpu
+def test_gpu_patched_llama_in_bf16_is_measured_and_matches():
+    config = LlamaConfig(vocab_size=512, max_seq=256, n_layer=2, n_head=8, n_kv_head=2, d_model=512,
+                         intermediate_size=1408)
+    model, reference = twins(lambda: Llama(config), torch.bfloat16)
+    report = roofline.patch(model)
+    idx = torch.randint(0, config.vocab_size, (4, 128), device="cuda")
+    same_outputs_and_grads(model, reference, idx, rtol=3e-2, atol=3e-2)
+    rows = router(model).report()
+    measured = [row for row in rows if row["ours_us"] is not None]
+    assert {row["op"] for row in measured} == {"rms_norm", "swiglu", "rope", "attention"}, str(report)
+    assert all(row["ours_us"] > 0 and row["torch_us"] > 0 for row in measured)
