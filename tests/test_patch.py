@@ -140,6 +140,48 @@ def test_patch_checks_what_it_catches_by_name_and_leaves_what_differs():
                            (f"{__name__}.apply_rotary_pos_emb", "apply_rotary_pos_emb is not rotate-half RoPE")]
 
 
+class HandWrittenRMSNorm(nn.Module):
+    """RMSNorm as Hugging Face's Llama and Qwen write it (their names: weight, variance_epsilon)."""
+
+    def __init__(self, width, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(width))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon)).to(dtype)
+
+
+class OffsetRMSNorm(nn.Module):
+    """Gemma's variant (scaled by 1 + weight): the name and parameters of an RMSNorm, another forward."""
+
+    def __init__(self, width, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(width))
+        self.eps = eps
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_patch_serves_hand_written_rms_norms_and_leaves_their_variants(dtype):
+    model, reference = twins(lambda: nn.Sequential(HandWrittenRMSNorm(48), nn.Linear(48, 48), OffsetRMSNorm(48)),
+                             dtype)
+    report = roofline.patch(model, policy="always", rope=False)
+    assert report.swapped == [("0", "rms_norm"), ("", "scaled_dot_product_attention")]
+    assert report.left == [("2", "its forward is not weight * rms_normalized(x in fp32).to(x.dtype)")]
+    assert type(model[0]).__name__ == "HandWrittenRMSNorm" and list(model.state_dict()) == list(reference.state_dict())
+    x = torch.randn(3, 5, 48, device=DEVICE, dtype=dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 6e-2   # bf16: torch sums the weight's gradient in bf16
+    same_outputs_and_grads(model, reference, x, rtol=tolerance, atol=tolerance)
+    assert served(model, "rms_norm") == {"roofline": 1}
+
+
 # --------------------------------------------------------------------------- attention
 
 class SelfAttention(nn.Module):
@@ -307,6 +349,18 @@ def test_router_decisions_are_cached_for_the_next_process(tmp_path, monkeypatch)
     assert later._timer.calls == 0 and row["served_by"] == "roofline"
     assert row["why"] == "3.00x faster than torch here (measured by an earlier run)"
     assert (tmp_path / routing.CACHE).exists()
+
+
+def test_router_never_errs_where_torch_would_not():
+    r = routing.Router("always", persist=False)
+
+    def refuses(x):
+        raise ValueError("rope: no gradient flows to cos")
+    for _ in range(2):
+        torch.testing.assert_close(r.call("double", _never, refuses, _doubled, torch.ones(3)), torch.full((3,), 2.0))
+    [row] = r.report()
+    assert row["served_by"] == "torch" and row["calls"] == 2
+    assert row["why"] == "roofline raised ValueError: rope: no gradient flows to cos"
 
 
 def test_router_always_serves_what_roofline_can():

@@ -6,6 +6,10 @@ How calls are caught, in place (parameters, buffers, hooks and state-dict keys s
 optimizers, checkpoints and FSDP wrappers see no difference):
   - modules by class: nn.LayerNorm, nn.RMSNorm and nn.GELU whose type is exactly torch's (a user's subclass may
     have changed forward) get a subclass whose forward asks the model's Router;
+  - hand-written norms and activations by name and behaviour: a class named *RMSNorm* with one weight (Hugging
+    Face's Llama, Qwen, Mistral; gpt-fast) whose forward is checked on a random input to be the usual
+    weight * normalized(x in fp32).to(x.dtype), and a class named *GELU* without parameters (Hugging Face's
+    NewGELUActivation) checked to compute F.gelu, exact or tanh;
   - SwiGLU MLPs by structure: a module whose children gate_proj, up_proj, down_proj (Hugging Face, torchtitan) or
     w1, w3, w2 (gpt-fast, Meta's Llama) are nn.Linear layers, once its forward is checked on a random input to be
     down(silu(gate(x)) * up(x));
@@ -127,6 +131,18 @@ def _swiglu(gate, up):
     return ops.swiglu(gate, up, backend="triton")
 
 
+def _rms_norm_rounded_first(x, normalized_shape, weight, eps):
+    """RMSNorm as Hugging Face's Llama, Qwen and Mistral, gpt-fast and Meta's Llama write it by hand: normalized in
+    fp32, rounded to x's dtype, then scaled by the weight (so the result takes the promoted dtype)."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rms_norm_as_written(x, normalized_shape, weight, eps):
+    return ops.rms_norm(x, normalized_shape, weight, eps, backend="triton").to(torch.promote_types(x.dtype,
+                                                                                                  weight.dtype))
+
+
 def _silu_times(gate, up):
     return F.silu(gate) * up
 
@@ -149,6 +165,15 @@ def _layer_norm_forward(self, x):
 def _rms_norm_forward(self, x):
     return self._roofline_router.call("rms_norm", why_not_kernel, _rms_norm, F.rms_norm,
                                       x, self.normalized_shape, self.weight, self.eps)
+
+
+def _handwritten_gelu_forward(self, x):
+    return self._roofline_router.call("gelu", why_not_kernel, _gelu, _torch_gelu, x, self._roofline_approximate)
+
+
+def _handwritten_rms_norm_forward(self, x):
+    return self._roofline_router.call("rms_norm", why_not_kernel, _rms_norm_as_written, _rms_norm_rounded_first,
+                                      x, self.weight.shape, self.weight, self._roofline_eps)
 
 
 def _gelu_forward(self, x):
@@ -202,6 +227,54 @@ def _why_not_swiglu_mlp(module: nn.Module, names) -> str | None:
     tolerance = 1e-5 if weight.dtype == torch.float32 else 2e-2
     if not isinstance(got, torch.Tensor) or not _close(got, want, tolerance):
         return f"its forward is not {names[2]}(silu({names[0]}(x)) * {names[1]}(x))"
+    return None
+
+
+def _handwritten_rms_norm_eps(module: nn.Module) -> float | None:
+    """The epsilon of a module that looks like a hand-written RMSNorm (a class named so, one 1-D weight and no
+    children, its epsilon as variance_epsilon or eps), or None."""
+    weight = getattr(module, "weight", None)
+    if "rmsnorm" not in type(module).__name__.lower() or not isinstance(weight, nn.Parameter) or weight.dim() != 1 \
+            or next(module.children(), None) is not None:
+        return None
+    eps = next((getattr(module, n) for n in ("variance_epsilon", "eps") if isinstance(getattr(module, n, None), float)),
+               None)
+    return eps
+
+
+def _why_not_handwritten_rms_norm(module: nn.Module, eps: float) -> str | None:
+    """None if module's forward is _rms_norm_rounded_first on a random input; else why not."""
+    weight = module.weight
+    if weight.device.type == "meta":
+        return "parameters on the meta device: its forward cannot be checked"
+    x = torch.randn(2, 3, weight.shape[0], dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        try:
+            got = module.forward(x)
+        except Exception as exc:  # noqa: BLE001 - a forward that needs more than x is not a norm we can serve
+            return f"forward(x) raised {type(exc).__name__}"
+        want = _rms_norm_rounded_first(x, weight.shape, weight, eps)
+    if not isinstance(got, torch.Tensor) or got.dtype != want.dtype or not _close(got, want, 1e-6):
+        return "its forward is not weight * rms_normalized(x in fp32).to(x.dtype)"
+    return None
+
+
+def _handwritten_gelu_approximation(module: nn.Module) -> str | None:
+    """For a module that looks like a hand-written GELU (a class named so, with no parameters or children, as
+    Hugging Face's NewGELUActivation and GELUTanh), the F.gelu approximation its forward computes on a random
+    input ("tanh" or "none"), or None if neither."""
+    if "gelu" not in type(module).__name__.lower() or next(module.parameters(), None) is not None \
+            or next(module.children(), None) is not None:
+        return None
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) * 3
+    try:
+        with torch.no_grad():
+            got = module.forward(x)
+    except Exception:  # noqa: BLE001 - a forward that needs more than x is not an activation we can serve
+        return None
+    for approximate in ("tanh", "none"):
+        if isinstance(got, torch.Tensor) and _close(got, F.gelu(x, approximate=approximate), 1e-6):
+            return approximate
     return None
 
 
@@ -294,6 +367,12 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
         if swap is not None and wanted[swap[0]]:
             _swap_forward(module, swap[1], routes_router)
             report.swapped.append((name, swap[0]))
+        elif gelu and type(module) is not nn.GELU and _handwritten_gelu_approximation(module) is not None:
+            approximate = _handwritten_gelu_approximation(module)
+            _swap_forward(module, _handwritten_gelu_forward, routes_router, _roofline_approximate=approximate)
+            report.swapped.append((name, "gelu"))
+        elif rms_norm and _handwritten_rms_norm_eps(module) is not None:
+            _patch_handwritten_rms_norm(name, module, routes_router, report)
         elif swiglu:
             _patch_mlp(name, module, routes_router, report)
     if existing is None:
@@ -309,6 +388,16 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
             model.register_forward_pre_hook(routes.enter)
             model.register_forward_hook(routes.exit, always_call=True)
     return report
+
+
+def _patch_handwritten_rms_norm(name: str, module: nn.Module, routes_router: Router, report: PatchReport) -> None:
+    eps = _handwritten_rms_norm_eps(module)
+    why = _why_not_handwritten_rms_norm(module, eps)
+    if why is None:
+        _swap_forward(module, _handwritten_rms_norm_forward, routes_router, _roofline_eps=eps)
+        report.swapped.append((name, "rms_norm"))
+    else:
+        report.left.append((name, why))
 
 
 def _patch_mlp(name: str, module: nn.Module, routes_router: Router, report: PatchReport) -> None:

@@ -79,8 +79,23 @@ class Router:
             decision = self._decide(key, why_not, ours, theirs, args, kwargs)
             if decision is None:   # no measurement possible now: torch serves, and a later call decides
                 return theirs(*args, **kwargs)
+        if decision.ours and not decision.calls:
+            return self._first_call(decision, ours, theirs, args, kwargs)
         decision.calls += 1
         return (ours if decision.ours else theirs)(*args, **kwargs)
+
+    @staticmethod
+    def _first_call(decision: Decision, ours, theirs, args, kwargs):
+        """The first call roofline serves under a decision: where roofline refuses the arguments (its checks raise
+        before any launch) torch serves this call and the next ones alike, as patch never errs where torch would
+        not. A decision the measurement made has seen such arguments already; policy 'always' has not."""
+        try:
+            result = ours(*args, **kwargs)
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            decision.ours, decision.why = False, f"roofline raised {type(exc).__name__}: {exc}"
+            result = theirs(*args, **kwargs)
+        decision.calls += 1
+        return result
 
     def report(self) -> list[dict]:
         """One row per signature that was called: op, signature, calls, served_by, why, and the times (µs)."""

@@ -1,0 +1,77 @@
+"""roofline.patch on Hugging Face's own model code (transformers' Llama, Qwen2 and GPT-2, built from small configs:
+no download): what it swaps as those models are written, outputs and gradients unchanged."""
+
+import pytest
+import torch
+import transformers
+
+import roofline
+from roofline.patching import router
+
+from module_checks import same_outputs_and_grads
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL = dict(vocab_size=64, max_position_embeddings=32, attn_implementation="sdpa")
+MODELS = {
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        **SMALL)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        **SMALL)),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=4, bos_token_id=0, eos_token_id=0,
+        attn_implementation="sdpa")),
+}
+SWAPPED = {
+    "llama": ["model.layers.0.mlp swiglu", "model.layers.0.input_layernorm rms_norm",
+              "model.layers.0.post_attention_layernorm rms_norm", "model.norm rms_norm",
+              " scaled_dot_product_attention", "transformers.models.llama.modeling_llama.apply_rotary_pos_emb rope"],
+    "qwen2": ["model.layers.0.mlp swiglu", "model.layers.0.input_layernorm rms_norm",
+              "model.layers.0.post_attention_layernorm rms_norm", "model.norm rms_norm",
+              " scaled_dot_product_attention", "transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb rope"],
+    "gpt2": ["transformer.h.0.ln_1 layer_norm", "transformer.h.0.ln_2 layer_norm", "transformer.h.0.mlp.act gelu",
+             "transformer.ln_f layer_norm", " scaled_dot_product_attention"],
+}
+
+
+class Logits(torch.nn.Module):
+    """The model's logits as one tensor, for the output-and-gradient check."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx):
+        return self.model(idx).logits
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_patch_serves_transformers_models_as_written(name):
+    torch.manual_seed(0)
+    model, reference = MODELS[name]().to(DEVICE).eval(), MODELS[name]().to(DEVICE).eval()
+    reference.load_state_dict(model.state_dict())
+    report = roofline.patch(model, policy="always")
+    assert sorted(f"{where} {what}" for where, what in report.swapped) == sorted(SWAPPED[name])
+    assert report.left == []
+    idx = torch.randint(0, 64, (2, 7), device=DEVICE)
+    same_outputs_and_grads(Logits(model), Logits(reference), idx, rtol=1e-4, atol=1e-4)
+    served = {row["op"]: row["served_by"] for row in router(model).report()}
+    kernels = {"llama": ["rms_norm", "swiglu", "rope"], "qwen2": ["rms_norm", "swiglu", "rope"],
+               "gpt2": ["layer_norm", "gelu"]}[name]
+    assert served == {**{op: "roofline" for op in kernels}, "attention": "torch"}   # fp32: flash serves fp16/bf16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(MODELS))
+def test_gpu_transformers_models_patched_in_bf16_measure_and_match(name):
+    torch.manual_seed(0)
+    model = MODELS[name]().to("cuda", torch.bfloat16).eval()
+    reference = MODELS[name]().to("cuda", torch.bfloat16).eval()
+    reference.load_state_dict(model.state_dict())
+    roofline.patch(model)
+    idx = torch.randint(0, 64, (4, 31), device="cuda")
+    with torch.no_grad():
+        got, want = model(idx).logits.float(), reference(idx).logits.float()
+    assert ((got - want).norm() / want.norm()).item() < 3e-2
+    assert all(row["ours_us"] is not None or row["served_by"] == "torch" for row in router(model).report())
