@@ -19,14 +19,16 @@ Generation (bf16 weights, a static KV cache, one token a step after a 32-token p
   eager, patch, patch-all, graphs, graphs+patch as above (graphs: one decode step captured), int8 and
   int8+graphs (roofline.quantize_int8_weight_only: every nn.Linear int8 weight-only, the LM head too), compile
   (torch.compile(mode="reduce-overhead"), which is Inductor plus CUDA graphs).
+Both end with eager-again: eager once more, whose speedup over the first eager row is the machine's drift
+over the run (modes run one after another, each on a model of its own).
 
 Every mode starts from the same weights and sees the same tokens: generation feeds a fixed random sequence
 (teacher forcing), so that every mode's logits can be compared with eager's at every step; a step costs what a
 greedy decoding step costs, less one argmax. Checked: training losses within 1% of eager's at the first 3 steps
 compared (later ones reported); generation logits within a relative error (norm) of 3% of eager's, 15% for
-int8. Times: CUDA events between
-consecutive steps with no synchronization in between (host time shows wherever the GPU waits for it); the
-median step, and the speedup over eager with a 95% bootstrap interval. Peak memory: torch.cuda's peak allocated.
+int8. Times: CUDA events between consecutive steps with no synchronization in between (host time shows wherever
+the GPU waits for it); the median step, and the speedup over eager with a 95% bootstrap interval. Peak memory:
+torch.cuda's peak allocated.
 Writes OUT_DIR/models.json and models.md. --tiny: small configs on whatever device there is (the CPU test).
 """
 
@@ -359,6 +361,12 @@ def write(result: dict, out: Path) -> None:
     (out / "models.md").write_text(markdown(result))
 
 
+def with_eager_again(modes) -> list[str]:
+    """modes, and eager once more at the end where eager and others run: modes run one after another, and the
+    second eager row's speedup over the first shows how far the machine drifted meanwhile."""
+    return [*modes, "eager-again"] if "eager" in modes and len(modes) > 1 else list(modes)
+
+
 def needs_gpu(train_modes, generate_modes) -> list[str]:
     """The modes asked for that run only on a CUDA GPU: CUDA graphs, and compile's reduce-overhead mode."""
     return sorted({m for m in (*train_modes, *generate_modes) if "graphs" in m} |
@@ -390,7 +398,7 @@ def main(argv=None) -> int:
         train={}, generate={})
     for name in args.models:
         rows = []
-        for mode in args.train:
+        for mode in with_eager_again(args.train):
             print(f"== {name} training: {mode}", flush=True)
             rows.append(_attempt(train, name, mode, args) | dict(batch=sizes["train_batch"], seq=sizes["train_seq"]))
         if rows:
@@ -400,7 +408,7 @@ def main(argv=None) -> int:
         rows = []
         for batch in args.batches:
             batch_rows = []
-            for mode in args.generate:
+            for mode in with_eager_again(args.generate):
                 print(f"== {name} generation, batch {batch}: {mode}", flush=True)
                 batch_rows.append(_attempt(generate, name, mode, batch, args) | dict(batch=batch))
             _check_logits(batch_rows)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import roofline
-from roofline import routing
+from roofline import patching, routing
 from roofline.patching import TORCH_SDPA, router
 
 from module_checks import same_outputs_and_grads
@@ -132,11 +132,18 @@ def apply_rotary_pos_emb(q, k, cos, sin):
     return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
 
 
+def apply_rotary_emb(x, freqs_cis):
+    """RoPE on complex numbers, under the name gpt-fast, torchtitan and Meta's Llama give it."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * freqs_cis).flatten(-2).type_as(x)
+
+
 def test_patch_checks_what_it_catches_by_name_and_leaves_what_differs():
     model = GeluMLP()
     report = roofline.patch(model, policy="always")
     assert type(model) is GeluMLP
     assert report.left == [("", "its forward is not down_proj(silu(gate_proj(x)) * up_proj(x))"),
+                           (f"{__name__}.apply_rotary_emb", patching.UNSERVED_ROPE_WHY),
                            (f"{__name__}.apply_rotary_pos_emb", "apply_rotary_pos_emb is not rotate-half RoPE")]
 
 

@@ -44,6 +44,9 @@ TORCH_SDPA = F.scaled_dot_product_attention
 ROUTED_DTYPES = (torch.float16, torch.bfloat16)
 MLP_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 ROPE_FUNCTION = "apply_rotary_pos_emb"
+# gpt-fast's, torchtitan's and Meta's Llama's name for RoPE on complex numbers (pairs interleaved): not served
+UNSERVED_ROPE_FUNCTIONS = ("apply_rotary_emb",)
+UNSERVED_ROPE_WHY = "RoPE on interleaved pairs (complex form): roofline's rope serves the rotate-half convention"
 
 
 # --------------------------------------------------------------------------- what roofline can serve
@@ -367,12 +370,11 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
         if swap is not None and wanted[swap[0]]:
             _swap_forward(module, swap[1], routes_router)
             report.swapped.append((name, swap[0]))
-        elif gelu and type(module) is not nn.GELU and _handwritten_gelu_approximation(module) is not None:
-            approximate = _handwritten_gelu_approximation(module)
+        elif gelu and type(module) is not nn.GELU and (approximate := _handwritten_gelu_approximation(module)):
             _swap_forward(module, _handwritten_gelu_forward, routes_router, _roofline_approximate=approximate)
             report.swapped.append((name, "gelu"))
-        elif rms_norm and _handwritten_rms_norm_eps(module) is not None:
-            _patch_handwritten_rms_norm(name, module, routes_router, report)
+        elif rms_norm and (eps := _handwritten_rms_norm_eps(module)) is not None:
+            _patch_handwritten_rms_norm(name, module, eps, routes_router, report)
         elif swiglu:
             _patch_mlp(name, module, routes_router, report)
     if existing is None:
@@ -390,8 +392,8 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
     return report
 
 
-def _patch_handwritten_rms_norm(name: str, module: nn.Module, routes_router: Router, report: PatchReport) -> None:
-    eps = _handwritten_rms_norm_eps(module)
+def _patch_handwritten_rms_norm(name: str, module: nn.Module, eps: float, routes_router: Router,
+                                report: PatchReport) -> None:
     why = _why_not_handwritten_rms_norm(module, eps)
     if why is None:
         _swap_forward(module, _handwritten_rms_norm_forward, routes_router, _roofline_eps=eps)
@@ -415,6 +417,9 @@ def _patch_mlp(name: str, module: nn.Module, routes_router: Router, report: Patc
 def _patch_rope(model: nn.Module, routes: FunctionRoutes, routes_router: Router, report: PatchReport) -> None:
     namespaces = {type(m).__module__: sys.modules.get(type(m).__module__) for m in model.modules()}
     for module_name, namespace in namespaces.items():
+        for name in UNSERVED_ROPE_FUNCTIONS:
+            if callable(getattr(namespace, name, None)):
+                report.left.append((f"{module_name}.{name}", UNSERVED_ROPE_WHY))
         original = getattr(namespace, ROPE_FUNCTION, None)
         if not callable(original):
             continue
