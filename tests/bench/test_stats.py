@@ -79,3 +79,39 @@ def test_higher_confidence_gives_a_wider_interval():
 def test_speedup_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         speedup_ci(**kwargs)
+
+
+def _rounds_of_identical_functions(rng, rounds=20, per_round=10):
+    """Samples of two identical functions drawn in rounds on a noisy machine: a slowdown that lasts longer than
+    a call (a neighbour's burst, a clock step) stretches a whole block of samples, on top of per-call jitter."""
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(rng.lognormal(0.0, 0.05) * rng.lognormal(0.0, 0.01, per_round))
+        b.append(rng.lognormal(0.0, 0.05) * rng.lognormal(0.0, 0.01, per_round))
+    return np.concatenate(a), np.concatenate(b), ([per_round] * rounds, [per_round] * rounds)
+
+
+def test_resampling_rounds_keeps_false_positives_near_the_nominal_rate():
+    rng = np.random.default_rng(7)
+    trials, by_rounds, by_samples = 200, 0, 0
+    for seed in range(trials):
+        a, b, rounds = _rounds_of_identical_functions(rng)
+        by_rounds += speedup_ci(a, b, rounds=rounds, resamples=1000, seed=seed).significant
+        by_samples += speedup_ci(a, b, resamples=1000, seed=seed).significant
+    assert by_rounds <= 0.08 * trials          # nominal 5%: 10 of 200
+    assert by_samples >= 0.25 * trials         # samples resampled as if independent: the interval is too narrow
+
+
+def test_resampling_rounds_still_finds_a_real_difference():
+    rng = np.random.default_rng(3)
+    a, b, rounds = _rounds_of_identical_functions(rng)
+    s = speedup_ci(a * 1.1, b, rounds=rounds)
+    assert s.significant and s.ratio == pytest.approx(1.1, rel=0.05) and "whole rounds" in s.method
+
+
+@pytest.mark.parametrize("rounds, match", [(([5, 5], [10]), "same number of blocks"),
+                                           (([5, 4], [5, 5]), "add up to its 10 samples"),
+                                           (([10, 0], [5, 5]), "must be positive")])
+def test_rounds_that_do_not_describe_the_samples_are_refused(rounds, match):
+    with pytest.raises(ValueError, match=match):
+        speedup_ci(np.ones(10), np.ones(10), rounds=rounds)

@@ -33,7 +33,7 @@ def compare(
     rep_ms: float = 100.0,
     min_reps: int = 20,
     max_reps: int = 10_000,
-    rounds: int = 10,
+    rounds: int = 20,
     confidence: float = 0.95,
     device=None,
     timeout_s: float = 60.0,
@@ -42,6 +42,9 @@ def compare(
     """Time baseline and candidate on the same arguments, interleaved, and give the speedup
     (baseline time / candidate time) with a bootstrap confidence interval.
 
+    The samples are drawn in `rounds` rounds (baseline then candidate, candidate then baseline, ...), and the
+    interval resamples whole rounds, paired, so that noise lasting longer than a call (a neighbour's burst, a
+    clock change) widens the interval instead of passing for a difference.
     The options are those of `bench.time`; rep_ms is the budget of each callable.
     """
     arg_sets = rotate if rotate is not None else [args]
@@ -53,4 +56,6 @@ def compare(
     counts = [repetitions(r.warmup(warmup_ms, 3), rep_ms, min_reps, max_reps) for r in runners]
     sample_interleaved(runners, counts, rounds)
     base, cand = (finish(r, warn) for r in runners)
-    return Comparison(base, cand, speedup_ci(base.samples_ms, cand.samples_ms, confidence=confidence))
+    speedup = speedup_ci(base.samples_ms, cand.samples_ms, rounds=(base.round_sizes, cand.round_sizes),
+                         confidence=confidence)
+    return Comparison(base, cand, speedup)

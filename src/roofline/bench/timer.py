@@ -61,6 +61,7 @@ class Measurement:
     wall_ms_per_call: float | None = None  # device-synchronized wall time, the escaped-work check
     host_ms_per_call: float | None = None  # host time to issue a call (median), events mode
     floor_ms: float | None = None  # the timer's own reading for an empty region, subtracted from every sample
+    round_sizes: list[int] | None = None  # samples per round, in order, where drawn in turns with others
     warnings: list[str] = field(default_factory=list)
 
     @functools.cached_property
@@ -205,6 +206,7 @@ class _Runner:
         self._next_args = 0
         self.warmup_calls = 0
         self.samples: list[float] = []
+        self.round_sizes: list[int] = []   # samples per round, when drawn in turns with other runners
         self._graph = None
         self._graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.host_ms: list[float] = []  # host time to issue each call (events mode)
@@ -478,6 +480,7 @@ def finish(runner: _Runner, warn: bool) -> Measurement:
         sm_clock_before_mhz=runner.clock_first_mhz,
         sm_clock_after_mhz=runner.clock_last_mhz,
         floor_ms=floor,
+        round_sizes=runner.round_sizes or None,
     )
     if runner.cuda:
         m.wall_ms_per_call = runner.wall_ms_per_call()
@@ -506,18 +509,18 @@ def repetitions(estimate_ms: float, rep_ms: float, min_reps: int, max_reps: int)
 
 
 def sample_interleaved(runners: Sequence[_Runner], counts: Sequence[int], rounds: int = 10) -> None:
-    """Draw each runner's samples in turns, reversing the order every round (A B, B A, ...).
+    """Draw each runner's samples in turns, reversing the order every round (A B, B A, ...): every runner gets
+    the same number of rounds (at most `rounds`, at most its count), one block of samples each, and keeps their
+    sizes in `round_sizes`.
 
-    Drift of the machine (clocks, temperature, neighbours) then falls on all
-    runners alike instead of on whichever ran last.
+    Drift of the machine (clocks, temperature, neighbours) then falls on all runners alike instead of on
+    whichever ran last, and a comparison can resample whole rounds (stats.speedup_ci's rounds).
     """
-    chunks = [max(1, math.ceil(c / rounds)) for c in counts]
-    remaining = list(counts)
+    blocks = max(1, min(rounds, *counts))
     order = list(range(len(runners)))
-    while any(remaining):
+    for block in range(blocks):
         for i in order:
-            take = min(chunks[i], remaining[i])
-            if take:
-                runners[i].sample(take)
-                remaining[i] -= take
+            take = counts[i] // blocks + (1 if block < counts[i] % blocks else 0)
+            runners[i].sample(take)
+            runners[i].round_sizes.append(take)
         order.reverse()
