@@ -317,6 +317,16 @@ def test_router_measures_forward_and_backward_apart():
     assert sorted(row["signature"] for row in r.report()) == ["[4] fp32 (forward)", "[4] fp32 (forward+backward)"]
 
 
+def test_router_decides_under_autocast_apart():
+    timer = Timer(1.0, 2.0)
+    r = routing.Router(timer=timer, persist=False)
+    x = torch.randn(4, 8)
+    r.call("double", _never, _twice, _doubled, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):   # torch's side may return another dtype here
+        r.call("double", _never, _twice, _doubled, x)
+    assert timer.calls == 2 and sum(row["calls"] for row in r.report()) == 2
+
+
 def test_router_checks_roofline_against_torch_before_serving():
     timer = Timer(1.0, 2.0)
     r = routing.Router(timer=timer, persist=False)

@@ -1,6 +1,7 @@
 """Which implementation serves a call: roofline's kernel, or the torch code it would replace. Decided once per
-call signature (shapes, strides, dtypes, device, whether a gradient is wanted, the other arguments) by measuring
-both as eager code calls them, on this device, after checking them against each other on a random input.
+call signature (shapes, strides, dtypes, device, whether a gradient is wanted and autocast is on, the other
+arguments) by measuring both as eager code calls them, on this device, after checking them against each other on
+a random input.
 
 A kernel that is faster when timed alone can still lose where it is called: its host cost, or a shape its tiles
 do not suit. So `roofline.patch` asks a Router for every call it could serve, and the router sends the call to
@@ -31,7 +32,7 @@ from roofline import device as _device
 
 POLICIES = ("faster", "always")
 MEASURED_PER_OP = 32  # signatures measured per op and router; a program of ever new shapes leaves the rest to torch
-DECISIONS_KEPT = 4096 # signatures kept per router
+DECISIONS_KEPT = 4096  # signatures kept per router
 MARGIN = 0.97        # roofline must take at most this fraction of torch's time: a tie goes to torch
 ROUNDS = 7           # alternating rounds of back-to-back calls; the median round counts
 ROUND_S = 2e-3       # host and GPU time per round and implementation, about
@@ -166,9 +167,10 @@ def _capturing() -> bool:
 
 
 def _key(op: str, args, kwargs) -> tuple:
-    """What a decision is kept under: op, whether a gradient is wanted, each tensor argument's shape, strides,
-    dtype and device, and the other arguments' values. Built in one pass: it is paid on every call."""
-    key = [op, False]
+    """What a decision is kept under: op, whether a gradient is wanted, whether autocast is on (it changes what
+    torch's side returns), each tensor argument's shape, strides, dtype and device, and the other arguments'
+    values. Built in one pass: it is paid on every call."""
+    key = [op, False, torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")]
     grad = False
     for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, torch.Tensor):
