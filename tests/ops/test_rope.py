@@ -159,6 +159,19 @@ def test_compiles_fullgraph_through_the_kernel():
                            torch.randn(2, 4, 5, 16, device=DEVICE), torch.randn(2, 2, 5, 16, device=DEVICE))
 
 
+def test_compiled_outputs_have_the_layout_the_kernel_gives():
+    """The registered op's fake outputs must be laid out as the real ones are, or a compiled graph reads them
+    with the wrong strides."""
+    cos, sin = angles(2, 5, 16)
+    q = torch.randn(2, 5, 4, 16, device=DEVICE).transpose(1, 2)     # (batch, heads, seq, dim) views of
+    k = torch.randn(2, 5, 2, 16, device=DEVICE).transpose(1, 2)     # (batch, seq, heads, dim) memory
+    compiled = torch.compile(lambda q, k: rope(q, k, cos, sin, backend="triton"), fullgraph=True, backend="aot_eager")
+    got, eager = compiled(q, k), rope(q, k, cos, sin, backend="triton")
+    assert [t.stride() for t in got] == [t.stride() for t in eager] == [q.stride(), k.stride()]
+    for a, b in zip(got, eager):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 # --------------------------------------------------------------------------- on a GPU
 
 @pytest.mark.gpu

@@ -202,7 +202,8 @@ def _backward_rule(ctx, run_backward, dq, dk):
 
 
 _rope = KernelOp("rope", forward=_forward,
-                 forward_fake=lambda q, k, cos, sin: (_output_like(q), _output_like(k)),
+                 forward_fake=lambda q, k, cos, sin: (_output_like(_unit_last_stride(q)),
+                                                      _output_like(_unit_last_stride(k))),
                  backward=_backward,
                  backward_fake=lambda dq, dk, cos, sin: (torch.empty(dq.shape, dtype=dq.dtype, device=dq.device),
                                                          torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)),
