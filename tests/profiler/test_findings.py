@@ -6,7 +6,7 @@ import pytest
 from roofline.profiler import findings
 from roofline.profiler.report import analyze
 
-from .synth import PEAKS, TraceBuilder, at
+from .synth import AUTOGRAD, PEAKS, TraceBuilder, at
 
 BF16, F32 = "c10::BFloat16", "float"
 
@@ -252,6 +252,21 @@ def test_below_roofline(tmp_path):
     assert f.location.line == 130 and f.evidence["bound"] == "memory"
     assert f.est_gain_ms == pytest.approx((150 - roofline_us) / 1e3)
     assert "below-roofline" not in _ids(_report(tmp_path, lambda b: build(b, roofline_us * 1.2)))
+
+
+def test_below_roofline_in_both_passes_says_which_is_which(tmp_path):
+    # the same fill in the forward and the backward pass, alike: two findings that must not read as one twice
+    def build(b):
+        b.mark(10, at(130))
+        b.op("aten::masked_fill_", 11, 5, seq=1, shapes=[[1 << 23], [1 << 23], []])
+        b.kernel("void at::native::elementwise_kernel<masked_fill_kernel>", 20, 150, launch_ts=12)
+        b.op("autograd::engine::evaluate_function: MaskedFillBackward0", 300, 200, tid=AUTOGRAD, seq=1,
+             backward=True)
+        b.op("aten::masked_fill_", 305, 5, tid=AUTOGRAD, shapes=[[1 << 23], [1 << 23], []])
+        b.kernel("void at::native::elementwise_kernel<masked_fill_kernel>", 320, 150, launch_ts=306, tid=AUTOGRAD)
+
+    found = [f for f in _report(tmp_path, build).findings if f.id == "below-roofline"]
+    assert sorted(f.title.split(" at ")[0] for f in found) == ["aten::masked_fill_", "aten::masked_fill_ (backward)"]
 
 
 # --------------------------------------------------------------------------- ranking

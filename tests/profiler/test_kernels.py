@@ -16,6 +16,9 @@ MEAN = ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::
 COPY = ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda"
         "(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda(float)#1}>(at::TensorIteratorBase&)>(int)")
 SOFTMAX = "void (anonymous namespace)::softmax_warp_forward<float, float, float, 4, true, false>(float*, float const*, int)"
+MASKED_FILL = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::(anonymous "
+               "namespace)::masked_fill_kernel(at::TensorIterator&, c10::Scalar const&)::{lambda()#1}::operator()() "
+               "const::{lambda(float, bool)#1}>(at::TensorIteratorBase&)::{lambda(int)#1}>(int)")
 CUTLASS = "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>(cutlass_80_simt_sgemm_128x256_8x4_nt_align1::Params)"
 
 
@@ -24,6 +27,7 @@ CUTLASS = "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>(cu
     (MEAN, "reduce_kernel<MeanOps>", "reduction"),
     (COPY, "elementwise_kernel<direct_copy_kernel_cuda>", "copy"),
     (SOFTMAX, "softmax_warp_forward", "softmax"),
+    (MASKED_FILL, "elementwise_kernel<masked_fill_kernel>", "elementwise"),   # was filed under memset
     (CUTLASS, "Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>", "gemm"),
     ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT", "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT", "gemm"),
     ("triton_poi_fused_add_mul_tanh_0", "triton_poi_fused_add_mul_tanh_0", "triton"),

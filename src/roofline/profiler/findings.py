@@ -361,9 +361,11 @@ def below_roofline(report) -> list[Finding]:
             continue
         if o.matmul_dtype == "fp32" and o.tensor_cores is False:
             continue   # fp32-matmul-no-tf32 says it better
+        # the same op in the forward and the backward pass (a mask's fill, say) is two rows, often alike: say which
+        name = f"{o.name} (backward)" if o.backward else o.name
         out.append(Finding(
-            "below-roofline", f"{o.name} at {pct:.0%} of its roofline",
-            f"{o.name} on {o.shapes} ({', '.join(str(d) for d in o.dtypes if d)}) ran {o.count} times in "
+            "below-roofline", f"{name} at {pct:.0%} of its roofline",
+            f"{name} on {o.shapes} ({', '.join(str(d) for d in o.dtypes if d)}) ran {o.count} times in "
             f"{o.us / 1e3:.2f} ms: {o.tflops or 0:.1f} TFLOP/s, {o.gbps or 0:.0f} GB/s, {o.bound}-bound, {pct:.0%} of its "
             f"roofline. At the roofline it would take {o.roofline_us / 1e3:.2f} ms.",
             head / 1e3, _where(o.locations),

@@ -26,7 +26,7 @@ _CATEGORY_PATTERNS = [
     ("triton", r"^triton_|^triton\b"),
     ("reduction", r"reduce|reduction|_sum_|argmax|argmin|cumsum|scan|norm_kernel"),
     ("copy", r"copy|cat_?array|transpose|permute|gather|scatter|index_|embedding"),
-    ("memset", r"memset|fill_kernel"),
+    ("memset", r"memset"),   # torch's fills, masked_fill among them, are elementwise kernels
     ("elementwise", r"elementwise|pointwise|unrolled|vectorized|multi_tensor_apply|foreach|fill"),
 ]
 _COMPILED = [(name, re.compile(pattern)) for name, pattern in _CATEGORY_PATTERNS]
