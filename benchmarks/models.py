@@ -78,18 +78,19 @@ def build(name: str, tiny: bool, device: torch.device) -> torch.nn.Module:
         return cls(tiny_config if tiny else config)
 
 
-def _patch(model, mode: str) -> dict | None:
+def _patch(model, mode: str):
+    """roofline.patch's report for the patch modes, None for the others."""
     if "patch" not in mode:
         return None
-    report = roofline.patch(model, policy="always" if mode == "patch-all" else "faster")
-    return dict(swapped=[list(s) for s in report.swapped], left=[list(s) for s in report.left],
-                router=roofline.patching.router(model))
+    return roofline.patch(model, policy="always" if mode == "patch-all" else "faster")
 
 
-def _routes(patched: dict | None) -> list[dict] | None:
-    if patched is None:
-        return None
-    return patched["router"].report()
+def _patch_fields(report) -> dict:
+    """A row's routes (who served each call signature, read after the run), swapped and left."""
+    if report is None:
+        return dict(routes=None, swapped=None, left=None)
+    return dict(routes=report.router.report(), swapped=[list(s) for s in report.swapped],
+                left=[list(s) for s in report.left])
 
 
 def _free(device: torch.device) -> None:
@@ -185,13 +186,11 @@ def train(name: str, mode: str, args) -> dict:
         losses.append(run().clone())
         timer.mark()
     samples = timer.samples_ms()
-    row = dict(model=name, mode=mode, samples_ms=samples, median_ms=statistics.median(samples),
-               tokens_per_s=sizes["train_batch"] * sizes["train_seq"] / statistics.median(samples) * 1e3,
-               peak_gib=_peak_gib(device), warmup_s=first_s,
-               losses=[float(x) for x in torch.stack(losses).float().cpu()], routes=_routes(patched),
-               swapped=None if patched is None else patched["swapped"],
-               left=None if patched is None else patched["left"])
-    return row
+    median = statistics.median(samples)
+    return dict(model=name, mode=mode, samples_ms=samples, median_ms=median,
+                tokens_per_s=sizes["train_batch"] * sizes["train_seq"] / median * 1e3, peak_gib=_peak_gib(device),
+                warmup_s=first_s, losses=[float(x) for x in torch.stack(losses).float().cpu()],
+                **_patch_fields(patched))
 
 
 def _check_losses(rows: list[dict]) -> None:
@@ -254,12 +253,10 @@ def generate(name: str, mode: str, batch: int, args) -> dict:
             logits.append(run().clone())
             timer.mark()
         samples = timer.samples_ms()
-    row = dict(model=name, mode=mode, batch=batch, samples_ms=samples, median_ms=statistics.median(samples),
-               tokens_per_s=batch / statistics.median(samples) * 1e3, peak_gib=_peak_gib(device),
-               warmup_s=first_s, logits=torch.stack(logits).float(), routes=_routes(patched),
-               swapped=None if patched is None else patched["swapped"],
-               left=None if patched is None else patched["left"])
-    return row
+    median = statistics.median(samples)
+    return dict(model=name, mode=mode, batch=batch, samples_ms=samples, median_ms=median,
+                tokens_per_s=batch / median * 1e3, peak_gib=_peak_gib(device), warmup_s=first_s,
+                logits=torch.stack(logits).float(), **_patch_fields(patched))
 
 
 def _check_logits(rows: list[dict]) -> None:

@@ -214,23 +214,30 @@ def _close(got, want, tolerance: float) -> bool:
         for a, b in zip(got, want))
 
 
-def _why_not_swiglu_mlp(module: nn.Module, names) -> str | None:
-    """None if module's forward is down(silu(gate(x)) * up(x)) on a random input; else why not."""
-    gate, up, down = (getattr(module, name) for name in names)
-    weight = gate.weight
+def _why_forward_is_not(module: nn.Module, weight: torch.Tensor, expected, tolerance: float,
+                        description: str) -> str | None:
+    """None if module.forward(x) is expected(x) (its dtype, and its value within tolerance) for a random x of
+    [2, 3, the weight's input width] in the weight's dtype and device; else why not."""
     if weight.device.type == "meta":
         return "parameters on the meta device: its forward cannot be checked"
-    x = torch.randn(2, 3, gate.in_features, dtype=weight.dtype, device=weight.device)
+    x = torch.randn(2, 3, weight.shape[-1], dtype=weight.dtype, device=weight.device)
     with torch.no_grad():
         try:
             got = module.forward(x)
-        except Exception as exc:  # noqa: BLE001 - a forward that needs more than x is not an MLP we can serve
+        except Exception as exc:  # noqa: BLE001 - a forward that needs more than x is not one we can serve
             return f"forward(x) raised {type(exc).__name__}"
-        want = down(F.silu(gate(x)) * up(x))
-    tolerance = 1e-5 if weight.dtype == torch.float32 else 2e-2
-    if not isinstance(got, torch.Tensor) or not _close(got, want, tolerance):
-        return f"its forward is not {names[2]}(silu({names[0]}(x)) * {names[1]}(x))"
+        want = expected(x)
+    if not isinstance(got, torch.Tensor) or got.dtype != want.dtype or not _close(got, want, tolerance):
+        return f"its forward is not {description}"
     return None
+
+
+def _why_not_swiglu_mlp(module: nn.Module, names) -> str | None:
+    """None if module's forward is down(silu(gate(x)) * up(x)) on a random input; else why not."""
+    gate, up, down = (getattr(module, name) for name in names)
+    return _why_forward_is_not(module, gate.weight, lambda x: down(F.silu(gate(x)) * up(x)),
+                               1e-5 if gate.weight.dtype == torch.float32 else 2e-2,
+                               f"{names[2]}(silu({names[0]}(x)) * {names[1]}(x))")
 
 
 def _handwritten_rms_norm_eps(module: nn.Module) -> float | None:
@@ -248,18 +255,8 @@ def _handwritten_rms_norm_eps(module: nn.Module) -> float | None:
 def _why_not_handwritten_rms_norm(module: nn.Module, eps: float) -> str | None:
     """None if module's forward is _rms_norm_rounded_first on a random input; else why not."""
     weight = module.weight
-    if weight.device.type == "meta":
-        return "parameters on the meta device: its forward cannot be checked"
-    x = torch.randn(2, 3, weight.shape[0], dtype=weight.dtype, device=weight.device)
-    with torch.no_grad():
-        try:
-            got = module.forward(x)
-        except Exception as exc:  # noqa: BLE001 - a forward that needs more than x is not a norm we can serve
-            return f"forward(x) raised {type(exc).__name__}"
-        want = _rms_norm_rounded_first(x, weight.shape, weight, eps)
-    if not isinstance(got, torch.Tensor) or got.dtype != want.dtype or not _close(got, want, 1e-6):
-        return "its forward is not weight * rms_normalized(x in fp32).to(x.dtype)"
-    return None
+    return _why_forward_is_not(module, weight, lambda x: _rms_norm_rounded_first(x, weight.shape, weight, eps),
+                               1e-6, "weight * rms_normalized(x in fp32).to(x.dtype)")
 
 
 def _handwritten_gelu_approximation(module: nn.Module) -> str | None:
@@ -374,7 +371,8 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
             _swap_forward(module, _handwritten_gelu_forward, routes_router, _roofline_approximate=approximate)
             report.swapped.append((name, "gelu"))
         elif rms_norm and (eps := _handwritten_rms_norm_eps(module)) is not None:
-            _patch_handwritten_rms_norm(name, module, eps, routes_router, report)
+            _swap_if_same(name, module, _why_not_handwritten_rms_norm(module, eps), "rms_norm",
+                          _handwritten_rms_norm_forward, routes_router, report, _roofline_eps=eps)
         elif swiglu:
             _patch_mlp(name, module, routes_router, report)
     if existing is None:
@@ -392,26 +390,22 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
     return report
 
 
-def _patch_handwritten_rms_norm(name: str, module: nn.Module, eps: float, routes_router: Router,
-                                report: PatchReport) -> None:
-    why = _why_not_handwritten_rms_norm(module, eps)
+def _swap_if_same(name: str, module: nn.Module, why: str | None, what: str, forward, routes_router: Router,
+                  report: PatchReport, **attributes) -> None:
+    """Swap module's forward where its check found nothing (why is None), else report why it was left."""
     if why is None:
-        _swap_forward(module, _handwritten_rms_norm_forward, routes_router, _roofline_eps=eps)
-        report.swapped.append((name, "rms_norm"))
+        _swap_forward(module, forward, routes_router, **attributes)
+        report.swapped.append((name, what))
     else:
         report.left.append((name, why))
 
 
 def _patch_mlp(name: str, module: nn.Module, routes_router: Router, report: PatchReport) -> None:
-    for names in MLP_NAMES:
-        if all(type(getattr(module, n, None)) is nn.Linear for n in names):
-            why = _why_not_swiglu_mlp(module, names)
-            if why is None:
-                _swap_forward(module, _swiglu_forward, routes_router, _roofline_mlp=names)
-                report.swapped.append((name, "swiglu"))
-            else:
-                report.left.append((name, why))
-            return
+    names = next((names for names in MLP_NAMES if all(type(getattr(module, n, None)) is nn.Linear for n in names)),
+                 None)
+    if names is not None:
+        _swap_if_same(name, module, _why_not_swiglu_mlp(module, names), "swiglu", _swiglu_forward, routes_router,
+                      report, _roofline_mlp=names)
 
 
 def _patch_rope(model: nn.Module, routes: FunctionRoutes, routes_router: Router, report: PatchReport) -> None:

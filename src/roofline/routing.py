@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib.metadata
 import statistics
 import time
 
 import torch
 
+import roofline
 from roofline import device as _device
 
 POLICIES = ("faster", "always")
@@ -149,12 +149,12 @@ class Router:
         if error is not None:
             return Decision(False, f"differs from torch on a random input: {error}", signature)
         ours_us, torch_us = self._timer(run_ours, run_theirs, _device_of(args))
-        ratio = torch_us / ours_us
-        if ours_us <= MARGIN * torch_us:
+        ratio, faster = torch_us / ours_us, ours_us <= MARGIN * torch_us
+        if faster:
             why = f"{ratio:.2f}x faster than torch here"
         else:
             why = f"torch {1 / ratio:.2f}x as fast here" if ratio < 1 else f"only {ratio:.2f}x faster than torch"
-        return Decision(ours_us <= MARGIN * torch_us, why, signature, round(ours_us, 2), round(torch_us, 2))
+        return Decision(faster, why, signature, round(ours_us, 2), round(torch_us, 2))
 
 
 CAPTURING = ("first seen during CUDA graph capture, where nothing can be measured: torch serves it until a call "
@@ -275,15 +275,7 @@ def time_as_eager(run_ours, run_theirs, device: torch.device) -> tuple[float, fl
 
 def _cache_name(args) -> str:
     d = _device_of(args)
-    versions = [f"triton {_version('triton')}", f"roofline {_version('roofline')}"]
-    return " | ".join([_device.cache_key(d), *versions])
-
-
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "none"
+    return f"{_device.cache_key(d)} | triton {_device.info(d).triton} | roofline {roofline.__version__}"
 
 
 def _cached(key: str, args) -> dict | None:
