@@ -3,11 +3,12 @@ model (examples/models), eager and patched, compiled, under CUDA graphs and with
 one run. The third level of every speed claim: an op that wins alone but not here has not won.
 
     python benchmarks/models.py OUT_DIR [--models gpt2 llama] [--train MODE ...] [--generate MODE ...]
-                                [--batches 1 8] [--steps 10] [--tokens 64] [--tiny]
+                                [--batches 1 8] [--steps 10] [--warmup 10] [--tokens 64] [--tiny]
 
-Training (bf16 autocast, fp32 weights, fused AdamW; batch 8 x 1024 tokens; the loss is F.cross_entropy):
+Training (bf16 autocast, fp32 weights, fused AdamW; batch 8 x 1024 tokens; the model computes its loss,
+F.cross_entropy, in its forward, as nanoGPT's does):
   eager            the model as written
-  patch            roofline.patch(model): each norm, GELU, SwiGLU gate, RoPE and attention call served by
+  patch            roofline.patch(model): each norm, GELU, SwiGLU gate, RoPE, attention and loss call served by
                    roofline's kernel only where measured faster here (the decisions are in the JSON)
   patch-all        roofline.patch(model, policy="always"): every call roofline can serve, faster or not
   compile          torch.compile(model)
@@ -16,9 +17,9 @@ Training (bf16 autocast, fp32 weights, fused AdamW; batch 8 x 1024 tokens; the l
                    GPU's work alone, with no host time per step
   graphs+patch     the same with roofline.patch
 Generation (bf16 weights, a static KV cache, one token a step after a 32-token prompt; batch 1 and 8):
-  eager, patch, patch-all, graphs, graphs+patch as above (graphs: one decode step captured), int8 and
-  int8+graphs (roofline.quantize_int8_weight_only: every nn.Linear int8 weight-only, the LM head too), compile
-  (torch.compile(mode="reduce-overhead"), which is Inductor plus CUDA graphs).
+  eager, patch, patch-all, graphs, graphs+patch as above (graphs: one decode step captured), int8, int8+patch,
+  int8+graphs and int8+graphs+patch (roofline.quantize_int8_weight_only: every nn.Linear int8 weight-only, the LM
+  head too), compile (torch.compile(mode="reduce-overhead"), which is Inductor plus CUDA graphs).
 Both end with eager-again: eager once more, whose speedup over the first eager row is the machine's drift
 over the run (modes run one after another, each on a model of its own).
 
@@ -43,11 +44,11 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import roofline  # noqa: E402
+from roofline import routing  # noqa: E402
 from roofline.bench.stats import speedup_ci  # noqa: E402
 from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 from examples.models.llama import Llama, LlamaConfig  # noqa: E402
@@ -58,12 +59,14 @@ MODELS = {
                                                  d_model=64, intermediate_size=96)),
 }
 TRAIN_MODES = ("eager", "patch", "patch-all", "compile", "compile+patch", "graphs", "graphs+patch")
-GENERATE_MODES = ("eager", "patch", "patch-all", "graphs", "graphs+patch", "int8", "int8+graphs", "compile")
+GENERATE_MODES = ("eager", "patch", "patch-all", "graphs", "graphs+patch", "int8", "int8+patch", "int8+graphs",
+                  "int8+graphs+patch", "compile")
 LOSS_TOLERANCE = 0.01
 CHECKED_STEPS = 3
 LOGITS_TOLERANCE = {"int8": 0.15}
 PROMPT = 32
-WARMUP = 3
+WARMUP = routing.SETTLE_CALLS + 2   # steps before timing (default): lazy decisions made, patch's routes settled
+CAPTURE_WARMUP = 3                  # steps before a CUDA graph's capture (a replay pays no routing)
 
 
 def _sizes(tiny: bool) -> dict:
@@ -88,9 +91,9 @@ def _patch(model, mode: str):
 def _patch_fields(report) -> dict:
     """A row's routes (who served each call signature, read after the run), swapped and left."""
     if report is None:
-        return dict(routes=None, swapped=None, left=None)
+        return dict(routes=None, swapped=None, left=None, settled=None)
     return dict(routes=report.router.report(), swapped=[list(s) for s in report.swapped],
-                left=[list(s) for s in report.left])
+                left=[list(s) for s in report.left], settled=report.settled())
 
 
 def _free(device: torch.device) -> None:
@@ -128,12 +131,12 @@ class StepTimer:
 
 
 def _captured(step, device: torch.device):
-    """step() captured as a CUDA graph after WARMUP calls on a side stream (which make every lazy decision:
+    """step() captured as a CUDA graph after CAPTURE_WARMUP calls on a side stream (which make every lazy decision:
     kernels compiled, plans built, routes measured); returns a callable replaying it and returning its output."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(WARMUP):
+        for _ in range(CAPTURE_WARMUP):
             step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
@@ -165,8 +168,7 @@ def train(name: str, mode: str, args) -> dict:
     def step():
         optimizer.zero_grad(set_to_none=True)   # in a capture, backward then writes the graph's own gradients
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda, cache_enabled=not graphs):
-            logits = forward(idx)
-            loss = F.cross_entropy(logits.view(-1, vocab), targets.view(-1))
+            loss = forward(idx, targets=targets)[1]   # the logits go as soon as the loss is computed
         loss.backward()
         optimizer.step()
         return loss.detach()
@@ -177,7 +179,7 @@ def train(name: str, mode: str, args) -> dict:
         run = _captured(step, device)
     else:
         run = step
-        for _ in range(WARMUP):
+        for _ in range(args.warmup):
             losses.append(run().clone())
     first_s = time.perf_counter() - start
     timer = StepTimer(device)
@@ -190,12 +192,13 @@ def train(name: str, mode: str, args) -> dict:
     return dict(model=name, mode=mode, samples_ms=samples, median_ms=median,
                 tokens_per_s=sizes["train_batch"] * sizes["train_seq"] / median * 1e3, peak_gib=_peak_gib(device),
                 warmup_s=first_s, losses=[float(x) for x in torch.stack(losses).float().cpu()],
+                first_step=CAPTURE_WARMUP if graphs else 0,
                 **_patch_fields(patched))
 
 
 def _check_losses(rows: list[dict]) -> None:
     """Each row's losses against eager's, step by step. Checked: the first CHECKED_STEPS steps the row recorded
-    (the graphs modes record from their first replay, which is step WARMUP), each within LOSS_TOLERANCE of eager's.
+    (the graphs modes record from their first replay, step CAPTURE_WARMUP), each within LOSS_TOLERANCE of eager's.
     Later steps are reported, not checked: the batch is memorized within a dozen steps, and in that steep
     descent bf16 rounding (and the backward's atomics: compile against itself) spread losses by a few percent,
     where a wrong gradient moves the loss by far more at the first step after it."""
@@ -206,7 +209,8 @@ def _check_losses(rows: list[dict]) -> None:
         if eager is None:
             row["loss_error"] = row["loss_spread"] = row["numerics_ok"] = None
             continue
-        errors = [abs(a - b) / abs(b) for a, b in zip(row["losses"], eager["losses"][-len(row["losses"]):])]
+        first = row["first_step"]
+        errors = [abs(a - b) / abs(b) for a, b in zip(row["losses"], eager["losses"][first:first + len(row["losses"])])]
         row["loss_error"], row["loss_spread"] = max(errors[:CHECKED_STEPS]), max(errors)
         row["numerics_ok"] = row["loss_error"] <= LOSS_TOLERANCE
 
@@ -217,9 +221,9 @@ def generate(name: str, mode: str, batch: int, args) -> dict:
     device, sizes = args.device, _sizes(args.tiny)
     _free(device)
     model = build(name, args.tiny, device).to(torch.bfloat16).eval()
+    patched = _patch(model, mode)   # first: patch finds SwiGLU MLPs by their nn.Linear children
     if mode.startswith("int8"):
         roofline.quantize_int8_weight_only(model)
-    patched = _patch(model, mode)
     prompt, tokens = sizes["prompt"], args.tokens
     model.setup_cache(batch, prompt + tokens, torch.bfloat16)
     generator = torch.Generator(device).manual_seed(2)
@@ -243,7 +247,7 @@ def generate(name: str, mode: str, batch: int, args) -> dict:
             run = _captured(decode, device)
         else:
             run = decode
-            for _ in range(WARMUP):
+            for _ in range(args.warmup):
                 run()
         first_s = time.perf_counter() - start
         logits, timer = [], StepTimer(device)
@@ -379,6 +383,7 @@ def main(argv=None) -> int:
                         metavar="MODE")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8], help="generation batch sizes")
     parser.add_argument("--steps", type=int, default=10, help="training steps timed per mode")
+    parser.add_argument("--warmup", type=int, default=WARMUP, help="steps run before timing (not under CUDA graphs)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated (timed) per mode")
     parser.add_argument("--tiny", action="store_true", help="tiny configs (for the CPU test)")
     args = parser.parse_args(argv)

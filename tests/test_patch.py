@@ -1,6 +1,7 @@
 """roofline.patch (what it catches, swaps and leaves, on small blocks and on the Llama-style example model) and
 roofline.routing.Router (measured decisions, checks before a swap, the decisions' cache)."""
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -67,7 +68,7 @@ def test_patch_swaps_in_place_and_keeps_outputs():
     keys = list(model.state_dict())
     report = roofline.patch(model, policy="always")
     assert report.swapped == [("norm1", "layer_norm"), ("mlp.1", "gelu"), ("norm2", "rms_norm"),
-                              ("", "scaled_dot_product_attention")]
+                              ("", "scaled_dot_product_attention"), ("", "cross_entropy")]
     assert isinstance(model.norm1, nn.LayerNorm) and type(model.norm1).__name__ == "LayerNorm"
     assert type(model.custom) is Block.CustomNorm                      # a user's subclass keeps its forward
     assert list(model.state_dict()) == keys
@@ -75,7 +76,8 @@ def test_patch_swaps_in_place_and_keeps_outputs():
     assert served(model, "layer_norm") == {"roofline": 1} and served(model, "gelu") == {"roofline": 1}
     assert roofline.patch(model).swapped == []                          # nothing left to swap
     partial = Block()
-    assert roofline.patch(partial, gelu=False, rms_norm=False, attention=False).swapped == [("norm1", "layer_norm")]
+    assert roofline.patch(partial, gelu=False, rms_norm=False, attention=False, cross_entropy=False).swapped == \
+        [("norm1", "layer_norm")]
 
 
 def test_patch_names_a_wrong_argument():
@@ -180,7 +182,7 @@ def test_patch_serves_hand_written_rms_norms_and_leaves_their_variants(dtype):
     model, reference = twins(lambda: nn.Sequential(HandWrittenRMSNorm(48), nn.Linear(48, 48), OffsetRMSNorm(48)),
                              dtype)
     report = roofline.patch(model, policy="always", rope=False)
-    assert report.swapped == [("0", "rms_norm"), ("", "scaled_dot_product_attention")]
+    assert report.swapped == [("0", "rms_norm"), ("", "scaled_dot_product_attention"), ("", "cross_entropy")]
     assert report.left == [("2", "its forward is not weight * rms_normalized(x in fp32).to(x.dtype)")]
     assert type(model[0]).__name__ == "HandWrittenRMSNorm" and list(model.state_dict()) == list(reference.state_dict())
     x = torch.randn(3, 5, 48, device=DEVICE, dtype=dtype)
@@ -384,6 +386,62 @@ def test_router_always_serves_what_roofline_can():
     r = routing.Router("always", timer=Timer(5.0, 1.0), persist=False)
     r.call("double", _never, _twice, _doubled, torch.randn(2))
     assert r.report()[0]["served_by"] == "roofline" and r._timer.calls == 0
+
+
+@pytest.mark.parametrize("times, settles", [((20.0, 10.0), True), ((10.0, 20.0), False)])
+def test_a_route_that_torch_served_throughout_settles(times, settles):
+    settled = []
+    r = routing.Router(timer=Timer(*times), persist=False)
+    route = routing.Route(r, "double", _never, _twice, _doubled, "double", on_settle=lambda: settled.append(1))
+    for i in range(routing.SETTLE_CALLS + 3):
+        torch.testing.assert_close(route(torch.full((3,), float(i))), torch.full((3,), 2.0 * i))
+        assert route.settled == (settles and i + 1 >= routing.SETTLE_CALLS)
+    assert settled == ([1] if settles else [])
+    assert r.report()[0]["calls"] == (routing.SETTLE_CALLS if settles else routing.SETTLE_CALLS + 3)
+
+
+def test_calls_served_without_a_decision_do_not_settle_a_route(monkeypatch):
+    r = routing.Router(timer=Timer(20.0, 10.0), persist=False)
+    route = routing.Route(r, "double", _never, _twice, _doubled, "double")
+    monkeypatch.setattr(routing, "_capturing", lambda: True)   # first seen during capture: nothing decided
+    for _ in range(routing.SETTLE_CALLS + 1):
+        route(torch.ones(2))
+    assert not route.settled and route.decided == 0
+
+
+class TanhGELU(nn.Module):
+    """GELU as Hugging Face's NewGELUActivation writes it: the tanh formula, several kernels."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class NormActAttentionLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.act = nn.LayerNorm(16), TanhGELU()
+
+    def forward(self, x, target):
+        h = self.act(self.norm(x))
+        return F.scaled_dot_product_attention(h[None, None], h[None, None], h[None, None]), F.cross_entropy(h, target)
+
+
+def test_patch_takes_out_the_routes_torch_served_throughout():
+    model = NormActAttentionLoss().to(DEVICE, torch.float64)   # float64: torch serves every call
+    x, target = torch.randn(5, 16, device=DEVICE, dtype=torch.float64), torch.randint(0, 16, (5,), device=DEVICE)
+    want = model(x, target)
+    report = roofline.patch(model)
+    for i in range(routing.SETTLE_CALLS + 2):
+        for a, b in zip(model(x, target), want):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        assert (type(model.norm) is nn.LayerNorm) == (i + 1 >= routing.SETTLE_CALLS)   # its own class back
+    assert type(model.act) is not TanhGELU          # a hand-written GELU keeps going to F.gelu's one kernel
+    assert sorted(report.settled()) == ["act", "cross_entropy", "norm", "scaled_dot_product_attention"]
+    assert F.scaled_dot_product_attention is TORCH_SDPA and F.cross_entropy is patching.TORCH_CROSS_ENTROPY
+    assert f"settled, torch served their first {routing.SETTLE_CALLS} calls" in str(report)
+    calls = {row["op"]: row["calls"] for row in router(model).report()}
+    assert calls == {op: routing.SETTLE_CALLS for op in ("layer_norm", "gelu", "attention", "cross_entropy")}
+    assert roofline.patch(model).swapped == []      # a settled module is not swapped again
 
 
 def test_time_as_eager_tells_a_slow_call_from_a_fast_one():

@@ -26,12 +26,14 @@ MODELS = {
 SWAPPED = {
     "llama": ["model.layers.0.mlp swiglu", "model.layers.0.input_layernorm rms_norm",
               "model.layers.0.post_attention_layernorm rms_norm", "model.norm rms_norm",
-              " scaled_dot_product_attention", "transformers.models.llama.modeling_llama.apply_rotary_pos_emb rope"],
+              " scaled_dot_product_attention", " cross_entropy",
+              "transformers.models.llama.modeling_llama.apply_rotary_pos_emb rope"],
     "qwen2": ["model.layers.0.mlp swiglu", "model.layers.0.input_layernorm rms_norm",
               "model.layers.0.post_attention_layernorm rms_norm", "model.norm rms_norm",
-              " scaled_dot_product_attention", "transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb rope"],
+              " scaled_dot_product_attention", " cross_entropy",
+              "transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb rope"],
     "gpt2": ["transformer.h.0.ln_1 layer_norm", "transformer.h.0.ln_2 layer_norm", "transformer.h.0.mlp.act gelu",
-             "transformer.ln_f layer_norm", " scaled_dot_product_attention"],
+             "transformer.ln_f layer_norm", " scaled_dot_product_attention", " cross_entropy"],
 }
 
 
@@ -56,9 +58,18 @@ def test_patch_serves_transformers_models_as_written(name):
     assert report.left == []
     idx = torch.randint(0, 64, (2, 7), device=DEVICE)
     same_outputs_and_grads(Logits(model), Logits(reference), idx, rtol=1e-4, atol=1e-4)
+    # the loss as transformers computes it inside the forward (F.cross_entropy over shifted labels, -100 ignored)
+    labels = idx.clone()
+    labels[0, :3] = -100
+    losses = [m(idx, labels=labels).loss for m in (model, reference)]
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
+    for loss in losses:
+        loss.backward()
+    for (where, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, where=where: f"{where}: {m}")
     served = {row["op"]: row["served_by"] for row in router(model).report()}
     kernels = {"llama": ["rms_norm", "swiglu", "rope"], "qwen2": ["rms_norm", "swiglu", "rope"],
-               "gpt2": ["layer_norm", "gelu"]}[name]
+               "gpt2": ["layer_norm", "gelu"]}[name] + ["cross_entropy"]
     assert served == {**{op: "roofline" for op in kernels}, "attention": "torch"}   # fp32: flash serves fp16/bf16
 
 

@@ -4,6 +4,7 @@ head tied to the token embedding.
 
     model = GPT2(GPT2Config())                    # GPT-2 small, 124M parameters
     logits = model(idx)                           # training: [batch, seq] -> [batch, seq, vocab]
+    logits, loss = model(idx, targets=targets)    # and the loss (F.cross_entropy), as nanoGPT's
     model.setup_cache(batch, max_seq, dtype)      # generation: then model(idx, input_pos) one chunk at a time
 """
 
@@ -97,12 +98,16 @@ class GPT2(nn.Module):
                                           self.wte.weight.device)
         self.mask = causal_mask(max_seq, self.wte.weight.device)
 
-    def forward(self, idx, input_pos=None):
+    def forward(self, idx, input_pos=None, targets=None):
         """idx [batch, seq] -> logits [batch, seq, vocab]; with input_pos (the positions of idx's tokens), through
-        the KV cache."""
+        the KV cache; with targets [batch, seq] (each position's next token), (logits, loss), as nanoGPT returns
+        them."""
         positions = torch.arange(idx.shape[1], device=idx.device) if input_pos is None else input_pos
         mask = None if input_pos is None else self.mask[None, None, input_pos]
         x = self.wte(idx) + self.wpe(positions)
         for block in self.h:
             x = block(x, input_pos, mask)
-        return self.lm_head(self.ln_f(x))
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits
+        return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))

@@ -4,6 +4,7 @@ heads, and a SwiGLU MLP (gate_proj, up_proj, down_proj); no biases; an untied LM
 
     model = Llama(LlamaConfig())                  # 16 layers, d 2048, 32 query / 8 key-value heads: 0.95B
     logits = model(idx)                           # training: [batch, seq] -> [batch, seq, vocab]
+    logits, loss = model(idx, targets=targets)    # and the loss (F.cross_entropy), as nanoGPT's
     model.setup_cache(batch, max_seq, dtype)      # generation: then model(idx, input_pos) one chunk at a time
 """
 
@@ -124,13 +125,17 @@ class Llama(nn.Module):
                                                dtype, device)
         self.mask = causal_mask(max_seq, device)
 
-    def forward(self, idx, input_pos=None):
+    def forward(self, idx, input_pos=None, targets=None):
         """idx [batch, seq] -> logits [batch, seq, vocab]; with input_pos (the positions of idx's tokens), through
-        the KV cache."""
+        the KV cache; with targets [batch, seq] (each position's next token), (logits, loss), as nanoGPT returns
+        them."""
         positions = torch.arange(idx.shape[1], device=idx.device) if input_pos is None else input_pos
         cos, sin = self.rope_cos[positions][None], self.rope_sin[positions][None]
         mask = None if input_pos is None else self.mask[None, None, input_pos]
         x = self.embed_tokens(idx)
         for block in self.layers:
             x = block(x, cos, sin, input_pos, mask)
-        return self.lm_head(self.norm(x))
+        logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits
+        return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))

@@ -1,6 +1,6 @@
 """roofline.patch(model) (this module is roofline.patching, so the name roofline.patch stays the function): send a
-model's norms, GELUs, SwiGLU gates, rotary embeddings and attention to roofline's kernels where, and only where,
-they are faster on this device; quantize_int8_weight_only(model).
+model's norms, GELUs, SwiGLU gates, rotary embeddings, attention and cross-entropy loss to roofline's kernels where,
+and only where, they are faster on this device; quantize_int8_weight_only(model).
 
 How calls are caught, in place (parameters, buffers, hooks and state-dict keys stay exactly as they were, so
 optimizers, checkpoints and FSDP wrappers see no difference):
@@ -13,21 +13,25 @@ optimizers, checkpoints and FSDP wrappers see no difference):
   - SwiGLU MLPs by structure: a module whose children gate_proj, up_proj, down_proj (Hugging Face, torchtitan) or
     w1, w3, w2 (gpt-fast, Meta's Llama) are nn.Linear layers, once its forward is checked on a random input to be
     down(silu(gate(x)) * up(x));
-  - functions while the model's forward runs: torch.nn.functional.scaled_dot_product_attention, and
-    apply_rotary_pos_emb (Hugging Face's name and signature for rotate-half RoPE) in the Python modules that define
-    the model's classes, once it is checked on a random input to be rotate-half RoPE. A name bound before the
-    forward (from torch.nn.functional import scaled_dot_product_attention) still calls torch's.
+  - functions while the model's forward runs: torch.nn.functional.scaled_dot_product_attention and
+    cross_entropy (the loss of a model that computes it in its forward, as nanoGPT's and Hugging Face's do,
+    nn.CrossEntropyLoss included), and apply_rotary_pos_emb (Hugging Face's name and signature for rotate-half
+    RoPE) in the Python modules that define the model's classes, once it is checked on a random input to be
+    rotate-half RoPE. A name bound before the forward (from torch.nn.functional import cross_entropy) still calls
+    torch's.
 
-Every caught call goes through the model's roofline.routing.Router, which serves it with roofline's kernel only
-where that was measured faster for the call's signature (and checked against torch on a random input), leaves
-it to torch otherwise, and counts who served what and why: print(patch(model)) after a forward, or
-router(model).report().
+Every caught call goes through a route (roofline.routing.Route) to the model's Router, which serves it with
+roofline's kernel only where that was measured faster for the call's signature (and checked against torch on a
+random input), leaves it to torch otherwise, and counts who served what and why: print(patch(model)) after a
+forward, or router(model).report(). A route whose first calls torch served, every one, settles: the module gets
+its own forward back, the function its original, and later calls cost what they cost unpatched.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -38,9 +42,10 @@ from roofline import ops
 from roofline.ops._common import DTYPES, interpreting
 from roofline.ops.attention import HEAD_DIMS
 from roofline.ops.rope import rope_reference
-from roofline.routing import Router
+from roofline.routing import SETTLE_CALLS, Route, Router
 
 TORCH_SDPA = F.scaled_dot_product_attention
+TORCH_CROSS_ENTROPY = F.cross_entropy
 ROUTED_DTYPES = (torch.float16, torch.bfloat16)
 MLP_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 ROPE_FUNCTION = "apply_rotary_pos_emb"
@@ -112,6 +117,26 @@ def why_not_flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     return None
 
 
+def why_not_cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                          reduction="mean", label_smoothing=0.0) -> str | None:
+    """Why ops.cross_entropy cannot give what F.cross_entropy(same arguments) gives, or None if it can."""
+    if weight is not None:
+        return "class weights"
+    if size_average is not None or reduce is not None:
+        return "the deprecated size_average or reduce"
+    if not isinstance(input, torch.Tensor) or input.dim() != 2 or input.numel() == 0:
+        return "logits that are not a non-empty (N, C) tensor"
+    if not isinstance(target, torch.Tensor) or target.dtype != torch.int64 or target.shape != input.shape[:1] \
+            or target.device != input.device:
+        return "targets that are not (N,) int64 class indices on the logits' device"
+    if reduction not in ("mean", "sum", "none") or isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        return "a reduction or ignore_index that torch itself refuses"
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) \
+            or not 0.0 <= label_smoothing <= 1.0:
+        return "a label_smoothing that torch itself refuses"
+    return why_not_kernel(input)
+
+
 # --------------------------------------------------------------------------- roofline's side of each call
 
 def _layer_norm(x, normalized_shape, weight, bias, eps):
@@ -154,6 +179,14 @@ def _rope(q, k, cos, sin, *rest, **options):
     return ops.rope(q, k, cos, sin, backend="triton")
 
 
+def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                   label_smoothing=0.0):
+    # Targets unchecked: a host sync per call otherwise. The kernel is safe with any target, and one out of
+    # range gives a nan loss where torch's CUDA kernel stops the process with a device-side assert.
+    return ops.cross_entropy(input, target, ignore_index, reduction, label_smoothing, backend="triton",
+                             check_targets=False)
+
+
 def _flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     return ops.flash_attention(query, key, value, bool(is_causal), scale, backend="triton")
 
@@ -161,48 +194,81 @@ def _flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
 # --------------------------------------------------------------------------- the swapped modules' forwards
 
 def _layer_norm_forward(self, x):
-    return self._roofline_router.call("layer_norm", why_not_kernel, _layer_norm, F.layer_norm,
-                                      x, self.normalized_shape, self.weight, self.bias, self.eps)
+    return self._roofline_route(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 def _rms_norm_forward(self, x):
-    return self._roofline_router.call("rms_norm", why_not_kernel, _rms_norm, F.rms_norm,
-                                      x, self.normalized_shape, self.weight, self.eps)
-
-
-def _handwritten_gelu_forward(self, x):
-    return self._roofline_router.call("gelu", why_not_kernel, _gelu, _torch_gelu, x, self._roofline_approximate)
-
-
-def _handwritten_rms_norm_forward(self, x):
-    return self._roofline_router.call("rms_norm", why_not_kernel, _rms_norm_as_written, _rms_norm_rounded_first,
-                                      x, self.weight.shape, self.weight, self._roofline_eps)
+    return self._roofline_route(x, self.normalized_shape, self.weight, self.eps)
 
 
 def _gelu_forward(self, x):
-    return self._roofline_router.call("gelu", why_not_kernel, _gelu, _torch_gelu, x, self.approximate)
+    return self._roofline_route(x, self.approximate)
+
+
+def _handwritten_gelu_forward(self, x):
+    return self._roofline_route(x, self._roofline_approximate)
+
+
+def _handwritten_rms_norm_forward(self, x):
+    return self._roofline_route(x, self.weight.shape, self.weight, self._roofline_eps)
 
 
 def _swiglu_forward(self, x):
     gate, up, down = (getattr(self, name) for name in self._roofline_mlp)
-    return down(self._roofline_router.call("swiglu", why_not_swiglu, _swiglu, _silu_times, gate(x), up(x)))
+    return down(self._roofline_route(gate(x), up(x)))
 
 
-MODULE_SWAPS = {nn.LayerNorm: ("layer_norm", _layer_norm_forward), nn.RMSNorm: ("rms_norm", _rms_norm_forward),
-                nn.GELU: ("gelu", _gelu_forward)}
+@dataclasses.dataclass(frozen=True)
+class Swap:
+    """How a module is routed: op, the forward swapped in (which calls self._roofline_route), and the route's
+    why_not, ours and theirs (see Router.call). restore: once the route settles (torch served every call),
+    the module gets its own forward back; not where theirs is faster than the module's own forward (a
+    hand-written GELU formula of several kernels, whose torch side is F.gelu's one)."""
+    op: str
+    forward: object
+    why_not: object
+    ours: object
+    theirs: object
+    restore: bool = True
+
+
+MODULE_SWAPS = {nn.LayerNorm: Swap("layer_norm", _layer_norm_forward, why_not_kernel, _layer_norm, F.layer_norm),
+                nn.RMSNorm: Swap("rms_norm", _rms_norm_forward, why_not_kernel, _rms_norm, F.rms_norm),
+                nn.GELU: Swap("gelu", _gelu_forward, why_not_kernel, _gelu, _torch_gelu)}
+HANDWRITTEN_GELU = Swap("gelu", _handwritten_gelu_forward, why_not_kernel, _gelu, _torch_gelu, restore=False)
+HANDWRITTEN_RMS_NORM = Swap("rms_norm", _handwritten_rms_norm_forward, why_not_kernel, _rms_norm_as_written,
+                            _rms_norm_rounded_first)
+SWIGLU_MLP = Swap("swiglu", _swiglu_forward, why_not_swiglu, _swiglu, _silu_times)
 _SUBCLASSES: dict[tuple, type] = {}
 
 
-def _swap_forward(module: nn.Module, forward, router: Router, **attributes) -> None:
-    """Change module's class to a subclass of its own whose forward is `forward` (one subclass per class and
-    forward, named as the class), and hand it the router."""
+def _swap_forward(name: str, module: nn.Module, swap: Swap, router: Router, report: "PatchReport",
+                  **attributes) -> None:
+    """Change module's class to a subclass of its own whose forward is swap.forward (one subclass per class and
+    forward, named as the class), with a route of its own through the router."""
     cls = type(module)
-    key = (cls, forward, tuple(attributes.items()))
+    key = (cls, swap.forward, tuple(attributes.items()))
     if key not in _SUBCLASSES:
-        _SUBCLASSES[key] = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
+        _SUBCLASSES[key] = type(cls.__name__, (cls,), {"forward": swap.forward, "__module__": cls.__module__,
                                                        "__qualname__": cls.__qualname__, **attributes})
     module.__class__ = _SUBCLASSES[key]
     module._roofline_router = router
+    module._roofline_route = Route(router, swap.op, swap.why_not, swap.ours, swap.theirs, name or "(model)",
+                                   _restorer(module, cls) if swap.restore else None)
+    report.swapped.append((name, swap.op))
+    report.routes.append(module._roofline_route)
+
+
+def _restorer(module: nn.Module, cls: type):
+    """A function that gives module its class, and so its own forward, back (a weak reference: the route it is
+    given to belongs to the module)."""
+    ref = weakref.ref(module)
+
+    def restore():
+        target = ref()
+        if target is not None:
+            target.__class__ = cls
+    return restore
 
 
 # --------------------------------------------------------------------------- checks before a swap
@@ -296,41 +362,46 @@ def _why_not_rope_function(fn) -> str | None:
 
 class FunctionRoutes:
     """The module-level functions a patched model's forward calls through its router: each (namespace, name) is
-    set to its route before the forward and put back after it (an exception included; nested forwards too)."""
+    set to its route before the forward and put back after it (an exception included; nested forwards too).
+    A route that settled (torch served every call) is dropped once the outermost forward is over."""
 
     def __init__(self):
-        self.routes: list[tuple[object, str, object]] = []
+        self.routes: list[tuple[object, str, Route, object]] = []   # namespace, name, route, function set there
         self._saved: list[list] = []
 
-    def add(self, namespace, name: str, route) -> None:
-        self.routes.append((namespace, name, route))
+    def add(self, namespace, name: str, route: Route) -> None:
+        def routed(*args, **kwargs):
+            return route(*args, **kwargs)
+        routed.__name__ = routed.__qualname__ = getattr(route.theirs, "__name__", name)
+        self.routes.append((namespace, name, route, routed))
 
     def enter(self, module, args):
-        self._saved.append([getattr(namespace, name) for namespace, name, _ in self.routes])
-        for namespace, name, route in self.routes:
-            setattr(namespace, name, route)
+        self._saved.append([getattr(namespace, name) for namespace, name, _, _ in self.routes])
+        for namespace, name, _, routed in self.routes:
+            setattr(namespace, name, routed)
 
     def exit(self, module, args, output):
-        for (namespace, name, _), original in zip(self.routes, self._saved.pop()):
+        for (namespace, name, _, _), original in zip(self.routes, self._saved.pop()):
             setattr(namespace, name, original)
-
-
-def _route_function(router: Router, op: str, why_not, ours, original):
-    def route(*args, **kwargs):
-        return router.call(op, why_not, ours, original, *args, **kwargs)
-    route.__name__ = route.__qualname__ = getattr(original, "__name__", op)
-    return route
+        if not self._saved:
+            self.routes = [entry for entry in self.routes if not entry[2].settled]
 
 
 # --------------------------------------------------------------------------- patch
 
 @dataclasses.dataclass
 class PatchReport:
-    """What patch(model) swapped (qualified name, what), what it looked at and left (qualified name, why), and the
-    model's router, whose report() says who served each call signature since, and why."""
+    """What patch(model) swapped (qualified name, what), what it looked at and left (qualified name, why), the
+    routes it made (one per swapped module or function; a route whose calls torch served throughout settles, and
+    is taken out), and the model's router, whose report() says who served each call signature since, and why."""
     swapped: list[tuple[str, str]]
     left: list[tuple[str, str]]
     router: Router
+    routes: list[Route] = dataclasses.field(default_factory=list)
+
+    def settled(self) -> list[str]:
+        """The routes taken out: torch served each of their first calls (routing.SETTLE_CALLS)."""
+        return [route.name for route in self.routes if route.settled]
 
     def __str__(self) -> str:
         lines = [f"swapped {len(self.swapped)}: " + ", ".join(f"{name or '(model)'} {what}"
@@ -341,15 +412,20 @@ class PatchReport:
             signature = f" {row['signature']}" if row["signature"] else ""
             lines.append(f"{row['op']}{signature}: {row['calls']} calls to {row['served_by']}, "
                          f"{row['why']}{times}")
+        settled = self.settled()
+        if settled:
+            lines.append(f"settled, torch served their first {SETTLE_CALLS} calls and every later one goes "
+                         f"straight to it: {', '.join(settled)}")
         return "\n".join(lines)
 
 
 def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, gelu: bool = True,
-          swiglu: bool = True, rope: bool = True, attention: bool = True, policy: str = "faster") -> PatchReport:
-    """Route model's norms, GELUs, SwiGLU gates, rotary embeddings and attention (those asked for) through a
-    Router that serves each call signature with roofline's kernel only where it measured faster on this device
-    (policy="faster"), or wherever roofline can serve it (policy="always"). In place; see the module's docstring
-    for what is caught and how.
+          swiglu: bool = True, rope: bool = True, attention: bool = True, cross_entropy: bool = True,
+          policy: str = "faster") -> PatchReport:
+    """Route model's norms, GELUs, SwiGLU gates, rotary embeddings, attention and cross-entropy losses (those
+    asked for) through a Router that serves each call signature with roofline's kernel only where it measured
+    faster on this device (policy="faster"), or wherever roofline can serve it (policy="always"). In place; see
+    the module's docstring for what is caught and how.
 
     Returns a PatchReport: what was swapped and what was left, with why. Calling it again swaps nothing more
     (the model keeps its router and policy).
@@ -364,23 +440,25 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
         if hasattr(module, "_roofline_router"):
             continue
         swap = MODULE_SWAPS.get(type(module))
-        if swap is not None and wanted[swap[0]]:
-            _swap_forward(module, swap[1], routes_router)
-            report.swapped.append((name, swap[0]))
+        if swap is not None and wanted[swap.op]:
+            _swap_forward(name, module, swap, routes_router, report)
         elif gelu and type(module) is not nn.GELU and (approximate := _handwritten_gelu_approximation(module)):
-            _swap_forward(module, _handwritten_gelu_forward, routes_router, _roofline_approximate=approximate)
-            report.swapped.append((name, "gelu"))
+            _swap_forward(name, module, HANDWRITTEN_GELU, routes_router, report, _roofline_approximate=approximate)
         elif rms_norm and (eps := _handwritten_rms_norm_eps(module)) is not None:
-            _swap_if_same(name, module, _why_not_handwritten_rms_norm(module, eps), "rms_norm",
-                          _handwritten_rms_norm_forward, routes_router, report, _roofline_eps=eps)
+            _swap_if_same(name, module, _why_not_handwritten_rms_norm(module, eps), HANDWRITTEN_RMS_NORM,
+                          routes_router, report, _roofline_eps=eps)
         elif swiglu:
             _patch_mlp(name, module, routes_router, report)
     if existing is None:
         routes = FunctionRoutes()
         if attention:
-            routes.add(F, "scaled_dot_product_attention",
-                       _route_function(routes_router, "attention", why_not_flash, _flash, TORCH_SDPA))
-            report.swapped.append(("", "scaled_dot_product_attention"))
+            _route_function(routes, F, "scaled_dot_product_attention",
+                            Route(routes_router, "attention", why_not_flash, _flash, TORCH_SDPA,
+                                  "scaled_dot_product_attention"), report, ("", "scaled_dot_product_attention"))
+        if cross_entropy:
+            _route_function(routes, F, "cross_entropy",
+                            Route(routes_router, "cross_entropy", why_not_cross_entropy, _cross_entropy,
+                                  TORCH_CROSS_ENTROPY, "cross_entropy"), report, ("", "cross_entropy"))
         if rope:
             _patch_rope(model, routes, routes_router, report)
         model._roofline_router = routes_router
@@ -390,12 +468,18 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
     return report
 
 
-def _swap_if_same(name: str, module: nn.Module, why: str | None, what: str, forward, routes_router: Router,
+def _route_function(routes: FunctionRoutes, namespace, name: str, route: Route, report: PatchReport,
+                    listed_as: tuple[str, str]) -> None:
+    routes.add(namespace, name, route)
+    report.swapped.append(listed_as)
+    report.routes.append(route)
+
+
+def _swap_if_same(name: str, module: nn.Module, why: str | None, swap: Swap, routes_router: Router,
                   report: PatchReport, **attributes) -> None:
     """Swap module's forward where its check found nothing (why is None), else report why it was left."""
     if why is None:
-        _swap_forward(module, forward, routes_router, **attributes)
-        report.swapped.append((name, what))
+        _swap_forward(name, module, swap, routes_router, report, **attributes)
     else:
         report.left.append((name, why))
 
@@ -404,8 +488,8 @@ def _patch_mlp(name: str, module: nn.Module, routes_router: Router, report: Patc
     names = next((names for names in MLP_NAMES if all(type(getattr(module, n, None)) is nn.Linear for n in names)),
                  None)
     if names is not None:
-        _swap_if_same(name, module, _why_not_swiglu_mlp(module, names), "swiglu", _swiglu_forward, routes_router,
-                      report, _roofline_mlp=names)
+        _swap_if_same(name, module, _why_not_swiglu_mlp(module, names), SWIGLU_MLP, routes_router, report,
+                      _roofline_mlp=names)
 
 
 def _patch_rope(model: nn.Module, routes: FunctionRoutes, routes_router: Router, report: PatchReport) -> None:
@@ -419,8 +503,10 @@ def _patch_rope(model: nn.Module, routes: FunctionRoutes, routes_router: Router,
             continue
         why = _why_not_rope_function(original)
         if why is None:
-            routes.add(namespace, ROPE_FUNCTION, _route_function(routes_router, "rope", why_not_rope, _rope, original))
-            report.swapped.append((f"{module_name}.{ROPE_FUNCTION}", "rope"))
+            _route_function(routes, namespace, ROPE_FUNCTION,
+                            Route(routes_router, "rope", why_not_rope, _rope, original,
+                                  f"{module_name}.{ROPE_FUNCTION}"), report,
+                            (f"{module_name}.{ROPE_FUNCTION}", "rope"))
         else:
             report.left.append((f"{module_name}.{ROPE_FUNCTION}", why))
 

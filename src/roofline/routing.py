@@ -16,6 +16,11 @@ users who have measured themselves). Whatever the policy, a call is left to torc
   - when first seen during CUDA graph capture, where nothing can be measured (decided calls are captured as
     decided);
   - when roofline's result differs from torch's on a random input of the call's signature.
+
+Deciding costs host time on every call (a few microseconds: the signature's key and its look-up), which a
+host-bound program (a decode step in eager mode) pays in full. So patch gives each place it catches calls a
+Route, and a route whose first SETTLE_CALLS calls torch served, every one, settles: it is taken out, and later
+calls cost what they cost before patch.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from roofline import device as _device
 POLICIES = ("faster", "always")
 MEASURED_PER_OP = 32  # signatures measured per op and router; a program of ever new shapes leaves the rest to torch
 DECISIONS_KEPT = 4096  # signatures kept per router
+SETTLE_CALLS = 8     # decided calls after which a route that torch served throughout is taken out (Route)
 MARGIN = 0.97        # roofline must take at most this fraction of torch's time: a tie goes to torch
 ROUNDS = 7           # alternating rounds of back-to-back calls; the median round counts
 ROUND_S = 2e-3       # host and GPU time per round and implementation, about
@@ -69,8 +75,13 @@ class Router:
         self._persist = persist
 
     def call(self, op: str, why_not, ours, theirs, *args, **kwargs):
+        return self.serve(op, why_not, ours, theirs, args, kwargs)[0]
+
+    def serve(self, op: str, why_not, ours, theirs, args, kwargs) -> tuple[object, Decision | None]:
+        """(the call's result, the decision that served it), or None for the decision where none could be made
+        (under torch.compile, or first seen during CUDA graph capture): torch served that call."""
         if torch.compiler.is_compiling():
-            return theirs(*args, **kwargs)
+            return theirs(*args, **kwargs), None
         key = _key(op, args, kwargs)
         try:
             decision = self.decisions.get(key)
@@ -79,11 +90,11 @@ class Router:
         if decision is None:
             decision = self._decide(key, why_not, ours, theirs, args, kwargs)
             if decision is None:   # no measurement possible now: torch serves, and a later call decides
-                return theirs(*args, **kwargs)
+                return theirs(*args, **kwargs), None
         if decision.ours and not decision.calls:
-            return self._first_call(decision, ours, theirs, args, kwargs)
+            return self._first_call(decision, ours, theirs, args, kwargs), decision
         decision.calls += 1
-        return (ours if decision.ours else theirs)(*args, **kwargs)
+        return (ours if decision.ours else theirs)(*args, **kwargs), decision
 
     @staticmethod
     def _first_call(decision: Decision, ours, theirs, args, kwargs):
@@ -157,6 +168,36 @@ class Router:
         return Decision(faster, why, signature, round(ours_us, 2), round(torch_us, 2))
 
 
+class Route:
+    """One place where patch catches calls (a module's forward, a module-level function): route(*args, **kwargs)
+    serves a call through the router, as router.call(op, why_not, ours, theirs, ...) does.
+
+    Once SETTLE_CALLS calls have been decided and torch served every one of them, the route settles: it calls
+    on_settle() (which takes the route out: the module gets its own forward back, the function its original),
+    so that a program roofline cannot speed up pays nothing per call for having been patched. A signature
+    first seen after that goes to torch unmeasured."""
+
+    def __init__(self, router: Router, op: str, why_not, ours, theirs, name: str, on_settle=None):
+        self.router, self.op, self.why_not, self.ours, self.theirs = router, op, why_not, ours, theirs
+        self.name, self.on_settle = name, on_settle
+        self.decided = 0              # calls served under a decision
+        self.served_ours = False      # whether roofline served any of them
+        self.settled = False
+
+    def __call__(self, *args, **kwargs):
+        if self.settled:   # a caller that held on to the route (a name bound before it settled)
+            return self.theirs(*args, **kwargs)
+        result, decision = self.router.serve(self.op, self.why_not, self.ours, self.theirs, args, kwargs)
+        if decision is not None:
+            self.decided += 1
+            self.served_ours = self.served_ours or decision.ours
+            if self.decided >= SETTLE_CALLS and not self.served_ours:
+                self.settled = True
+                if self.on_settle is not None:
+                    self.on_settle()
+        return result
+
+
 CAPTURING = ("first seen during CUDA graph capture, where nothing can be measured: torch serves it until a call "
              "outside capture decides")
 TOO_MANY = f"more than {MEASURED_PER_OP} signatures measured for this op: left to torch unmeasured"
@@ -170,7 +211,7 @@ def _key(op: str, args, kwargs) -> tuple:
     """What a decision is kept under: op, whether a gradient is wanted, whether autocast is on (it changes what
     torch's side returns), each tensor argument's shape, strides, dtype and device, and the other arguments'
     values. Built in one pass: it is paid on every call."""
-    key = [op, False, torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")]
+    key = [op, False, torch._C._is_any_autocast_enabled()]
     grad = False
     for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, torch.Tensor):

@@ -94,6 +94,30 @@ def test_without_grad_only_the_loss_is_computed():
                                    cross_entropy_reference(logits, t, reduction="sum"))
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_under_autocast_the_loss_is_fp32_as_torchs(reduction, compiled):
+    # cross_entropy is on autocast's fp32 list: torch returns an fp32 loss from bf16 logits, and a bf16 gradient
+    logits = (torch.randn(7, 45, device=DEVICE) * 3).to(torch.bfloat16)
+    t = targets(7, 45)
+    ours = partial(cross_entropy, backend="triton", reduction=reduction)
+    if compiled:
+        torch._dynamo.reset()
+        ours = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    results = []
+    for fn in (ours, partial(cross_entropy_reference, reduction=reduction)):
+        x = logits.clone().requires_grad_()
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            loss = fn(x, t)
+        loss.sum().backward()
+        results.append((loss, x.grad))
+    (loss, grad), (want, want_grad) = results
+    assert loss.dtype == want.dtype == torch.float32 and grad.dtype == want_grad.dtype == torch.bfloat16
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, want_grad, rtol=1.6e-2, atol=1e-3)
+    assert cross_entropy(logits, t, backend="triton").dtype == torch.bfloat16   # outside autocast: the logits'
+
+
 def test_poisoned_gradient_memory_is_overwritten(block):
     logits = torch.randn(64, 300, device=DEVICE)
     t = targets(64, 300)

@@ -180,13 +180,13 @@ class CrossEntropyPlan:
     """The launches for rows x n logits of one dtype and targets of one dtype on one device, with one
     ignore_index, reduction and label smoothing, and with or without the gradient.
 
-    The forward returns the loss (reduced, in the logits' dtype), the gradient already scaled for the reduction
+    The forward returns the loss (reduced, in loss_dtype), the gradient already scaled for the reduction
     (when asked) and the targets' counts; the backward scales that gradient in place by the incoming one."""
 
     def __init__(self, rows: int, n: int, ignore_index: int, reduction: str, smoothing: float, grad: bool,
-                 device: torch.device):
+                 device: torch.device, loss_dtype: torch.dtype):
         self.rows, self.n, self.ignore_index, self.smoothing = rows, n, ignore_index, smoothing
-        self.reduction, self.device = reduction, device
+        self.reduction, self.device, self.loss_dtype = reduction, device, loss_dtype
         self.index = index = device.index if device.type == "cuda" else -1
         block = min(BLOCK, next_power_of_2(n))
         self.stats_launch = Launch(target_stats_kernel, (1,), index, BLOCK=STATS_BLOCK)
@@ -215,7 +215,7 @@ class CrossEntropyPlan:
             _raise_for_target_out_of_range(target, self.n, self.ignore_index)
         if self.reduction == "none":
             return losses, gradient, stats   # fp32: a compiled graph reduces them
-        loss = torch.empty((), device=self.device, dtype=logits.dtype)
+        loss = torch.empty((), device=self.device, dtype=self.loss_dtype)
         self.reduce_launch(losses, stats, loss, self.rows)
         return loss, gradient, stats
 
@@ -245,13 +245,16 @@ class CrossEntropyPlan:
 _plans = Plans("cross_entropy")
 
 
-def _plan(logits, target, ignore_index, reduction, label_smoothing, grad, check_targets=None) -> CrossEntropyPlan:
+def _plan(logits, target, ignore_index, reduction, label_smoothing, grad, check_targets=None,
+          loss_dtype=None) -> CrossEntropyPlan:
     rows, n = logits.shape
-    key = (rows, n, logits.dtype, target.dtype, logits.device, ignore_index, reduction, label_smoothing, grad)
+    loss_dtype = loss_dtype or logits.dtype
+    key = (rows, n, logits.dtype, target.dtype, logits.device, ignore_index, reduction, label_smoothing, grad,
+           loss_dtype)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans.add(key, CrossEntropyPlan(rows, n, ignore_index, reduction, label_smoothing, grad,
-                                                logits.device))
+                                                logits.device, loss_dtype))
     return plan
 
 
@@ -342,6 +345,12 @@ def _check(logits, target, ignore_index, reduction, label_smoothing) -> None:
         raise ValueError(f"cross_entropy: label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
 
 
+def _loss_dtype(logits: torch.Tensor) -> torch.dtype:
+    """The loss's dtype: the logits', except under autocast, where torch computes cross_entropy in fp32 (it is on
+    autocast's fp32 list) and returns an fp32 loss; the gradient keeps the logits' dtype either way."""
+    return torch.float32 if torch.is_autocast_enabled(logits.device.type) else logits.dtype
+
+
 def _raise_for_target_out_of_range(target: torch.Tensor, classes: int, ignore_index: int) -> None:
     bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
     index = int(bad.nonzero()[0, 0])
@@ -356,7 +365,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     class indices (no class weights, no probability targets).
 
     backend: "triton" (the default on CUDA), "torch" (F.cross_entropy; the default on CPU), "compile".
-    The loss has the logits' dtype (math in fp32). With backend="triton" the gradient is computed in the
+    The loss has the logits' dtype (math in fp32), or fp32 under autocast, as torch's. With backend="triton" the gradient is computed in the
     forward pass whenever logits requires grad; a target out of range raises ValueError in eager mode (one
     host sync) and gives a nan loss under torch.compile.
     """
@@ -365,7 +374,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
         try:
             key = (type(logits), tensor_key(logits), type(target), tensor_key(target), ignore_index,
                    type(ignore_index), reduction, label_smoothing, type(label_smoothing), backend, check_targets,
-                   logits.requires_grad and torch.is_grad_enabled())
+                   torch.is_autocast_enabled(logits.device.type), logits.requires_grad and torch.is_grad_enabled())
             plan = _calls.get(key)
         except (AttributeError, TypeError):
             key = plan = None
@@ -390,14 +399,14 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
         # the GPU, not pinned down).
         losses, _, stats = _cross_entropy_rows(logits, target, *args[:1], "none", *args[2:], False)
         if reduction == "none":
-            return losses
+            return losses.to(_loss_dtype(logits))
         total = losses.sum()
-        return (total / stats[0] if reduction == "mean" else total).to(logits.dtype)
+        return (total / stats[0] if reduction == "mean" else total).to(_loss_dtype(logits))
     # Eager: a target out of range is a clear error: the host waits for the targets' count (not for the loss
     # kernel, queued behind it), so it cannot run ahead of the GPU past this call. The kernel scales the
     # gradient for the reduction, so loss.backward() costs only the scaling by the incoming gradient, skipped
     # on the device where that is 1.
-    plan = _plan(logits, target, *args)
+    plan = _plan(logits, target, *args, loss_dtype=_loss_dtype(logits))
     if key is not None and given[0] is logits and given[1] is target:
         _calls.add(key, plan)
     return _run(plan, grad, logits, target, check_targets)
@@ -406,4 +415,4 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
 def _run(plan: CrossEntropyPlan, grad: bool, logits: torch.Tensor, target: torch.Tensor, check_targets: bool):
     loss = _cross_entropy_rows.eager(plan, grad, logits, target, plan.ignore_index, plan.reduction, plan.smoothing,
                                      grad, check_targets)[0]
-    return loss.to(logits.dtype) if plan.reduction == "none" else loss
+    return loss.to(plan.loss_dtype) if plan.reduction == "none" else loss
