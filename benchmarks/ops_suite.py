@@ -1,6 +1,6 @@
 """roofline.ops against eager PyTorch, torch.compile and Liger-Kernel, measured side by side in one run.
 
-    python benchmarks/ops_suite.py OUT_DIR [--quick] [--only NAME ...]
+    python benchmarks/ops_suite.py OUT_DIR [--quick] [--only NAME ...] [--parts PART ...]
 
 Two parts, each forward and forward+backward (the backward through torch.autograd.grad, so every
 provider computes the same gradients, weights' included):
@@ -44,6 +44,7 @@ except ImportError:  # not installed here: the Liger column says so
 BF16 = torch.bfloat16
 EPS = 1e-6
 OURS = "roofline (triton)"
+PARTS = ("headline", "headline_graphs", "rows", "rows_graphs", "attention")
 
 
 # --------------------------------------------------------------------------- ops as providers
@@ -420,6 +421,7 @@ def main(argv=None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--quick", action="store_true", help="small shapes, for a smoke test")
     parser.add_argument("--only", nargs="*", default=None, help="run only sweeps whose name contains one of these")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
     args = parser.parse_args(argv)
     dev = torch.device("cuda")
     sweep_dir = args.out / "ops"
@@ -433,7 +435,7 @@ def main(argv=None) -> int:
     plan += [("rows_graphs", s, True) for s in row_sweeps(args.quick)]
     plan += [("attention", s, False) for s in attention_sweeps(args.quick)]
     for part, s, graphs in plan:
-        if args.only and not any(o in s.name for o in args.only):
+        if part not in args.parts or args.only and not any(o in s.name for o in args.only):
             continue
         result = s.run(rounds=3, progress=False, cuda_graph=graphs)
         stem = s.name.replace(" ", "_").replace("+", "-") + ("_graphs" if graphs else "")
@@ -448,9 +450,9 @@ def main(argv=None) -> int:
         for f in failed:
             print(f"  FAILED {f}", flush=True)
         summary.setdefault("failed", []).extend(f"{s.name}{' (graphs)' if graphs else ''}: {f}" for f in failed)
-    if not args.only or any("cross_entropy" in o for o in args.only):
+    if "headline" in args.parts and (not args.only or any("cross_entropy" in o for o in args.only)):
         summary["memory"] = cross_entropy_memory(dev, 1024 if args.quick else 8192)
-    if not args.only or any("attention" in o for o in args.only):
+    if "attention" in args.parts and (not args.only or any("attention" in o for o in args.only)):
         summary["attention_memory"] = attention_memory(dev, (256, 1024) if args.quick else (1024, 4096, 16384))
     (args.out / "ops.json").write_text(json.dumps(summary, indent=1, default=str))
     (args.out / "ops.md").write_text(markdown(summary))

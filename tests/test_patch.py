@@ -471,3 +471,24 @@ def test_gpu_patched_llama_in_bf16_is_measured_and_matches():
     for row in rows:   # every call decided by a measurement, or by the check that came before it
         assert (row["ours_us"] > 0 and row["torch_us"] > 0) if row["ours_us"] is not None else \
             row["why"].startswith("differs from torch on a random input"), row
+
+
+@pytest.mark.gpu
+def test_gpu_patched_training_under_autocast_routes_the_loss_and_matches():
+    # fp32 weights, bf16 autocast, the loss computed in the forward: as benchmarks/models.py trains
+    config = LlamaConfig(vocab_size=4096, max_seq=256, n_layer=2, n_head=8, n_kv_head=2, d_model=512,
+                         intermediate_size=1408)
+    model, reference = twins(lambda: Llama(config))
+    report = roofline.patch(model, policy="always")
+    idx, targets = (torch.randint(0, config.vocab_size, (4, 256), device="cuda") for _ in range(2))
+    losses = []
+    for m in (model, reference):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            losses.append(m(idx, targets=targets)[1])
+        losses[-1].backward()
+    assert losses[0].dtype == losses[1].dtype == torch.float32
+    assert abs(losses[0].item() - losses[1].item()) <= 1e-2 * losses[1].item()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        error = ((p.grad - q.grad).norm() / q.grad.norm()).item()
+        assert error < 5e-2, f"{name}: relative error {error:.3g}"
+    assert served(model, "cross_entropy") == {"roofline": 1}, str(report)
