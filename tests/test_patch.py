@@ -492,3 +492,21 @@ def test_gpu_patched_training_under_autocast_routes_the_loss_and_matches():
         error = ((p.grad - q.grad).norm() / q.grad.norm()).item()
         assert error < 5e-2, f"{name}: relative error {error:.3g}"
     assert served(model, "cross_entropy") == {"roofline": 1}, str(report)
+
+
+@pytest.mark.gpu
+def test_gpu_patched_model_compiles_with_inductor_and_leaves_its_calls_to_it():
+    # compile+patch of benchmarks/models.py once failed in Inductor at the routed F.cross_entropy
+    config = LlamaConfig(vocab_size=1024, max_seq=128, n_layer=1, n_head=4, n_kv_head=2, d_model=256,
+                         intermediate_size=512)
+    model, reference = twins(lambda: Llama(config))
+    roofline.patch(model)
+    compiled = torch.compile(model)
+    idx, targets = (torch.randint(0, config.vocab_size, (2, 128), device="cuda") for _ in range(2))
+    losses = []
+    for m in (compiled, reference):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            losses.append(m(idx, targets=targets)[1])
+        losses[-1].backward()
+    assert abs(losses[0].item() - losses[1].item()) <= 1e-2 * losses[1].item()
+    assert router(model).report() == [] and F.cross_entropy is patching.TORCH_CROSS_ENTROPY

@@ -376,11 +376,15 @@ class FunctionRoutes:
         self.routes.append((namespace, name, route, routed))
 
     def enter(self, module, args):
+        if torch.compiler.is_compiling():   # the hooks are traced too: Inductor gets the model's own calls
+            return
         self._saved.append([getattr(namespace, name) for namespace, name, _, _ in self.routes])
         for namespace, name, _, routed in self.routes:
             setattr(namespace, name, routed)
 
     def exit(self, module, args, output):
+        if torch.compiler.is_compiling():
+            return
         for (namespace, name, _, _), original in zip(self.routes, self._saved.pop()):
             setattr(namespace, name, original)
         if not self._saved:
