@@ -20,17 +20,20 @@ Generation (bf16 weights, a static KV cache, one token a step after a 32-token p
   eager, patch, patch-all, graphs, graphs+patch as above (graphs: one decode step captured), int8, int8+patch,
   int8+graphs and int8+graphs+patch (roofline.quantize_int8_weight_only: every nn.Linear int8 weight-only, the LM
   head too), compile (torch.compile(mode="reduce-overhead"), which is Inductor plus CUDA graphs).
-Both end with eager-again: eager once more, whose speedup over the first eager row is the machine's drift
-over the run (modes run one after another, each on a model of its own).
+Training modes run one after another, each on a model of its own, and end with eager-again: eager once more,
+whose speedup over the first eager row is the machine's drift over the run. Generation modes are all made ready
+first, then take turns (TURNS turns of tokens / TURNS tokens each, the order reversed every other turn), so that
+a drift of the host's speed, which an eager decode step is bound by, falls on every mode alike.
 
 Every mode starts from the same weights and sees the same tokens: generation feeds a fixed random sequence
 (teacher forcing), so that every mode's logits can be compared with eager's at every step; a step costs what a
 greedy decoding step costs, less one argmax. Checked: training losses within 1% of eager's at the first 3 steps
 compared (later ones reported); generation logits within a relative error (norm) of 3% of eager's, 15% for
 int8. Times: CUDA events between consecutive steps with no synchronization in between (host time shows wherever
-the GPU waits for it); the median step, and the speedup over eager with a 95% bootstrap interval. Peak memory:
-torch.cuda's peak allocated over the timed steps ("peak GiB"; under CUDA graphs the capture's, whose memory the
-graph keeps), and over what came before them ("warm-up peak": compiling, capturing, patch measuring its routes).
+the GPU waits for it); the median step, and the speedup over eager with a 95% bootstrap interval. Memory
+(torch.cuda's peak allocated), training: over the timed steps ("peak GiB"; under CUDA graphs the capture's, whose
+memory the graph keeps), and over what came before them ("warm-up": compiling, capturing, patch measuring its
+routes); generation: the peak while the mode was made ready, above what the modes before it held ("set-up GiB").
 Writes OUT_DIR/models.json and models.md. --tiny: small configs on whatever device there is (the CPU test).
 """
 
@@ -64,6 +67,7 @@ GENERATE_MODES = ("eager", "patch", "patch-all", "graphs", "graphs+patch", "int8
                   "int8+graphs+patch", "compile")
 LOSS_TOLERANCE = 0.01
 CHECKED_STEPS = 3
+TURNS = 8            # generation: the modes take turns, each decoding tokens / TURNS tokens a turn
 LOGITS_TOLERANCE = {"int8": 0.15}
 PROMPT = 32
 WARMUP = routing.SETTLE_CALLS + 2   # steps before timing (default): lazy decisions made, patch's routes settled
@@ -205,7 +209,8 @@ def train(name: str, mode: str, args) -> dict:
     return dict(model=name, mode=mode, samples_ms=samples, median_ms=median,
                 tokens_per_s=sizes["train_batch"] * sizes["train_seq"] / median * 1e3,
                 peak_gib=warmup_peak if graphs else _peak_gib(device),
-                warmup_peak_gib=warmup_peak, warmup_s=first_s, losses=[float(x) for x in torch.stack(losses).float().cpu()],
+                warmup_peak_gib=warmup_peak, warmup_s=first_s,
+                losses=[float(x) for x in torch.stack(losses).float().cpu()],
                 first_step=CAPTURE_WARMUP if graphs else 0,
                 **_patch_fields(patched))
 
@@ -231,53 +236,90 @@ def _check_losses(rows: list[dict]) -> None:
 
 # --------------------------------------------------------------------------- generation
 
-def generate(name: str, mode: str, batch: int, args) -> dict:
-    device, sizes = args.device, _sizes(args.tiny)
-    _free(device)
-    model = build(name, args.tiny, device).to(torch.bfloat16).eval()
-    patched = _patch(model, mode)   # first: patch finds SwiGLU MLPs by their nn.Linear children
-    if mode.startswith("int8"):
-        roofline.quantize_int8_weight_only(model)
-    prompt, tokens = sizes["prompt"], args.tokens
-    model.setup_cache(batch, prompt + tokens, torch.bfloat16)
-    generator = torch.Generator(device).manual_seed(2)
-    sequence = torch.randint(0, model.config.vocab_size, (batch, prompt + tokens), device=device,
-                             generator=generator)
-    positions = torch.arange(prompt + tokens, device=device)
-    forward = torch.compile(model, mode="reduce-overhead", fullgraph=True) if mode == "compile" else model
-    token, position = sequence[:, prompt:prompt + 1].clone(), positions[prompt:prompt + 1].clone()
+class Decoding:
+    """One mode's generation, made ready (the model built, patched, quantized, compiled or captured as the mode
+    says, the prompt prefilled, warm-up steps run), then decoded a few tokens at a time, in turns with the other
+    modes: decode(n) runs its next n tokens, each timed."""
 
-    def decode():
-        return forward(token, position)[:, -1]
-
-    def at(i):
-        token.copy_(sequence[:, prompt + i:prompt + i + 1])
-        position.copy_(positions[prompt + i:prompt + i + 1])
-
-    with torch.inference_mode():
+    def __init__(self, name: str, mode: str, batch: int, args):
+        self.mode, self.batch, self.device = mode, batch, args.device
+        cuda = self.device.type == "cuda"
+        before = torch.cuda.memory_allocated() if cuda else 0
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        model(sequence[:, :prompt], positions[:prompt])     # prefill
-        if "graphs" in mode:
-            run = _captured(decode, device)
-        else:
-            run = decode
-            for _ in range(args.warmup):
-                run()
-        first_s = time.perf_counter() - start
-        warmup_peak = _warmup_peak_gib(device)
-        logits, timer = [], StepTimer(device)
-        timer.mark()
-        for i in range(tokens):
-            at(i)
-            logits.append(run().clone())
+        model = build(name, args.tiny, self.device).to(torch.bfloat16).eval()
+        self.patched = _patch(model, mode)   # first: patch finds SwiGLU MLPs by their nn.Linear children
+        if mode.startswith("int8"):
+            roofline.quantize_int8_weight_only(model)
+        self.prompt = prompt = _sizes(args.tiny)["prompt"]
+        model.setup_cache(batch, prompt + args.tokens, torch.bfloat16)
+        generator = torch.Generator(self.device).manual_seed(2)   # every mode sees the same tokens
+        self.sequence = torch.randint(0, model.config.vocab_size, (batch, prompt + args.tokens), device=self.device,
+                                      generator=generator)
+        self.positions = torch.arange(prompt + args.tokens, device=self.device)
+        forward = torch.compile(model, mode="reduce-overhead", fullgraph=True) if mode == "compile" else model
+        self.token = self.sequence[:, prompt:prompt + 1].clone()
+        self.position = self.positions[prompt:prompt + 1].clone()
+
+        def decode():
+            return forward(self.token, self.position)[:, -1]
+
+        with torch.inference_mode():
+            model(self.sequence[:, :prompt], self.positions[:prompt])     # prefill
+            if "graphs" in mode:
+                self.run = _captured(decode, self.device)
+            else:
+                self.run = decode
+                for _ in range(args.warmup):
+                    decode()
+        self.model, self.setup_s = model, time.perf_counter() - start
+        self.setup_gib = (torch.cuda.max_memory_allocated() - before) / 2**30 if cuda else None
+        self.logits, self.samples, self.done, self.error = [], [], 0, None
+
+    def decode(self, n: int) -> None:
+        timer = StepTimer(self.device)
+        with torch.inference_mode():
             timer.mark()
-        samples = timer.samples_ms()
-    median = statistics.median(samples)
-    return dict(model=name, mode=mode, batch=batch, samples_ms=samples, median_ms=median,
-                tokens_per_s=batch / median * 1e3, peak_gib=warmup_peak if "graphs" in mode else _peak_gib(device),
-                warmup_peak_gib=warmup_peak,
-                warmup_s=first_s,
-                logits=torch.stack(logits).float(), **_patch_fields(patched))
+            for _ in range(n):
+                i = self.prompt + self.done
+                self.token.copy_(self.sequence[:, i:i + 1])
+                self.position.copy_(self.positions[i:i + 1])
+                self.logits.append(self.run().clone())
+                self.done += 1
+                timer.mark()
+        self.samples += timer.samples_ms()
+
+    def row(self, name: str) -> dict:
+        median = statistics.median(self.samples)
+        return dict(model=name, mode=self.mode, batch=self.batch, samples_ms=self.samples, median_ms=median,
+                    tokens_per_s=self.batch / median * 1e3, setup_gib=self.setup_gib, warmup_s=self.setup_s,
+                    logits=torch.stack(self.logits).float(), **_patch_fields(self.patched))
+
+
+def generate(name: str, modes, batch: int, args) -> list[dict]:
+    """Rows of every mode's generation, the modes decoding in turns (TURNS of them, the order reversed every
+    other turn) so that a drift of the host's speed, which an eager decode step is bound by, falls on all."""
+    _free(args.device)
+    decodings, failed = [], {}
+    for mode in modes:
+        print(f"== {name} generation, batch {batch}: {mode}", flush=True)
+        try:
+            decodings.append(Decoding(name, mode, batch, args))
+        except Exception as exc:  # noqa: BLE001 - reported in the results, and the exit status
+            failed[mode] = _failure(name, mode, exc)
+    per_turn = -(-args.tokens // TURNS)
+    for turn in range(TURNS):
+        for d in decodings if turn % 2 == 0 else decodings[::-1]:
+            if d.mode in failed or d.done >= args.tokens:
+                continue
+            try:
+                d.decode(min(per_turn, args.tokens - d.done))
+            except Exception as exc:  # noqa: BLE001
+                failed[d.mode] = _failure(name, d.mode, exc)
+    rows = {d.mode: d.row(name) for d in decodings if d.mode not in failed}
+    del decodings
+    return [failed.get(mode) or rows[mode] for mode in modes]
 
 
 def _check_logits(rows: list[dict]) -> None:
@@ -347,16 +389,16 @@ def markdown(result: dict) -> str:
         out.append("")
     for name, rows in result["generate"].items():
         out += [f"## {name}: generation, one token a step (bf16, KV cache)", "",
-                "| batch | mode | ms/token | vs eager (95% CI) | vs graphs | tokens/s | peak GiB | warm-up: s, peak GiB "
-                "| logits vs eager | served |", "|---|---|---|---|---|---|---|---|---|---|"]
+                "| batch | mode | ms/token | vs eager (95% CI) | vs graphs | tokens/s | set-up: s, GiB | "
+                "logits vs eager | served |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if "error" in r:
-                out.append(f"| {r['batch']} | {r['mode']} | failed: {r['error']} ||||||||")
+                out.append(f"| {r['batch']} | {r['mode']} | failed: {r['error']} |||||||")
                 continue
             error = "" if r["logits_error"] is None else f"{r['logits_error']:.1e} {_check_mark(r)}"
             out.append(f"| {r['batch']} | {r['mode']} | {r['median_ms']:.3f} | {_x(r['vs_eager'])} | "
-                       f"{_x(r['vs_graphs'])} | {r['tokens_per_s']:,.0f} | {_gib(r['peak_gib'])} | "
-                       f"{r['warmup_s']:.1f}, {_gib(r['warmup_peak_gib'])} | {error} | {_served(r['routes'])} |")
+                       f"{_x(r['vs_graphs'])} | {r['tokens_per_s']:,.0f} | {r['warmup_s']:.1f}, {_gib(r['setup_gib'])} "
+                       f"| {error} | {_served(r['routes'])} |")
         out.append("")
     return "\n".join(out)
 
@@ -370,8 +412,12 @@ def _attempt(run, name: str, mode: str, *args) -> dict:
     try:
         return run(name, mode, *args)
     except Exception as exc:  # noqa: BLE001 - reported in the results, and the exit status
-        print(f"{name} {mode} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return dict(model=name, mode=mode, error=f"{type(exc).__name__}: {exc}"[:300], numerics_ok=False)
+        return _failure(name, mode, exc)
+
+
+def _failure(name: str, mode: str, exc: Exception) -> dict:
+    print(f"{name} {mode} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return dict(model=name, mode=mode, error=f"{type(exc).__name__}: {exc}"[:300], numerics_ok=False)
 
 
 def write(result: dict, out: Path) -> None:
@@ -427,10 +473,8 @@ def main(argv=None) -> int:
             result["train"][name] = rows
         rows = []
         for batch in args.batches:
-            batch_rows = []
-            for mode in with_eager_again(args.generate):
-                print(f"== {name} generation, batch {batch}: {mode}", flush=True)
-                batch_rows.append(_attempt(generate, name, mode, batch, args) | dict(batch=batch))
+            batch_rows = [row | dict(batch=batch) for row in generate(name, args.generate, batch, args)] \
+                if args.generate else []
             _check_logits(batch_rows)
             _speedups(batch_rows, "eager", "vs_eager")
             _speedups(batch_rows, "graphs", "vs_graphs")
