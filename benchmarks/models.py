@@ -33,7 +33,7 @@ int8. Times: CUDA events between consecutive steps with no synchronization in be
 the GPU waits for it); the median step, and the speedup over eager with a 95% bootstrap interval. Memory
 (torch.cuda's peak allocated), training: over the timed steps ("peak GiB"; under CUDA graphs the capture's, whose
 memory the graph keeps), and over what came before them ("warm-up": compiling, capturing, patch measuring its
-routes); generation: the peak while the mode was made ready, above what the modes before it held ("set-up GiB").
+routes); generation: the memory the mode holds once ready ("held GiB": weights, KV cache, a graph's tensors).
 Writes OUT_DIR/models.json and models.md. --tiny: small configs on whatever device there is (the CPU test).
 """
 
@@ -245,8 +245,6 @@ class Decoding:
         self.mode, self.batch, self.device = mode, batch, args.device
         cuda = self.device.type == "cuda"
         before = torch.cuda.memory_allocated() if cuda else 0
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         model = build(name, args.tiny, self.device).to(torch.bfloat16).eval()
         self.patched = _patch(model, mode)   # first: patch finds SwiGLU MLPs by their nn.Linear children
@@ -274,7 +272,7 @@ class Decoding:
                 for _ in range(args.warmup):
                     decode()
         self.model, self.setup_s = model, time.perf_counter() - start
-        self.setup_gib = (torch.cuda.max_memory_allocated() - before) / 2**30 if cuda else None
+        self.held_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else None
         self.logits, self.samples, self.done, self.error = [], [], 0, None
 
     def decode(self, n: int) -> None:
@@ -293,7 +291,7 @@ class Decoding:
     def row(self, name: str) -> dict:
         median = statistics.median(self.samples)
         return dict(model=name, mode=self.mode, batch=self.batch, samples_ms=self.samples, median_ms=median,
-                    tokens_per_s=self.batch / median * 1e3, setup_gib=self.setup_gib, warmup_s=self.setup_s,
+                    tokens_per_s=self.batch / median * 1e3, held_gib=self.held_gib, warmup_s=self.setup_s,
                     logits=torch.stack(self.logits).float(), **_patch_fields(self.patched))
 
 
@@ -389,16 +387,16 @@ def markdown(result: dict) -> str:
         out.append("")
     for name, rows in result["generate"].items():
         out += [f"## {name}: generation, one token a step (bf16, KV cache)", "",
-                "| batch | mode | ms/token | vs eager (95% CI) | vs graphs | tokens/s | set-up: s, GiB | "
-                "logits vs eager | served |", "|---|---|---|---|---|---|---|---|---|"]
+                "| batch | mode | ms/token | vs eager (95% CI) | vs graphs | tokens/s | set-up s | held GiB | "
+                "logits vs eager | served |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if "error" in r:
-                out.append(f"| {r['batch']} | {r['mode']} | failed: {r['error']} |||||||")
+                out.append(f"| {r['batch']} | {r['mode']} | failed: {r['error']} ||||||||")
                 continue
             error = "" if r["logits_error"] is None else f"{r['logits_error']:.1e} {_check_mark(r)}"
             out.append(f"| {r['batch']} | {r['mode']} | {r['median_ms']:.3f} | {_x(r['vs_eager'])} | "
-                       f"{_x(r['vs_graphs'])} | {r['tokens_per_s']:,.0f} | {r['warmup_s']:.1f}, {_gib(r['setup_gib'])} "
-                       f"| {error} | {_served(r['routes'])} |")
+                       f"{_x(r['vs_graphs'])} | {r['tokens_per_s']:,.0f} | {r['warmup_s']:.1f} | "
+                       f"{_gib(r.get('held_gib'))} | {error} | {_served(r['routes'])} |")
         out.append("")
     return "\n".join(out)
 
