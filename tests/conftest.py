@@ -1,4 +1,5 @@
 import os
+import shutil
 
 import pytest
 import torch
@@ -9,6 +10,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 HAS_CUDA = torch.cuda.is_available()
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+HAS_BROWSER = any(shutil.which(name) for name in BROWSERS)
+# .ci/run sets it: there the browser tests must run (a failed install of Chromium fails them, never deselects them)
+REQUIRE_BROWSER = os.environ.get("ROOFLINE_REQUIRE_BROWSER") == "1"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -35,14 +40,24 @@ def _fresh_plans():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Without a GPU, GPU tests are deselected (not skipped and not passed): scripts/gpu-check runs them."""
-    if HAS_CUDA:
-        return
-    gpu = [item for item in items if "gpu" in item.keywords]
-    if gpu:
-        config.hook.pytest_deselected(items=gpu)
-        items[:] = [item for item in items if "gpu" not in item.keywords]
+    """Without a GPU, GPU tests are deselected (not skipped and not passed): scripts/gpu-check runs them. Without
+    Chromium (scripts/setup installs it where apt can), the browser tests are deselected alike, except under
+    .ci/run."""
+    unavailable = set()
+    if not HAS_CUDA:
+        unavailable.add("gpu")
+    if not HAS_BROWSER and not REQUIRE_BROWSER:
+        unavailable.add("browser")
+    deselected = [item for item in items if unavailable & set(item.keywords)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not unavailable & set(item.keywords)]
 
 
 def pytest_report_header(config):
-    return "CUDA: " + (torch.cuda.get_device_name() if HAS_CUDA else "not available; GPU tests deselected")
+    lines = ["CUDA: " + (torch.cuda.get_device_name() if HAS_CUDA else "not available; GPU tests deselected")]
+    if not HAS_BROWSER:
+        lines.append("Chromium: not found; " + ("the browser tests will fail (ROOFLINE_REQUIRE_BROWSER=1)"
+                                                if REQUIRE_BROWSER else "browser tests deselected (scripts/setup "
+                                                "installs it where apt can)"))
+    return lines

@@ -54,7 +54,8 @@ def test_page_is_self_contained_and_escapes_what_it_shows(report, tmp_path):
 def _chromium() -> str:
     found = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
     if found is None:
-        pytest.fail("no Chromium to render the HTML report: install Debian's `chromium` (.ci/run does)")
+        pytest.fail("no Chromium to render the HTML report: install Debian's `chromium` (scripts/setup does where "
+                    "apt can)")
     return found
 
 
