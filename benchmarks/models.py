@@ -229,7 +229,8 @@ def _check_losses(rows: list[dict]) -> None:
             row["loss_error"] = row["loss_spread"] = row["numerics_ok"] = None
             continue
         first = row["first_step"]
-        errors = [abs(a - b) / abs(b) for a, b in zip(row["losses"], eager["losses"][first:first + len(row["losses"])])]
+        eager_losses = eager["losses"][first:first + len(row["losses"])]
+        errors = [abs(a - b) / abs(b) for a, b in zip(row["losses"], eager_losses)]
         row["loss_error"], row["loss_spread"] = max(errors[:CHECKED_STEPS]), max(errors)
         row["numerics_ok"] = row["loss_error"] <= LOSS_TOLERANCE
 
@@ -271,9 +272,9 @@ class Decoding:
                 self.run = decode
                 for _ in range(args.warmup):
                     decode()
-        self.model, self.setup_s = model, time.perf_counter() - start
+        self.setup_s = time.perf_counter() - start
         self.held_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else None
-        self.logits, self.samples, self.done, self.error = [], [], 0, None
+        self.logits, self.samples, self.done = [], [], 0
 
     def decode(self, n: int) -> None:
         timer = StepTimer(self.device)

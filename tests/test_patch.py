@@ -473,6 +473,18 @@ def test_gpu_patched_llama_in_bf16_is_measured_and_matches():
             row["why"].startswith("differs from torch on a random input"), row
 
 
+def _trained_under_autocast(models, vocab: int, shape) -> list[torch.Tensor]:
+    """Each model's loss (computed in its forward) on the same random tokens under bf16 autocast, after its
+    backward."""
+    idx, targets = (torch.randint(0, vocab, shape, device="cuda") for _ in range(2))
+    losses = []
+    for m in models:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            losses.append(m(idx, targets=targets)[1])
+        losses[-1].backward()
+    return losses
+
+
 @pytest.mark.gpu
 def test_gpu_patched_training_under_autocast_routes_the_loss_and_matches():
     # fp32 weights, bf16 autocast, the loss computed in the forward: as benchmarks/models.py trains
@@ -480,12 +492,7 @@ def test_gpu_patched_training_under_autocast_routes_the_loss_and_matches():
                          intermediate_size=1408)
     model, reference = twins(lambda: Llama(config))
     report = roofline.patch(model, policy="always")
-    idx, targets = (torch.randint(0, config.vocab_size, (4, 256), device="cuda") for _ in range(2))
-    losses = []
-    for m in (model, reference):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            losses.append(m(idx, targets=targets)[1])
-        losses[-1].backward()
+    losses = _trained_under_autocast((model, reference), config.vocab_size, (4, 256))
     assert losses[0].dtype == losses[1].dtype == torch.float32
     assert abs(losses[0].item() - losses[1].item()) <= 1e-2 * losses[1].item()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
@@ -501,12 +508,6 @@ def test_gpu_patched_model_compiles_with_inductor_and_leaves_its_calls_to_it():
                          intermediate_size=512)
     model, reference = twins(lambda: Llama(config))
     roofline.patch(model)
-    compiled = torch.compile(model)
-    idx, targets = (torch.randint(0, config.vocab_size, (2, 128), device="cuda") for _ in range(2))
-    losses = []
-    for m in (compiled, reference):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            losses.append(m(idx, targets=targets)[1])
-        losses[-1].backward()
+    losses = _trained_under_autocast((torch.compile(model), reference), config.vocab_size, (2, 128))
     assert abs(losses[0].item() - losses[1].item()) <= 1e-2 * losses[1].item()
     assert router(model).report() == [] and F.cross_entropy is patching.TORCH_CROSS_ENTROPY

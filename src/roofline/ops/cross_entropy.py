@@ -365,9 +365,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     class indices (no class weights, no probability targets).
 
     backend: "triton" (the default on CUDA), "torch" (F.cross_entropy; the default on CPU), "compile".
-    The loss has the logits' dtype (math in fp32), or fp32 under autocast, as torch's. With backend="triton" the gradient is computed in the
-    forward pass whenever logits requires grad; a target out of range raises ValueError in eager mode (one
-    host sync) and gives a nan loss under torch.compile.
+    The loss has the logits' dtype (math in fp32), or fp32 under autocast, as torch's. With backend="triton" the
+    gradient is computed in the forward pass whenever logits requires grad; a target out of range raises
+    ValueError in eager mode (one host sync) and gives a nan loss under torch.compile.
     """
     key = None
     if not torch.compiler.is_compiling():
@@ -398,10 +398,11 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
         # backward scales the gradient (an autograd.Function reducing the losses came out as zero gradients on
         # the GPU, not pinned down).
         losses, _, stats = _cross_entropy_rows(logits, target, *args[:1], "none", *args[2:], False)
+        loss_dtype = _loss_dtype(logits)
         if reduction == "none":
-            return losses.to(_loss_dtype(logits))
+            return losses.to(loss_dtype)
         total = losses.sum()
-        return (total / stats[0] if reduction == "mean" else total).to(_loss_dtype(logits))
+        return (total / stats[0] if reduction == "mean" else total).to(loss_dtype)
     # Eager: a target out of range is a clear error: the host waits for the targets' count (not for the loss
     # kernel, queued behind it), so it cannot run ahead of the GPU past this call. The kernel scales the
     # gradient for the reduction, so loss.backward() costs only the scaling by the incoming gradient, skipped
