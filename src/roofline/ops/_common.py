@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from roofline.ops import _eager_node
+
 try:  # Triton ships with CUDA builds of torch; elsewhere it is optional.
     import triton
     import triton.language as tl
@@ -159,10 +161,13 @@ class KernelOp:
 
     Under torch.compile a call goes through torch.library custom ops, roofline::<name> and
     roofline::<name>_backward, so that torch.compile(fullgraph=True) holds them without a graph break. In
-    eager mode, `eager(plan, grad, *args)` runs plan.forward(*args) straight away when no gradient is wanted,
-    and otherwise through a torch.autograd.Function entered at torch's C entry point (Function.apply's Python
-    wrapper costs ~12 us a call on a 2-core host, more than a torch op), whose backward calls plan.backward.
-    torch.library's Python dispatch costs ~100 us a call on our H100 machine's host: eager calls never take it.
+    eager mode, `eager(plan, grad, *args)` runs plan.forward(*args) straight away when no gradient is wanted.
+    Otherwise it attaches a C++ autograd node to the outputs (roofline.ops._eager_node), whose backward calls
+    plan.backward through the backward rule the first time a signature is seen and replays what it did
+    afterwards, without Python. Where that node cannot be built, or `eager_node=False`, the call goes through a
+    torch.autograd.Function entered at torch's C entry point (Function.apply's Python wrapper costs ~12 us a
+    call on a 2-core host, more than a torch op). torch.library's Python dispatch costs ~100 us a call on our
+    H100 machine's host: eager calls never take it.
 
     forward(*args) and backward(...) run the kernels (their type annotations give the ops' schemas; each finds
     its plan and calls it); forward_fake and backward_fake give outputs' shapes without running anything;
@@ -173,7 +178,7 @@ class KernelOp:
     """
 
     def __init__(self, name, *, forward, forward_fake, backward, backward_fake, setup_context, backward_rule,
-                 plan, backward_mutates: tuple[str, ...] = ()):
+                 plan, backward_mutates: tuple[str, ...] = (), eager_node: bool = True):
         self.plan = plan   # plan(*forward args): the plan that runs them
         self.forward_op = torch.library.custom_op(f"roofline::{name}", forward, mutates_args=())
         self.forward_op.register_fake(forward_fake)
@@ -186,6 +191,10 @@ class KernelOp:
 
         self.forward_op.register_autograd(lambda ctx, *grads: backward_rule(ctx, self.backward_op, *grads),
                                           setup_context=setup_in_graph)
+        self.node_name = f"roofline::{name}_backward"
+        self.eager_node = eager_node
+        self._setup_context = setup_context
+        self._node_backward = functools.partial(_eager_node.backward, backward_rule, self.node_name)
 
         def eager_forward(ctx, plan, *args):
             # An output that gets no gradient gets None, not a zero tensor of its size (cross_entropy's
@@ -215,7 +224,14 @@ class KernelOp:
             return plan.forward(*args)
         if torch._C._are_functorch_transforms_active():
             return self._eager.apply(plan, *args)
-        return self._apply(plan, *args)
+        node = _eager_node.extension() if self.eager_node else None
+        if node is None:
+            return self._apply(plan, *args)
+        ctx = _eager_node.EagerContext(plan)
+        output = plan.forward(*args)
+        self._setup_context(ctx, args, output)
+        _eager_node.attach(node, self.node_name, self._node_backward, ctx, args, output)
+        return output
 
     def call(self, calls, key, keep: bool, grad: bool, *args):
         """A call whose arguments the entry point checked: the registered op under torch.compile, else its plan

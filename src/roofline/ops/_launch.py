@@ -41,6 +41,9 @@ from roofline.ops._common import interpreting, tma_descriptor, triton
 
 PLAN_LIMIT = 4096   # plans one op keeps; past it the oldest go first (a program whose shapes never repeat)
 
+# The recording of a backward in progress (roofline.ops._eager_node.Recording), told of every launch, or None.
+recorder = None
+
 
 class Plans(dict):
     """Plans of one op by key: `plans.get(key)` on the hot path, `plans.add(key, plan)` after a miss.
@@ -108,17 +111,24 @@ class Launch:
     16-byte aligned.
     """
 
-    __slots__ = ("kernel", "grid", "device", "descriptors", "constexprs", "run", "direct", "config")
+    __slots__ = ("kernel", "grid", "device", "descriptors", "constexprs", "run", "direct", "config", "native",
+                 "native_refusal")
 
     def __init__(self, kernel, grid, device: int, descriptors: dict | None = None, **constexprs):
         self.kernel, self.grid, self.device = kernel, grid, device
         self.descriptors, self.constexprs = descriptors or {}, constexprs
         self.direct = not interpreting()
         self.config = None   # the autotuner's choice, once known
+        # what C++ needs to launch the compiled kernel itself (function, grid, threads, shared memory, argument
+        # kinds), once known; else why it cannot
+        self.native = None
+        self.native_refusal = "not compiled yet" if self.direct else "its kernels run through Triton's interpreter"
         self.run = self._first
 
     def __call__(self, *args) -> None:
         self.run(*args)
+        if recorder is not None:
+            recorder.launch(self, args)
 
     def _jit_args(self, args) -> list:
         if not self.descriptors:
@@ -137,6 +147,8 @@ class Launch:
 
     def jit(self, *args) -> None:
         """A launch through Triton's JIT, which specializes on these very arguments (a misaligned pointer)."""
+        if recorder is not None:
+            recorder.refuse(f"{self.kernel} launched through Triton's JIT")
         with _on_device(self.device):
             self.kernel[self.grid](*self._jit_args(args), **self.constexprs)
 
@@ -149,6 +161,7 @@ class Launch:
         if self.direct and compiled is not None:
             run, reason = self._direct_run(compiled, jit_args)
             if run is None:
+                self.native_refusal = reason
                 warnings.warn(f"roofline: {self.kernel} launches through Triton's JIT on every call ({reason})",
                               RuntimeWarning, stacklevel=2)
         self.run = run or self.jit
@@ -179,12 +192,15 @@ class Launch:
                 c_launch = inspect.getclosurevars(c_launch).nonlocals["launcher"]
             if launcher.global_scratch_size or launcher.profile_scratch_size:
                 return None, "the kernel needs scratch memory allocated per launch"
-            expanders = _expanders(compiled, jit_args)
+            descriptors = _descriptors(compiled, jit_args)
+            expanders = _expanders(descriptors)
             cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
         except (AttributeError, KeyError, TypeError) as exc:
             return None, f"this Triton's launcher is not the one expected: {exc!r}"
         g0, g1, g2 = self._grid_of(jit_args)
         function, metadata, device = compiled.function, compiled.packed_metadata, self.device
+        self.native, self.native_refusal = _native_launch(compiled, runtime, (g0, g1, g2), cooperative or pdl,
+                                                          descriptors)
         tail = (None,) * (len(params) - runtime)
         stream = torch._C._cuda_getCurrentRawStream
         current = torch._C._cuda_getDevice
@@ -213,37 +229,82 @@ class Launch:
         return expand_and_launch, None
 
 
+# Triton's argument types as the C++ node packs them (roofline/ops/eager_node.cpp): '-' is not passed
+_ARGUMENT_KINDS = {"i1": "b", "i8": "b", "u1": "b", "u8": "b", "i16": "h", "u16": "h", "i32": "i", "u32": "i",
+                   "i64": "l", "u64": "l", "fp32": "f", "f32": "f", "fp64": "d", "constexpr": "-"}
+
+
+def _native_launch(compiled, runtime: int, grid, attributes: bool, descriptors: list):
+    """((function, grid, threads, shared bytes, kinds, specs), None) for a compiled kernel that C++ can launch with
+    cuLaunchKernel as Triton's launcher does, or (None, why not). kinds: per runtime argument, the kinds of the
+    parameters it becomes (roofline/ops/eager_node.cpp); specs: per runtime argument, None or a TMA descriptor's
+    (spec, shape, strides) from _descriptors, whose kinds are 'T', then the shape (i32) and strides (i64)."""
+    num_warps, num_ctas, shared = compiled.packed_metadata
+    if attributes or num_ctas != 1:
+        return None, "it launches with a cooperative grid, a dependent launch or a cluster"
+    kinds, specs = [], []
+    for kind, descriptor in zip(list(compiled.src.signature.values())[:runtime], descriptors):
+        if descriptor is not None:
+            if descriptor[0] != "tma":
+                return None, "it takes a tensor descriptor not lowered to the copy engine"
+            rank = len(descriptor[2])
+            kinds.append("T" + "i" * rank + "l" * rank)
+            specs.append(descriptor[1:])
+            continue
+        if not isinstance(kind, str):
+            return None, f"an argument of type {kind}"
+        kinds.append("p" if kind.startswith("*") else _ARGUMENT_KINDS.get(kind, "?"))
+        specs.append(None)
+    if "?" in kinds:
+        return None, f"argument types {list(compiled.src.signature.values())[:runtime]}"
+    return (compiled.function, list(grid), 32 * num_warps, shared, kinds, specs), None
+
+
 def _hooked(hook) -> bool:
     """Whether a launch hook would do anything: Triton 3.6 keeps an empty HookChain there, which the JIT calls on
     every launch (a direct launch skips it; a hook added after a plan's first call is not seen by that plan)."""
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def _expanders(compiled, jit_args) -> list:
-    """For each runtime argument, None, or for a TMA descriptor argument a function from the tensor to what the
-    C launcher takes in its place (the shape and strides are the plan's, taken from the first call)."""
+def _descriptors(compiled, jit_args) -> list:
+    """For each runtime argument, None, or for a TMA descriptor argument what the C launcher takes in its place
+    (the shape and strides are the plan's, taken from the first call): ("tma", spec, shape, strides), where spec
+    is fill_tma_descriptor's arguments after the address, or ("plain", shape, strides, nan) for one that was not
+    lowered to the copy engine."""
     signature = list(compiled.src.signature.values())
     metas = iter(getattr(compiled.metadata, "tensordesc_meta", None) or ())
     from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST as host_type
 
-    fill = triton.runtime.driver.active.utils.fill_tma_descriptor
-    expanders = []
+    descriptors = []
     for arg, kind in zip(jit_args, signature):
         if not (isinstance(kind, str) and kind.startswith("tensordesc")):
-            expanders.append(None)
+            descriptors.append(None)
             continue
         shape, strides = [int(s) for s in arg.shape], [int(s) for s in arg.strides]
         meta = next(metas, None)
-        if meta is None:   # not lowered to the copy engine: base, shape and strides, twice
-            nan = arg.padding == "nan"
-            expanders.append(lambda t, s=shape, st=strides, nan=nan: (t, *s, *st, nan, *s, *st))
+        if meta is None:
+            descriptors.append(("plain", shape, strides, arg.padding == "nan"))
             continue
         if meta["fp4_padded"]:
             raise TypeError("fp4-padded descriptors are not expanded here")
-        padding = 1 if arg.padding == "nan" else 0
-        expanders.append(
-            lambda t, m=meta, s=shape, st=strides, p=padding: (
-                fill(t.data_ptr(), m["swizzle"], m["elem_size"], host_type[m["elem_type"]], m["block_size"], s, st, p),
-                *s, *st))
-    return expanders
+        spec = (meta["swizzle"], meta["elem_size"], host_type[meta["elem_type"]], meta["block_size"], shape, strides,
+                1 if arg.padding == "nan" else 0)
+        descriptors.append(("tma", spec, shape, strides))
+    return descriptors
 
+
+def _expanders(descriptors) -> list:
+    """For each runtime argument, None, or for a descriptor argument (see _descriptors) a function from the tensor
+    to what the C launcher takes in its place."""
+    fill = triton.runtime.driver.active.utils.fill_tma_descriptor
+    expanders = []
+    for d in descriptors:
+        if d is None:
+            expanders.append(None)
+        elif d[0] == "plain":   # base, shape and strides, twice
+            _, shape, strides, nan = d
+            expanders.append(lambda t, s=shape, st=strides, nan=nan: (t, *s, *st, nan, *s, *st))
+        else:
+            _, spec, shape, strides = d
+            expanders.append(lambda t, spec=spec, s=shape, st=strides: (fill(t.data_ptr(), *spec), *s, *st))
+    return expanders

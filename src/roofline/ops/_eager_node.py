@@ -1,0 +1,244 @@
+"""The autograd node of an eager call, in C++ (eager_node.cpp), and the recorder that lets it run backwards
+without Python.
+
+A torch.autograd.Function costs an eager program twice: ~20 us in the forward (its context object, saving
+tensors, wrapping outputs) and 40-60 us in the backward (the engine hands a Python node the GIL, four Python
+frames, unpacking) on our H100 machine's host, where torch's own ops use C++ nodes. A small op's whole kernel
+time is less than that. Here the forward makes a C++ node (`attach`), and the node's backward replays a record
+of what the op's Python backward did for the same signature (the layouts of the saved tensors and the
+gradients): its aten calls and its kernel launches. The first backward of each signature runs in Python, under
+`Recording`, which writes that record.
+
+What a record may hold is checked while recording, and a backward that does something else is not recorded (it
+runs in Python every time, as it did before): a launch through Triton's JIT (a misaligned pointer; the
+interpreter), a kernel launched with a TMA descriptor, scratch memory or a launch attribute, an aten call that
+returns something other than tensors (a host sync: `.item()`), a tensor list, a tensor the backward did not get
+through the dispatcher, one input passed twice. The op's Python backward must be a function of its signature:
+the plan, the attributes its forward left on the context, and the saved tensors' and gradients' layouts. Ours
+are: they branch on nothing else.
+
+Off with ROOFLINE_EAGER_NODE=0, or where the extension cannot be built (no C++ compiler): ops then use a
+torch.autograd.Function, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SOURCE = Path(__file__).with_name("eager_node.cpp")
+
+
+@functools.cache
+def extension():
+    """The compiled extension (built on first use, then loaded from roofline's cache), or None where it is
+    switched off or cannot be built."""
+    if os.environ.get("ROOFLINE_EAGER_NODE", "1") == "0":
+        return None
+    from roofline.device import cache_dir
+
+    source = SOURCE.read_text()
+    key = hashlib.sha256(f"{source}|{torch.__version__}".encode()).hexdigest()[:16]
+    build_dir = cache_dir() / "eager_node" / key
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(name=f"roofline_eager_node_{key}", sources=[str(SOURCE)], build_directory=str(build_dir),
+                    extra_cflags=["-O2"], verbose=False)
+    except Exception as exc:   # no compiler, no headers: the ops still work, through autograd.Function
+        warnings.warn(f"roofline: the C++ autograd node could not be built ({exc}); eager backwards run in "
+                      "Python", RuntimeWarning, stacklevel=3)
+        return None
+
+
+class EagerContext:
+    """What an op's setup_context and backward rule get in place of autograd's ctx in eager mode. The attributes
+    the forward sets (in __dict__) key the recorded backwards, with the plan."""
+
+    __slots__ = ("plan", "to_save", "non_differentiable", "saved_tensors", "__dict__")
+    in_graph = False
+
+    def __init__(self, plan):
+        self.plan, self.to_save, self.non_differentiable = plan, (), ()
+
+    def save_for_backward(self, *tensors):
+        self.to_save = tensors
+
+    def mark_non_differentiable(self, *tensors):
+        self.non_differentiable = tensors
+
+    def set_materialize_grads(self, value: bool) -> None:
+        """Gradients that no loss reached come as None: the node never materializes them."""
+
+
+# Why a node's backward could not be recorded, by node name (the latest reason): for the tests and for a user
+# asking why an op's backward still runs in Python.
+refusals: dict[str, str] = {}
+
+
+def attach(module, node_name: str, node_backward, ctx: EagerContext, args, output) -> None:
+    """Make the outputs of an eager forward (a tensor or a tuple, None for absent ones) differentiable through a
+    C++ node named node_name, whose backward in Python is node_backward (`backward` with the op's rule bound):
+    recorded on a signature's first backward and replayed on later ones."""
+    try:
+        table = ctx.plan.eager_programs
+    except AttributeError:
+        table = ctx.plan.eager_programs = {}
+    key = tuple(ctx.__dict__.values())
+    programs = table.get(key)
+    if programs is None:
+        programs = table[key] = module.Programs()
+    module.attach(node_name, programs, node_backward, ctx, args, output, ctx.non_differentiable, ctx.to_save)
+    # The node holds ctx: a tensor left on it whose grad_fn is the node would be a cycle through C++ that Python's
+    # collector cannot see (every saved activation of a training step, leaked)
+    ctx.to_save = ctx.non_differentiable = ()
+
+
+def backward(backward_rule, node_name: str, ctx: EagerContext, saved, grads, programs):
+    """The node's backward in Python: the op's rule, recorded for later replays where `programs` is given (no
+    record for this signature yet, grad mode off, no dispatch mode active)."""
+    ctx.saved_tensors = saved
+    try:
+        if programs is None or programs.full():
+            return backward_rule(ctx, ctx.plan.backward, *grads)
+        recording = Recording(saved + grads)
+        with recording:
+            result = backward_rule(ctx, ctx.plan.backward, *grads)
+        programs.add(recording.program(result))
+        if recording.refusal is not None:
+            refusals[node_name] = recording.refusal
+        return result
+    finally:
+        ctx.saved_tensors = ()
+
+
+class Recording(TorchDispatchMode):
+    """Records a backward's aten calls (as a dispatch mode) and its kernel launches (Launch reports them to
+    _launch.recorder), then builds the C++ program that replays them."""
+
+    def __init__(self, inputs: tuple):
+        super().__init__()
+        self.inputs = inputs
+        self.tensors = [t for t in inputs if t is not None]   # every slot's tensor stays alive while recording
+        self.slots = {id(t): i for i, t in enumerate(inputs) if t is not None}
+        self.count = len(inputs)
+        self.steps: list[tuple] = []
+        self.refusal = None if len(self.slots) == len(self.tensors) else "one tensor passed twice"
+
+    def __enter__(self):
+        from roofline.ops import _launch   # (imported here: _launch imports the module that imports this one)
+
+        _launch.recorder = self
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        from roofline.ops import _launch
+
+        _launch.recorder = None
+        return super().__exit__(*exc)
+
+    def refuse(self, reason: str) -> None:
+        if self.refusal is None:
+            self.refusal = reason
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.refusal is None:
+            self._aten(func, args, kwargs, out)
+        return out
+
+    def _aten(self, func, args, kwargs, out) -> None:
+        positions = []
+        for i, argument in enumerate(func._schema.arguments):
+            if i < len(args) and not argument.kwarg_only:
+                value = args[i]
+            elif argument.name in kwargs:
+                value = kwargs[argument.name]
+            else:
+                continue
+            if isinstance(value, torch.Tensor):
+                slot = self._slot(value)
+                if slot is not None:
+                    positions.append((i, slot))
+            elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+                return self.refuse(f"{func} takes a tensor list")
+        results = out if isinstance(out, tuple) else (out,)
+        if not all(isinstance(t, torch.Tensor) for t in results) or len(results) != len(func._schema.returns):
+            return self.refuse(f"{func} returns {type(out).__name__}")
+        for t in results:
+            self._add(t)
+        overload = "" if func._overloadname == "default" else func._overloadname
+        self.steps.append(("aten", func._schema.name, overload, tuple(args), dict(kwargs), positions))
+
+    def launch(self, launch, args) -> None:
+        """A Launch ran these arguments through its compiled kernel."""
+        if self.refusal is not None:
+            return
+        native = launch.native
+        if native is None:
+            return self.refuse(f"{launch.kernel} cannot be launched from C++ ({launch.native_refusal})")
+        function, grid, block, shared, kinds, specs = native
+        values = []
+        for arg, kind, spec in zip(args, kinds, specs):
+            if kind[0] in "pT":
+                if not isinstance(arg, torch.Tensor):
+                    return self.refuse(f"{launch.kernel} takes {type(arg).__name__} for a tensor")
+                slot = self._slot(arg)
+                source = arg if slot is None else slot
+                if spec is None:
+                    values.append(source)
+                else:   # a TMA descriptor, then its shape and strides
+                    descriptor, shape, strides = spec
+                    values += [(source, *descriptor), *shape, *strides]
+            elif kind == "-":
+                values.append(None)
+            elif kind in "fd":
+                values.append(float(arg))
+            else:
+                values.append(int(arg))
+        self.steps.append(("launch", function, grid, block, shared, "".join(kinds), values))
+
+    def _slot(self, t: torch.Tensor):
+        """t's slot, or None for a tensor from outside the backward (held by its plan, kept by the program).
+        A tensor sharing memory with a slot but not made through the dispatcher (`.data`) cannot be replayed."""
+        slot = self.slots.get(id(t))
+        if slot is None:
+            storage = t.untyped_storage().data_ptr()
+            if any(s.untyped_storage().data_ptr() == storage for s in self.tensors if s.device == t.device):
+                self.refuse("a tensor aliasing the backward's own, made outside the dispatcher")
+        return slot
+
+    def _add(self, t: torch.Tensor) -> None:
+        self.slots.setdefault(id(t), self.count)
+        self.tensors.append(t)
+        self.count += 1
+
+    def program(self, result):
+        """The C++ program of what was recorded, for gradients `result`; one that says "run in Python" where
+        the backward cannot be replayed."""
+        module = extension()
+        results = []
+        for g in result:
+            slot = None if g is None else self.slots.get(id(g))
+            if g is not None and slot is None:
+                self.refuse("a gradient the backward did not make")
+            results.append(-1 if slot is None else slot)
+        builder = module.ProgramBuilder(list(self.inputs))
+        if self.refusal is None:
+            try:
+                for step in self.steps:
+                    if step[0] == "aten":
+                        builder.aten(*step[1:])
+                    else:
+                        builder.launch(*step[1:])
+            except (RuntimeError, TypeError, ValueError) as exc:
+                self.refuse(f"not replayable: {exc}")
+        return builder.finish(results, self.refusal is None)

@@ -1,0 +1,535 @@
+// The backward node of roofline's ops in eager mode, in C++.
+//
+// A torch.autograd.Function's backward is a Python node: on every backward the engine takes the GIL, wraps the
+// gradients in Python objects and runs several Python frames before the first kernel launches. On our H100
+// machine that costs 40-60 us more than one of torch's own C++ nodes, which is more than the kernels of a small
+// op take. This node is a C++ one. The first backward of each signature runs the op's Python backward and
+// records what it did (roofline/ops/_eager_node.py): the aten calls it made (allocations, views, small
+// reductions) and the Triton kernels it launched. Later backwards with that signature replay the record here,
+// without Python: each aten call through the dispatcher, each kernel through cuLaunchKernel with the compiled
+// kernel's handle, as Triton's own launcher does.
+//
+// A backward whose signature has no record, or that runs where the record does not hold (grad mode on, i.e.
+// create_graph=True; a Python dispatch mode active), goes to the Python backward.
+//
+// Written against torch's C++ autograd API as both torch 2.11 (nodes held by std::shared_ptr) and 2.13
+// (c10::intrusive_ptr) declare it.
+
+#include <torch/extension.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <ATen/ScalarOps.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+
+namespace py = pybind11;
+namespace ag = torch::autograd;
+
+namespace {
+
+using NodePtr = decltype(ag::Edge::function);   // std::shared_ptr<Node> or c10::intrusive_ptr<Node>
+constexpr bool kSharedNodes = std::is_same_v<NodePtr, std::shared_ptr<ag::Node>>;
+
+template <class T, class... Args>
+NodePtr make_node(Args&&... args) {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<ag::Node>>) {
+    // deleteNode frees a long chain of nodes without recursing (found by argument-dependent lookup: torch 2.13
+    // no longer declares it, and this branch is not instantiated there)
+    return std::shared_ptr<T>(new T(std::forward<Args>(args)...), [](T* node) { deleteNode(node); });
+  } else {
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
+  }
+}
+
+template <class N>
+NodePtr pointer_to(N* node) {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<ag::Node>>) {
+    return node->shared_from_this();
+  } else {
+    return node->getptr();
+  }
+}
+
+// ----------------------------------------------------------------------------------------------- CUDA driver
+
+// CUresult cuLaunchKernel(CUfunction, grid x y z, block x y z, shared bytes, CUstream, params, extra)
+using LaunchKernel = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                             void**, void**);
+
+// CUresult cuTensorMapEncodeTiled(CUtensorMap*, data type, rank, address, dims, byte strides, box, element
+// strides, interleave, swizzle, L2 promotion, out-of-bounds fill)
+using EncodeTiled = int (*)(void*, int, unsigned, void*, const uint64_t*, const uint64_t*, const unsigned*,
+                            const unsigned*, int, int, int, int);
+
+template <class F>
+F driver_function(const char* name) {
+  // libcuda is loaded by the time a kernel was compiled, which a recorded launch needs: take it, do not load it
+  void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  return library ? reinterpret_cast<F>(dlsym(library, name)) : nullptr;
+}
+
+LaunchKernel launch_kernel() {
+  static LaunchKernel launch = driver_function<LaunchKernel>("cuLaunchKernel");
+  TORCH_CHECK(launch != nullptr, "roofline: cuLaunchKernel was not found in a loaded libcuda.so.1");
+  return launch;
+}
+
+// A TMA descriptor argument: what Triton's fill_tma_descriptor takes, dimensions innermost first as the driver
+// wants them. Encoded anew at each launch from the tensor's address (the rest is fixed by the plan).
+struct Descriptor {
+  int data_type, swizzle, fill;
+  unsigned rank;
+  uint64_t dims[5], byte_strides[5];
+  unsigned box[5];
+};
+
+struct alignas(64) TensorMap {   // CUtensorMap: 128 bytes, 64-byte aligned, passed by value
+  uint8_t bytes[128];
+};
+
+void encode(const Descriptor& d, void* address, TensorMap* map) {
+  static EncodeTiled encode_tiled = driver_function<EncodeTiled>("cuTensorMapEncodeTiled");
+  TORCH_CHECK(encode_tiled != nullptr, "roofline: cuTensorMapEncodeTiled was not found in libcuda.so.1");
+  const unsigned element_strides[5] = {1, 1, 1, 1, 1};
+  int status = encode_tiled(map, d.data_type, d.rank, address, d.dims, d.byte_strides, d.box, element_strides,
+                            /*interleave none*/ 0, d.swizzle, /*L2 promotion 128B*/ 2, d.fill);
+  TORCH_CHECK(status == 0, "roofline: cuTensorMapEncodeTiled failed with CUDA driver error ", status);
+}
+
+// ----------------------------------------------------------------------------------------------- programs
+
+// What a recorded backward computes with: slot i is saved tensor i, then gradient i, then each result of a
+// recorded aten call, in order.
+
+struct AtenStep {
+  c10::OperatorHandle op;
+  torch::jit::Stack arguments;                   // as recorded, every tensor that is a slot replaced at replay
+  std::vector<std::pair<size_t, int>> slots;     // (argument position, slot)
+  size_t results;                                // how many values the call returns, each a new slot
+};
+
+struct LaunchArgument {
+  char kind;          // 'p' pointer, 'T' TMA descriptor, 'b' i8, 'h' i16, 'i' i32, 'l' i64, 'f' fp32, 'd' fp64,
+                      // '-' not passed
+  int slot;           // for a pointer or a descriptor: the slot, or -1 for a constant tensor (in `constant`)
+  int64_t integer;
+  double real;
+  at::Tensor constant;
+  Descriptor descriptor;
+};
+
+struct LaunchStep {
+  void* function;
+  unsigned grid[3];
+  unsigned block;
+  unsigned shared;
+  std::vector<LaunchArgument> arguments;
+  size_t descriptors = 0;   // arguments of kind 'T'
+};
+
+// A tensor's layout as a signature holds it: defined, sizes, strides, dtype, device, and its data pointer
+// modulo 16 (the kernels were compiled for, and recorded with, 16-byte aligned inputs).
+struct Layout {
+  bool defined = false;
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  at::Device device = at::kCPU;
+  uintptr_t alignment = 0;
+
+  static Layout of(const at::Tensor& t) {
+    Layout layout;
+    if (!t.defined()) return layout;
+    layout.defined = true;
+    layout.sizes = t.sizes().vec();
+    layout.strides = t.strides().vec();
+    layout.dtype = t.scalar_type();
+    layout.device = t.device();
+    layout.alignment = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16;
+    return layout;
+  }
+
+  bool matches(const at::Tensor& t) const {
+    if (!t.defined()) return !defined;
+    return defined && t.scalar_type() == dtype && t.device() == device && t.sizes().equals(sizes) &&
+           t.strides().equals(strides) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == alignment;
+  }
+};
+
+struct Program {
+  std::vector<Layout> inputs;          // the saved tensors', then the gradients' (for matching)
+  bool replayable = false;             // false: a signature whose backward always runs in Python
+  std::vector<std::variant<AtenStep, LaunchStep>> steps;
+  std::vector<int> results;            // per gradient returned: its slot, or -1 for None
+
+  bool matches(const ag::variable_list& saved, const ag::variable_list& grads) const {
+    if (inputs.size() != saved.size() + grads.size()) return false;
+    for (size_t i = 0; i < saved.size(); ++i)
+      if (!inputs[i].matches(saved[i])) return false;
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (!inputs[saved.size() + i].matches(grads[i])) return false;
+    return true;
+  }
+
+  ag::variable_list run(const ag::variable_list& saved, const ag::variable_list& grads) const {
+    std::vector<at::Tensor> slots(saved.begin(), saved.end());
+    slots.insert(slots.end(), grads.begin(), grads.end());
+    for (const auto& step : steps) {
+      if (const auto* aten = std::get_if<AtenStep>(&step)) {
+        torch::jit::Stack stack = aten->arguments;
+        for (const auto& [position, slot] : aten->slots) stack[position] = slots[slot];
+        aten->op.callBoxed(&stack);
+        for (size_t i = 0; i < aten->results; ++i) slots.push_back(stack[i].toTensor());
+      } else {
+        launch(std::get<LaunchStep>(step), slots);
+      }
+    }
+    ag::variable_list out;
+    out.reserve(results.size());
+    for (int slot : results) out.push_back(slot < 0 ? at::Tensor() : slots[slot]);
+    return out;
+  }
+
+  static void launch(const LaunchStep& step, const std::vector<at::Tensor>& slots) {
+    if (static_cast<uint64_t>(step.grid[0]) * step.grid[1] * step.grid[2] == 0) return;   // as Triton does
+    std::vector<uint64_t> values(step.arguments.size() + 2, 0);   // + Triton's two scratch pointers (null)
+    std::vector<TensorMap> maps(step.descriptors);
+    size_t m = 0;
+    std::vector<void*> params;
+    params.reserve(values.size());
+    size_t n = 0;
+    for (const auto& argument : step.arguments) {
+      void* value = &values[n];
+      switch (argument.kind) {
+        case '-':
+          continue;
+        case 'p': {
+          const at::Tensor& t = argument.slot < 0 ? argument.constant : slots[argument.slot];
+          uint64_t pointer = reinterpret_cast<uint64_t>(t.data_ptr());
+          std::memcpy(value, &pointer, 8);
+          break;
+        }
+        case 'T': {
+          const at::Tensor& t = argument.slot < 0 ? argument.constant : slots[argument.slot];
+          encode(argument.descriptor, t.data_ptr(), &maps[m]);
+          value = &maps[m++];
+          break;
+        }
+        case 'b': { int8_t v = static_cast<int8_t>(argument.integer); std::memcpy(value, &v, 1); break; }
+        case 'h': { int16_t v = static_cast<int16_t>(argument.integer); std::memcpy(value, &v, 2); break; }
+        case 'i': { int32_t v = static_cast<int32_t>(argument.integer); std::memcpy(value, &v, 4); break; }
+        case 'l': std::memcpy(value, &argument.integer, 8); break;
+        case 'f': { float v = static_cast<float>(argument.real); std::memcpy(value, &v, 4); break; }
+        case 'd': std::memcpy(value, &argument.real, 8); break;
+        default:
+          TORCH_CHECK(false, "roofline: unknown launch argument kind ", argument.kind);
+      }
+      params.push_back(value);
+      ++n;
+    }
+    params.push_back(&values[n]);
+    params.push_back(&values[n + 1]);
+    const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    void* stream = cuda->getStream(cuda->getDevice()).native_handle();
+    int status = launch_kernel()(step.function, step.grid[0], step.grid[1], step.grid[2], step.block, 1, 1,
+                                 step.shared, stream, params.data(), nullptr);
+    TORCH_CHECK(status == 0, "roofline: cuLaunchKernel failed with CUDA driver error ", status);
+  }
+};
+
+// The recorded programs of one op's plan (and the attributes its forward kept): one per signature, a few.
+class Programs {
+ public:
+  static constexpr size_t kLimit = 16;   // signatures recorded; past it the backward stays in Python
+
+  std::shared_ptr<const Program> find(const ag::variable_list& saved, const ag::variable_list& grads) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& program : programs_)
+      if (program->matches(saved, grads)) return program;
+    return nullptr;
+  }
+
+  bool full() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return programs_.size() >= kLimit;
+  }
+
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return programs_.size();
+  }
+
+  size_t replayable() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    size_t n = 0;
+    for (const auto& program : programs_) n += program->replayable;
+    return n;
+  }
+
+  void add(std::shared_ptr<Program> program) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (programs_.size() < kLimit) programs_.push_back(std::move(program));
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::shared_ptr<const Program>> programs_;
+};
+
+// Builds a Program from what the Python recorder saw.
+class ProgramBuilder {
+ public:
+  explicit ProgramBuilder(const std::vector<std::optional<at::Tensor>>& inputs) {
+    program_ = std::make_shared<Program>();
+    for (const auto& t : inputs) program_->inputs.push_back(Layout::of(t.value_or(at::Tensor())));
+  }
+
+  // An aten call: op name and overload, its arguments as the recorder saw them, and the positions (in the
+  // schema's order) of those that are slots.
+  void aten(const std::string& name, const std::string& overload, const py::tuple& args, const py::dict& kwargs,
+            const std::vector<std::pair<size_t, int>>& slots) {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    const auto& schema = op.schema();
+    // A number passed for a Tensor (x.mul_(3.0)) reaches a dispatch mode as the number; the dispatcher takes
+    // it as a wrapped-number tensor, which type promotion treats as a Python scalar.
+    py::list values(args);
+    for (size_t i = 0; i < values.size() && i < schema.arguments().size(); ++i) {
+      if (schema.arguments()[i].type()->kind() != c10::TypeKind::TensorType) continue;
+      py::handle v = values[i];
+      std::optional<at::Scalar> number;
+      if (py::isinstance<py::bool_>(v)) number = at::Scalar(v.cast<bool>());
+      else if (py::isinstance<py::int_>(v)) number = at::Scalar(v.cast<int64_t>());
+      else if (py::isinstance<py::float_>(v)) number = at::Scalar(v.cast<double>());
+      if (number) {
+        at::Tensor wrapped = c10::scalar_to_tensor(*number);
+        wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
+        values[i] = py::cast(wrapped);
+      }
+    }
+    py::kwargs keywords = py::reinterpret_borrow<py::kwargs>(kwargs);
+    auto stack = torch::jit::createStackForSchema(schema, torch::jit::tuple_slice(py::tuple(values)), keywords,
+                                                  std::nullopt);
+    for (const auto& [position, slot] : slots) {
+      TORCH_CHECK(position < stack.size(), "roofline: argument position out of range");
+      stack[position] = at::Tensor();   // not held by the program: the slot's tensor goes here at replay
+    }
+    program_->steps.emplace_back(AtenStep{op, std::move(stack), slots, schema.returns().size()});
+  }
+
+  void launch(uint64_t function, std::vector<unsigned> grid, unsigned block, unsigned shared,
+              const std::string& kinds, const py::list& args) {
+    TORCH_CHECK(grid.size() == 3 && kinds.size() == args.size(), "roofline: malformed launch record");
+    LaunchStep step{reinterpret_cast<void*>(function), {grid[0], grid[1], grid[2]}, block, shared, {}, 0};
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      LaunchArgument argument{kinds[i], -1, 0, 0.0, at::Tensor(), {}};
+      py::handle value = args[i];
+      if (argument.kind == 'T') {
+        // (tensor or slot, swizzle, element size, data type, block, shape, strides, NaN padding), as Triton's
+        // fill_tma_descriptor takes them
+        py::tuple spec = py::reinterpret_borrow<py::tuple>(value);
+        value = spec[0];
+        auto block = spec[4].cast<std::vector<int64_t>>(), shape = spec[5].cast<std::vector<int64_t>>();
+        auto strides = spec[6].cast<std::vector<int64_t>>();
+        int64_t element_size = spec[2].cast<int64_t>();
+        Descriptor& d = argument.descriptor;
+        d.rank = static_cast<unsigned>(block.size());
+        TORCH_CHECK(d.rank >= 1 && d.rank <= 5 && shape.size() == d.rank && strides.size() == d.rank,
+                    "roofline: malformed descriptor record");
+        d.swizzle = spec[1].cast<int>();
+        d.data_type = spec[3].cast<int>();
+        d.fill = spec[7].cast<int>() != 0 ? 1 : 0;   // NaN request zero FMA, else none
+        for (unsigned i = 0; i < d.rank; ++i) {
+          d.box[d.rank - 1 - i] = static_cast<unsigned>(block[i]);
+          d.dims[d.rank - 1 - i] = static_cast<uint64_t>(shape[i]);
+        }
+        for (unsigned i = 0; i + 1 < d.rank; ++i) d.byte_strides[d.rank - 2 - i] = element_size * strides[i];
+        d.byte_strides[d.rank - 1] = d.dims[d.rank - 1] * (d.rank == 1 ? element_size : d.byte_strides[d.rank - 2]);
+        ++step.descriptors;
+      }
+      if (argument.kind == 'p' || argument.kind == 'T') {
+        if (py::isinstance<py::int_>(value)) argument.slot = value.cast<int>();
+        else argument.constant = value.cast<at::Tensor>();
+      } else if (argument.kind == 'f' || argument.kind == 'd') {
+        argument.real = value.cast<double>();
+      } else if (argument.kind != '-') {
+        argument.integer = value.cast<int64_t>();
+      }
+      step.arguments.push_back(std::move(argument));
+    }
+    program_->steps.emplace_back(std::move(step));
+  }
+
+  std::shared_ptr<Program> finish(const std::vector<int>& results, bool replayable) {
+    program_->results = results;
+    program_->replayable = replayable;
+    if (!replayable) program_->steps.clear();
+    return program_;
+  }
+
+ private:
+  std::shared_ptr<Program> program_;
+};
+
+// ----------------------------------------------------------------------------------------------- the node
+
+// Python objects a node holds, released under the GIL wherever the node dies (often an engine thread).
+struct PythonReference {
+  py::object object;
+  explicit PythonReference(py::object o) : object(std::move(o)) {}
+  ~PythonReference() {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      object = py::object();
+    } else {
+      object.release();   // the interpreter is gone: nothing to decrement
+    }
+  }
+};
+
+struct EagerNode : ag::Node {
+  EagerNode(std::string name, std::shared_ptr<Programs> programs, py::object backward, py::object context)
+      : name_(std::move(name)), programs_(std::move(programs)),
+        backward_(std::make_unique<PythonReference>(std::move(backward))),
+        context_(std::make_unique<PythonReference>(std::move(context))) {}
+
+  std::string name() const override { return name_; }
+
+  void save(const at::Tensor& tensor, bool is_output) { saved_.emplace_back(tensor, is_output); }
+
+  ag::variable_list apply(ag::variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!released_, "roofline: ", name_, " was already run and its saved tensors freed; call backward "
+                "with retain_graph=True to run it twice");
+    ag::variable_list saved;
+    saved.reserve(saved_.size());
+    for (const auto& s : saved_) saved.push_back(s.unpack(pointer_to(this)));
+    // grad mode on (create_graph=True) or a dispatch mode active: the Python backward, which they can see
+    bool plain = !at::GradMode::is_enabled() && c10::impl::TorchDispatchModeTLS::stack_len() == 0;
+    auto program = plain ? programs_->find(saved, grads) : nullptr;
+    if (program && program->replayable) {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+      return program->run(saved, grads);
+    }
+    return run_python(saved, grads, plain && !program);
+  }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& s : saved_) s.reset_data();
+    released_ = true;
+  }
+
+ private:
+  // `record`: record what the backward does into programs_ (this signature has no program yet)
+  ag::variable_list run_python(const ag::variable_list& saved, const ag::variable_list& grads, bool record) {
+    py::gil_scoped_acquire gil;
+    try {
+      py::tuple saved_tuple(saved.size()), grads_tuple(grads.size());
+      for (size_t i = 0; i < saved.size(); ++i) saved_tuple[i] = optional_tensor(saved[i]);
+      for (size_t i = 0; i < grads.size(); ++i) grads_tuple[i] = optional_tensor(grads[i]);
+      py::object programs = record ? py::cast(programs_) : py::none();
+      py::object result = backward_->object(context_->object, saved_tuple, grads_tuple, programs);
+      ag::variable_list out;
+      for (py::handle g : result) out.push_back(g.is_none() ? at::Tensor() : g.cast<at::Tensor>());
+      TORCH_CHECK(out.size() == num_outputs(), "roofline: ", name_, " returned ", out.size(),
+                  " gradients for ", num_outputs(), " inputs");
+      return out;
+    } catch (py::error_already_set& e) {
+      e.restore();
+      python_error error;
+      error.persist();
+      throw error;
+    }
+  }
+
+  static py::object optional_tensor(const at::Tensor& t) {
+    return t.defined() ? py::cast(t) : py::none();
+  }
+
+  std::string name_;
+  std::shared_ptr<Programs> programs_;
+  std::unique_ptr<PythonReference> backward_, context_;
+  std::vector<ag::SavedVariable> saved_;
+  bool released_ = false;
+};
+
+// The tensors of a tuple or list (undefined for what is not a tensor), or of one tensor: unpacked without
+// pybind11's casters, which cost microseconds a call here.
+std::vector<at::Tensor> tensors_of(py::handle objects) {
+  std::vector<at::Tensor> tensors;
+  if (THPVariable_Check(objects.ptr())) {
+    tensors.push_back(THPVariable_Unpack(objects.ptr()));
+    return tensors;
+  }
+  py::sequence sequence = py::reinterpret_borrow<py::sequence>(objects);
+  tensors.reserve(sequence.size());
+  for (py::handle o : sequence) {
+    tensors.push_back(THPVariable_Check(o.ptr()) ? THPVariable_Unpack(o.ptr()) : at::Tensor());
+  }
+  return tensors;
+}
+
+// Makes `outputs` (a tensor, or a tuple with None for absent ones) the results of a new EagerNode whose inputs are
+// the forward's `args` (an edge per argument, none where it is not a tensor), saving `saved`. Outputs in
+// `non_differentiable` get no gradient, as ctx.mark_non_differentiable says in a torch.autograd.Function.
+void attach(const std::string& name, std::shared_ptr<Programs> programs, py::object backward, py::object context,
+            py::handle args, py::handle outputs, py::handle non_differentiable, py::handle saved) {
+  ag::edge_list edges;
+  for (const auto& t : tensors_of(args)) {
+    edges.push_back(t.defined() && t.requires_grad() ? ag::impl::gradient_edge(t) : ag::Edge());
+  }
+  auto node = make_node<EagerNode>(name, std::move(programs), std::move(backward), std::move(context));
+  node->set_next_edges(std::move(edges));
+  auto among = [](const at::Tensor& t, const std::vector<at::Tensor>& tensors) {
+    for (const auto& other : tensors)
+      if (other.defined() && other.is_same(t)) return true;
+    return false;
+  };
+  auto excluded = tensors_of(non_differentiable);
+  std::vector<at::Tensor> differentiable;
+  for (const auto& output : tensors_of(outputs)) {
+    if (output.defined() && ag::isDifferentiableType(output.scalar_type()) && !among(output, excluded)) {
+      auto nr = node->add_input_metadata(output);
+      ag::impl::set_gradient_edge(output, ag::Edge(node, nr));
+      differentiable.push_back(output);
+    } else {
+      node->add_input_metadata(ag::Node::undefined_input());
+    }
+  }
+  // after the outputs have their grad_fn: a saved output holds the node weakly (no reference cycle)
+  auto* eager = static_cast<EagerNode*>(node.get());
+  for (const auto& t : tensors_of(saved)) {
+    eager->save(t, t.defined() && among(t, differentiable));
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Programs, std::shared_ptr<Programs>>(m, "Programs")
+      .def(py::init<>())
+      .def("full", &Programs::full)
+      .def("__len__", &Programs::size)
+      .def("replayable", &Programs::replayable)
+      .def("add", &Programs::add);
+  py::class_<Program, std::shared_ptr<Program>>(m, "Program");
+  py::class_<ProgramBuilder>(m, "ProgramBuilder")
+      .def(py::init<const std::vector<std::optional<at::Tensor>>&>())
+      .def("aten", &ProgramBuilder::aten)
+      .def("launch", &ProgramBuilder::launch)
+      .def("finish", &ProgramBuilder::finish);
+  m.def("attach", &attach);
+  m.attr("shared_nodes") = kSharedNodes;
+}

@@ -1,0 +1,255 @@
+"""The C++ autograd node of eager calls: it behaves as a torch.autograd.Function does (saved tensors, version
+checks, retain_graph, hooks, errors), and a backward recorded once replays without Python, giving the same
+gradients; what cannot be replayed runs in Python."""
+
+import gc
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from ops_checks import DEVICE
+from test_launch import CALLS, _run
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from roofline import ops
+from roofline.ops import _eager_node
+from roofline.ops._common import KernelOp
+
+
+class SinePlan:
+    """A plan whose kernels are torch ops: sin(x) * factor forward, its backward with an allocation, a view and
+    in-place ops, all through the dispatcher, so that a backward is replayable on any device."""
+
+    def __init__(self):
+        self.backwards = 0   # the Python backwards run
+
+    def forward(self, x, factor):
+        with torch.no_grad():
+            return torch.sin(x) * factor
+
+    def backward(self, dy, x, factor):
+        self.backwards += 1
+        with torch.no_grad():   # as a kernel: no autograd history, also under create_graph=True
+            dx = torch.empty_like(x)
+            torch.cos(x, out=dx)
+            return dx.view(-1).mul_(factor).view(x.shape).mul_(dy)
+
+
+PLAN = SinePlan()
+
+
+def _save(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.factor = inputs[1]
+    ctx.raise_in_backward = False
+
+
+def _rule(ctx, run_backward, dy, *_others):   # _others: gradients of outputs beside the result
+    (x,) = ctx.saved_tensors
+    if ctx.raise_in_backward:
+        raise ValueError("raised in the backward")
+    if dy is None:   # no loss reached the output (gradcheck tries it)
+        return None, None
+    return run_backward(dy, x, ctx.factor), None
+
+
+def _forward(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return PLAN.forward(x, factor)
+
+
+def _backward(dy: torch.Tensor, x: torch.Tensor, factor: float) -> torch.Tensor:
+    return PLAN.backward(dy, x, factor)
+
+
+SINE = KernelOp("test_sine", forward=_forward, forward_fake=lambda x, factor: torch.empty_like(x),
+                backward=_backward, backward_fake=lambda dy, x, factor: torch.empty_like(x),
+                setup_context=_save, backward_rule=_rule, plan=lambda x, factor: PLAN)
+
+
+def sine(x, factor=3.0):
+    return SINE.eager(PLAN, True, x, factor)
+
+
+def _x(*shape):
+    return torch.randn(*shape, dtype=torch.float64, device=DEVICE, requires_grad=True)
+
+
+def _expected(x, dy, factor=3.0):
+    return torch.cos(x.detach()) * factor * dy
+
+
+def test_the_node_is_torchs_c_node_named_after_the_op():
+    y = sine(_x(4, 5))
+    assert y.grad_fn.name() == "roofline::test_sine_backward"
+    assert type(y.grad_fn).__name__ == "CppFunction"
+    assert y.grad_fn.next_functions[0][0] is not None and y.grad_fn.next_functions[1] == (None, 0)
+
+
+def test_a_recorded_backward_replays_without_python():
+    x = _x(6, 7)
+    sine(x).backward(torch.ones(6, 7, dtype=torch.float64, device=DEVICE))
+    before = PLAN.backwards
+    for _ in range(3):
+        x, dy = _x(6, 7), torch.randn(6, 7, dtype=torch.float64, device=DEVICE)
+        (dx,) = torch.autograd.grad(sine(x), x, dy)
+        torch.testing.assert_close(dx, _expected(x, dy))
+    assert PLAN.backwards == before, "a backward with a recorded signature ran in Python"
+
+
+def test_a_new_signature_is_recorded_once():
+    x = _x(3, 9)
+    dy = torch.randn(9, 3, dtype=torch.float64, device=DEVICE).t()   # non-contiguous: another signature
+    torch.autograd.grad(sine(x), x, dy)
+    before = PLAN.backwards
+    x = _x(3, 9)
+    dy = torch.randn(9, 3, dtype=torch.float64, device=DEVICE).t()
+    (dx,) = torch.autograd.grad(sine(x), x, dy)
+    torch.testing.assert_close(dx, _expected(x, dy))
+    assert PLAN.backwards == before
+
+
+def test_gradcheck_through_the_replay():
+    x = _x(3, 4)
+    assert torch.autograd.gradcheck(sine, (x,))
+
+
+def test_create_graph_and_dispatch_modes_see_the_python_backward():
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = _x(5)
+    torch.autograd.grad(sine(x), x, torch.ones(5, dtype=torch.float64, device=DEVICE))   # recorded
+    before = PLAN.backwards
+    x = _x(5)
+    y = sine(x)
+    seen = Seen()
+    with seen:
+        (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    assert PLAN.backwards == before + 1 and "aten.cos.out" in seen.ops
+    torch.testing.assert_close(dx, _expected(x, 1.0))
+    (dx,) = torch.autograd.grad(sine(x), x, torch.ones_like(y), create_graph=True)
+    assert PLAN.backwards == before + 2
+    torch.testing.assert_close(dx, _expected(x, 1.0))
+
+
+def test_saved_tensors_are_checked_and_freed_as_autograd_does():
+    x = _x(4)
+    h = x * 1
+    y = sine(h)
+    h.add_(1)   # modifies what the backward needs
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    y = sine(_x(4))
+    y.sum().backward(retain_graph=True)
+    y.sum().backward()   # kept for a second time
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "forward+backward"])
+def test_outputs_and_what_they_saved_are_freed(backward):
+    """softmax saves its output: the node must not keep it (nor itself) alive through its context."""
+    x = torch.randn(4, 33, device=DEVICE, requires_grad=True)
+    y = ops.softmax(x, -1, backend="triton")
+    if backward:
+        y.sum().backward(retain_graph=True)
+    output = weakref.ref(y)
+    del y
+    gc.collect()
+    assert output() is None
+
+
+def test_saved_tensor_hooks_apply():
+    packed = []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t.clone()
+
+    x = _x(3, 2)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = sine(x)
+    assert packed == [torch.Size([3, 2])]
+    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    torch.testing.assert_close(dx, _expected(x, 1.0))
+
+
+def _attached(x, factor, *, outputs=None, non_differentiable=(), **attrs):
+    """sine(x, factor) through attach as KernelOp.eager calls it, the context carrying `attrs`; `outputs`: what
+    the forward returns (its result and other tensors)."""
+    ctx = _eager_node.EagerContext(PLAN)
+    out = PLAN.forward(x, factor)
+    _save(ctx, (x, factor), out)
+    ctx.__dict__.update(attrs)
+    ctx.mark_non_differentiable(*non_differentiable)
+    outputs = outputs(out) if outputs else out
+    _eager_node.attach(_eager_node.extension(), SINE.node_name, SINE._node_backward, ctx, (x, factor), outputs)
+    return outputs
+
+
+def test_an_error_in_the_backward_arrives_as_itself():
+    y = _attached(_x(3), 7.0, raise_in_backward=True)
+    with pytest.raises(ValueError, match="raised in the backward"):
+        y.sum().backward()
+
+
+def test_an_output_marked_non_differentiable_gets_no_gradient():
+    other = torch.zeros(4, dtype=torch.float64, device=DEVICE)
+    x = _x(4)
+    out, kept = _attached(x, 2.0, outputs=lambda out: (out, other), non_differentiable=(other,))
+    assert out.requires_grad and not kept.requires_grad
+    (dx,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    torch.testing.assert_close(dx, _expected(x, 1.0, 2.0))
+
+
+@pytest.mark.parametrize("name", sorted(set(CALLS) - {"cross_entropy"}))
+def test_every_op_gets_the_node(name):
+    make, ours, _ = CALLS[name]
+    out = ours(*make(True))
+    out = out if isinstance(out, tuple) else (out,)
+    assert out[0].grad_fn.name().startswith("roofline::"), out[0].grad_fn
+
+
+def test_under_the_interpreter_backwards_stay_in_python_and_say_why():
+    if DEVICE == "cuda":
+        pytest.skip("on a GPU the kernels launch from C++: test_ops_replay_on_the_gpu")
+    for _ in range(2):
+        _run("gelu", True)
+    assert "Triton's interpreter" in _eager_node.refusals["roofline::gelu_backward"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(set(CALLS) - {"cross_entropy"}))
+def test_ops_replay_on_the_gpu(name):
+    """Each op's backward, recorded on the first call, replays on the next ones with fresh inputs and gives
+    torch's gradients (_run checks every gradient)."""
+    for _ in range(3):
+        _run(name, True)
+    make, ours, _ = CALLS[name]
+    node = (ours(*make(True)),)[0]
+    node = (node if isinstance(node, tuple) else (node,))[0].grad_fn.name()
+    assert node not in _eager_node.refusals, _eager_node.refusals[node]
+
+
+@pytest.mark.gpu
+def test_a_replay_launches_on_the_current_stream():
+    x = torch.randn(64, 512, device="cuda", requires_grad=True)
+    for _ in range(2):
+        ops.layer_norm(x, (512,), backend="triton").sum().backward()
+    side = torch.cuda.Stream()
+    x.grad = None
+    with torch.cuda.stream(side):
+        dy = torch.randn(64, 512, device="cuda")
+        y = ops.layer_norm(x, (512,), backend="triton")
+        y.backward(dy)
+    side.synchronize()
+    ref = x.detach().clone().requires_grad_()
+    F.layer_norm(ref, (512,)).backward(dy)
+    torch.testing.assert_close(x.grad, ref.grad, atol=1e-4, rtol=1e-4)
