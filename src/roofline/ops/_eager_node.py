@@ -11,8 +11,8 @@ gradients): its aten calls and its kernel launches. The first backward of each s
 
 What a record may hold is checked while recording, and a backward that does something else is not recorded (it
 runs in Python every time, as it did before): a launch through Triton's JIT (a misaligned pointer; the
-interpreter), a kernel launched with a TMA descriptor, scratch memory or a launch attribute, an aten call that
-returns something other than tensors (a host sync: `.item()`), a tensor list, a tensor the backward did not get
+interpreter), a kernel launched with a descriptor not lowered to the copy engine, scratch memory or a launch
+attribute, an aten call that returns something other than tensors (a host sync: `.item()`), a tensor list, a tensor the backward did not get
 through the dispatcher, one input passed twice. The op's Python backward must be a function of its signature:
 the plan, the attributes its forward left on the context, and the saved tensors' and gradients' layouts. Ours
 are: they branch on nothing else.

@@ -119,8 +119,7 @@ class Launch:
         self.descriptors, self.constexprs = descriptors or {}, constexprs
         self.direct = not interpreting()
         self.config = None   # the autotuner's choice, once known
-        # what C++ needs to launch the compiled kernel itself (function, grid, threads, shared memory, argument
-        # kinds), once known; else why it cannot
+        # what C++ needs to launch the compiled kernel itself (_native_launch), once known; else why it cannot
         self.native = None
         self.native_refusal = "not compiled yet" if self.direct else "its kernels run through Triton's interpreter"
         self.run = self._first

@@ -44,7 +44,7 @@ constexpr bool kSharedNodes = std::is_same_v<NodePtr, std::shared_ptr<ag::Node>>
 
 template <class T, class... Args>
 NodePtr make_node(Args&&... args) {
-  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<ag::Node>>) {
+  if constexpr (kSharedNodes) {
     // deleteNode frees a long chain of nodes without recursing (found by argument-dependent lookup: torch 2.13
     // no longer declares it, and this branch is not instantiated there)
     return std::shared_ptr<T>(new T(std::forward<Args>(args)...), [](T* node) { deleteNode(node); });
@@ -55,7 +55,7 @@ NodePtr make_node(Args&&... args) {
 
 template <class N>
 NodePtr pointer_to(N* node) {
-  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<ag::Node>>) {
+  if constexpr (kSharedNodes) {
     return node->shared_from_this();
   } else {
     return node->getptr();
@@ -263,18 +263,6 @@ class Programs {
   bool full() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return programs_.size() >= kLimit;
-  }
-
-  size_t size() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return programs_.size();
-  }
-
-  size_t replayable() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    size_t n = 0;
-    for (const auto& program : programs_) n += program->replayable;
-    return n;
   }
 
   void add(std::shared_ptr<Program> program) {
@@ -521,8 +509,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Programs, std::shared_ptr<Programs>>(m, "Programs")
       .def(py::init<>())
       .def("full", &Programs::full)
-      .def("__len__", &Programs::size)
-      .def("replayable", &Programs::replayable)
       .def("add", &Programs::add);
   py::class_<Program, std::shared_ptr<Program>>(m, "Program");
   py::class_<ProgramBuilder>(m, "ProgramBuilder")
@@ -531,5 +517,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("launch", &ProgramBuilder::launch)
       .def("finish", &ProgramBuilder::finish);
   m.def("attach", &attach);
-  m.attr("shared_nodes") = kSharedNodes;
 }
