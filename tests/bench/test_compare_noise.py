@@ -1,6 +1,6 @@
 """bench.compare on a noisy machine: two identical functions beside a bursty neighbour must come out "no
 significant difference" about as often as the confidence level promises (issue: 7-17% false positives at a
-nominal 5% while samples were resampled as if independent)."""
+nominal 5% while samples were resampled as if independent, 6-17% while whole rounds were)."""
 
 import subprocess
 import sys
@@ -40,9 +40,9 @@ def test_identical_functions_beside_a_bursty_neighbour_rarely_differ():
     finally:
         for process in neighbours:
             process.kill()
-    for c in results:   # every compare drew both functions in the same rounds, which the interval resampled
+    for c in results:   # every compare drew both functions in the same rounds, which the interval pairs
         assert len(c.baseline.round_sizes) == len(c.candidate.round_sizes) == 20
-        assert sum(c.baseline.round_sizes) == c.baseline.n and "whole rounds" in c.speedup.method
+        assert sum(c.baseline.round_sizes) == c.baseline.n and "sign-test interval over whole rounds" in c.speedup.method
     false_positives = sum(c.speedup.significant for c in results)
     # nominal 5%: 3 of 60 expected; 10 or more has a chance under 1% at a true 6%
     assert false_positives <= 9, f"{false_positives} of {COMPARES} compares of identical functions 'differ'"

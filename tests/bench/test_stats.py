@@ -91,7 +91,7 @@ def _rounds_of_identical_functions(rng, rounds=20, per_round=10):
     return np.concatenate(a), np.concatenate(b), ([per_round] * rounds, [per_round] * rounds)
 
 
-def test_resampling_rounds_keeps_false_positives_near_the_nominal_rate():
+def test_pairing_rounds_keeps_false_positives_near_the_nominal_rate():
     rng = np.random.default_rng(7)
     trials, by_rounds, by_samples = 200, 0, 0
     for seed in range(trials):
@@ -102,16 +102,32 @@ def test_resampling_rounds_keeps_false_positives_near_the_nominal_rate():
     assert by_samples >= 0.25 * trials         # samples resampled as if independent: the interval is too narrow
 
 
-def test_resampling_rounds_still_finds_a_real_difference():
+def test_pairing_rounds_still_finds_a_real_difference():
     rng = np.random.default_rng(3)
     a, b, rounds = _rounds_of_identical_functions(rng)
     s = speedup_ci(a * 1.1, b, rounds=rounds)
     assert s.significant and s.ratio == pytest.approx(1.1, rel=0.05) and "whole rounds" in s.method
 
 
+def test_the_sign_test_interval_covers_the_true_speedup_as_often_as_it_promises():
+    # One sample a round, so each round's speedup is a draw from a skewed, heavy-tailed (Pareto) distribution
+    # whose median is 1.25; with 20 rounds the interval runs from the 6th to the 15th smallest: coverage 95.86%.
+    rng = np.random.default_rng(11)
+    trials, covered = 2000, 0
+    for _ in range(trials):
+        baseline = 1.25 * (rng.pareto(1.5, 20) + 1) / 2 ** (1 / 1.5)
+        s = speedup_ci(baseline, np.ones(20), rounds=([1] * 20, [1] * 20))
+        ordered = np.sort(baseline)
+        assert (s.low, s.high) == (ordered[5], ordered[14]) and s.ratio == pytest.approx(np.median(baseline))
+        covered += s.low <= 1.25 <= s.high
+    assert 0.94 <= covered / trials <= 0.975
+
+
 @pytest.mark.parametrize("rounds, match", [(([5, 5], [10]), "same number of blocks"),
                                            (([5, 4], [5, 5]), "add up to its 10 samples"),
-                                           (([10, 0], [5, 5]), "must be positive")])
+                                           (([10, 0], [5, 5]), "must be positive"),
+                                           (([2] * 5, [2] * 5), "5 rounds cannot give a 95% interval; it needs "
+                                                                "at least 6")])
 def test_rounds_that_do_not_describe_the_samples_are_refused(rounds, match):
     with pytest.raises(ValueError, match=match):
         speedup_ci(np.ones(10), np.ones(10), rounds=rounds)

@@ -157,3 +157,10 @@ def test_compare_finds_a_real_speedup():
     assert 2.0 < c.speedup.low <= c.speedup.ratio <= c.speedup.high < 3.5
     assert c.speedup.significant and "faster" in c.speedup.verdict
     assert "speedup" in str(c)
+
+
+def test_compare_refuses_too_few_rounds_for_its_confidence_before_timing():
+    calls = []
+    with pytest.raises(ValueError, match="rounds must be at least 8 for a 99% interval, got 7"):
+        bench.compare(lambda: calls.append(1), lambda: calls.append(1), device="cpu", rounds=7, confidence=0.99)
+    assert calls == []

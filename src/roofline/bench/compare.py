@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from roofline.bench.stats import Speedup, speedup_ci
+from roofline.bench.stats import Speedup, min_rounds, speedup_ci
 from roofline.bench.timer import Measurement, _Runner, finish, repetitions, sample_interleaved
 
 
@@ -42,18 +42,25 @@ def compare(
     """Time baseline and candidate on the same arguments, interleaved, and give the speedup
     (baseline time / candidate time) with a bootstrap confidence interval.
 
-    The samples are drawn in `rounds` rounds (baseline then candidate, candidate then baseline, ...), and the
-    interval resamples whole rounds, paired, so that noise lasting longer than a call (a neighbour's burst, a
-    clock change) widens the interval instead of passing for a difference.
+    The samples are drawn in `rounds` rounds (baseline then candidate, candidate then baseline, ...); each round
+    gives one paired speedup, and the speedup and its interval are the median of those and the sign test's
+    interval (stats.speedup_ci), so that noise lasting longer than a call (a neighbour's burst, a clock change)
+    widens the interval instead of passing for a difference. At least 6 rounds.
     The options are those of `bench.time`; rep_ms is the budget of each callable.
     """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if rounds < min_rounds(confidence):
+        raise ValueError(f"rounds must be at least {min_rounds(confidence)} for a {confidence:.0%} interval, "
+                         f"got {rounds}")
     arg_sets = rotate if rotate is not None else [args]
     runners = [
         _Runner(fn, arg_sets, device=device, flush=flush, cuda_graph=cuda_graph,
                 grad_to_none=grad_to_none, timeout_s=timeout_s, what=what)
         for fn, what in ((baseline, "baseline"), (candidate, "candidate"))
     ]
-    counts = [repetitions(r.warmup(warmup_ms, 3), rep_ms, min_reps, max_reps) for r in runners]
+    # at least a sample per round, so that every round gives a speedup
+    counts = [max(rounds, repetitions(r.warmup(warmup_ms, 3), rep_ms, min_reps, max_reps)) for r in runners]
     sample_interleaved(runners, counts, rounds)
     base, cand = (finish(r, warn) for r in runners)
     speedup = speedup_ci(base.samples_ms, cand.samples_ms, rounds=(base.round_sizes, cand.round_sizes),
