@@ -145,6 +145,17 @@ def test_profile_passes_arguments_and_exits_with_the_programs_status(program, tm
     assert json.loads((tmp_path / "r.json").read_text())["lines"]      # what ran is still reported
 
 
+def test_profile_leaves_every_argument_after_the_program_to_the_program(tmp_path):
+    program = tmp_path / "echo_args.py"
+    program.write_text("import sys, torch\ntorch.ones(2).sum()\nprint('argv', sys.argv[1:])\n")
+    mine = tmp_path / "mine.json"
+    result = runner.invoke(app, ["profile", "--json", str(mine), str(program), "train", "--mode", "x",
+                                 "--steps", "7", "--json", "y.json", "-m"])
+    assert result.exit_code == 0, result.output
+    assert "argv ['train', '--mode', 'x', '--steps', '7', '--json', 'y.json', '-m']" in result.output
+    assert json.loads(mine.read_text())["lines"] and not (tmp_path / "y.json").exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["profile", "nowhere/missing.py"], "no such file: nowhere/missing.py"),
     (["profile", "-m", "no_such_module_at_all"], "no module named 'no_such_module_at_all'"),

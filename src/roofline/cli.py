@@ -194,7 +194,10 @@ def _program_traceback(error: BaseException) -> str:
     return "".join(traceback.format_exception(type(error), error, tb))
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+# Everything after the program is the program's (as with python -m cProfile): click stops parsing options at the
+# first positional argument, so `--steps` after it reaches the program, not roofline.
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "allow_interspersed_args": False})
 def profile(
     target: str = typer.Argument(..., help="The script to run (or, with -m, the module)."),
     args: Optional[List[str]] = typer.Argument(None, help="Arguments passed to the program."),
