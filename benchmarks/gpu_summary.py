@@ -42,8 +42,9 @@ def profiler_section(work: Path) -> list[str]:
         return []
     lines = ["## roofline profile: planted problems, found and fixed (`benchmarks/profile_examples.py`)", "",
              "Each program in examples/problems carries one planted problem on a line marked `# planted: <id>`. "
-             "`roofline profile --skip 3` ran on it and on its `--fixed` version; measured gain = profiled wall time "
-             "of the window before minus after, same steps.", "",
+             "`roofline profile --skip 3 --steps 5` ran on it (20 steps) and on its `--fixed` version; measured gain "
+             "= the unprofiled step (steps timed outside the window) before minus after, times the 5 recorded steps; "
+             "the profiled windows' difference beside it.", "",
              examples.read_text() if examples.exists() else "(did not run)", ""]
     if overhead is not None:
         lines += ["## Profiler overhead (`benchmarks/profile_overhead.py`)", "",
@@ -53,9 +54,15 @@ def profiler_section(work: Path) -> list[str]:
                   + ", ".join(f"**{s['ratio']:.2f}x** at {s['batch']}x{s['width']}" for s in overhead["sizes"])
                   + " (target: at most 1.5x).", "",
                   (work / "profile_overhead.md").read_text(), ""]
+    models = work / "profile-models" / "profile_models.md"
+    if models.exists():
+        lines += ["## roofline profile on whole models' training steps (`benchmarks/profile_models.py`)", "",
+                  "examples/train_lm.py (bf16 autocast, fused AdamW, SDPA) run 20 steps under `roofline profile "
+                  "--skip 3 --steps 5`; the steps after the window are timed without the profiler. Idle a user can "
+                  "remove = (unprofiled step - GPU busy per step) x 5 steps.", "", models.read_text(), ""]
     main_job = work / "profile" / "mlp_train.txt"
     if main_job.exists():
-        lines += ["## The main job: `roofline profile --skip 3 examples/mlp_train.py`", "", "```",
+        lines += ["## The main job: `roofline profile --skip 3 --steps 5 examples/mlp_train.py`", "", "```",
                   main_job.read_text().rstrip(), "```", ""]
     return lines
 
@@ -123,6 +130,7 @@ def main(work: Path, out: Path) -> None:
         "sweeps": sweeps,
         "profile_examples": _json_or_none(work / "profile" / "profile_examples.json"),
         "profile_overhead": _json_or_none(work / "profile_overhead.json"),
+        "profile_models": _json_or_none(work / "profile-models" / "profile_models.json"),
         "ops": _json_or_none(work / "ops.json"),
     }, indent=1))
     print((out / "results.md").read_text())

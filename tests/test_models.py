@@ -48,3 +48,15 @@ def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
 def test_models_benchmark_knows_the_modes_that_need_a_gpu():
     assert benchmark.needs_gpu(["eager", "graphs+patch", "compile"], ["int8+graphs", "compile", "patch"]) == \
         ["compile", "graphs+patch", "int8+graphs"]
+
+
+def test_profiling_a_model_s_training_times_the_steps_outside_the_window(tmp_path):
+    import profile_models   # benchmarks/profile_models.py
+
+    profile_models.main([str(tmp_path), "--models", "llama", "--steps", "11"])
+    (row,) = json.loads((tmp_path / "profile_models.json").read_text())
+    # 11 steps, 3 skipped (the third the profiler's warm-up), 5 recorded: steps 1, 9 and 10 (0-based) are timed
+    # (0 is the program's own warm-up, 8 the profiler stopping)
+    assert row["steps_timed"] == 3 and row["steps_recorded"] == 5
+    assert row["step_ms"] > 0 and row["inflation"] > 1.0 and row["profiled_step_ms"] > row["step_ms"]
+    assert "| llama |" in (tmp_path / "profile_models.md").read_text()

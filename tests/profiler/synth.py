@@ -27,6 +27,7 @@ class TraceBuilder:
         self.gpu = gpu
         self._corr = 0
         self._seq = 0
+        self.unprofiled_steps: dict | None = None   # {"wall_ms": [...], "gpu_ms": [...]}, as capture's StepClock
 
     # ------------------------------------------------------------------ host
     def mark(self, ts: float, stack: list[tuple], tid: int = MAIN) -> None:
@@ -83,7 +84,8 @@ class TraceBuilder:
     # ------------------------------------------------------------------ output
     def to_dict(self) -> dict:
         meta = {"roofline": {"version": 1, "cwd": "/work", "argv": ["train.py"], "sys_path": [],
-                             "library_roots": ["/usr/lib/python3/"], "stacks": self.stacks},
+                             "library_roots": ["/usr/lib/python3/"], "stacks": self.stacks,
+                             **({"unprofiled_steps": self.unprofiled_steps} if self.unprofiled_steps else {})},
                 "schemaVersion": 1, "deviceProperties": [H100] if self.gpu else []}
         return {**meta, "traceEvents": self.events, "traceName": "synthetic"}
 

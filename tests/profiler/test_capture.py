@@ -1,7 +1,9 @@
 """Capture on this machine (CPU): real programs profiled, their ops tied to exact lines, modules and steps."""
 
+import statistics
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -161,3 +163,32 @@ def test_step_outside_a_window():
     prof = roofline.profile()
     with pytest.raises(RuntimeError, match="outside"):
         prof.step()
+
+
+def test_steps_outside_the_window_are_timed_without_roofline_s_hooks():
+    """Ten steps of a known length, skip 3 and record 3: steps 1 (0 is the program's warm-up) and 7-9 (6 is the
+    profiler stopping) are timed; roofline's line and module hooks run only in the window, steps 2-5."""
+    hooked = []
+    with roofline.profile(skip=3, active=3) as prof:
+        for _ in range(10):
+            hooked.append(prof._lines is not None and prof._modules is not None)
+            end = time.perf_counter() + 0.004
+            while time.perf_counter() < end:
+                pass
+            prof.step()
+    assert hooked == [False, False, True, True, True, True, False, False, False, False]
+    assert prof.window == (2, 5) and len(prof.clock.wall_ms) == 4
+    assert all(4.0 <= ms < 40.0 for ms in prof.clock.wall_ms), prof.clock.wall_ms
+    report = prof.report
+    timed = report.trace.meta["roofline"]["unprofiled_steps"]
+    assert timed["wall_ms"] == prof.clock.wall_ms and timed["gpu_ms"] == []
+    o = report.overhead
+    assert o is not None and o.steps == 4 and o.step_ms == pytest.approx(statistics.median(timed["wall_ms"]))
+    assert report.totals["unprofiled"]["step_ms"] == o.step_ms and report.timeline.steps == 3
+
+
+@pytest.mark.parametrize("skip, active, counted", [(0, None, []), (0, 2, [3, 4, 5]), (1, 2, [4, 5]),
+                                                   (2, None, []), (4, 1, [1, 2])])
+def test_which_steps_the_clock_times(skip, active, counted):
+    clock = capture.StepClock(roofline.profile(skip=skip, active=active).window)
+    assert [s for s in range(6) if clock._counts(s)] == counted

@@ -2,6 +2,7 @@
 variant that does not."""
 
 import pytest
+from rich.console import Console
 
 from roofline.profiler import findings
 from roofline.profiler.report import analyze
@@ -11,8 +12,10 @@ from .synth import AUTOGRAD, PEAKS, TraceBuilder, at
 BF16, F32 = "c10::BFloat16", "float"
 
 
-def _report(tmp_path, build, wall=1000.0):
+def _report(tmp_path, build, wall=1000.0, unprofiled_ms=None):
     b = TraceBuilder()
+    if unprofiled_ms is not None:
+        b.unprofiled_steps = {"wall_ms": unprofiled_ms, "gpu_ms": []}
     b.op("ProfilerStep#1", 0, wall, cat="user_annotation")   # fixes the window, so shares are easy to reason about
     build(b)
     return analyze(b.write(tmp_path / "t.json"), peaks=PEAKS)
@@ -173,6 +176,30 @@ def test_launch_bound(tmp_path):
     assert f.location.line == 55 and f.evidence["median_kernel_us"] == 3.0
     assert f.est_gain_ms == pytest.approx((r.timeline.idle_us["launch"] + r.timeline.idle_us["host"]) / 1e3)
     assert "launch-bound" not in _ids(_report(tmp_path, _tiny(30.0, n=30)))
+
+
+def test_launch_bound_gain_is_the_unprofiled_program_s_idle(tmp_path):
+    # 40 kernels of 3 us: 120 us busy in a recorded step of 1 ms, all the idle the host's. Steps timed outside
+    # the window took 0.5 ms (median), so the program idles 380 us a step without the profiler, not 880.
+    r = _report(tmp_path, _tiny(3.0), unprofiled_ms=[0.4, 0.5, 0.9])
+    o = r.overhead
+    assert (o.steps, o.step_ms, o.profiled_step_ms, o.busy_step_ms) == (3, 0.5, 1.0, pytest.approx(0.12))
+    assert o.inflation == pytest.approx(2.0) and o.idle_scale == pytest.approx(380 / 880)
+    f = _one(r, "launch-bound")
+    assert f.est_gain_ms == pytest.approx(0.38) and f.evidence["starved_profiled_ms"] == pytest.approx(0.88)
+    assert f.evidence["busy_share"] == pytest.approx(0.12 / 0.5) and "0.50 ms unrecorded" in f.message
+    u = r.totals["unprofiled"]
+    assert u["wall_ms"] == pytest.approx(0.5) and u["idle_ms"] == pytest.approx(0.38)
+    console = Console(record=True, width=300)
+    r.print(console)
+    r.write_html(tmp_path / "r.html")
+    said = "Without the profiler a step took 0.50 ms (median of 3 steps timed outside the window) against 1.00 ms"
+    text = console.export_text()
+    assert said in text and "stretched steps 2.00x" in text and said in (tmp_path / "r.html").read_text()
+    # Unprofiled, a step of 0.2 ms keeps the GPU busy 60% of the time: not launch-bound.
+    assert "launch-bound" not in _ids(_report(tmp_path, _tiny(3.0), unprofiled_ms=[0.2]))
+    # A program as slow unprofiled as profiled keeps its idle: the scale never exceeds 1.
+    assert _report(tmp_path, _tiny(3.0), unprofiled_ms=[3.0]).idle_scale == 1.0
 
 
 # --------------------------------------------------------------------------- attention

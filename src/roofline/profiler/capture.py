@@ -7,9 +7,10 @@ Three ways in, one recorder:
 
 What is recorded: host ops with their shapes, the Python stack above every op,
 GPU kernels, copies and memsets, CUDA runtime calls and synchronizations, and
-(when asked) memory. Nothing is recorded, and nothing costs anything, outside
-the window: the profiler starts on entry (or after `skip` steps) and stops on
-exit (or after `active` steps).
+(when asked) memory. Nothing is recorded outside the window: the profiler and
+roofline's hooks start on entry (or after `skip` steps) and stop on exit (or
+after `active` steps). Steps outside the window are timed instead (StepClock),
+so that the report can take the profiler's own cost out of its numbers.
 
 Module names: PyTorch's Python tracer names modules by class and a counter
 ("Linear_3"); while recording, a global module hook marks every module call with
@@ -19,11 +20,13 @@ its attribute path instead ("MLP.layers.3"), which is what a user can find.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import runpy
 import sys
 import tempfile
 import threading
+import time as _time
 import warnings
 from pathlib import Path
 
@@ -218,12 +221,12 @@ class _LineMarks:
         return out
 
 
-def run_facts(stacks: list | None = None) -> dict:
+def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None) -> dict:
     """What the analysis needs to know about this process: how to tell the user's code from libraries,
-    and the user call stacks that the line marks refer to."""
+    the user call stacks that the line marks refer to, and the steps timed outside the window."""
     return {"version": 1, "cwd": os.getcwd(), "argv": sys.argv[:],
             "sys_path": [p or os.getcwd() for p in sys.path], "library_roots": _library_roots(),
-            "stacks": stacks or []}
+            "stacks": stacks or [], "unprofiled_steps": unprofiled_steps or {"wall_ms": [], "gpu_ms": []}}
 
 
 def _sync_if_cuda() -> None:
@@ -246,6 +249,46 @@ def _with_metadata(raw: Path, dest: Path, facts: dict) -> None:
             raise RuntimeError(f"torch.profiler wrote an unexpected trace format (starts with {head!r})")
         out.write(b'{"roofline": ' + json.dumps(facts).encode() + b",")
         shutil.copyfileobj(src, out, 1 << 20)
+
+
+class StepClock:
+    """The program timed without the profiler: wall clock, and CUDA events on the current stream, at the step
+    boundaries outside the recorded window (profiler.overhead turns them into the unprofiled step time).
+
+    A step counts when it ran wholly outside the window, except the program's first (its own warm-up:
+    allocation, compilation) and the first after the window (the profiler stopping, roofline's hooks coming
+    off). At most LIMIT steps are kept.
+    """
+
+    LIMIT = 256
+
+    def __init__(self, window: tuple[int, float]):
+        self.first, self.last = window   # the recorded window's first and last step (warm-up step included)
+        self.wall_ms: list[float] = []
+        self._events: list[tuple] = []
+        self._previous = None   # (perf_counter, event or None) at the start of the running step, if it counts
+
+    def _counts(self, step: int) -> bool:
+        return step >= 1 and not self.first <= step <= self.last + 1
+
+    def boundary(self, ended: int) -> None:
+        """Step `ended` (0-based) ended and the next begins: called first thing, before the profiler's work."""
+        if not (self._counts(ended) or self._counts(ended + 1)) or len(self.wall_ms) >= self.LIMIT:
+            self._previous = None
+            return
+        now, event = _time.perf_counter(), None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        if self._counts(ended) and self._previous is not None:
+            self.wall_ms.append((now - self._previous[0]) * 1e3)
+            self._events.append((self._previous[1], event))
+        self._previous = (now, event) if self._counts(ended + 1) else None
+
+    def facts(self) -> dict:
+        """{"wall_ms": [...], "gpu_ms": [...]}; the GPU must have finished the events (the caller synchronized)."""
+        gpu = [start.elapsed_time(end) for start, end in self._events if start is not None and end is not None]
+        return {"wall_ms": self.wall_ms, "gpu_ms": gpu}
 
 
 def _experimental_config():
@@ -301,8 +344,33 @@ class Profiler:
         self._torch = None
         self._modules = None
         self._lines = None
+        self._trace_ready = False    # the scheduled window closed (torch called on_trace_ready)
+        self._lines_done = None      # the line marks, after the window
         self._exported = False
         self._previous = None
+        self.clock = StepClock(self.window)
+
+    @property
+    def window(self) -> tuple[int, float]:
+        """The recorded steps, first and last (0-based, the profiler's warm-up step included; inf: to the end)."""
+        if self.skip == 0:
+            return 0, math.inf if self.active is None else self.active - 1
+        return self.skip - 1, math.inf if self.active is None else self.skip - 1 + self.active
+
+    def _hooks_on(self) -> None:
+        """roofline's own marks (module paths, source lines): only in the window, where they are read."""
+        if self.modules and self._modules is None:
+            self._modules = _ModulePaths().__enter__()
+        if self.lines and self._lines is None:
+            self._lines = _LineMarks().__enter__()
+
+    def _hooks_off(self) -> None:
+        if self._modules is not None:
+            self._modules.__exit__()
+            self._modules = None
+        if self._lines is not None:
+            self._lines.__exit__(None, None, None)
+            self._lines_done, self._lines = self._lines, None
 
     # ------------------------------------------------------------------ recording
     def _activities(self):
@@ -311,13 +379,18 @@ class Profiler:
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         return acts
 
+    def _on_trace_ready(self, prof) -> None:
+        # Exported at exit instead, when the steps after the window have been timed too.
+        self._trace_ready = True
+
     def _export(self, prof) -> None:
         """Write torch's trace with roofline's facts about the run added as a top-level "roofline" key."""
         self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+        lines = self._lines or self._lines_done
         with tempfile.TemporaryDirectory(prefix="roofline-export-") as tmp:
             raw = Path(tmp) / "torch.json"
             prof.export_chrome_trace(str(raw))
-            _with_metadata(raw, self.trace_path, run_facts(self._lines.table() if self._lines else None))
+            _with_metadata(raw, self.trace_path, run_facts(lines.table() if lines else None, self.clock.facts()))
         self._exported = True
 
     def __enter__(self) -> "Profiler":
@@ -330,13 +403,11 @@ class Profiler:
             warnings.filterwarnings("ignore", message=".*warmup.*")
             self._torch = torch.profiler.profile(
                 activities=self._activities(), schedule=schedule,
-                on_trace_ready=self._export if schedule else None,
+                on_trace_ready=self._on_trace_ready if schedule else None,
                 record_shapes=self.shapes, profile_memory=self.memory,
                 with_stack=self.python_stack, with_modules=self.python_stack, experimental_config=config)
-        if self.modules:
-            self._modules = _ModulePaths().__enter__()
-        if self.lines:
-            self._lines = _LineMarks().__enter__()
+        if self.window[0] == 0:
+            self._hooks_on()
         self._previous, _active = _active, self
         self._torch.__enter__()
         return self
@@ -345,7 +416,11 @@ class Profiler:
         """Mark the end of one iteration (to skip warm-up steps, and to report time per step)."""
         if self._torch is None:
             raise RuntimeError("Profiler.step() called outside the profiled window")
+        ended = self.steps
+        self.clock.boundary(ended)   # first, so that none of the profiler's work falls in a timed step
         self.steps += 1
+        if ended == self.window[1]:
+            self._hooks_off()
         if self.steps == self.skip:
             # Recording starts now: let the skipped steps' queued GPU work finish first, so that the window
             # holds exactly the work launched in it, and a program that runs far ahead of the GPU is not
@@ -354,6 +429,8 @@ class Profiler:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle.*")
             self._torch.step()
+        if self.steps == self.window[0]:
+            self._hooks_on()
 
     def __exit__(self, exc_type, exc, tb):
         global _active
@@ -361,12 +438,9 @@ class Profiler:
             _sync_if_cuda()   # let queued GPU work finish inside the window, so its kernels are recorded
         finally:
             self._torch.__exit__(None, None, None)
-            if self._modules is not None:
-                self._modules.__exit__()
-            if self._lines is not None:
-                self._lines.__exit__(None, None, None)
+            self._hooks_off()
             _active = self._previous
-        if not self._exported and self.steps >= self.skip:
+        if self._trace_ready or _schedule(self.skip, self.active) is None:
             self._export(self._torch)
         return False
 

@@ -3,7 +3,10 @@
 Every rule is a function `rule(report) -> list[Finding]`, registered in RULES. The estimated
 gain is the GPU (or wall) time the fix would save in the profiled window, by a stated model:
 rules overlap (TF32 and bf16 autocast both speed up the same matmuls), so gains are not to be
-summed. Findings are ranked by gain; severity is the gain's share of the profiled wall time.
+summed. Gains that are GPU idle time (launch-bound, host syncs) are the program's without the
+profiler where steps outside the window were timed (report.idle_scale, see overhead.py): the
+profiler stretches the host, and so the idle. Findings are ranked by gain; severity is the
+gain's share of the window's wall time, unprofiled where known.
 """
 
 from __future__ import annotations
@@ -55,21 +58,31 @@ def _at(loc: Location | None) -> str:
 
 # --------------------------------------------------------------------------- rules
 
+def _unprofiled_note(report) -> str:
+    o = report.overhead
+    if o is None:
+        return ""
+    return (f" (without the profiler: its steps took {o.step_ms:.2f} ms unrecorded against {o.profiled_step_ms:.2f} "
+            f"ms recorded, so idle time is scaled by {o.idle_scale:.2f})")
+
+
 def host_sync_in_loop(report) -> list[Finding]:
     """A line that synchronizes with the GPU again and again (.item(), .cpu(), .tolist(), print of a tensor)."""
     out = []
+    scale = report.idle_scale
     for s in report.timeline.syncs:
         if s.location is None or s.count < 3:
             continue
         out.append(Finding(
             "host-sync-in-loop", f"host waits for the GPU {s.count} times{_at(s.location)}",
             f"`{s.call}` ran {s.count} times from {s.location}: each time the host stopped queuing work until the "
-            f"GPU caught up ({s.wait_us / 1e3:.2f} ms in all), and the GPU then idled {s.idle_us / 1e3:.2f} ms in all "
-            "before the next launch. Keep values on the GPU (accumulate `loss.detach()`, not `loss.item()`) and read "
-            "them once, after the loop or every N steps. The gain counts only the idle time the host's lead would "
-            "have covered: a host that barely waited is itself the bottleneck.",
-            s.gain_us / 1e3, s.location,
-            {"call": s.call, "count": s.count, "host_wait_ms": s.wait_us / 1e3, "gpu_idle_ms": s.idle_us / 1e3}))
+            f"GPU caught up ({s.wait_us / 1e3:.2f} ms in all), and the GPU then idled {s.idle_us * scale / 1e3:.2f} ms "
+            "in all before the next launch. Keep values on the GPU (accumulate `loss.detach()`, not `loss.item()`) "
+            "and read them once, after the loop or every N steps. The gain counts only the idle time the host's lead "
+            f"would have covered: a host that barely waited is itself the bottleneck{_unprofiled_note(report)}.",
+            s.gain_us * scale / 1e3, s.location,
+            {"call": s.call, "count": s.count, "host_wait_ms": s.wait_us / 1e3, "gpu_idle_ms": s.idle_us * scale / 1e3,
+             "gpu_idle_profiled_ms": s.idle_us / 1e3}))
     return out
 
 
@@ -220,21 +233,25 @@ def launch_bound(report) -> list[Finding]:
         return []
     durations = sorted(w.us for w in kernels)
     median = durations[len(durations) // 2]
-    starved = tl.idle_us.get("launch", 0.0) + tl.idle_us.get("host", 0.0)
-    if median >= 20.0 or tl.busy_us >= 0.5 * tl.window_us:
+    starved_profiled = tl.idle_us.get("launch", 0.0) + tl.idle_us.get("host", 0.0)
+    starved = starved_profiled * report.idle_scale
+    busy_share = tl.busy_us / report.unprofiled_wall_us
+    if median >= 20.0 or busy_share >= 0.5:
         return []
     counts: dict = {}
     for w in kernels:
         counts[w.location] = counts.get(w.location, 0) + 1
     return [Finding(
         "launch-bound", "the GPU waits on kernel launches",
-        f"{len(kernels)} kernels, median {median:.1f} us long; the GPU was busy {tl.busy_us / tl.window_us:.0%} of the "
-        f"time and idle {starved / 1e3:.1f} ms waiting for the host to launch the next kernel. Replay the steady part as "
-        "a CUDA graph (`torch.cuda.graphs`, `torch.cuda.make_graphed_callables`, or "
+        f"{len(kernels)} kernels, median {median:.1f} us long; the GPU was busy {busy_share:.0%} of the "
+        f"time and idle {starved / 1e3:.1f} ms waiting for the host to launch the next kernel{_unprofiled_note(report)}. "
+        "Replay the steady part as a CUDA graph (`torch.cuda.graphs`, `torch.cuda.make_graphed_callables`, or "
         "`torch.compile(mode='reduce-overhead')`), or fuse kernels so there are fewer to launch.",
         starved / 1e3, _where(counts),
-        {"kernels": len(kernels), "median_kernel_us": median, "busy_share": tl.busy_us / tl.window_us,
-         "launch_idle_ms": tl.idle_us.get("launch", 0.0) / 1e3, "host_idle_ms": tl.idle_us.get("host", 0.0) / 1e3})]
+        {"kernels": len(kernels), "median_kernel_us": median, "busy_share": busy_share,
+         "launch_idle_ms": tl.idle_us.get("launch", 0.0) * report.idle_scale / 1e3,
+         "host_idle_ms": tl.idle_us.get("host", 0.0) * report.idle_scale / 1e3,
+         "starved_profiled_ms": starved_profiled / 1e3})]
 
 
 def _out_numel_of_matmul(o) -> int | None:
@@ -378,10 +395,11 @@ RULES = [host_sync_in_loop, pageable_copies, fp32_matmul_without_tf32, no_autoca
 
 
 def find(report) -> list[Finding]:
-    """All findings worth MIN_SHARE of the profiled wall time, largest estimated gain first."""
+    """All findings worth MIN_SHARE of the window's wall time (unprofiled where known), largest estimated gain
+    first."""
     if report.attribution.device != "cuda":
         return []
-    wall_ms = report.timeline.window_us / 1e3
+    wall_ms = report.unprofiled_wall_us / 1e3
     found = [f for rule in RULES for f in rule(report) if wall_ms > 0 and f.est_gain_ms >= MIN_SHARE * wall_ms]
     for f in found:
         share = f.est_gain_ms / wall_ms

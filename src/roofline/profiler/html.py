@@ -14,6 +14,7 @@ import math
 from html import escape
 
 from roofline.profiler.kernels import CATEGORIES
+from roofline.profiler.overhead import sentence as overhead_sentence
 
 # Colour per kernel category (busy) and per idle cause; the same in the legend and the chart.
 CATEGORY_COLORS = dict(zip(CATEGORIES, ("#3b6fd4", "#7b4fd0", "#2fa36b", "#d98a1c", "#c2497b", "#b5a01f",
@@ -160,6 +161,9 @@ def _summary(d: dict) -> str:
         parts.append(f"<p>Window {t['wall_ms']:,.2f} ms{steps}; op time {t['work_ms']:,.2f} ms. "
                      "<b>No GPU activity in this trace:</b> the tables show CPU op times; the GPU analysis "
                      "(kernels, idle time, findings) needs a run on a GPU.</p>")
+    cost = overhead_sentence(t, gpu)
+    if cost:
+        parts.append(f"<p>{escape(cost)}</p>")
     parts.append(f"<p>Attributed to source lines: {t['attributed_share']:.1%} of "
                  f"{'GPU' if gpu else 'op'} time ({t['exact_share']:.1%} to exact lines).</p>")
     return "\n".join(parts)

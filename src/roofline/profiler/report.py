@@ -9,7 +9,10 @@ JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
     schema              "roofline.profile/1"
     device              {kind, name, sm_count, ceilings: {source, dram_gbps, matmul_tflops}}
     totals              {wall_ms, busy_ms, idle_ms, idle: {sync, launch, host, gpu}, work_ms,
-                         steps, step_ms, attributed_share, unattributed_ms, exact_share}
+                         steps, step_ms, attributed_share, unattributed_ms, exact_share, unprofiled}
+                        unprofiled: null, or the program without the profiler (see overhead.py):
+                        {steps_timed, step_ms, gpu_step_ms, profiled_step_ms, inflation, busy_step_ms,
+                         idle_step_ms, idle_scale, wall_ms, idle_ms, idle: {sync, launch, host, gpu}}
     kernels[]           {name, full_name, category, count, total_ms, avg_ms, min_ms, max_ms, share}
     categories          {category: ms}
     memory_ops[]        {kind, source, destination, pageable, count, bytes, total_ms, gbps}
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from roofline.profiler import attribution, costs, kernels, timeline
+from roofline.profiler.overhead import Overhead, measure as measure_overhead
 from roofline.profiler.trace import Trace, load
 
 SCHEMA = "roofline.profile/1"
@@ -51,6 +55,18 @@ class Report:
     ops: list
     findings: list = field(default_factory=list)
     python_steps: int = 0
+    overhead: Overhead | None = None   # the program timed outside the window, if it was
+
+    @property
+    def idle_scale(self) -> float:
+        """What the window's idle time shrinks to without the profiler (1 when unknown)."""
+        return self.overhead.idle_scale if self.overhead else 1.0
+
+    @property
+    def unprofiled_wall_us(self) -> float:
+        """The window's wall time as the program runs without the profiler: GPU work, and the idle scaled."""
+        tl = self.timeline
+        return tl.busy_us + tl.idle_total_us * self.idle_scale if self.overhead else tl.window_us
 
     # ---------------------------------------------------------------- views
     @property
@@ -74,7 +90,11 @@ class Report:
                 "idle": {k: v / 1e3 for k, v in tl.idle_us.items()}, "work_ms": at.total_us / 1e3,
                 "steps": steps, "step_ms": tl.step_us / 1e3 if tl.step_us else None,
                 "attributed_share": at.attributed_share, "unattributed_ms": at.unattributed_us / 1e3,
-                "exact_share": exact / at.total_us if at.total_us else 1.0}
+                "exact_share": exact / at.total_us if at.total_us else 1.0,
+                "unprofiled": None if self.overhead is None else {
+                    **self.overhead.to_dict(), "wall_ms": self.unprofiled_wall_us / 1e3,
+                    "idle_ms": tl.idle_total_us * self.idle_scale / 1e3,
+                    "idle": {k: v * self.idle_scale / 1e3 for k, v in tl.idle_us.items()}}}
 
     # ---------------------------------------------------------------- output
     def to_dict(self) -> dict:
@@ -213,9 +233,10 @@ def analyze(source, steps: int = 0, peaks: costs.Peaks | None = None) -> Report:
         info["ceilings"] = {"source": peaks.source, "dram_gbps": peaks.gbps, "matmul_tflops": dict(peaks.matmul_tflops)}
     resolver = attribution.Resolver(trace)
     attr = attribution.attribute(trace, resolver)
+    tl = timeline.analyze(trace, resolver)
     report = Report(trace=trace, device=info, peaks=peaks, attribution=attr,
                     kernels=kernels.kernel_table(trace), memory=kernels.memory_table(trace),
-                    timeline=timeline.analyze(trace, resolver), ops=costs.op_table(trace, attr, peaks),
-                    python_steps=steps)
+                    timeline=tl, ops=costs.op_table(trace, attr, peaks), python_steps=steps,
+                    overhead=measure_overhead(trace, tl))
     report.findings = findings.find(report)
     return report

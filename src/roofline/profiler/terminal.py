@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from roofline.profiler.overhead import sentence as overhead_sentence
+
 
 def _ms(us: float) -> str:
     return f"{us / 1e3:,.2f}"
@@ -52,6 +54,9 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
                       f"launch {idle['launch']:,.1f} + host {idle['host']:,.1f} + GPU-side {idle['gpu']:,.1f}")
     else:
         console.print(f"window {t['wall_ms']:,.1f} ms{steps}: op time {t['work_ms']:,.1f} ms")
+    cost = overhead_sentence(t, gpu)
+    if cost:
+        console.print(cost, style="yellow" if t["unprofiled"] is None else None)
     console.print(f"attributed to source lines: {t['attributed_share']:.1%} of {'GPU' if gpu else 'op'} time "
                   f"({t['exact_share']:.1%} to exact lines)")
 

@@ -1,0 +1,86 @@
+"""roofline profile on the training steps of whole models, held against the program timed without the profiler.
+
+    python benchmarks/profile_models.py OUT_DIR [--models gpt2 llama] [--steps 20]
+
+For each model of examples/train_lm.py (GPT-2 small, the Llama-style model; bf16 autocast, fused AdamW, SDPA):
+`roofline profile --skip 3 --steps 5` over a run of --steps steps, so that the steps after the window are
+timed without the profiler. The table: the step recorded and unrecorded (the profiler's inflation), GPU busy
+per step, the idle a user can remove (unprofiled step - GPU busy per step, times the recorded steps), the
+launch-bound finding's estimated gain against it (issue 17's target: within +-30%), and the top findings.
+Writes OUT_DIR/profile_models.json and .md, and keeps each run's report (JSON, HTML, terminal text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SKIP, RECORD = 3, 5
+
+
+def profile(model: str, steps: int, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "roofline.cli", "profile", "--skip", str(SKIP), "--steps", str(RECORD),
+           "--json", str(out / f"{model}.json"), "--html", str(out / f"{model}.html"),
+           "examples/train_lm.py", "--model", model, "--steps", str(steps)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "COLUMNS": "160"})
+    (out / f"{model}.txt").write_text(done.stdout + done.stderr)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return json.loads((out / f"{model}.json").read_text())
+
+
+def row(model: str, report: dict) -> dict:
+    t, u = report["totals"], report["totals"]["unprofiled"]
+    if u is None:
+        raise SystemExit(f"{model}: no step was timed outside the window; run more than {SKIP + RECORD + 1} steps")
+    steps = t["steps"]
+    removable_ms = u["idle_step_ms"] * steps
+    launch = next((f for f in report["findings"] if f["id"] == "launch-bound"), None)
+    return {
+        "model": model, "steps_recorded": steps, "steps_timed": u["steps_timed"],
+        "profiled_step_ms": u["profiled_step_ms"], "step_ms": u["step_ms"], "gpu_step_ms": u["gpu_step_ms"],
+        "inflation": u["inflation"], "busy_step_ms": u["busy_step_ms"], "removable_idle_ms": removable_ms,
+        "profiled_idle_ms": t["idle_ms"],
+        "launch_bound_gain_ms": launch["est_gain_ms"] if launch else None,
+        "launch_bound_over_removable": launch["est_gain_ms"] / removable_ms if launch and removable_ms else None,
+        "top_findings": [(f["id"], f["est_gain_ms"]) for f in report["findings"][:3]],
+        "device": report["device"]["name"],
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | step ms, recorded / unrecorded | inflation | GPU busy ms a step | idle a user can remove "
+             "ms (window) | idle recorded ms (window) | launch-bound gain ms (/ removable) | top findings (gain ms) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        launch = ("not found" if r["launch_bound_gain_ms"] is None else
+                  f"{r['launch_bound_gain_ms']:.2f}" + (f" ({r['launch_bound_over_removable']:.2f})"
+                                                        if r["launch_bound_over_removable"] else ""))
+        top = ", ".join(f"{fid} ({gain:.2f})" for fid, gain in r["top_findings"]) or "none"
+        lines.append(f"| {r['model']} | {r['profiled_step_ms']:.2f} / {r['step_ms']:.2f} | {r['inflation']:.2f}x | "
+                     f"{r['busy_step_ms']:.2f} | {r['removable_idle_ms']:.2f} | {r['profiled_idle_ms']:.2f} | "
+                     f"{launch} | {top} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--models", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
+    p.add_argument("--steps", type=int, default=20, help="steps each program runs (recorded: 5 after 3 skipped)")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = [row(model, profile(model, args.steps, args.out)) for model in args.models]
+    (args.out / "profile_models.json").write_text(json.dumps(rows, indent=1))
+    text = markdown(rows)
+    (args.out / "profile_models.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
