@@ -192,3 +192,21 @@ def test_steps_outside_the_window_are_timed_without_roofline_s_hooks():
 def test_which_steps_the_clock_times(skip, active, counted):
     clock = capture.StepClock(roofline.profile(skip=skip, active=active).window)
     assert [s for s in range(6) if clock._counts(s)] == counted
+
+
+def test_an_optimizer_s_parameters_cost_its_unrecorded_tensor_lists():
+    params = [torch.nn.Parameter(torch.randn(16, 8)) for _ in range(40)]   # too many for the profiler's lists
+    optimizer = torch.optim.AdamW(params, fused=True)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    with roofline.profile() as prof:
+        for _ in range(3):
+            optimizer.step()
+            prof.step()
+    facts = prof.report.trace.meta["roofline"]["optimizers"]
+    assert facts == [{"class": "AdamW", "tensors": 40, "numel": 40 * 128, "itemsize": 4}]
+    (row,) = [o for o in prof.report.ops if o.name == "aten::_fused_adamw_"]
+    assert row.shapes[0] == []   # what the profiler recorded of the parameter list
+    assert row.rule == "optimizer" and row.count == 3 and row.bytes == 3 * 7 * 40 * 128 * 4
+    assert "40 parameters" in row.note

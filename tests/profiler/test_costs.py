@@ -2,7 +2,7 @@
 
 import pytest
 
-from roofline.profiler.costs import OpRow, Peaks, cost
+from roofline.profiler.costs import OpRow, ParameterSet, Peaks, cost
 from roofline.profiler.trace import Op
 
 F32, BF16, I64 = "float", "c10::BFloat16", "long int"
@@ -104,6 +104,33 @@ def test_foreach_and_fused_optimizer():
     assert lerp.rule == "foreach" and lerp.flops == 2 * 1010 and lerp.bytes == (2 * 1010 + 1010) * 4
     fused = cost(op("_fused_adamw_", [params] * 5, ["TensorList"] * 5))
     assert fused.rule == "optimizer" and fused.bytes == (2 * 5 - 1) * 1010 * 4
+
+
+def test_tensor_lists_the_profiler_left_empty_are_costed_from_the_optimizer_s_parameters():
+    # torch.profiler records a tensor list past a few dozen tensors as [] (a GPT-2's 148 parameters): without
+    # the optimizer's parameters there is no cost model (not 0 bytes, which made a roofline of 0 ms)
+    unrecorded = op("_fused_adamw_", [[]] * 6 + [[]] * 2, ["TensorList"] * 6 + ["Scalar"] * 2)
+    assert cost(unrecorded) is None
+    params = ParameterSet(tensors=148, numel=124_000_000, itemsize=4)
+    fused = cost(unrecorded, params)
+    # params, grads, exp_avg, exp_avg_sq read, params and both moments written: 7 passes of fp32
+    assert (fused.rule, fused.bytes, fused.flops) == ("optimizer", 7 * 124_000_000 * 4, 15 * 124_000_000)
+    assert "148 parameters" in fused.note
+    lerp = cost(op("_foreach_lerp_", [[], [], []], ["TensorList", "TensorList", "Scalar"]), params)
+    assert lerp.rule == "foreach" and lerp.bytes == 3 * 124_000_000 * 4
+    assert cost(op("_foreach_lerp_", [[], [], []], ["TensorList", "TensorList", "Scalar"])) is None
+    two = {"optimizers": [{"tensors": 2, "numel": 10, "itemsize": 4}] * 2}
+    assert ParameterSet.from_facts(two) is None and ParameterSet.from_facts({}) is None
+
+
+def test_a_loss_s_backward_and_gather_count_what_they_touch_not_the_whole_matrix():
+    # nll_loss_backward writes one element per row (its zero fill is an op of its own); gather reads as many
+    # elements of its source as the index holds
+    back = cost(op("nll_loss_backward", [[], [8192, 50304], [8192], [], [], [], []],
+                   [F32, F32, I64, "", "Scalar", "Scalar", F32]))
+    assert (back.flops, back.bytes) == (8192, 8192 * (4 + 8) + 4)
+    gather = cost(op("gather", [[8192, 50304], [], [8192, 1], []], [F32, "Scalar", I64, "Scalar"]))
+    assert (gather.rule, gather.flops, gather.bytes) == ("gather", 0, 8192 * (2 * 4 + 8))
 
 
 def test_views_cost_nothing_and_unknown_ops_get_the_default():

@@ -221,12 +221,24 @@ class _LineMarks:
         return out
 
 
-def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None) -> dict:
+def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None,
+              optimizers: list | None = None) -> dict:
     """What the analysis needs to know about this process: how to tell the user's code from libraries,
-    the user call stacks that the line marks refer to, and the steps timed outside the window."""
+    the user call stacks that the line marks refer to, the steps timed outside the window, and what each
+    optimizer updates (costs.ParameterSet)."""
     return {"version": 1, "cwd": os.getcwd(), "argv": sys.argv[:],
             "sys_path": [p or os.getcwd() for p in sys.path], "library_roots": _library_roots(),
-            "stacks": stacks or [], "unprofiled_steps": unprofiled_steps or {"wall_ms": [], "gpu_ms": []}}
+            "stacks": stacks or [], "unprofiled_steps": unprofiled_steps or {"wall_ms": [], "gpu_ms": []},
+            "optimizers": optimizers or []}
+
+
+def _parameter_facts(optimizer) -> dict:
+    """What an optimizer's step updates: its parameters' count, elements and (bytes-weighted) element size."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    numel = sum(p.numel() for p in params)
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    return {"class": type(optimizer).__name__, "tensors": len(params), "numel": numel,
+            "itemsize": round(nbytes / numel) if numel else 4}
 
 
 def _sync_if_cuda() -> None:
@@ -349,6 +361,8 @@ class Profiler:
         self._exported = False
         self._previous = None
         self.clock = StepClock(self.window)
+        self._optimizers: dict[int, dict] = {}   # id -> _parameter_facts, for every optimizer stepped in the window
+        self._optimizer_hook = None
 
     @property
     def window(self) -> tuple[int, float]:
@@ -357,14 +371,26 @@ class Profiler:
             return 0, math.inf if self.active is None else self.active - 1
         return self.skip - 1, math.inf if self.active is None else self.skip - 1 + self.active
 
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if id(optimizer) not in self._optimizers:
+            self._optimizers[id(optimizer)] = _parameter_facts(optimizer)
+
     def _hooks_on(self) -> None:
-        """roofline's own marks (module paths, source lines): only in the window, where they are read."""
+        """roofline's own marks (module paths, source lines, optimizers' parameters): only in the window, where
+        they are read."""
+        if self._optimizer_hook is None:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         if self.modules and self._modules is None:
             self._modules = _ModulePaths().__enter__()
         if self.lines and self._lines is None:
             self._lines = _LineMarks().__enter__()
 
     def _hooks_off(self) -> None:
+        if self._optimizer_hook is not None:
+            self._optimizer_hook.remove()
+            self._optimizer_hook = None
         if self._modules is not None:
             self._modules.__exit__()
             self._modules = None
@@ -390,7 +416,8 @@ class Profiler:
         with tempfile.TemporaryDirectory(prefix="roofline-export-") as tmp:
             raw = Path(tmp) / "torch.json"
             prof.export_chrome_trace(str(raw))
-            _with_metadata(raw, self.trace_path, run_facts(lines.table() if lines else None, self.clock.facts()))
+            _with_metadata(raw, self.trace_path, run_facts(lines.table() if lines else None, self.clock.facts(),
+                                                           list(self._optimizers.values())))
         self._exported = True
 
     def __enter__(self) -> "Profiler":

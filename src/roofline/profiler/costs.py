@@ -33,6 +33,28 @@ class Cost:
     bytes: float
     rule: str                     # which rule counted it: matmul, attention, conv, elementwise, ... default
     matmul_dtype: str | None = None   # for tensor-core work: bf16 / fp16 / fp32 / fp8
+    note: str | None = None       # where the count came from, when not from the op's own recorded shapes
+
+
+@dataclass(frozen=True)
+class ParameterSet:
+    """What the program's optimizer updates, as capture saw it at a step. torch.profiler records no shapes for a
+    tensor list past a few dozen tensors (a GPT-2's 148 parameters arrive as empty lists), so a foreach or fused
+    optimizer op whose lists came through empty is costed as running over these: each list one tensor per
+    parameter, of the parameters' sizes and element size."""
+    tensors: int
+    numel: int
+    itemsize: int
+
+    @classmethod
+    def from_facts(cls, facts: dict) -> "ParameterSet | None":
+        """The one optimizer among a trace's facts; None when there is none, or several (an op's lists could
+        then belong to any of them)."""
+        optimizers = facts.get("optimizers") or []
+        if len(optimizers) != 1:
+            return None
+        o = optimizers[0]
+        return cls(int(o["tensors"]), int(o["numel"]), int(o["itemsize"]))
 
 
 def _numel(shape) -> int:
@@ -272,6 +294,17 @@ def _embedding(op: Op, a: _Args) -> Cost | None:
     return Cost(0.0, 2 * rows * row_bytes + _bytes(idx), "embedding")
 
 
+def _gather(op: Op, a: _Args) -> Cost | None:
+    """gather(self, dim, index) and take_along_dim(self, index): as many elements of self read as index holds
+    (not the whole of self), the same number written."""
+    source = a.tensor(0)
+    index = a.tensor(2) if op.name.removeprefix("aten::") == "gather" else a.tensor(1)
+    if source is None or index is None:
+        return None
+    n = _numel(index[0])
+    return Cost(0.0, n * (2 * source[1] + index[1]), "gather")
+
+
 def _loss(op: Op, a: _Args) -> Cost | None:
     tensors = a.tensors()
     if not tensors:
@@ -279,29 +312,42 @@ def _loss(op: Op, a: _Args) -> Cost | None:
     name = op.name.removeprefix("aten::")
     n = _numel(tensors[0][0])
     if name.startswith("nll_loss") and name.endswith("backward"):
-        # (grad_out, logits, target, ...): reads the targets, writes a gradient the size of the logits
-        logits = tensors[1] if len(tensors) > 1 else tensors[0]
-        return Cost(float(_numel(logits[0])), _bytes(logits) + sum(_bytes(t) for t in tensors[2:]), "loss")
+        # (grad_output, self, target, ...): one gradient element written per row; the zero fill of the rest is
+        # an op of its own (fill_ below it)
+        grad, logits, target = a.tensor(0), a.tensor(1), a.tensor(2)
+        if logits is None or target is None:
+            return None
+        rows = _numel(target[0])
+        return Cost(float(rows), rows * (logits[1] + target[1]) + (_bytes(grad) if grad else 0), "loss")
     if name.startswith("nll_loss"):
         rows = _numel(tensors[0][0][:-1]) if len(tensors[0][0]) > 1 else 1
         return Cost(float(rows), rows * tensors[0][1] + sum(_bytes(t) for t in tensors[1:]), "loss")
     return Cost(3.0 * n, sum(_bytes(t) for t in tensors), "loss")
 
 
-def _foreach(op: Op, a: _Args) -> Cost | None:
+def _foreach(op: Op, a: _Args, params: ParameterSet | None = None) -> Cost | None:
     lists = a.lists()
     if not lists:
         return None
     name = op.name.removeprefix("aten::")
-    size = a.known_itemsize
-    per_list = [sum(_numel(s) for s in shapes if _is_shape(s)) for shapes in lists]
+    fused = name.startswith("_fused_adam") or name.startswith("_fused_sgd")
+    note = None
+    if any(lists):
+        size = a.known_itemsize
+        per_list = [sum(_numel(s) for s in shapes if _is_shape(s)) for shapes in lists]
+    elif params is not None:   # recorded empty: the profiler's limit, not empty lists
+        size, note = params.itemsize, f"tensor lists not recorded: {params.tensors} parameters' sizes assumed"
+        # fused Adam(W): params, grads, exp_avg, exp_avg_sq (amsgrad's list and the step counts not counted)
+        per_list = [params.numel] * (4 if name.startswith("_fused_adam") else 2 if fused else len(lists))
+    else:
+        return None
     n = per_list[0]
-    if name.startswith("_fused_adam") or name.startswith("_fused_sgd"):
+    if fused:
         # params, grads, exp_avg, exp_avg_sq (...): all read; params and states written
         lists_rw = len([p for p in per_list if p == n])
-        return Cost(15.0 * n, (2 * lists_rw - 1) * n * size, "optimizer")
+        return Cost(15.0 * n, (2 * lists_rw - 1) * n * size, "optimizer", note=note)
     reads = sum(per_list)
-    return Cost(float(n * len(per_list)), (reads + n) * size, "foreach")
+    return Cost(float(n * len(per_list)), (reads + n) * size, "foreach", note=note)
 
 
 def _elementwise(op: Op, a: _Args, rule: str = "elementwise") -> Cost | None:
@@ -336,13 +382,16 @@ _RULES = [
     (re.compile(r"^(copy_|_copy_from|_copy_from_and_resize|_to_copy|clone|cat|to)$"), _copy),
     (re.compile(r"^(fill_|zero_|zeros|zeros_like|ones|ones_like|full|full_like|_foreach_zero_)$"), _fill),
     (re.compile(r"^(embedding|embedding_dense_backward|embedding_backward)$"), _embedding),
+    (re.compile(r"^(gather|take_along_dim)$"), _gather),
     (re.compile(r"^(nll_loss\w*|mse_loss|l1_loss|smooth_l1_loss|huber_loss|binary_cross_entropy\w*|kl_div)$"), _loss),
     (re.compile(r"^_foreach_|^_fused_adam|^_fused_sgd"), _foreach),
 ]
 
 
-def cost(op: Op) -> Cost | None:
-    """FLOPs and bytes of one call of the op; None for views and ops that move no data."""
+def cost(op: Op, params: ParameterSet | None = None) -> Cost | None:
+    """FLOPs and bytes of one call of the op; None for views and ops that move no data, and where the trace lacks
+    what a count needs (no cost model: better no number than 0 bytes). params: the optimizer's parameters, for
+    tensor lists the profiler did not record."""
     name = op.name.removeprefix("aten::")
     if name in _VIEWS or op.annotation:
         return None
@@ -351,9 +400,11 @@ def cost(op: Op) -> Cost | None:
         return _reduction(op, a)
     for pattern, rule in _RULES:
         if pattern.search(name):
-            found = rule(op, a)
+            found = _foreach(op, a, params) if rule is _foreach else rule(op, a)
             if found is not None:
-                return found
+                return found if found.flops or found.bytes else None   # nothing counted: no cost model
+            if rule is _foreach:
+                return None   # its lists are all it reads: no elementwise default over the scalars
             break
     return _elementwise(op, a, rule="default" if not _is_elementwise_name(name) else "elementwise")
 
@@ -417,6 +468,7 @@ class OpRow:
     peak_tflops: float | None = None
     peak_gbps: float | None = None
     host_transfer: bool = False   # moves data between host and GPU: bound by PCIe, which no ceiling here measures
+    note: str | None = None       # Cost.note
 
     @property
     def intensity(self) -> float | None:
@@ -475,8 +527,10 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
         if o.parent in per_op and not o.annotation:
             children.setdefault(o.parent, []).append(o)
 
+    params = ParameterSet.from_facts(trace.meta.get("roofline") or {})
+
     def composite(op_index: int, own: Cost | None) -> bool:
-        rules = {c.rule for child in children.get(op_index, ()) if (c := cost(child)) is not None}
+        rules = {c.rule for child in children.get(op_index, ()) if (c := cost(child, params)) is not None}
         return own is not None and (own.rule in rules or (own.rule == "default" and bool(rules - {"default"})))
 
     rows: dict[tuple, OpRow] = {}
@@ -486,11 +540,11 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
         key = (op.name, repr(op.shapes), repr(op.dtypes), backward)
         row = rows.get(key)
         if row is None:
-            c = cost(op)
+            c = cost(op, params)
             c = None if composite(op_index, c) else c
             row = rows[key] = OpRow(op.name, op.shapes or [], op.dtypes or [], c.rule if c else None,
                                     matmul_dtype=c.matmul_dtype if c else None, backward=backward,
-                                    locations={}, modules={}, kernels={})
+                                    locations={}, modules={}, kernels={}, note=c.note if c else None)
             row._cost = c
         row.count += 1
         if row._cost is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from roofline.profiler.attribution import Location
+from roofline.profiler.costs import ParameterSet
 from roofline.profiler.kernels import category
 
 MIN_SHARE = 0.01              # a finding must be worth at least 1% of the profiled wall time
@@ -208,8 +209,13 @@ def unfused_optimizer(report) -> list[Finding]:
         return []
     us = sum(o.us for o in foreach)
     steps = min(o.count for o in foreach)   # an op that runs once per step (Adam calls some twice)
-    params = max(sum(_numel(s) for s in o.shapes[0] if isinstance(s, list)) for o in foreach
-                 if o.shapes and isinstance(o.shapes[0], list))
+    params = max([sum(_numel(s) for s in o.shapes[0] if isinstance(s, list)) for o in foreach
+                  if o.shapes and isinstance(o.shapes[0], list)] + [0])
+    if not params:   # lists too long for the profiler to record: the optimizer's own count, if capture saw it
+        known = ParameterSet.from_facts(report.trace.meta.get("roofline") or {})
+        params = known.numel if known else 0
+    if not params:
+        return []
     adam = any(k in o.name for o in foreach for k in _ADAM_LIKE)
     # Fused Adam(W) reads params, grads and both moments and writes params and moments: 7 passes of fp32;
     # fused SGD with momentum about 5.

@@ -87,6 +87,9 @@ def _num(x, digits: int = 2) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:,.{digits}f}"
 
 
+NO_COST_MODEL = "no cost model"   # an op whose FLOPs and bytes the trace does not give: no number, not 0%
+
+
 def _pct(x) -> str:
     return "" if x is None else f"{x:.0%}"
 
@@ -310,7 +313,8 @@ def _tables(d: dict, top: int) -> str:
     ms_unit = "GPU ms" if d.get("timeline") else "ms"
     lines = [{**r, "where": _where(r)} for r in d["lines"][:top]]
     ops = [{**o, "shapes_text": _shapes(o["shapes"]), "where": _where(o),
-            "pct": (o["pct_of_roofline"], _pct(o["pct_of_roofline"]))} for o in d["ops"][:top]]
+            "pct": (o["pct_of_roofline"], _pct(o["pct_of_roofline"]) if o["rule"] else NO_COST_MODEL)}
+           for o in d["ops"][:top]]
     kernels = [{**k, "avg_us": k["avg_ms"] * 1e3, "share": (k["share"], _pct(k["share"]))} for k in d["kernels"][:top]]
     memory = [{**m, "memory": f"{m['source']} -> {m['destination']}", "mb": m["bytes"] / 1e6} for m in d["memory_ops"]]
     syncs = [{**s, "where": _where(s)} for s in d["syncs"][:top]]

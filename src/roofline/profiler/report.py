@@ -23,9 +23,9 @@ JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
     launch_regions[]    {start_ms, span_ms, kernels, busy_ms, idle_ms, file, line}
     timeline            {bin_ms, busy_ms: {category: [ms per bin]}, idle_ms: {cause: [ms per bin]}}
                         (the window in equal bins; null without GPU activity)
-    ops[]               {name, shapes, dtypes, pass, rule, count, ms, flops, bytes, intensity, tflops, gbps,
-                         bound, peak_tflops, peak_gbps, roofline_ms, pct_of_roofline, headroom_ms, file, line,
-                         module, kernels}
+    ops[]               {name, shapes, dtypes, pass, rule (null: no cost model), cost_note, count, ms, flops,
+                         bytes, intensity, tflops, gbps, bound, peak_tflops, peak_gbps, roofline_ms,
+                         pct_of_roofline, headroom_ms, file, line, module, kernels}
     findings[]          {id, severity, title, message, evidence, location: {file, line}, est_gain_ms}
 """
 
@@ -176,7 +176,7 @@ def _op_dict(o: costs.OpRow) -> dict:
     ms = 1e-3
     roof, head = o.roofline_us, o.headroom_us
     return {"name": o.name, "shapes": o.shapes, "dtypes": o.dtypes, "pass": "backward" if o.backward else "forward",
-            "rule": o.rule, "count": o.count, "ms": o.us * ms, "flops": o.flops, "bytes": o.bytes,
+            "rule": o.rule, "cost_note": o.note, "count": o.count, "ms": o.us * ms, "flops": o.flops, "bytes": o.bytes,
             "intensity": o.intensity, "tflops": o.tflops, "gbps": o.gbps, "bound": o.bound,
             "peak_tflops": o.peak_tflops, "peak_gbps": o.peak_gbps,
             "roofline_ms": roof * ms if roof is not None else None, "pct_of_roofline": o.pct_of_roofline,

@@ -88,7 +88,8 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
     for o in report.ops[:top]:
         ot.add_row(o.name.removeprefix("aten::"), _shapes(o.shapes), "bwd" if o.backward else "fwd", str(o.count),
                    _ms(o.us), _rate(o.tflops), _rate(o.gbps),
-                   o.bound or "", _pct(o.pct_of_roofline), _ms(o.headroom_us) if o.headroom_us is not None else "")
+                   o.bound or "", _pct(o.pct_of_roofline) if o.rule else "[dim]no cost model[/dim]",
+                   _ms(o.headroom_us) if o.headroom_us is not None else "")
     console.print(ot)
 
     if gpu:
