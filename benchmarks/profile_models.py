@@ -43,7 +43,8 @@ def row(model: str, report: dict) -> dict:
     launch = next((f for f in report["findings"] if f["id"] == "launch-bound"), None)
     return {
         "model": model, "steps_recorded": steps, "steps_timed": u["steps_timed"],
-        "profiled_step_ms": u["profiled_step_ms"], "step_ms": u["step_ms"], "gpu_step_ms": u["gpu_step_ms"],
+        "profiled_step_ms": u["profiled_step_ms"], "step_ms": u["step_ms"], "clock": u["clock"],
+        "wall_step_ms": u["wall_step_ms"],
         "inflation": u["inflation"], "busy_step_ms": u["busy_step_ms"], "removable_idle_ms": removable_ms,
         "profiled_idle_ms": t["idle_ms"],
         "launch_bound_gain_ms": launch["est_gain_ms"] if launch else None,

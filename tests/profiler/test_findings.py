@@ -12,10 +12,10 @@ from .synth import AUTOGRAD, PEAKS, TraceBuilder, at
 BF16, F32 = "c10::BFloat16", "float"
 
 
-def _report(tmp_path, build, wall=1000.0, unprofiled_ms=None):
+def _report(tmp_path, build, wall=1000.0, unprofiled_ms=None, unprofiled_gpu_ms=()):
     b = TraceBuilder()
     if unprofiled_ms is not None:
-        b.unprofiled_steps = {"wall_ms": unprofiled_ms, "gpu_ms": []}
+        b.unprofiled_steps = {"wall_ms": unprofiled_ms, "gpu_ms": list(unprofiled_gpu_ms)}
     b.op("ProfilerStep#1", 0, wall, cat="user_annotation")   # fixes the window, so shares are easy to reason about
     build(b)
     return analyze(b.write(tmp_path / "t.json"), peaks=PEAKS)
@@ -183,6 +183,7 @@ def test_launch_bound_gain_is_the_unprofiled_program_s_idle(tmp_path):
     # the window took 0.5 ms (median), so the program idles 380 us a step without the profiler, not 880.
     r = _report(tmp_path, _tiny(3.0), unprofiled_ms=[0.4, 0.5, 0.9])
     o = r.overhead
+    assert o.clock == "wall clock"
     assert (o.steps, o.step_ms, o.profiled_step_ms, o.busy_step_ms) == (3, 0.5, 1.0, pytest.approx(0.12))
     assert o.inflation == pytest.approx(2.0) and o.idle_scale == pytest.approx(380 / 880)
     f = _one(r, "launch-bound")
@@ -193,11 +194,17 @@ def test_launch_bound_gain_is_the_unprofiled_program_s_idle(tmp_path):
     console = Console(record=True, width=300)
     r.print(console)
     r.write_html(tmp_path / "r.html")
-    said = "Without the profiler a step took 0.50 ms (median of 3 steps timed outside the window) against 1.00 ms"
+    said = ("Without the profiler a step took 0.50 ms (median of 3 steps timed outside the window, wall clock) "
+            "against 1.00 ms")
     text = console.export_text()
     assert said in text and "stretched steps 2.00x" in text and said in (tmp_path / "r.html").read_text()
     # Unprofiled, a step of 0.2 ms keeps the GPU busy 60% of the time: not launch-bound.
     assert "launch-bound" not in _ids(_report(tmp_path, _tiny(3.0), unprofiled_ms=[0.2]))
+    # Where CUDA events timed the steps, they give the step: a host that runs ahead of its GPU marks steps at
+    # its own pace (0.1 ms here), not the program's.
+    by_events = _report(tmp_path, _tiny(3.0), unprofiled_ms=[0.1] * 3, unprofiled_gpu_ms=[0.4, 0.5, 0.9]).overhead
+    assert (by_events.clock, by_events.step_ms, by_events.wall_step_ms) == ("CUDA events", 0.5, 0.1)
+    assert by_events.idle_scale == pytest.approx(380 / 880)
     # A program as slow unprofiled as profiled keeps its idle: the scale never exceeds 1.
     assert _report(tmp_path, _tiny(3.0), unprofiled_ms=[3.0]).idle_scale == 1.0
 

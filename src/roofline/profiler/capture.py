@@ -363,6 +363,7 @@ class Profiler:
         self.clock = StepClock(self.window)
         self._optimizers: dict[int, dict] = {}   # id -> _parameter_facts, for every optimizer stepped in the window
         self._optimizer_hook = None
+        self._in_window = False
 
     @property
     def window(self) -> tuple[int, float]:
@@ -372,25 +373,22 @@ class Profiler:
         return self.skip - 1, math.inf if self.active is None else self.skip - 1 + self.active
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        if id(optimizer) not in self._optimizers:
+        # Registered for the whole run: a step hook that came and went at the window's edges would change
+        # torch's hook table while torch iterates it (run_program marks steps from an optimizer hook).
+        if self._in_window and id(optimizer) not in self._optimizers:
             self._optimizers[id(optimizer)] = _parameter_facts(optimizer)
 
     def _hooks_on(self) -> None:
         """roofline's own marks (module paths, source lines, optimizers' parameters): only in the window, where
         they are read."""
-        if self._optimizer_hook is None:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._in_window = True
         if self.modules and self._modules is None:
             self._modules = _ModulePaths().__enter__()
         if self.lines and self._lines is None:
             self._lines = _LineMarks().__enter__()
 
     def _hooks_off(self) -> None:
-        if self._optimizer_hook is not None:
-            self._optimizer_hook.remove()
-            self._optimizer_hook = None
+        self._in_window = False
         if self._modules is not None:
             self._modules.__exit__()
             self._modules = None
@@ -433,6 +431,9 @@ class Profiler:
                 on_trace_ready=self._on_trace_ready if schedule else None,
                 record_shapes=self.shapes, profile_memory=self.memory,
                 with_stack=self.python_stack, with_modules=self.python_stack, experimental_config=config)
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         if self.window[0] == 0:
             self._hooks_on()
         self._previous, _active = _active, self
@@ -466,6 +467,7 @@ class Profiler:
         finally:
             self._torch.__exit__(None, None, None)
             self._hooks_off()
+            self._optimizer_hook.remove()
             _active = self._previous
         if self._trace_ready or _schedule(self.skip, self.active) is None:
             self._export(self._torch)

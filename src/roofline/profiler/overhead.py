@@ -27,9 +27,10 @@ from roofline.profiler.trace import Trace
 @dataclass(frozen=True)
 class Overhead:
     steps: int                     # steps timed outside the window
-    step_ms: float                 # their median wall time
-    gpu_step_ms: float | None      # their median by CUDA events on the current stream (None without CUDA)
-    profiled_step_ms: float        # mean wall time of a recorded step
+    step_ms: float                 # their median length: by CUDA events where CUDA ran, else by wall clock
+    clock: str                     # which: "CUDA events" or "wall clock"
+    wall_step_ms: float            # their median wall time between step marks (the host's pace)
+    profiled_step_ms: float        # a recorded step, measured the same way (the window's span per step on a GPU)
     busy_step_ms: float            # GPU busy time per recorded step
     idle_scale: float              # unprofiled idle / recorded idle
 
@@ -44,7 +45,8 @@ class Overhead:
         return max(self.step_ms - self.busy_step_ms, 0.0)
 
     def to_dict(self) -> dict:
-        return {"steps_timed": self.steps, "step_ms": self.step_ms, "gpu_step_ms": self.gpu_step_ms,
+        return {"steps_timed": self.steps, "step_ms": self.step_ms, "clock": self.clock,
+                "wall_step_ms": self.wall_step_ms,
                 "profiled_step_ms": self.profiled_step_ms, "inflation": self.inflation,
                 "busy_step_ms": self.busy_step_ms, "idle_step_ms": self.idle_step_ms,
                 "idle_scale": self.idle_scale}
@@ -59,18 +61,26 @@ def unprofiled_steps(trace: Trace) -> dict:
 
 def measure(trace: Trace, tl: Timeline) -> Overhead | None:
     """The unprofiled program's step time against the recorded one; None when the trace has no steps timed
-    outside its window, or no recorded steps to hold them against."""
+    outside its window, or no recorded steps to hold them against.
+
+    On a GPU a step's length is the GPU's: the time between the stream reaching one step mark and the next
+    (events), and for the recorded steps the window's span per step. A program's host may run ahead of its
+    GPU (a short run never reaches a steady state), and then the wall time between marks is the host's pace,
+    not the program's."""
     timed = unprofiled_steps(trace)
     if not timed["wall_ms"] or not tl.steps or not tl.step_us:
         return None
-    step_ms = statistics.median(timed["wall_ms"])
+    wall_ms = statistics.median(timed["wall_ms"])
+    gpu = tl.busy_us > 0 and bool(timed["gpu_ms"])
+    step_ms = statistics.median(timed["gpu_ms"]) if gpu else wall_ms
+    profiled_ms = (tl.window_us if gpu else tl.step_us * tl.steps) / tl.steps / 1e3
     busy_step_ms = tl.busy_us / tl.steps / 1e3
     recorded_idle_ms = tl.idle_total_us / tl.steps / 1e3
     unprofiled_idle_ms = max(step_ms - busy_step_ms, 0.0)
     scale = min(unprofiled_idle_ms / recorded_idle_ms, 1.0) if recorded_idle_ms > 0 else 1.0
-    return Overhead(steps=len(timed["wall_ms"]), step_ms=step_ms,
-                    gpu_step_ms=statistics.median(timed["gpu_ms"]) if timed["gpu_ms"] else None,
-                    profiled_step_ms=tl.step_us / 1e3, busy_step_ms=busy_step_ms, idle_scale=scale)
+    return Overhead(steps=len(timed["wall_ms"]), step_ms=step_ms, clock="CUDA events" if gpu else "wall clock",
+                    wall_step_ms=wall_ms, profiled_step_ms=profiled_ms,
+                    busy_step_ms=busy_step_ms, idle_scale=scale)
 
 
 def sentence(totals: dict, gpu: bool) -> str | None:
@@ -81,10 +91,10 @@ def sentence(totals: dict, gpu: bool) -> str | None:
             return None
         return ("The profiler's own overhead is in these numbers: no step ran outside the recorded window to time "
                 "the program without it (skip 3 or more steps, or record fewer steps than the program runs).")
-    events = f"; {u['gpu_step_ms']:.2f} ms by CUDA events" if u.get("gpu_step_ms") else ""
+    clock = u["clock"] + (f"; the host's pace {u['wall_step_ms']:.2f} ms" if u["clock"] == "CUDA events" else "")
     said = (f"Without the profiler a step took {u['step_ms']:.2f} ms (median of {u['steps_timed']} steps timed "
-            f"outside the window{events}) against {u['profiled_step_ms']:.2f} ms recorded: the profiler stretched "
-            f"steps {u['inflation']:.2f}x.")
+            f"outside the window, {clock}) against {u['profiled_step_ms']:.2f} ms recorded: the profiler "
+            f"stretched steps {u['inflation']:.2f}x.")
     if gpu:
         said += (f" Unprofiled, the GPU idles {u['idle_step_ms']:.2f} ms a step ({u['idle_ms']:.1f} ms over the "
                  "window); findings of idle time are the unprofiled program's.")

@@ -11,7 +11,7 @@ JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
     totals              {wall_ms, busy_ms, idle_ms, idle: {sync, launch, host, gpu}, work_ms,
                          steps, step_ms, attributed_share, unattributed_ms, exact_share, unprofiled}
                         unprofiled: null, or the program without the profiler (see overhead.py):
-                        {steps_timed, step_ms, gpu_step_ms, profiled_step_ms, inflation, busy_step_ms,
+                        {steps_timed, step_ms, clock, wall_step_ms, profiled_step_ms, inflation, busy_step_ms,
                          idle_step_ms, idle_scale, wall_ms, idle_ms, idle: {sync, launch, host, gpu}}
     kernels[]           {name, full_name, category, count, total_ms, avg_ms, min_ms, max_ms, share}
     categories          {category: ms}
