@@ -6,7 +6,8 @@ For each model of examples/train_lm.py (GPT-2 small, the Llama-style model; bf16
 `roofline profile --skip 3 --steps 5` over a run of --steps steps, so that the steps after the window are
 timed without the profiler. The table: the step recorded and unrecorded (the profiler's inflation), GPU busy
 per step, the idle a user can remove (unprofiled step - GPU busy per step, times the recorded steps), the
-launch-bound finding's estimated gain against it (issue 17's target: within +-30%), and the top findings.
+estimated gain of the finding that names the GPU's waits on the host (launch-bound, else host-bound) against it
+(issue 17's target: within +-30%), and the top findings.
 Writes OUT_DIR/profile_models.json and .md, and keeps each run's report (JSON, HTML, terminal text).
 """
 
@@ -40,15 +41,17 @@ def row(model: str, report: dict) -> dict:
         raise SystemExit(f"{model}: no step was timed outside the window; run more than {SKIP + RECORD + 1} steps")
     steps = t["steps"]
     removable_ms = u["idle_step_ms"] * steps
-    launch = next((f for f in report["findings"] if f["id"] == "launch-bound"), None)
+    # the finding that names the GPU's waits on the host: launch-bound (short kernels), else host-bound
+    waits = next((f for f in report["findings"] if f["id"] in ("launch-bound", "host-bound")), None)
     return {
         "model": model, "steps_recorded": steps, "steps_timed": u["steps_timed"],
         "profiled_step_ms": u["profiled_step_ms"], "step_ms": u["step_ms"], "clock": u["clock"],
         "wall_step_ms": u["wall_step_ms"],
         "inflation": u["inflation"], "busy_step_ms": u["busy_step_ms"], "removable_idle_ms": removable_ms,
         "profiled_idle_ms": t["idle_ms"],
-        "launch_bound_gain_ms": launch["est_gain_ms"] if launch else None,
-        "launch_bound_over_removable": launch["est_gain_ms"] / removable_ms if launch and removable_ms else None,
+        "host_finding": waits["id"] if waits else None,
+        "host_finding_gain_ms": waits["est_gain_ms"] if waits else None,
+        "host_finding_over_removable": waits["est_gain_ms"] / removable_ms if waits and removable_ms else None,
         "top_findings": [(f["id"], f["est_gain_ms"]) for f in report["findings"][:3]],
         "device": report["device"]["name"],
     }
@@ -56,16 +59,16 @@ def row(model: str, report: dict) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | step ms, recorded / unrecorded | inflation | GPU busy ms a step | idle a user can remove "
-             "ms (window) | idle recorded ms (window) | launch-bound gain ms (/ removable) | top findings (gain ms) |",
+             "ms (window) | idle recorded ms (window) | host finding: gain ms (/ removable) | top findings (gain ms) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        launch = ("not found" if r["launch_bound_gain_ms"] is None else
-                  f"{r['launch_bound_gain_ms']:.2f}" + (f" ({r['launch_bound_over_removable']:.2f})"
-                                                        if r["launch_bound_over_removable"] else ""))
+        waits = ("not found" if r["host_finding_gain_ms"] is None else
+                  f"{r['host_finding']}: {r['host_finding_gain_ms']:.2f}"
+                  + (f" ({r['host_finding_over_removable']:.2f})" if r["host_finding_over_removable"] else ""))
         top = ", ".join(f"{fid} ({gain:.2f})" for fid, gain in r["top_findings"]) or "none"
         lines.append(f"| {r['model']} | {r['profiled_step_ms']:.2f} / {r['step_ms']:.2f} | {r['inflation']:.2f}x | "
                      f"{r['busy_step_ms']:.2f} | {r['removable_idle_ms']:.2f} | {r['profiled_idle_ms']:.2f} | "
-                     f"{launch} | {top} |")
+                     f"{waits} | {top} |")
     return "\n".join(lines) + "\n"
 
 

@@ -126,6 +126,11 @@ class Resolver:
         self._main_frames = None
         self._marked_tid = max(trace.marks, key=lambda t: len(trace.marks[t][0])) if trace.marks else None
 
+    @property
+    def marked_tid(self) -> int | None:
+        """The thread with the most line marks: the program's main thread."""
+        return self._marked_tid
+
     def frame_stack(self, fi: int) -> tuple:
         """User Locations of the Python frames from the outermost down to frame `fi` (function level)."""
         frames, memo = self.trace.frames, self._frame_stacks

@@ -260,6 +260,34 @@ def launch_bound(report) -> list[Finding]:
          "starved_profiled_ms": starved_profiled / 1e3})]
 
 
+HOST_BOUND_SHARE = 0.05   # the GPU waiting on the host this share of the (unprofiled) time is worth naming lines
+
+
+def host_bound(report) -> list[Finding]:
+    """The GPU waits on the host, with kernels too long for launch-bound to explain it: name the lines whose
+    host time (Python, dispatch, launches) sets the pace."""
+    tl = report.timeline
+    starved = (tl.idle_us.get("launch", 0.0) + tl.idle_us.get("host", 0.0)) * report.idle_scale
+    wall = report.unprofiled_wall_us
+    if not report.host or wall <= 0 or starved < HOST_BOUND_SHARE * wall or launch_bound(report):
+        return []
+    steps = tl.steps or report.python_steps or 1
+    scale = report.host_scale
+    top = report.host[:3]
+    spent = ", ".join(f"{h.location.file}:{h.location.line} {h.host_us * scale / steps / 1e3:.2f} ms"
+                      + (f" (backward {h.backward_us * scale / steps / 1e3:.2f})" if h.backward_us else "")
+                      for h in top)
+    return [Finding(
+        "host-bound", f"the GPU waits on the host {starved / wall:.0%} of the time",
+        f"The GPU idled {starved / 1e3:.1f} ms waiting for work from the host{_unprofiled_note(report)}. The host's "
+        f"time per step went most to {spent}. Replay the step as a CUDA graph (`torch.compile(mode="
+        "'reduce-overhead')`, `torch.cuda.graphs`), compile it so that fewer, larger kernels are launched, or move "
+        "Python work (data preparation, logging) out of the step.",
+        starved / 1e3, top[0].location,
+        {"gpu_waits_ms": starved / 1e3, "share": starved / wall,
+         "host_ms_per_step": {str(h.location): h.host_us * scale / steps / 1e3 for h in top}})]
+
+
 def _out_numel_of_matmul(o) -> int | None:
     shapes = [s for s in o.shapes if isinstance(s, list) and s and all(isinstance(d, int) for d in s)]
     if o.name not in ("aten::bmm", "aten::mm", "aten::matmul", "aten::baddbmm") or len(shapes) < 2:
@@ -397,7 +425,7 @@ def below_roofline(report) -> list[Finding]:
 
 
 RULES = [host_sync_in_loop, pageable_copies, fp32_matmul_without_tf32, no_autocast, eager_elementwise_chain,
-         unfused_optimizer, launch_bound, manual_attention, misaligned_matmul, small_grid, below_roofline]
+         unfused_optimizer, launch_bound, host_bound, manual_attention, misaligned_matmul, small_grid, below_roofline]
 
 
 def find(report) -> list[Finding]:

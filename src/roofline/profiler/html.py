@@ -318,12 +318,18 @@ def _tables(d: dict, top: int) -> str:
     kernels = [{**k, "avg_us": k["avg_ms"] * 1e3, "share": (k["share"], _pct(k["share"]))} for k in d["kernels"][:top]]
     memory = [{**m, "memory": f"{m['source']} -> {m['destination']}", "mb": m["bytes"] / 1e6} for m in d["memory_ops"]]
     syncs = [{**s, "where": _where(s)} for s in d["syncs"][:top]]
+    host = [{**h, "where": _where(h)} for h in d.get("host_lines", [])[:top]]
     return "\n".join([
         f"<h2>Source lines</h2><p class='note'>Flat view by line: self is work launched on the line itself, total "
         f"includes the functions it called; backward work counts on the forward line that created it.</p>",
         _table([("line", "where"), ("function", "function"), (f"self {ms_unit}", "self_ms:n"),
                 (f"total {ms_unit}", "total_ms:n"), ("backward ms", "backward_ms:n"), ("count", "count:n")],
                lines, "lines"),
+        "<h2>Host time by line</h2><p class='note'>Per step: the program's main thread at each line (waits on the "
+        "GPU left out), with the autograd engine's work for the line's ops; scaled to the program without the "
+        "profiler where steps outside the window were timed.</p>",
+        _table([("line", "where"), ("function", "function"), ("host ms a step", "host_ms_per_step:n"),
+                ("of which backward ms (window)", "backward_ms:n")], host, "host"),
         "<h2>Ops on the roofline</h2>",
         _table([("op", "name"), ("inputs", "shapes_text"), ("pass", "pass"), ("calls", "count:n"), ("ms", "ms:n"),
                 ("TFLOP/s", "tflops:n"), ("GB/s", "gbps:n"), ("FLOP/B", "intensity:n"), ("bound", "bound"),

@@ -26,6 +26,9 @@ JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
     ops[]               {name, shapes, dtypes, pass, rule (null: no cost model), cost_note, count, ms, flops,
                          bytes, intensity, tflops, gbps, bound, peak_tflops, peak_gbps, roofline_ms,
                          pct_of_roofline, headroom_ms, file, line, module, kernels}
+    host_lines[]        {file, line, function, host_ms, backward_ms, host_ms_per_step}: the host's time by line
+                        (host.py), scaled by host_scale to the program without the profiler where known
+    host_scale          unprofiled host pace / recorded (1: unknown)
     findings[]          {id, severity, title, message, evidence, location: {file, line}, est_gain_ms}
 """
 
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from roofline.profiler import attribution, costs, kernels, timeline
+from roofline.profiler.host import HostLine, host_lines
 from roofline.profiler.overhead import Overhead, measure as measure_overhead
 from roofline.profiler.trace import Trace, load
 
@@ -56,6 +60,16 @@ class Report:
     findings: list = field(default_factory=list)
     python_steps: int = 0
     overhead: Overhead | None = None   # the program timed outside the window, if it was
+    host: list[HostLine] = field(default_factory=list)   # host time by line, as recorded
+
+    @property
+    def host_scale(self) -> float:
+        """What the host's recorded time shrinks to without the profiler: its pace between step marks outside
+        the window over its pace inside (1 when unknown)."""
+        tl = self.timeline
+        if self.overhead is None or not tl.step_us:
+            return 1.0
+        return min(self.overhead.wall_step_ms / (tl.step_us / 1e3), 1.0)
 
     @property
     def idle_scale(self) -> float:
@@ -100,6 +114,7 @@ class Report:
     def to_dict(self) -> dict:
         ms = 1e-3
         loc = _location
+        steps = self.timeline.steps or self.python_steps
         return {
             "schema": SCHEMA,
             "device": self.device,
@@ -123,6 +138,11 @@ class Report:
                                 **loc(_top(r.locations))} for r in self.timeline.launch_regions],
             "timeline": _bins_dict(self.timeline.bins),
             "ops": [_op_dict(o) for o in self.ops],
+            "host_lines": [{**loc(h.location), "host_ms": h.host_us * self.host_scale * ms,
+                            "backward_ms": h.backward_us * self.host_scale * ms,
+                            "host_ms_per_step": h.host_us * self.host_scale * ms / steps if steps else None}
+                           for h in self.host],
+            "host_scale": self.host_scale,
             "findings": [f.to_dict() for f in self.findings],
         }
 
@@ -237,6 +257,6 @@ def analyze(source, steps: int = 0, peaks: costs.Peaks | None = None) -> Report:
     report = Report(trace=trace, device=info, peaks=peaks, attribution=attr,
                     kernels=kernels.kernel_table(trace), memory=kernels.memory_table(trace),
                     timeline=tl, ops=costs.op_table(trace, attr, peaks), python_steps=steps,
-                    overhead=measure_overhead(trace, tl))
+                    overhead=measure_overhead(trace, tl), host=host_lines(trace, resolver))
     report.findings = findings.find(report)
     return report

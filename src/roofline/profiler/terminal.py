@@ -82,6 +82,17 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
                    _pct(r.backward_us / r.self_us if r.self_us else None), str(r.count))
     console.print(lt)
 
+    if gpu and report.host:
+        steps = tl.steps or report.python_steps or 1
+        scaled = " (without the profiler's stretch)" if report.overhead else " (as recorded, profiler included)"
+        ht = Table(title=f"host time by line, ms a step{scaled}", title_justify="left")
+        for col in ("line", "function", "host ms", "of which backward"):
+            ht.add_column(col, justify="left" if col in ("line", "function") else "right")
+        for h in report.host[:top]:
+            ht.add_row(_loc(h.location), h.location.function, f"{h.host_us * report.host_scale / steps / 1e3:,.3f}",
+                       f"{h.backward_us * report.host_scale / steps / 1e3:,.3f}" if h.backward_us else "")
+        console.print(ht)
+
     ot = Table(title="top ops on the roofline", title_justify="left")
     for col in ("op", "inputs", "pass", "calls", "ms", "TFLOP/s", "GB/s", "bound", "of roofline", "headroom ms"):
         ot.add_column(col, justify="left" if col in ("op", "inputs", "pass", "bound") else "right")
