@@ -63,8 +63,8 @@ def markdown(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         waits = ("not found" if r["host_finding_gain_ms"] is None else
-                  f"{r['host_finding']}: {r['host_finding_gain_ms']:.2f}"
-                  + (f" ({r['host_finding_over_removable']:.2f})" if r["host_finding_over_removable"] else ""))
+                 f"{r['host_finding']}: {r['host_finding_gain_ms']:.2f}"
+                 + (f" ({r['host_finding_over_removable']:.2f})" if r["host_finding_over_removable"] else ""))
         top = ", ".join(f"{fid} ({gain:.2f})" for fid, gain in r["top_findings"]) or "none"
         lines.append(f"| {r['model']} | {r['profiled_step_ms']:.2f} / {r['step_ms']:.2f} | {r['inflation']:.2f}x | "
                      f"{r['busy_step_ms']:.2f} | {r['removable_idle_ms']:.2f} | {r['profiled_idle_ms']:.2f} | "
