@@ -35,6 +35,7 @@ from roofline.ops.gelu import gelu_tanh_by_hand
 from roofline.ops.norm import add_rms_norm_reference
 from roofline.ops.softmax import softmax_by_hand
 from roofline.ops.swiglu import swiglu_reference
+from roofline.ops.traffic import PASSES, unit_inputs
 
 try:
     from liger_kernel.transformers import functional as liger
@@ -58,15 +59,16 @@ def _randn(shape, dev, grad=False, scale=1.0):
 
 
 class Op:
-    """One op: how to make its inputs, its implementations, and its least traffic, in passes over the bytes of
-    `pass_bytes(inputs)` (by default the first input's)."""
+    """One op: how to make its inputs, its implementations, and its least traffic (roofline.ops.traffic, which
+    the profiler uses too: passes over the bytes of its first input, or first two)."""
 
-    def __init__(self, name, inputs, providers, passes_fwd, passes_bwd, forward=True,
-                 pass_bytes=lambda args: args[0].numel() * args[0].element_size(),
+    def __init__(self, name, inputs, providers, forward=True, traffic=None,
                  cotangent=lambda args, dev: _randn(args[0].shape, dev), syncs=()):
-        self.name, self.inputs, self.providers = name, inputs, providers
-        self.passes_fwd, self.passes_bwd, self.forward = passes_fwd, passes_bwd, forward
-        self.pass_bytes, self.cotangent = pass_bytes, cotangent
+        self.name, self.inputs, self.providers, self.forward = name, inputs, providers, forward
+        traffic = traffic or name
+        self.passes_fwd, self.passes_bwd = PASSES[traffic]
+        self.pass_bytes = lambda args: sum(a.numel() * a.element_size() for a in args[:unit_inputs(traffic)])
+        self.cotangent = cotangent
         self.syncs = syncs   # providers that wait on the host (a .item()): a CUDA graph cannot hold them
 
 
@@ -78,7 +80,7 @@ def _softmax_op():
         "liger": (lambda x: liger.liger_softmax(x)) if liger else _no_liger,
         OURS: functools.partial(ops.softmax, backend="triton"),
         "cuda c++": functools.partial(ops.softmax, backend="cuda"),
-    }, passes_fwd=2, passes_bwd=3)   # fwd: read x, write y; bwd: read y and dy, write dx
+    })
 
 
 def _params(n, dev, grad, bias=True):
@@ -92,7 +94,7 @@ def _layer_norm_op():
         "compile": torch.compile(lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS)),
         "liger": (lambda x, w, b: liger.liger_layer_norm(x, w, b, EPS)) if liger else _no_liger,
         OURS: lambda x, w, b: ops.layer_norm(x, x.shape[-1:], w, b, EPS, backend="triton"),
-    }, passes_fwd=2, passes_bwd=3)
+    })
 
 
 def _rms_norm_op():
@@ -102,7 +104,7 @@ def _rms_norm_op():
         # in_place=False: Liger's default writes dx over dy, which would change the next provider's input
         "liger": (lambda x, w: liger.liger_rms_norm(x, w, EPS, in_place=False)) if liger else _no_liger,
         OURS: lambda x, w: ops.rms_norm(x, x.shape[-1:], w, EPS, backend="triton"),
-    }, passes_fwd=2, passes_bwd=3)
+    })
 
 
 def _add_rms_norm_op():
@@ -113,7 +115,7 @@ def _add_rms_norm_op():
         "compile": torch.compile(lambda x, r, w: add_rms_norm_reference(x, r, w, EPS)),
         "liger": (lambda x, r, w: liger.liger_fused_add_rms_norm(x, r, w, EPS, in_place=False)) if liger else _no_liger,
         OURS: lambda x, r, w: ops.add_rms_norm(x, r, w, EPS, backend="triton"),
-    }, passes_fwd=4, passes_bwd=4)   # fwd: read x, r; write y, h. bwd: read h, dy, dh; write dx (= d residual)
+    })
 
 
 def _gelu_op():
@@ -124,7 +126,7 @@ def _gelu_op():
         "compile": torch.compile(tanh),
         OURS: functools.partial(ops.gelu, approximate="tanh", backend="triton"),
         "cuda c++": functools.partial(ops.gelu, approximate="tanh", backend="cuda"),
-    }, passes_fwd=2, passes_bwd=3)
+    }, traffic="gelu")
 
 
 def _swiglu_op():
@@ -135,7 +137,7 @@ def _swiglu_op():
         # last: Liger's backward writes the gradients over its inputs a and b, so every provider after it
         # would be checked on changed inputs (the timings do not depend on the values)
         "liger": (lambda a, b: liger.liger_swiglu(a, b)) if liger else _no_liger,
-    }, passes_fwd=3, passes_bwd=5)   # fwd: read a, b; write y. bwd: read a, b, dy; write da, db
+    })
 
 
 def _cross_entropy_op():
@@ -149,7 +151,7 @@ def _cross_entropy_op():
         OURS: functools.partial(ops.cross_entropy, backend="triton"),
         # without the eager range check of the targets, which costs a device-to-host sync
         "roofline, check_targets=False": functools.partial(ops.cross_entropy, backend="triton", check_targets=False),
-    }, passes_fwd=1, passes_bwd=1, forward=False,   # read the logits once, write their gradient once
+    }, forward=False,   # the logits read once, their gradient written once
         cotangent=lambda args, dev: torch.ones((), device=dev),   # loss.backward(): the cotangent is 1
         syncs=("liger", OURS))   # Liger counts the targets with .item(); roofline checks their range
 
@@ -174,8 +176,7 @@ def _rope_op():
         OURS: functools.partial(ops.rope, backend="triton"),
         # last: Liger rotates q and k in place
         "liger": (lambda q, k, cos, sin: liger.liger_rope(q, k, cos, sin)) if liger else _no_liger,
-    }, passes_fwd=2, passes_bwd=2,   # read q and k, write them rotated (backward: the same on the gradients)
-        pass_bytes=lambda args: (args[0].numel() + args[1].numel()) * args[0].element_size(),
+    },
         cotangent=lambda args, dev: (_randn(args[0].shape, dev), _randn(args[1].shape, dev)))
 
 

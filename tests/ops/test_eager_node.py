@@ -12,6 +12,7 @@ from ops_checks import DEVICE
 from test_launch import CALLS, _run
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import roofline
 from roofline import ops
 from roofline.ops import _eager_node
 from roofline.ops._common import KernelOp
@@ -253,3 +254,31 @@ def test_a_replay_launches_on_the_current_stream():
     ref = x.detach().clone().requires_grad_()
     F.layer_norm(ref, (512,)).backward(dy)
     torch.testing.assert_close(x.grad, ref.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_a_profile_sees_the_op_and_its_backward_under_their_names_linked():
+    """Under a profiler the forward is recorded as roofline::<name>, with its inputs' shapes and the sequence
+    number of the node it makes, so that the trace links the backward to it as it links aten ops."""
+    x = _x(6, 5)
+    sine(x).sum().backward()   # the node and its program exist: the profiled call is a steady-state one
+    x.grad = None
+    with roofline.profile() as prof:
+        sine(x).sum().backward()
+    trace = prof.report.trace
+    (forward,) = [i for i, o in enumerate(trace.ops) if o.name == "roofline::test_sine"]
+    (backward,) = [o for o in trace.ops if o.name == "roofline::test_sine_backward"]
+    assert trace.ops[forward].shapes[0] == [6, 5] and trace.ops[forward].seq >= 0
+    assert backward.backward and backward.seq == trace.ops[forward].seq and backward.forward == forward
+    torch.testing.assert_close(x.grad, _expected(x, torch.ones_like(x)))
+
+
+def test_a_profile_places_roofline_ops_on_the_roofline_forward_and_backward():
+    x = torch.randn(16, 64, device=DEVICE, requires_grad=True)
+    weight = torch.randn(64, device=DEVICE, requires_grad=True)
+    ops.rms_norm(x, (64,), weight, backend="triton").sum().backward()
+    with roofline.profile() as prof:
+        ops.rms_norm(x, (64,), weight, backend="triton").sum().backward()
+    rows = {(o.name, o.backward): o for o in prof.report.ops}
+    forward, backward = rows[("roofline::rms_norm", False)], rows[("roofline::rms_norm_backward", True)]
+    assert (forward.rule, forward.bytes) == ("roofline", 2 * 16 * 64 * 4)
+    assert (backward.rule, backward.bytes) == ("roofline", 3 * 16 * 64 * 4) and backward.count == 1

@@ -133,6 +133,29 @@ def test_a_loss_s_backward_and_gather_count_what_they_touch_not_the_whole_matrix
     assert (gather.rule, gather.flops, gather.bytes) == ("gather", 0, 8192 * (2 * 4 + 8))
 
 
+def test_roofline_ops_are_costed_as_their_benchmarks_count_them():
+    forward = Op("roofline::layer_norm", 1, 0.0, 1.0, shapes=[[64, 128], [128], [128]], dtypes=[BF16] * 3,
+                 scalars=[""] * 3)
+    fwd = cost(forward)
+    assert (fwd.rule, fwd.bytes) == ("roofline", 2 * 64 * 128 * 2)      # read x, write y
+    backward = Op("roofline::layer_norm_backward", 2, 0.0, 1.0, shapes=[[64, 128]], dtypes=[BF16], scalars=[""])
+    assert cost(backward, forward=forward).bytes == 3 * 64 * 128 * 2       # read y (or x) and dy, write dx
+    assert cost(backward) is None                                           # no forward linked: no cost model
+    rope = Op("roofline::rope", 1, 0.0, 1.0, shapes=[[1, 32, 16, 64], [1, 8, 16, 64], [16, 64], [16, 64]],
+              dtypes=[BF16] * 4, scalars=[""] * 4)
+    assert cost(rope).bytes == 2 * (32 + 8) * 16 * 64 * 2                   # q and k read and written
+    linear = Op("roofline::linear", 1, 0.0, 1.0, shapes=[[8, 256], [512, 256]], dtypes=[BF16] * 2,
+                scalars=[""] * 2)
+    lin_bwd = Op("roofline::linear_backward", 2, 0.0, 1.0, shapes=[[8, 512]], dtypes=[BF16], scalars=[""])
+    assert (cost(linear).flops, cost(linear).matmul_dtype) == (2 * 8 * 512 * 256, "bf16")
+    assert cost(lin_bwd, forward=linear).flops == 4 * 8 * 512 * 256
+    q = [2, 4, 128, 64]
+    attention = Op("roofline::flash_attention", 1, 0.0, 1.0, shapes=[q, q, q, [], []],
+                   dtypes=[BF16] * 3 + ["Scalar", "Scalar"], scalars=["", "", "", "True", "0.125"])
+    assert cost(attention).flops == 4 * 2 * 4 * 128 * 128 * 64 / 2          # causal: half
+    assert cost(Op("roofline::some_new_op", 1, 0.0, 1.0, shapes=[[4]], dtypes=[BF16], scalars=[""])) is None
+
+
 def test_views_cost_nothing_and_unknown_ops_get_the_default():
     assert cost(op("view", [[4, 4], []], [F32, "ScalarList"])) is None
     weird = cost(op("some_custom_op", [[10, 10]], [F32]))

@@ -7,6 +7,7 @@ import functools
 import os
 
 import torch
+from torch.autograd import profiler as _autograd_profiler
 
 from roofline.ops import _eager_node
 
@@ -156,6 +157,12 @@ def wants_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _profiling() -> bool:
+    """Whether a torch profiler runs: then eager calls are recorded under their own names (a global's read
+    costs nothing on the hot path)."""
+    return _autograd_profiler._is_profiler_enabled
+
+
 class KernelOp:
     """A forward implementation and its backward, differentiable, and visible to torch.compile as one op.
 
@@ -175,10 +182,13 @@ class KernelOp:
     returns a gradient per input, calling run_backward, which is the plan's backward in eager mode and the
     registered op under compile. ctx.in_graph says which: under compile a tensor kept for the backward must go
     through ctx.save_for_backward (one only held on ctx is not kept alive by the compiled graph).
+    public_name(args): the user-facing op an eager call is (norm_rows serves layer_norm, rms_norm and
+    add_rms_norm), which names its backward node (roofline::<op>_backward) and, under a profiler, its forward
+    (roofline::<op>).
     """
 
     def __init__(self, name, *, forward, forward_fake, backward, backward_fake, setup_context, backward_rule,
-                 plan, backward_mutates: tuple[str, ...] = (), eager_node: bool = True):
+                 plan, backward_mutates: tuple[str, ...] = (), eager_node: bool = True, public_name=None):
         self.plan = plan   # plan(*forward args): the plan that runs them
         self.forward_op = torch.library.custom_op(f"roofline::{name}", forward, mutates_args=())
         self.forward_op.register_fake(forward_fake)
@@ -192,6 +202,8 @@ class KernelOp:
         self.forward_op.register_autograd(lambda ctx, *grads: backward_rule(ctx, self.backward_op, *grads),
                                           setup_context=setup_in_graph)
         self.node_name = f"roofline::{name}_backward"
+        self._public_name = public_name or (lambda args: name)
+        self._names: dict[str, tuple[str, str]] = {}   # public name -> (forward record's, backward node's)
         self.eager_node = eager_node
         self._setup_context = setup_context
         self._node_backward = functools.partial(_eager_node.backward, backward_rule, self.node_name)
@@ -220,6 +232,8 @@ class KernelOp:
     def eager(self, plan, grad: bool, *args):
         """An eager call of the forward through `plan`, differentiable if `grad` (some input requires grad
         and grad mode is on)."""
+        if _profiling():
+            return self._eager_recorded(plan, grad, *args)
         if not grad:
             return plan.forward(*args)
         if torch._C._are_functorch_transforms_active():
@@ -227,11 +241,42 @@ class KernelOp:
         node = _eager_node.extension() if self.eager_node else None
         if node is None:
             return self._apply(plan, *args)
+        return self._eager_with_node(node, plan, args, -1)
+
+    def names(self, args) -> tuple[str, str]:
+        """(roofline::<op>, roofline::<op>_backward) for an eager call with these arguments."""
+        public = self._public_name(args)
+        found = self._names.get(public)
+        if found is None:
+            found = self._names[public] = (f"roofline::{public}", f"roofline::{public}_backward")
+        return found
+
+    def _eager_with_node(self, node, plan, args, sequence_nr: int):
         ctx = _eager_node.EagerContext(plan)
         output = plan.forward(*args)
         self._setup_context(ctx, args, output)
-        _eager_node.attach(node, self.node_name, self._node_backward, ctx, args, output)
+        _eager_node.attach(node, self.names(args)[1], self._node_backward, ctx, args, output, sequence_nr)
         return output
+
+    def _eager_recorded(self, plan, grad: bool, *args):
+        """eager() while a profiler runs: the forward recorded as `roofline::<name>` with its inputs, and linked
+        to its backward node by the node's sequence number, as the profiler links aten ops to theirs."""
+        extension, record_name = _eager_node.extension(), self.names(args)[0]
+        if extension is None:   # no compiler: the record, unlinked
+            with torch._C._profiler._RecordFunctionFast(record_name, [a for a in args if isinstance(a, torch.Tensor)]):
+                return plan.forward(*args) if not grad else self._apply(plan, *args)
+        with_node = grad and self.eager_node and not torch._C._are_functorch_transforms_active()
+        sequence_nr = extension.reserve_sequence_number() if with_node else -1
+        record = extension.ForwardRecord(record_name, args, sequence_nr)
+        try:
+            if with_node:
+                return self._eager_with_node(extension, plan, args, sequence_nr)
+            if not grad:
+                return plan.forward(*args)
+            return self._eager.apply(plan, *args) if torch._C._are_functorch_transforms_active() else \
+                self._apply(plan, *args)
+        finally:
+            record.end()
 
     def call(self, calls, key, keep: bool, grad: bool, *args):
         """A call whose arguments the entry point checked: the registered op under torch.compile, else its plan

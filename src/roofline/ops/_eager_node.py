@@ -83,10 +83,11 @@ class EagerContext:
 refusals: dict[str, str] = {}
 
 
-def attach(module, node_name: str, node_backward, ctx: EagerContext, args, output) -> None:
+def attach(module, node_name: str, node_backward, ctx: EagerContext, args, output, sequence_nr: int = -1) -> None:
     """Make the outputs of an eager forward (a tensor or a tuple, None for absent ones) differentiable through a
     C++ node named node_name, whose backward in Python is node_backward (`backward` with the op's rule bound):
-    recorded on a signature's first backward and replayed on later ones."""
+    recorded on a signature's first backward and replayed on later ones. sequence_nr: the node's autograd sequence
+    number, where the forward's profiler record took one (-1: the next)."""
     try:
         table = ctx.plan.eager_programs
     except AttributeError:
@@ -95,7 +96,8 @@ def attach(module, node_name: str, node_backward, ctx: EagerContext, args, outpu
     programs = table.get(key)
     if programs is None:
         programs = table[key] = module.Programs()
-    module.attach(node_name, programs, node_backward, ctx, args, output, ctx.non_differentiable, ctx.to_save)
+    module.attach(node_name, programs, node_backward, ctx, args, output, ctx.non_differentiable, ctx.to_save,
+                  sequence_nr)
     # The node holds ctx: a tensor left on it whose grad_fn is the node would be a cycle through C++ that Python's
     # collector cannot see (every saved activation of a training step, leaked)
     ctx.to_save = ctx.non_differentiable = ()

@@ -23,6 +23,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <ATen/ScalarOps.h>
+#include <ATen/SequenceNumber.h>
+#include <ATen/record_function.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -472,13 +474,16 @@ std::vector<at::Tensor> tensors_of(py::handle objects) {
 // Makes `outputs` (a tensor, or a tuple with None for absent ones) the results of a new EagerNode whose inputs are
 // the forward's `args` (an edge per argument, none where it is not a tensor), saving `saved`. Outputs in
 // `non_differentiable` get no gradient, as ctx.mark_non_differentiable says in a torch.autograd.Function.
+// sequence_nr: the autograd sequence number the forward's ForwardRecord was given (-1: the node takes the next).
 void attach(const std::string& name, std::shared_ptr<Programs> programs, py::object backward, py::object context,
-            py::handle args, py::handle outputs, py::handle non_differentiable, py::handle saved) {
+            py::handle args, py::handle outputs, py::handle non_differentiable, py::handle saved,
+            int64_t sequence_nr) {
   ag::edge_list edges;
   for (const auto& t : tensors_of(args)) {
     edges.push_back(t.defined() && t.requires_grad() ? ag::impl::gradient_edge(t) : ag::Edge());
   }
   auto node = make_node<EagerNode>(name, std::move(programs), std::move(backward), std::move(context));
+  if (sequence_nr >= 0) node->set_sequence_nr(static_cast<uint64_t>(sequence_nr));
   node->set_next_edges(std::move(edges));
   auto among = [](const at::Tensor& t, const std::vector<at::Tensor>& tensors) {
     for (const auto& other : tensors)
@@ -503,6 +508,41 @@ void attach(const std::string& name, std::shared_ptr<Programs> programs, py::obj
   }
 }
 
+// An eager forward as the profiler sees an aten op: a record under the op's own name, with its inputs (their
+// shapes, where shapes are recorded) and the sequence number of the backward node it makes, which links the
+// two in a trace. Made only while a profiler runs; end() closes it.
+class ForwardRecord {
+ public:
+  ForwardRecord(const std::string& name, py::handle args, int64_t sequence_nr) : record_(at::RecordScope::FUNCTION) {
+    if (!record_.isActive()) return;
+    if (record_.needsInputs()) {
+      for (py::handle o : py::reinterpret_borrow<py::sequence>(args)) inputs_.push_back(input_of(o));
+    }
+    record_.before(name.c_str(), &inputs_, sequence_nr);
+  }
+  void end() { record_.end(); }
+
+ private:
+  // a tensor, or a number the cost of the op may depend on (causal, a flag), as the profiler records inputs
+  static c10::IValue input_of(py::handle o) {
+    if (THPVariable_Check(o.ptr())) return THPVariable_Unpack(o.ptr());
+    if (PyBool_Check(o.ptr())) return o.ptr() == Py_True;
+    if (PyLong_Check(o.ptr())) {
+      long long value = PyLong_AsLongLong(o.ptr());
+      if (value == -1 && PyErr_Occurred()) {   // beyond 64 bits: not a number a cost depends on
+        PyErr_Clear();
+        return c10::IValue();
+      }
+      return static_cast<int64_t>(value);
+    }
+    if (PyFloat_Check(o.ptr())) return PyFloat_AsDouble(o.ptr());
+    return c10::IValue();
+  }
+
+  std::vector<c10::IValue> inputs_;   // the record refers to them until it ends
+  at::RecordFunction record_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -517,4 +557,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("launch", &ProgramBuilder::launch)
       .def("finish", &ProgramBuilder::finish);
   m.def("attach", &attach);
+  m.def("reserve_sequence_number", [] { return static_cast<int64_t>(at::sequence_number::get_and_increment()); });
+  py::class_<ForwardRecord>(m, "ForwardRecord")
+      .def(py::init<const std::string&, py::handle, int64_t>())
+      .def("end", &ForwardRecord::end);
 }

@@ -472,7 +472,9 @@ def _backward_rule(ctx, run_backward, dy, dh, dstats):
 _norm_rows = KernelOp("norm_rows", forward=_forward, forward_fake=_forward_fake, backward=_backward,
                       backward_fake=_backward_fake, setup_context=_save_for_backward, backward_rule=_backward_rule,
                       plan=lambda x, residual, weight, bias, n, eps, rms, stats: _plan(
-                          x, residual, weight, None if bias is None else bias.dtype, n, eps, rms))
+                          x, residual, weight, None if bias is None else bias.dtype, n, eps, rms),
+                      public_name=lambda args: "add_rms_norm" if args[1] is not None else
+                      "rms_norm" if args[6] else "layer_norm")
 
 
 # --------------------------------------------------------------------------- entry points

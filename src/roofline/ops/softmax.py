@@ -238,7 +238,8 @@ def _backward_rule(ctx, run_backward, dy):
 _softmax_rows = KernelOp(
     "softmax_rows", forward=_forward_rows, forward_fake=lambda x, log: torch.empty_like(x),
     backward=_backward_rows, backward_fake=lambda y, dy, log: torch.empty_like(y),
-    setup_context=_save_output, backward_rule=_backward_rule, plan=_plan)
+    setup_context=_save_output, backward_rule=_backward_rule, plan=_plan,
+    public_name=lambda args: "log_softmax" if args[1] else "softmax")
 _calls = Plans("softmax calls")   # the plans of calls as the entry points saw them, checks passed
 
 

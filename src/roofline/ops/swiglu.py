@@ -132,7 +132,7 @@ def _backward_rule(ctx, run_backward, dy):
 _swiglu_rows = KernelOp(
     "swiglu_rows", forward=_forward, forward_fake=lambda gate, up: gate.new_empty(gate.shape),
     backward=_backward, backward_fake=lambda gate, up, dy: (gate.new_empty(gate.shape), gate.new_empty(gate.shape)),
-    setup_context=_save_inputs, backward_rule=_backward_rule, plan=_plan)
+    setup_context=_save_inputs, backward_rule=_backward_rule, plan=_plan, public_name=lambda args: "swiglu")
 _calls = Plans("swiglu calls")   # the plans of calls as the entry point saw them, checks passed
 
 

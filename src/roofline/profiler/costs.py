@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from roofline.ops.traffic import PASSES, unit_inputs
 from roofline.profiler.trace import Op
 
 # Element sizes by the profiler's "Input type" strings.
@@ -178,6 +179,46 @@ def _attention(op: Op, a: _Args) -> Cost | None:
         flops *= 2.5
         io = 2 * io + _numel(qs[:-1] + [vs[-1]]) * s    # + dout, dq, dk, dv
     return Cost(flops, io, "attention", MATMUL_KEY.get(a.dtype(first)))
+
+
+def _roofline(public: str, a: _Args, backward: bool) -> Cost | None:
+    """An eager call of a roofline op (roofline::<op>, roofline::<op>_backward), from the forward's inputs: the
+    row-wise ops by the passes their benchmarks count (roofline.ops.traffic), the GEMMs and attention as the
+    aten ones are counted."""
+    first = a.tensor(0)
+    if first is None:
+        return None
+    if public in PASSES:
+        unit = sum(_bytes(t) for t in (a.tensor(i) for i in range(unit_inputs(public))) if t)
+        passes = PASSES[public].backward if backward else PASSES[public].forward
+        return Cost(float(_numel(first[0])), passes * unit, "roofline")
+    if public in ("linear", "int8_linear"):
+        w = a.tensor(1)
+        if w is None:
+            return None
+        (xs, sx), (ws, sw) = first, w
+        k, n = xs[-1], ws[0]
+        m = _numel(xs) // max(k, 1)
+        x_bytes, w_bytes, y_bytes = m * k * sx, n * k * sw, m * n * sx
+        if not backward:
+            return Cost(2.0 * m * n * k, x_bytes + w_bytes + y_bytes, "matmul", MATMUL_KEY.get(a.dtype(0)))
+        if public == "int8_linear":   # the gradient of x only: dy W
+            return Cost(2.0 * m * n * k, y_bytes + w_bytes + x_bytes, "matmul", MATMUL_KEY.get(a.dtype(0)))
+        # dx = dy W and dW = dy^T x: dy, x and W read, dx and dW written
+        return Cost(4.0 * m * n * k, y_bytes + 2 * (x_bytes + w_bytes), "matmul", MATMUL_KEY.get(a.dtype(0)))
+    if public == "flash_attention":
+        k, v = a.tensor(1), a.tensor(2)
+        if k is None or v is None or len(first[0]) != 4:
+            return None
+        (qs, size), (ks, _) = first, k
+        b, h, nq, d = qs
+        flops = 4.0 * b * h * nq * ks[-2] * d / (2 if a.scalar(3) is True else 1)
+        out = _numel(qs[:-1] + [v[0][-1]]) * size
+        io = _bytes(first) + _bytes(k) + _bytes(v) + out
+        if backward:
+            flops, io = flops * 2.5, 2 * io + out
+        return Cost(flops, io, "attention", MATMUL_KEY.get(a.dtype(0)))
+    return None
 
 
 def _int_list(value, n: int) -> list[int]:
@@ -388,11 +429,17 @@ _RULES = [
 ]
 
 
-def cost(op: Op, params: ParameterSet | None = None) -> Cost | None:
+def cost(op: Op, params: ParameterSet | None = None, forward: Op | None = None) -> Cost | None:
     """FLOPs and bytes of one call of the op; None for views and ops that move no data, and where the trace lacks
     what a count needs (no cost model: better no number than 0 bytes). params: the optimizer's parameters, for
-    tensor lists the profiler did not record."""
+    tensor lists the profiler did not record; forward: for a roofline op's backward, the forward call that made
+    it (its inputs give the sizes)."""
     name = op.name.removeprefix("aten::")
+    if name.startswith("roofline::"):
+        public = name.removeprefix("roofline::")
+        backward = public.endswith("_backward")
+        source = forward if backward else op
+        return _roofline(public.removesuffix("_backward"), _Args(source), backward) if source else None
     if name in _VIEWS or op.annotation:
         return None
     a = _Args(op)
@@ -540,7 +587,7 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
         key = (op.name, repr(op.shapes), repr(op.dtypes), backward)
         row = rows.get(key)
         if row is None:
-            c = cost(op, params)
+            c = cost(op, params, trace.ops[op.forward] if op.forward >= 0 else None)
             c = None if composite(op_index, c) else c
             row = rows[key] = OpRow(op.name, op.shapes or [], op.dtypes or [], c.rule if c else None,
                                     matmul_dtype=c.matmul_dtype if c else None, backward=backward,
