@@ -2,7 +2,8 @@
 
     python benchmarks/profile_models.py OUT_DIR [--models gpt2 llama] [--steps 20]
 
-For each model of examples/train_lm.py (GPT-2 small, the Llama-style model; bf16 autocast, fused AdamW, SDPA):
+For each model of examples/train_lm.py (GPT-2 small, the Llama-style model; bf16 autocast, fused AdamW, SDPA),
+and the Llama-style model with roofline.patch (its ops then appear by name, roofline::rms_norm and the rest):
 `roofline profile --skip 3 --steps 5` over a run of --steps steps, so that the steps after the window are
 timed without the profiler. The table: the step recorded and unrecorded (the profiler's inflation), GPU busy
 per step, the idle a user can remove (unprofiled step - GPU busy per step, times the recorded steps), the
@@ -24,15 +25,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SKIP, RECORD = 3, 5
 
 
-def profile(model: str, steps: int, out: Path) -> dict:
+def profile(run: str, steps: int, out: Path) -> dict:
+    """run: a model, or model+patch (roofline.patch applied)."""
+    model, _, patch = run.partition("+")
     cmd = [sys.executable, "-m", "roofline.cli", "profile", "--skip", str(SKIP), "--steps", str(RECORD),
-           "--json", str(out / f"{model}.json"), "--html", str(out / f"{model}.html"),
-           "examples/train_lm.py", "--model", model, "--steps", str(steps)]
+           "--json", str(out / f"{run}.json"), "--html", str(out / f"{run}.html"),
+           "examples/train_lm.py", "--model", model, "--steps", str(steps)] + (["--patch"] if patch else [])
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "COLUMNS": "160"})
-    (out / f"{model}.txt").write_text(done.stdout + done.stderr)
+    (out / f"{run}.txt").write_text(done.stdout + done.stderr)
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    return json.loads((out / f"{model}.json").read_text())
+    return json.loads((out / f"{run}.json").read_text())
 
 
 def row(model: str, report: dict) -> dict:
@@ -53,6 +56,8 @@ def row(model: str, report: dict) -> dict:
         "host_finding_gain_ms": waits["est_gain_ms"] if waits else None,
         "host_finding_over_removable": waits["est_gain_ms"] / removable_ms if waits and removable_ms else None,
         "top_findings": [(f["id"], f["est_gain_ms"]) for f in report["findings"][:3]],
+        "roofline_ops": [{"name": o["name"], "ms": o["ms"], "pct_of_roofline": o["pct_of_roofline"]}
+                         for o in report["ops"] if o["name"].startswith("roofline::")],
         "device": report["device"]["name"],
     }
 
@@ -72,16 +77,27 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ours_markdown(rows: list[dict]) -> str:
+    """roofline's own ops as the profile placed them, per run that has any."""
+    def place(o: dict) -> str:
+        pct = o["pct_of_roofline"]
+        return f"{o['name']} {o['ms']:.2f} ms at " + (f"{pct:.0%} of its roofline" if pct else "no cost model")
+
+    lines = [f"- {r['model']}: " + ", ".join(place(o) for o in r["roofline_ops"]) for r in rows if r["roofline_ops"]]
+    return "\nroofline's own ops in the window:\n\n" + "\n".join(lines) + "\n" if lines else ""
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
-    p.add_argument("--models", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
+    p.add_argument("--models", nargs="+", default=["gpt2", "llama", "llama+patch"],
+                   choices=["gpt2", "llama", "gpt2+patch", "llama+patch"])
     p.add_argument("--steps", type=int, default=20, help="steps each program runs (recorded: 5 after 3 skipped)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [row(model, profile(model, args.steps, args.out)) for model in args.models]
     (args.out / "profile_models.json").write_text(json.dumps(rows, indent=1))
-    text = markdown(rows)
+    text = markdown(rows) + ours_markdown(rows)
     (args.out / "profile_models.md").write_text(text)
     print(text)
 

@@ -2,6 +2,7 @@
 
     python examples/train_lm.py --model gpt2 --steps 20
     roofline profile --skip 3 --steps 5 examples/train_lm.py --model gpt2 --steps 20
+    python examples/train_lm.py --model llama --patch      # roofline.patch: fused norms, SwiGLU, RoPE where they win
 
 bf16 autocast, fused AdamW, SDPA attention (the models' own): the configuration the profiler should find
 little wrong with, so that what it says is about the program and not about planted mistakes. On a CPU it
@@ -33,6 +34,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=8 if gpu else 2)
     p.add_argument("--seq", type=int, default=1024 if gpu else 16)
+    p.add_argument("--patch", action="store_true", help="swap in roofline's fused ops where they are faster")
     args = p.parse_args(argv)
 
     device = "cuda" if gpu else "cpu"
@@ -40,6 +42,10 @@ def main(argv=None):
     torch.manual_seed(0)
     with torch.device(device):
         model = cls(config() if gpu else config(**tiny))
+    if args.patch:
+        import roofline
+
+        roofline.patch(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=gpu)
     vocab = model.config.vocab_size
     idx, targets = (torch.randint(0, vocab, (args.batch, args.seq), device=device) for _ in range(2))

@@ -250,7 +250,8 @@ def launch_bound(report) -> list[Finding]:
     return [Finding(
         "launch-bound", "the GPU waits on kernel launches",
         f"{len(kernels)} kernels, median {median:.1f} us long; the GPU was busy {busy_share:.0%} of the "
-        f"time and idle {starved / 1e3:.1f} ms waiting for the host to launch the next kernel{_unprofiled_note(report)}. "
+        f"time and idle {starved / 1e3:.1f} ms waiting for the host to launch the next kernel"
+        f"{_unprofiled_note(report)}. "
         "Replay the steady part as a CUDA graph (`torch.cuda.graphs`, `torch.cuda.make_graphed_callables`, or "
         "`torch.compile(mode='reduce-overhead')`), or fuse kernels so there are fewer to launch.",
         starved / 1e3, _where(counts),
