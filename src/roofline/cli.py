@@ -85,6 +85,8 @@ def doctor(
                   f"{peak * scale:,.1f} {unit}" if peak else "", pct)
 
     add("DRAM bandwidth (copy, read+write)", c.dram_gbps, "GB/s", 1, sheet.dram_gbps if sheet else None)
+    if c.l2_gbps:
+        add("L2 bandwidth (copy within L2, read+write)", c.l2_gbps, "GB/s", 1, None)
     for key, value in c.matmul_tflops.items():
         if d.kind == "cpu":
             add(f"{key} matmul", value, "GFLOP/s", 1e3, None)

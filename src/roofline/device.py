@@ -304,6 +304,8 @@ class Ceilings:
     dram_gbps: float | None
     matmul_tflops: dict[str, float] = field(default_factory=dict)
     measured_at: str | None = None
+    l2_gbps: float | None = None      # a copy that fits in the L2 cache (GPU only; measured, no datasheet gives it)
+    l2_bytes: int | None = None       # the L2 cache's size
     versions: dict = field(default_factory=dict)
     details: dict = field(default_factory=dict)
 
@@ -423,6 +425,19 @@ def measure_bandwidth_gbps(device=None, nbytes: int | None = None, rep_ms: float
     return 2 * nbytes / (m.median * 1e-3) / 1e9, _details("copy", m, bytes=nbytes)
 
 
+def measure_l2_gbps(device=None, rep_ms: float = 100) -> tuple[float, dict]:
+    """Bandwidth of a device-to-device copy whose source and destination together take half the L2 cache, copied
+    again and again (no flush): what an op whose working set stays in L2 can reach, read plus written."""
+    from roofline import bench
+
+    device = resolve(device)
+    nbytes = info(device).l2_bytes // 4
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    m = bench.time(dst.copy_, src, flush=False, rep_ms=rep_ms, warn=False)
+    return 2 * nbytes / (m.median * 1e-3) / 1e9, _details("l2_copy", m, bytes=nbytes)
+
+
 def measure_matmul_tflops(dtype_key: str, device=None, n: int | None = None, rep_ms: float = 100) -> tuple[float, dict]:
     """Throughput of an n x n x n matmul on random inputs (not zeros: they run faster)."""
     from roofline import bench
@@ -450,6 +465,11 @@ def measure_ceilings(device=None, save: bool = True, progress=None) -> Ceilings:
     step("DRAM bandwidth (device-to-device copy)")
     gbps, extra = measure_bandwidth_gbps(device)
     details.update(extra)
+    l2_gbps = None
+    if d.kind == "cuda" and d.l2_bytes:
+        step("L2 bandwidth (a copy that fits in L2)")
+        l2_gbps, extra = measure_l2_gbps(device)
+        details.update(extra)
     tflops = {}
     # The CPU's matrix ceiling is its fp32 rate: it has no bf16/tf32 matrix units that torch uses.
     keys = MATMUL_DTYPES if d.kind == "cuda" else ("fp32",)
@@ -462,6 +482,8 @@ def measure_ceilings(device=None, save: bool = True, progress=None) -> Ceilings:
         source="measured",
         dram_gbps=gbps,
         matmul_tflops=tflops,
+        l2_gbps=l2_gbps,
+        l2_bytes=d.l2_bytes if d.kind == "cuda" else None,
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         versions={"torch": d.torch, "cuda": d.cuda, "driver": d.driver, "triton": d.triton},
         details=details,

@@ -174,3 +174,25 @@ def test_roofline_placement():
     assert row.headroom_us == pytest.approx(90) and row.tflops == pytest.approx(10) and row.gbps == pytest.approx(100)
     assert peaks.compute("fp32", tensor_cores=True) == 250 and peaks.compute("fp32", tensor_cores=False) == 50
     assert peaks.compute(None, False) == 50
+
+
+def test_an_op_faster_than_dram_allows_is_placed_against_l2_when_its_bytes_fit(tmp_path):
+    from roofline.profiler.report import analyze
+
+    from .synth import TraceBuilder
+
+    peaks = Peaks(gbps=3000.0, matmul_tflops={"bf16": 700.0}, vector_tflops=50.0, source="measured",
+                  l2_gbps=10000.0, l2_bytes=50 << 20)
+    b = TraceBuilder()
+    b.op("ProfilerStep#1", 0, 1000, cat="user_annotation")
+    # 12 MB a call (fits in L2) in 2 us: 6 TB/s, twice the DRAM roof
+    b.op("aten::add", 10, 5, shapes=[[1024, 1024], [1024, 1024], []], dtypes=[F32, F32, "Scalar"])
+    b.kernel("void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>>", 20, 2.0, launch_ts=12)
+    # 805 MB a call (no cache holds it) in 100 us: 8 TB/s, which no ceiling explains
+    b.op("aten::mul", 100, 5, shapes=[[8192, 8192], [8192, 8192], []], dtypes=[F32, F32, "Scalar"])
+    b.kernel("void at::native::vectorized_elementwise_kernel<4, MulFunctor<float>>", 110, 100.0, launch_ts=102)
+    ops = {o.name: o for o in analyze(b.write(tmp_path / "t.json"), peaks=peaks).ops}
+    add, mul = ops["aten::add"], ops["aten::mul"]
+    assert add.l2_resident and add.bound == "memory (L2)" and add.peak_gbps == 10000.0
+    assert add.pct_of_roofline == pytest.approx(12 * 1024 * 1024 / 10000e3 / 2.0)
+    assert not mul.l2_resident and mul.bound == "memory" and mul.pct_of_roofline > 1

@@ -481,11 +481,14 @@ class Peaks:
     matmul_tflops: dict
     vector_tflops: float | None
     source: str                   # measured | datasheet | none
+    l2_gbps: float | None = None  # measured by doctor: the ceiling of an op whose working set stays in L2
+    l2_bytes: int | None = None
 
     @classmethod
     def from_ceilings(cls, c) -> "Peaks":
         tflops = dict(c.matmul_tflops or {})
-        return cls(c.dram_gbps, tflops, tflops.get("fp32"), c.source)
+        return cls(c.dram_gbps, tflops, tflops.get("fp32"), c.source, getattr(c, "l2_gbps", None),
+                   getattr(c, "l2_bytes", None))
 
     def compute(self, matmul_dtype: str | None, tensor_cores: bool) -> float | None:
         if matmul_dtype is None:
@@ -515,6 +518,7 @@ class OpRow:
     peak_tflops: float | None = None
     peak_gbps: float | None = None
     host_transfer: bool = False   # moves data between host and GPU: bound by PCIe, which no ceiling here measures
+    l2_resident: bool = False     # faster than DRAM allows, with a working set that fits in L2: placed against L2
     note: str | None = None       # Cost.note
 
     @property
@@ -543,7 +547,9 @@ class OpRow:
         if self.rule is None or not self.peak_tflops or not self.peak_gbps:
             return None
         ridge = self.peak_tflops * 1e12 / (self.peak_gbps * 1e9)
-        return "compute" if (self.intensity or 0.0) >= ridge else "memory"
+        if (self.intensity or 0.0) >= ridge:
+            return "compute"
+        return "memory (L2)" if self.l2_resident else "memory"
 
     @property
     def pct_of_roofline(self) -> float | None:
@@ -617,4 +623,10 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
         tensor_cores = row.tensor_cores if row.tensor_cores is not None else attr.device == "cuda"
         row.peak_tflops = peaks.compute(row.matmul_dtype, tensor_cores)
         row.peak_gbps = peaks.gbps
+        # Above the DRAM roof is possible only from a cache: an op whose bytes per call fit in L2 is held against
+        # the L2 ceiling, and says so; one that does not fit stays above its roof, a cost model to question.
+        per_call = row.bytes / row.count if row.count else 0.0
+        if (row.gbps and peaks.gbps and row.gbps > peaks.gbps and peaks.l2_gbps and peaks.l2_bytes
+                and per_call <= peaks.l2_bytes):
+            row.l2_resident, row.peak_gbps = True, peaks.l2_gbps
     return sorted(rows.values(), key=lambda r: -r.us)

@@ -278,20 +278,28 @@ def _roofline_chart(d: dict) -> str:
                      f'<text x="{width - right - 4}" y="{py(peak) - 4:.1f}" text-anchor="end">{escape(name)} '
                      f'{peak:,.0f} TFLOP/s</text>')
     parts.append(f'<text x="{px(x_lo) + 6:.1f}" y="{py(x_lo * bw / 1e3) - 6:.1f}">DRAM {bw:,.0f} GB/s</text>')
+    l2 = ceilings.get("l2_gbps")
+    if l2:   # ops whose working set stays in L2 can sit above the DRAM slope, up to this one
+        top_peak = max(peaks.values(), default=y_hi)
+        parts.append(f'<polyline fill="none" stroke="#999" stroke-dasharray="4 3" points="{px(x_lo):.1f},'
+                     f'{py(x_lo * l2 / 1e3):.1f} {px(top_peak * 1e3 / l2):.1f},{py(top_peak):.1f}"/>'
+                     f'<text x="{px(x_lo) + 6:.1f}" y="{py(x_lo * l2 / 1e3) - 6:.1f}">L2 {l2:,.0f} GB/s</text>')
     total = sum(o["ms"] for o in ops)
     for o in sorted(ops, key=lambda o: -o["ms"]):
         r = 3 + 14 * math.sqrt(o["ms"] / total)
         color = "#d14f3b" if (o.get("pct_of_roofline") or 1) < 0.5 else "#3b6fd4"
         tip = (f"{o['name']} ({o['pass']}) {_shapes(o['shapes'])}\n{o['count']} calls, {o['ms']:,.3f} ms, "
                f"{o['tflops']:,.2f} TFLOP/s, {o['gbps'] or 0:,.0f} GB/s, intensity {o['intensity']:,.1f} FLOP/B, "
-               f"{_pct(o.get('pct_of_roofline'))} of roofline\n{_where(o)}")
+               f"{_pct(o.get('pct_of_roofline'))} of roofline{' (L2-resident)' if o.get('l2_resident') else ''}"
+               f"\n{_where(o)}")
         parts.append(f'<circle class="op" cx="{px(o["intensity"]):.1f}" cy="{py(o["tflops"]):.1f}" r="{r:.1f}" '
                      f'fill="{color}" fill-opacity="0.55" stroke="{color}"><title>{escape(tip)}</title></circle>')
     parts.append(f'<text x="{(left + width) / 2}" y="{height - 6}" text-anchor="middle">arithmetic intensity (FLOP/byte)</text>'
                  f'<text x="14" y="{(top + height) / 2}" transform="rotate(-90 14 {(top + height) / 2})" '
                  'text-anchor="middle">achieved TFLOP/s</text>')
     return ('<p class="note">Each op (name, shapes, pass) is a point: achieved TFLOP/s against FLOPs per byte moved. '
-            "The lines are the ceilings; red points run below half of theirs. Point area ~ time. Hover for details.</p>"
+            "The lines are the ceilings (dashed: the L2 cache's, for ops whose bytes fit in it); red points run below "
+            "half of theirs. Point area ~ time. Hover for details.</p>"
             f'<svg id="roofline" viewBox="0 0 {width} {height}" width="100%" role="img" aria-label="roofline chart">'
             + "".join(parts) + "</svg>")
 

@@ -24,7 +24,7 @@ JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
     timeline            {bin_ms, busy_ms: {category: [ms per bin]}, idle_ms: {cause: [ms per bin]}}
                         (the window in equal bins; null without GPU activity)
     ops[]               {name, shapes, dtypes, pass, rule (null: no cost model), cost_note, count, ms, flops,
-                         bytes, intensity, tflops, gbps, bound, peak_tflops, peak_gbps, roofline_ms,
+                         bytes, intensity, tflops, gbps, bound, peak_tflops, peak_gbps, l2_resident, roofline_ms,
                          pct_of_roofline, headroom_ms, file, line, module, kernels}
     host_lines[]        {file, line, function, host_ms, backward_ms, host_ms_per_step}: the host's time by line
                         (host.py), scaled by host_scale to the program without the profiler where known
@@ -198,7 +198,7 @@ def _op_dict(o: costs.OpRow) -> dict:
     return {"name": o.name, "shapes": o.shapes, "dtypes": o.dtypes, "pass": "backward" if o.backward else "forward",
             "rule": o.rule, "cost_note": o.note, "count": o.count, "ms": o.us * ms, "flops": o.flops, "bytes": o.bytes,
             "intensity": o.intensity, "tflops": o.tflops, "gbps": o.gbps, "bound": o.bound,
-            "peak_tflops": o.peak_tflops, "peak_gbps": o.peak_gbps,
+            "peak_tflops": o.peak_tflops, "peak_gbps": o.peak_gbps, "l2_resident": o.l2_resident,
             "roofline_ms": roof * ms if roof is not None else None, "pct_of_roofline": o.pct_of_roofline,
             "headroom_ms": head * ms if head is not None else None, **_location(_top(o.locations)),
             "module": _top({k: v for k, v in o.modules.items() if k is not None}),
@@ -234,7 +234,8 @@ def device_of(trace: Trace) -> tuple[dict, costs.Peaks]:
         c = dev.ceilings("cpu") if not trace.gpu else dev.Ceilings(device="unknown", source="none", dram_gbps=None)
         info = {"kind": "cpu" if not trace.gpu else "cuda", "name": dev.info("cpu").name if not trace.gpu else "unknown",
                 "sm_count": None, "memory_bytes": None}
-    info["ceilings"] = {"source": c.source, "dram_gbps": c.dram_gbps, "matmul_tflops": dict(c.matmul_tflops)}
+    info["ceilings"] = {"source": c.source, "dram_gbps": c.dram_gbps, "matmul_tflops": dict(c.matmul_tflops),
+                        "l2_gbps": c.l2_gbps}
     return info, costs.Peaks.from_ceilings(c)
 
 
@@ -250,7 +251,8 @@ def analyze(source, steps: int = 0, peaks: costs.Peaks | None = None) -> Report:
     if peaks is None:
         peaks = device_peaks
     else:
-        info["ceilings"] = {"source": peaks.source, "dram_gbps": peaks.gbps, "matmul_tflops": dict(peaks.matmul_tflops)}
+        info["ceilings"] = {"source": peaks.source, "dram_gbps": peaks.gbps, "matmul_tflops": dict(peaks.matmul_tflops),
+                            "l2_gbps": peaks.l2_gbps}
     resolver = attribution.Resolver(trace)
     attr = attribution.attribute(trace, resolver)
     tl = timeline.analyze(trace, resolver)
