@@ -117,5 +117,5 @@ def test_measured_ceilings_on_this_gpu_are_plausible():
         assert 0.5 * sheet.dram_gbps < c.dram_gbps < 1.05 * sheet.dram_gbps
         assert 0.4 * sheet.matmul_tflops["bf16"] < c.matmul_tflops["bf16"] < 1.05 * sheet.matmul_tflops["bf16"]
     assert math.isfinite(c.ridge_point(torch.bfloat16))
-    # a copy that stays in L2 outruns DRAM (H100: several times over)
-    assert c.l2_bytes == torch.cuda.get_device_properties(0).L2_cache_size and c.l2_gbps > 1.5 * c.dram_gbps
+    # a copy that stays in L2 outruns DRAM (H100: 4.3-4.5 TB/s against 3.0)
+    assert c.l2_bytes == torch.cuda.get_device_properties(0).L2_cache_size and c.l2_gbps > 1.2 * c.dram_gbps
