@@ -28,6 +28,7 @@ class TraceBuilder:
         self._corr = 0
         self._seq = 0
         self.unprofiled_steps: dict | None = None   # {"wall_ms": [...], "gpu_ms": [...]}, as capture's StepClock
+        self.facts: dict = {}                        # more of capture's facts (optimizers, ...)
 
     # ------------------------------------------------------------------ host
     def mark(self, ts: float, stack: list[tuple], tid: int = MAIN) -> None:
@@ -85,7 +86,8 @@ class TraceBuilder:
     def to_dict(self) -> dict:
         meta = {"roofline": {"version": 1, "cwd": "/work", "argv": ["train.py"], "sys_path": [],
                              "library_roots": ["/usr/lib/python3/"], "stacks": self.stacks,
-                             **({"unprofiled_steps": self.unprofiled_steps} if self.unprofiled_steps else {})},
+                             **({"unprofiled_steps": self.unprofiled_steps} if self.unprofiled_steps else {}),
+                             **self.facts},
                 "schemaVersion": 1, "deviceProperties": [H100] if self.gpu else []}
         return {**meta, "traceEvents": self.events, "traceName": "synthetic"}
 

@@ -3,7 +3,10 @@
 import pytest
 
 from roofline.profiler.costs import OpRow, ParameterSet, Peaks, cost
+from roofline.profiler.report import analyze
 from roofline.profiler.trace import Op
+
+from .synth import PEAKS, TraceBuilder
 
 F32, BF16, I64 = "float", "c10::BFloat16", "long int"
 
@@ -177,10 +180,6 @@ def test_roofline_placement():
 
 
 def test_an_op_faster_than_dram_allows_is_placed_against_l2_when_its_bytes_fit(tmp_path):
-    from roofline.profiler.report import analyze
-
-    from .synth import TraceBuilder
-
     peaks = Peaks(gbps=3000.0, matmul_tflops={"bf16": 700.0}, vector_tflops=50.0, source="measured",
                   l2_gbps=10000.0, l2_bytes=50 << 20)
     b = TraceBuilder()
@@ -196,3 +195,26 @@ def test_an_op_faster_than_dram_allows_is_placed_against_l2_when_its_bytes_fit(t
     assert add.l2_resident and add.bound == "memory (L2)" and add.peak_gbps == 10000.0
     assert add.pct_of_roofline == pytest.approx(12 * 1024 * 1024 / 10000e3 / 2.0)
     assert not mul.l2_resident and mul.bound == "memory" and mul.pct_of_roofline > 1
+
+
+def test_an_expanded_index_is_counted_as_the_memory_it_holds():
+    # idx[..., None].expand(8192, 768): 8192 int64 in memory, not 8192 x 768
+    gather = op("gather", [[50304, 768], [], [8192, 768]], [F32, "Scalar", I64])
+    gather.strides = [[768, 1], [], [1, 0]]
+    assert cost(gather).bytes == 8192 * 768 * 2 * 4 + 8192 * 8
+
+
+def test_parameter_sizes_that_would_outrun_dram_were_not_the_parameters(tmp_path):
+    b = TraceBuilder()
+    b.facts = {"optimizers": [{"class": "AdamW", "tensors": 148, "numel": 124_000_000, "itemsize": 4}]}
+    b.op("ProfilerStep#1", 0, 5000, cat="user_annotation")
+    # fused AdamW over 124 M parameters: 7 x 496 MB at 3 TB/s is 1.16 ms; it took 1.5
+    b.op("aten::_fused_adamw_", 10, 5, shapes=[[]] * 6, dtypes=["TensorList"] * 6)
+    b.kernel("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", 20, 1500.0, launch_ts=12)
+    # its step counts, 148 scalars, incremented in 5 us: as parameters that would be 300 TB/s
+    b.op("aten::_foreach_add_", 2000, 5, shapes=[[], []], dtypes=["TensorList", "Scalar"])
+    b.kernel("void at::native::multi_tensor_apply_kernel<BinaryOpScalarFunctor>", 2010, 5.0, launch_ts=2002)
+    ops = {o.name: o for o in analyze(b.write(tmp_path / "t.json"), peaks=PEAKS).ops}
+    fused, steps = ops["aten::_fused_adamw_"], ops["aten::_foreach_add_"]
+    assert fused.rule == "optimizer" and fused.pct_of_roofline == pytest.approx(7 * 496e6 / 3000e3 / 1500.0)
+    assert steps.rule is None and steps.pct_of_roofline is None and "no cost model" in steps.note
