@@ -14,6 +14,8 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 HAS_BROWSER = any(shutil.which(name) for name in BROWSERS)
 # .ci/run sets it: there the browser tests must run (a failed install of Chromium fails them, never deselects them)
 REQUIRE_BROWSER = os.environ.get("ROOFLINE_REQUIRE_BROWSER") == "1"
+# .ci/run sets it too: the long interpreter sweeps (marked `sweep`) run; a plain `pytest` leaves them out
+ALL_TESTS = os.environ.get("ROOFLINE_ALL_TESTS") == "1"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -42,10 +44,12 @@ def _fresh_plans():
 def pytest_collection_modifyitems(config, items):
     """Without a GPU, GPU tests are deselected (not skipped and not passed): scripts/gpu-check runs them. Without
     Chromium (scripts/setup installs it where apt can), the browser tests are deselected alike, except under
-    .ci/run."""
+    .ci/run. The long interpreter sweeps are deselected unless ROOFLINE_ALL_TESTS=1 (.ci/run) or -m sweep."""
     unavailable = set()
     if not HAS_CUDA:
         unavailable.add("gpu")
+    if not ALL_TESTS and "sweep" not in (config.option.markexpr or ""):
+        unavailable.add("sweep")
     if not HAS_BROWSER and not REQUIRE_BROWSER:
         unavailable.add("browser")
     deselected = [item for item in items if unavailable & set(item.keywords)]
@@ -60,4 +64,6 @@ def pytest_report_header(config):
         lines.append("Chromium: not found; " + ("the browser tests will fail (ROOFLINE_REQUIRE_BROWSER=1)"
                                                 if REQUIRE_BROWSER else "browser tests deselected (scripts/setup "
                                                 "installs it where apt can)"))
+    if not ALL_TESTS and "sweep" not in (config.option.markexpr or ""):
+        lines.append("long interpreter sweeps (marked sweep) deselected: ROOFLINE_ALL_TESTS=1 runs them, as CI does")
     return lines

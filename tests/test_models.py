@@ -24,6 +24,7 @@ def test_decoding_through_the_kv_cache_gives_the_full_forward_logits(name):
     torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
     code = benchmark.main([str(tmp_path), "--tiny", "--train", "eager", "patch-all", "compile+patch",
                            "--generate", "eager", "patch-all", "int8", "--batches", "2", "--steps", "2", "--warmup", "2",

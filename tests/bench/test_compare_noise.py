@@ -6,6 +6,7 @@ import subprocess
 import sys
 import warnings
 
+import pytest
 import torch
 
 from roofline import bench
@@ -24,6 +25,7 @@ while True:
 COMPARES = 60
 
 
+@pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_identical_functions_beside_a_bursty_neighbour_rarely_differ():
     x = torch.randn(64, 64)
 

@@ -43,7 +43,8 @@ def check(q, k, v, causal=False, scale=None, grad=True):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("nq,nk", [(1, 1), (113, 113), (203, 113), (113, 203), (1, 70)])
+@pytest.mark.parametrize("nq,nk", [(1, 1), (113, 113), (1, 70), pytest.param(203, 113, marks=pytest.mark.sweep),
+                                   pytest.param(113, 203, marks=pytest.mark.sweep)])
 def test_matches_float64_within_twice_torchs_error(nq, nk, causal, dtype):
     # Enough outputs that the largest error is not one lucky element of torch's (in bf16, a few queries' can
     # be: over 15 draws the ratio reached 1.94 with 2 x 8 heads of one query, 1.17 with 4 x 16).

@@ -42,7 +42,7 @@ block = block_size_fixture(ce_module, "BLOCK", [ce_module.BLOCK, 16], ["wide-blo
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 5), (7, 50), (13, 1000)])
+@pytest.mark.parametrize("shape", [(1, 5), (7, 50), pytest.param((13, 1000), marks=pytest.mark.sweep)])
 def test_matches_float64_reference(shape, dtype, reduction, smoothing, block):
     logits = torch.randn(shape, device=DEVICE, dtype=dtype) * 3
     check(logits, targets(*shape), reduction=reduction, label_smoothing=smoothing)
@@ -118,6 +118,7 @@ def test_under_autocast_the_loss_is_fp32_as_torchs(reduction, compiled):
     assert cross_entropy(logits, t, backend="triton").dtype == torch.bfloat16   # outside autocast: the logits'
 
 
+@pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_poisoned_gradient_memory_is_overwritten(block):
     logits = torch.randn(64, 300, device=DEVICE)
     t = targets(64, 300)
@@ -178,6 +179,7 @@ def test_empty_and_torch_backends():
 @given(rows=st.integers(1, 20), classes=st.integers(1, 70), dtype=st.sampled_from(DTYPES),
        reduction=st.sampled_from(["mean", "sum", "none"]), smoothing=st.sampled_from([0.0, 0.05, 1.0]),
        ignored=st.sampled_from([0.0, 0.3, 1.0]), block=st.sampled_from([16, 4096]), scale=st.sampled_from([1.0, 20.0]))
+@pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_property_any_shape_dtype_reduction(rows, classes, dtype, reduction, smoothing, ignored, block, scale):
     logits = torch.randn(rows, classes, device=DEVICE, dtype=dtype) * scale
     with patched(ce_module, "BLOCK", block):

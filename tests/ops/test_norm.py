@@ -107,6 +107,7 @@ def test_strided_inputs_and_eps(op, max_block):
 
 
 @pytest.mark.parametrize("op", OURS)
+@pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_poisoned_output_memory_is_overwritten(op, max_block):
     args = inputs(op, (64, 200), torch.float32)
     for _ in range(3):   # NaN-filled blocks freed right before: the kernel's outputs come from them
@@ -173,6 +174,7 @@ def test_torch_backend_and_default_on_cpu(op):
     with_weight=st.booleans(),
     block=st.sampled_from([16, 8192]),
 )
+@pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_property_any_shape_dtype_and_stride(op, shape, dtype, transpose, with_weight, block):
     args = list(inputs(op, shape, dtype, weight=with_weight, bias=with_weight))
     if transpose and args[0].dim() >= 2:

@@ -117,6 +117,7 @@ def test_empty_and_torch_backends():
 @given(B=st.integers(1, 3), HQ=st.integers(1, 6), HK=st.integers(1, 6), T=st.integers(1, 9),
        half=st.integers(1, 20), dtype=st.sampled_from(DTYPES), transpose=st.booleans(),
        per_batch=st.booleans())
+@pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_property_any_shape_dtype_and_stride(B, HQ, HK, T, half, dtype, transpose, per_batch):
     D = 2 * half
     if transpose:   # (B, T, H, D) memory seen as (B, H, T, D)

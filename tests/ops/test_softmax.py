@@ -64,6 +64,7 @@ def test_any_dim_and_strided_inputs(op, dim, max_block):
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_poisoned_output_memory_is_overwritten(op, max_block):
     x = torch.randn(64, 200, device=DEVICE)
     for _ in range(3):   # NaN-filled blocks freed right before: the kernel's output comes from them
@@ -113,6 +114,7 @@ def test_by_hand_version_and_default_backend():
     scale=st.sampled_from([0.1, 1.0, 30.0]),
     block=st.sampled_from([16, softmax_module.MAX_BLOCK]),
 )
+@pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_property_any_shape_dim_dtype_and_stride(shape, dtype, op, data, transpose, scale, block):
     x = torch.randn(shape, device=DEVICE, dtype=dtype) * scale
     if transpose and x.dim() >= 2:

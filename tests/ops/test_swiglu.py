@@ -69,6 +69,7 @@ def test_empty_and_torch_backends():
 @settings(max_examples=30, deadline=None)
 @given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3), dtype=st.sampled_from(DTYPES),
        transpose=st.booleans(), scale=st.sampled_from([0.1, 1.0, 30.0]))
+@pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_property_any_shape_dtype_and_stride(shape, dtype, transpose, scale):
     gate = torch.randn(shape, device=DEVICE, dtype=dtype) * scale
     up = torch.randn(shape, device=DEVICE, dtype=dtype)
