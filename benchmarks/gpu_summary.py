@@ -26,6 +26,8 @@ def doctor_markdown(doctor: dict) -> str:
         rows.append(f"| {label} | {value:,.1f} {unit} | {f'{peak:,.1f} {unit}' if peak else ''} | {pct} |")
 
     add("DRAM bandwidth (1 GiB copy, read+write)", c["dram_gbps"], sheet.get("dram_gbps"), "GB/s")
+    if c.get("l2_gbps"):
+        add("L2 bandwidth (copy within half the L2, read+write)", c["l2_gbps"], None, "GB/s")
     for key, value in c["matmul_tflops"].items():
         add(f"{key} matmul {c['details'].get(f'matmul_{key}_n')}^3", value, sheet.get("matmul_tflops", {}).get(key), "TFLOP/s")
     return "\n".join(rows)
