@@ -17,7 +17,6 @@ import argparse
 import csv
 import io
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from roofline import bench, device
+from roofline.profiler.ncu import binary as ncu_binary
 
 # Elements of a float32 GeLU (one read, one write) that give kernels of about 5 us, 100 us and 1 ms.
 KERNEL_SIZES = {"~5 us": 1 << 21, "~100 us": 1 << 25, "~1 ms": 3 << 27}
@@ -76,14 +76,6 @@ def check_doctor() -> list[dict]:
         r["diff_pct"] = 100 * (r["doctor"] - r["plain"]) / r["plain"]
         r["pass"] = abs(r["diff_pct"]) <= 5
     return rows
-
-
-def ncu_binary() -> str | None:
-    found = shutil.which("ncu")
-    if found:
-        return found
-    candidates = sorted(Path("/opt/nvidia/nsight-compute").glob("*/ncu")) + sorted(Path("/usr/local/cuda/bin").glob("ncu"))
-    return str(candidates[-1]) if candidates else None
 
 
 def ncu_target(n: int) -> None:

@@ -167,6 +167,11 @@ def test_profile_and_analyze_usage_errors(argv, message):
     assert "Traceback" not in result.output
 
 
+def test_profile_ncu_on_a_program_without_gpu_kernels_says_so(program):
+    result = runner.invoke(app, ["profile", "--ncu", "2", str(program)])
+    assert result.exit_code == 0 and "--ncu needs GPU kernels" in flat(result.output)
+
+
 def test_profile_with_too_few_steps_says_so(program):
     result = runner.invoke(app, ["profile", "--skip", "2", str(program)])
     assert result.exit_code == 2 and "nothing was recorded" in flat(result.output)

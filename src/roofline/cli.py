@@ -185,6 +185,22 @@ def _show_report(report, json_path: Optional[Path], html_path: Optional[Path], t
         console.print(f"[dim]HTML report written to {html_path}[/dim]")
 
 
+def _add_ncu(report, target: str, args: list[str], module: bool, count: int) -> None:
+    """Nsight Compute's counters for the `count` kernels with the most time, attached to the report."""
+    from roofline.profiler import ncu
+
+    if report.attribution.device != "cuda":
+        err.print("roofline: --ncu needs GPU kernels; this trace has none")
+        return
+    binary = ncu.binary()
+    if binary is None:
+        err.print("roofline: --ncu: Nsight Compute (ncu) is not installed here")
+        return
+    top = [(k.full_name, k.count) for k in report.kernels[:count]]
+    err.print(f"running Nsight Compute on {len(top)} kernels (the program once per kernel)...")
+    report.ncu = ncu.measure(ncu.program_argv(target, args, module), top, binary)
+
+
 def _program_traceback(error: BaseException) -> str:
     """The program's traceback as Python would print it, without roofline's and runpy's frames above it."""
     import traceback
@@ -215,6 +231,9 @@ def profile(
     python_stack: bool = typer.Option(False, help="Also record torch's Python tracer (function-level stacks "
                                       "for work outside the user's lines; costs more)."),
     top: int = typer.Option(10, min=1, help="Rows per table in the terminal summary."),
+    ncu: int = typer.Option(0, "--ncu", min=0, help="Also run Nsight Compute on the K kernels with the most time "
+                            "(occupancy, DRAM and SM throughput, L2 hit rate, registers, spills); it runs the "
+                            "program again once per kernel."),
 ):
     """Run a Python program under the profiler and say where its GPU time goes, line by line, and what to do about it.
 
@@ -244,6 +263,8 @@ def profile(
     if not report.attribution.work:
         err.print("roofline: nothing to analyze: the program ran no PyTorch operations in the profiled window")
         raise typer.Exit(status or 2)
+    if ncu:
+        _add_ncu(report, target, list(args or []), module, ncu)
     _show_report(report, json_path, html_path, top)
     if trace_path:
         console.print(f"[dim]trace written to {trace_path} (open it in https://ui.perfetto.dev)[/dim]")

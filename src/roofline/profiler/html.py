@@ -352,6 +352,12 @@ def _tables(d: dict, top: int) -> str:
         "<h2>Memory operations</h2>",
         _table([("kind", "kind"), ("memory", "memory"), ("count", "count:n"), ("MB", "mb:n"), ("ms", "total_ms:n"),
                 ("GB/s", "gbps:n")], memory, "memory"),
+        *([f"<h2>Nsight Compute: the top kernels</h2><p class='note'>One launch of each, {d['ncu']['seconds']:,.0f} s "
+           "of ncu runs (the program run again per kernel).</p>",
+           _table([("kernel", "name"), ("occupancy %", "occupancy_pct:n"), ("DRAM %", "dram_pct:n"),
+                   ("SM %", "sm_pct:n"), ("L2 hit %", "l2_hit_pct:n"), ("registers", "registers:n"),
+                   ("spilled bytes", "spill_bytes:n"), ("us", "duration_us:n"), ("note", "error")],
+                  d["ncu"]["kernels"], "ncu")] if d.get("ncu") else []),
         "<h2>Host synchronizations</h2>",
         _table([("call", "call"), ("line", "where"), ("count", "count:n"), ("host wait ms", "wait_ms:n"),
                 ("GPU idle after ms", "idle_ms:n"), ("saved without it ms", "gain_ms:n")], syncs, "syncs"),

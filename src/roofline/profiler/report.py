@@ -30,6 +30,8 @@ JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
                         (host.py), scaled by host_scale to the program without the profiler where known
     host_scale          unprofiled host pace / recorded (1: unknown)
     findings[]          {id, severity, title, message, evidence, location: {file, line}, est_gain_ms}
+    ncu                 null, or {seconds, kernels[]: {name, occupancy_pct, dram_pct, sm_pct, l2_hit_pct, registers,
+                        spill_bytes, duration_us, error}}: Nsight Compute on the top kernels (--ncu K)
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pathlib import Path
 
 from roofline.profiler import attribution, costs, kernels, timeline
 from roofline.profiler.host import HostLine, host_lines
+from roofline.profiler.ncu import NcuRun
 from roofline.profiler.overhead import Overhead, measure as measure_overhead
 from roofline.profiler.trace import Trace, load
 
@@ -61,6 +64,7 @@ class Report:
     python_steps: int = 0
     overhead: Overhead | None = None   # the program timed outside the window, if it was
     host: list[HostLine] = field(default_factory=list)   # host time by line, as recorded
+    ncu: NcuRun | None = None     # Nsight Compute's counters for the top kernels, where asked for (--ncu)
 
     @property
     def host_scale(self) -> float:
@@ -144,6 +148,7 @@ class Report:
                            for h in self.host],
             "host_scale": self.host_scale,
             "findings": [f.to_dict() for f in self.findings],
+            "ncu": self.ncu.to_dict() if self.ncu else None,
         }
 
     def write_json(self, path) -> None:

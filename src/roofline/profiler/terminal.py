@@ -5,7 +5,13 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from roofline.profiler.kernels import short_name
 from roofline.profiler.overhead import sentence as overhead_sentence
+
+# (header, KernelCounters field, format): the --ncu table
+NCU_COLUMNS = [("occupancy %", "occupancy_pct", "{:.0f}"), ("DRAM %", "dram_pct", "{:.0f}"), ("SM %", "sm_pct", "{:.0f}"),
+               ("L2 hit %", "l2_hit_pct", "{:.0f}"), ("registers", "registers", "{:.0f}"),
+               ("spilled bytes", "spill_bytes", "{:,.0f}"), ("us", "duration_us", "{:,.1f}")]
 
 
 def _ms(us: float) -> str:
@@ -110,6 +116,18 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
         for k in report.kernels[:top]:
             kt.add_row(k.name, k.category, str(k.count), _ms(k.total_us), f"{k.avg_us:,.1f}", _pct(k.share))
         console.print(kt)
+
+    if report.ncu:
+        nt = Table(title=f"Nsight Compute, one launch of each top kernel ({report.ncu.seconds:,.0f} s of ncu runs)",
+                   title_justify="left")
+        nt.add_column("kernel")
+        for header, _, _ in NCU_COLUMNS:
+            nt.add_column(header, justify="right")
+        nt.add_column("note", overflow="fold")
+        for k in report.ncu.kernels:
+            counters = ["" if getattr(k, key) is None else fmt.format(getattr(k, key)) for _, key, fmt in NCU_COLUMNS]
+            nt.add_row(short_name(k.name), *counters, (k.error or "")[-120:])
+        console.print(nt)
 
     mods = [m for m in report.modules if m.total_us > 0]
     if mods:
