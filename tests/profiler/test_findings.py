@@ -54,6 +54,15 @@ def test_host_sync_in_loop(tmp_path):
     assert "host-sync-in-loop" not in _ids(_report(tmp_path, lambda b: _syncing_loop(b, 2)))
 
 
+def test_host_sync_gain_is_at_most_the_unprofiled_program_s_idle(tmp_path):
+    # 100 us of GPU work in the recorded step of 1 ms. Unprofiled steps of 0.9 ms leave 800 us of idle: the
+    # sync's own bound (4 x 25 us) stands. Steps of 0.15 ms leave 50 us, all a fix could remove.
+    roomy = _one(_report(tmp_path, lambda b: _syncing_loop(b, 5), unprofiled_ms=[0.9]), "host-sync-in-loop")
+    assert roomy.est_gain_ms == pytest.approx(4 * 25 / 1e3)
+    tight = _one(_report(tmp_path, lambda b: _syncing_loop(b, 5), unprofiled_ms=[0.15]), "host-sync-in-loop")
+    assert tight.est_gain_ms == pytest.approx(0.05)
+
+
 # --------------------------------------------------------------------------- copies
 
 def _copies(memory):
