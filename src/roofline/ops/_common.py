@@ -157,12 +157,6 @@ def wants_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _profiling() -> bool:
-    """Whether a torch profiler runs: then eager calls are recorded under their own names (a global's read
-    costs nothing on the hot path)."""
-    return _autograd_profiler._is_profiler_enabled
-
-
 class KernelOp:
     """A forward implementation and its backward, differentiable, and visible to torch.compile as one op.
 
@@ -232,8 +226,12 @@ class KernelOp:
     def eager(self, plan, grad: bool, *args):
         """An eager call of the forward through `plan`, differentiable if `grad` (some input requires grad
         and grad mode is on)."""
-        if _profiling():
-            return self._eager_recorded(plan, grad, *args)
+        if _autograd_profiler._is_profiler_enabled:   # a global's read: nothing on the hot path
+            return self._eager_recorded(plan, grad, args)
+        return self._eager_call(plan, grad, args, -1)
+
+    def _eager_call(self, plan, grad: bool, args, sequence_nr: int):
+        """eager()'s work; sequence_nr: the autograd sequence number a profiler record reserved for the node."""
         if not grad:
             return plan.forward(*args)
         if torch._C._are_functorch_transforms_active():
@@ -241,7 +239,7 @@ class KernelOp:
         node = _eager_node.extension() if self.eager_node else None
         if node is None:
             return self._apply(plan, *args)
-        return self._eager_with_node(node, plan, args, -1)
+        return self._eager_with_node(node, plan, args, sequence_nr)
 
     def names(self, args) -> tuple[str, str]:
         """(roofline::<op>, roofline::<op>_backward) for an eager call with these arguments."""
@@ -258,23 +256,18 @@ class KernelOp:
         _eager_node.attach(node, self.names(args)[1], self._node_backward, ctx, args, output, sequence_nr)
         return output
 
-    def _eager_recorded(self, plan, grad: bool, *args):
+    def _eager_recorded(self, plan, grad: bool, args):
         """eager() while a profiler runs: the forward recorded as `roofline::<name>` with its inputs, and linked
         to its backward node by the node's sequence number, as the profiler links aten ops to theirs."""
         extension, record_name = _eager_node.extension(), self.names(args)[0]
         if extension is None:   # no compiler: the record, unlinked
             with torch._C._profiler._RecordFunctionFast(record_name, [a for a in args if isinstance(a, torch.Tensor)]):
-                return plan.forward(*args) if not grad else self._apply(plan, *args)
+                return self._eager_call(plan, grad, args, -1)
         with_node = grad and self.eager_node and not torch._C._are_functorch_transforms_active()
         sequence_nr = extension.reserve_sequence_number() if with_node else -1
         record = extension.ForwardRecord(record_name, args, sequence_nr)
         try:
-            if with_node:
-                return self._eager_with_node(extension, plan, args, sequence_nr)
-            if not grad:
-                return plan.forward(*args)
-            return self._eager.apply(plan, *args) if torch._C._are_functorch_transforms_active() else \
-                self._apply(plan, *args)
+            return self._eager_call(plan, grad, args, sequence_nr)
         finally:
             record.end()
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from roofline.ops.traffic import PASSES, unit_inputs
 from roofline.profiler.trace import Op
 
+NO_COST_MODEL = "no cost model"   # what the tables say of an op whose FLOPs and bytes the trace does not give
+
 # Element sizes by the profiler's "Input type" strings.
 ITEMSIZE = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
             "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1,
@@ -69,7 +71,8 @@ def _is_shape(x) -> bool:
 class _Args:
     """The op's recorded arguments: tensors (shape, dtype), tensor lists, and scalars."""
 
-    def __init__(self, op: Op):
+    def __init__(self, op: Op, params: ParameterSet | None = None):
+        self.params = params   # the optimizer's parameters, for tensor lists the profiler did not record
         shapes = op.shapes or []
         dtypes = op.dtypes or []
         scalars = op.scalars or []
@@ -377,8 +380,8 @@ def _loss(op: Op, a: _Args) -> Cost | None:
     return Cost(3.0 * n, sum(_bytes(t) for t in tensors), "loss")
 
 
-def _foreach(op: Op, a: _Args, params: ParameterSet | None = None) -> Cost | None:
-    lists = a.lists()
+def _foreach(op: Op, a: _Args) -> Cost | None:
+    lists, params = a.lists(), a.params
     if not lists:
         return None
     name = op.name.removeprefix("aten::")
@@ -453,12 +456,12 @@ def cost(op: Op, params: ParameterSet | None = None, forward: Op | None = None) 
         return _roofline(public.removesuffix("_backward"), _Args(source), backward) if source else None
     if name in _VIEWS or op.annotation:
         return None
-    a = _Args(op)
+    a = _Args(op, params)
     if name in _REDUCTIONS:
         return _reduction(op, a)
     for pattern, rule in _RULES:
         if pattern.search(name):
-            found = _foreach(op, a, params) if rule is _foreach else rule(op, a)
+            found = rule(op, a)
             if found is not None:
                 return found if found.flops or found.bytes else None   # nothing counted: no cost model
             if rule is _foreach:
@@ -498,8 +501,7 @@ class Peaks:
     @classmethod
     def from_ceilings(cls, c) -> "Peaks":
         tflops = dict(c.matmul_tflops or {})
-        return cls(c.dram_gbps, tflops, tflops.get("fp32"), c.source, getattr(c, "l2_gbps", None),
-                   getattr(c, "l2_bytes", None))
+        return cls(c.dram_gbps, tflops, tflops.get("fp32"), c.source, c.l2_gbps, c.l2_bytes)
 
     def compute(self, matmul_dtype: str | None, tensor_cores: bool) -> float | None:
         if matmul_dtype is None:
@@ -638,7 +640,7 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
         # were not the parameters (fused AdamW's step counts: 148 scalars, through _foreach_add_).
         if row.note and row.gbps and peaks.gbps and row.gbps > 2 * peaks.gbps:
             row.note = (f"tensor lists not recorded; as the optimizer's parameters they would have moved "
-                        f"{row.gbps / 1e3:,.0f} TB/s, so they are smaller: no cost model")
+                        f"{row.gbps / 1e3:,.0f} TB/s, so they are smaller: {NO_COST_MODEL}")
             row.rule, row.flops, row.bytes = None, 0.0, 0.0
             continue
         # Above the DRAM roof is possible only from a cache: an op whose bytes per call fit in L2 is held against

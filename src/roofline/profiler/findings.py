@@ -3,9 +3,9 @@
 Every rule is a function `rule(report) -> list[Finding]`, registered in RULES. The estimated
 gain is the GPU (or wall) time the fix would save in the profiled window, by a stated model:
 rules overlap (TF32 and bf16 autocast both speed up the same matmuls), so gains are not to be
-summed. Gains that are GPU idle time (launch-bound, host syncs) are the program's without the
-profiler where steps outside the window were timed (report.idle_scale, see overhead.py): the
-profiler stretches the host, and so the idle. Findings are ranked by gain; severity is the
+summed. Gains that are GPU idle time (launch-bound, host-bound, host syncs) are the program's
+without the profiler where steps outside the window were timed (report.idle_scale, see
+overhead.py): the profiler stretches the host, and so the idle. Findings are ranked by gain; severity is the
 gain's share of the window's wall time, unprofiled where known.
 """
 
@@ -235,19 +235,33 @@ def unfused_optimizer(report) -> list[Finding]:
         {"ms": us / 1e3, "steps": steps, "parameters": params, "fused_estimate_ms": fused_us / 1e3})]
 
 
+def _starved_us(report, unprofiled: bool = True) -> float:
+    """GPU idle while the host was late to launch (launch and host causes), for the program without the
+    profiler (unprofiled) or as recorded."""
+    tl = report.timeline
+    return (tl.idle_us.get("launch", 0.0) + tl.idle_us.get("host", 0.0)) * (report.idle_scale if unprofiled else 1.0)
+
+
+def _median_kernel_us(report) -> float | None:
+    durations = sorted(w.us for w in report.attribution.work if w.kind == "kernel")
+    return durations[len(durations) // 2] if durations else None
+
+
+def _short_kernels_starve(report, median: float | None) -> bool:
+    """launch-bound's pattern: short kernels (median under 20 us) and a GPU busy under half the time."""
+    return (median is not None and median < 20.0 and report.timeline.window_us > 0
+            and report.timeline.busy_us < 0.5 * report.unprofiled_wall_us)
+
+
 def launch_bound(report) -> list[Finding]:
     """The GPU waits on the host between short kernels: launch overhead, not GPU work, sets the pace."""
     tl = report.timeline
+    median = _median_kernel_us(report)
+    if not _short_kernels_starve(report, median):
+        return []
     kernels = [w for w in report.attribution.work if w.kind == "kernel"]
-    if not kernels or tl.window_us <= 0:
-        return []
-    durations = sorted(w.us for w in kernels)
-    median = durations[len(durations) // 2]
-    starved_profiled = tl.idle_us.get("launch", 0.0) + tl.idle_us.get("host", 0.0)
-    starved = starved_profiled * report.idle_scale
+    starved = _starved_us(report)
     busy_share = tl.busy_us / report.unprofiled_wall_us
-    if median >= 20.0 or busy_share >= 0.5:
-        return []
     counts: dict = {}
     for w in kernels:
         counts[w.location] = counts.get(w.location, 0) + 1
@@ -262,7 +276,7 @@ def launch_bound(report) -> list[Finding]:
         {"kernels": len(kernels), "median_kernel_us": median, "busy_share": busy_share,
          "launch_idle_ms": tl.idle_us.get("launch", 0.0) * report.idle_scale / 1e3,
          "host_idle_ms": tl.idle_us.get("host", 0.0) * report.idle_scale / 1e3,
-         "starved_profiled_ms": starved_profiled / 1e3})]
+         "starved_profiled_ms": _starved_us(report, unprofiled=False) / 1e3})]
 
 
 HOST_BOUND_SHARE = 0.05   # the GPU waiting on the host this share of the (unprofiled) time is worth naming lines
@@ -271,16 +285,13 @@ HOST_BOUND_SHARE = 0.05   # the GPU waiting on the host this share of the (unpro
 def host_bound(report) -> list[Finding]:
     """The GPU waits on the host, with kernels too long for launch-bound to explain it: name the lines whose
     host time (Python, dispatch, launches) sets the pace."""
-    tl = report.timeline
-    starved = (tl.idle_us.get("launch", 0.0) + tl.idle_us.get("host", 0.0)) * report.idle_scale
-    wall = report.unprofiled_wall_us
-    if not report.host or wall <= 0 or starved < HOST_BOUND_SHARE * wall or launch_bound(report):
+    starved, wall = _starved_us(report), report.unprofiled_wall_us
+    if (not report.host or wall <= 0 or starved < HOST_BOUND_SHARE * wall
+            or _short_kernels_starve(report, _median_kernel_us(report))):
         return []
-    steps = tl.steps or report.python_steps or 1
-    scale = report.host_scale
     top = report.host[:3]
-    spent = ", ".join(f"{h.location.file}:{h.location.line} {h.host_us * scale / steps / 1e3:.2f} ms"
-                      + (f" (backward {h.backward_us * scale / steps / 1e3:.2f})" if h.backward_us else "")
+    spent = ", ".join(f"{h.location.file}:{h.location.line} {report.host_ms_per_step(h.host_us):.2f} ms"
+                      + (f" (backward {report.host_ms_per_step(h.backward_us):.2f})" if h.backward_us else "")
                       for h in top)
     return [Finding(
         "host-bound", f"the GPU waits on the host {starved / wall:.0%} of the time",
@@ -290,7 +301,7 @@ def host_bound(report) -> list[Finding]:
         "Python work (data preparation, logging) out of the step.",
         starved / 1e3, top[0].location,
         {"gpu_waits_ms": starved / 1e3, "share": starved / wall,
-         "host_ms_per_step": {str(h.location): h.host_us * scale / steps / 1e3 for h in top}})]
+         "host_ms_per_step": {str(h.location): report.host_ms_per_step(h.host_us) for h in top}})]
 
 
 def _out_numel_of_matmul(o) -> int | None:

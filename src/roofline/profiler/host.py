@@ -61,6 +61,7 @@ def host_lines(trace: Trace, resolver: Resolver) -> list[HostLine]:
             target = line_at(call.ts)
             if target is not None:
                 target.host_us -= call.end - call.ts
+
     def outermost_backward(i: int) -> bool:
         op = trace.ops[i]
         if op.tid == tid or op.annotation or not op.backward or op.seq < 0:

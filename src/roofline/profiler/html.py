@@ -13,7 +13,9 @@ import json
 import math
 from html import escape
 
+from roofline.profiler.costs import NO_COST_MODEL
 from roofline.profiler.kernels import CATEGORIES
+from roofline.profiler.ncu import COLUMNS as NCU_COLUMNS
 from roofline.profiler.overhead import sentence as overhead_sentence
 
 # Colour per kernel category (busy) and per idle cause; the same in the legend and the chart.
@@ -85,9 +87,6 @@ def _num(x, digits: int = 2) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return ""
     return f"{x:,}" if isinstance(x, int) else f"{x:,.{digits}f}"
-
-
-NO_COST_MODEL = "no cost model"   # an op whose FLOPs and bytes the trace does not give: no number, not 0%
 
 
 def _pct(x) -> str:
@@ -354,9 +353,7 @@ def _tables(d: dict, top: int) -> str:
                 ("GB/s", "gbps:n")], memory, "memory"),
         *([f"<h2>Nsight Compute: the top kernels</h2><p class='note'>One launch of each, {d['ncu']['seconds']:,.0f} s "
            "of ncu runs (the program run again per kernel).</p>",
-           _table([("kernel", "name"), ("occupancy %", "occupancy_pct:n"), ("DRAM %", "dram_pct:n"),
-                   ("SM %", "sm_pct:n"), ("L2 hit %", "l2_hit_pct:n"), ("registers", "registers:n"),
-                   ("spilled bytes", "spill_bytes:n"), ("us", "duration_us:n"), ("note", "error")],
+           _table([("kernel", "name"), *((header, f"{key}:n") for header, key, _ in NCU_COLUMNS), ("note", "error")],
                   d["ncu"]["kernels"], "ncu")] if d.get("ncu") else []),
         "<h2>Host synchronizations</h2>",
         _table([("call", "call"), ("line", "where"), ("count", "count:n"), ("host wait ms", "wait_ms:n"),

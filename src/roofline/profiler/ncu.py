@@ -31,6 +31,10 @@ METRICS = {
     "spill_bytes": "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",   # stores to local memory: spilled registers
     "duration_us": "gpu__time_duration.sum",
 }
+# (header, KernelCounters field, format): the tables' columns, terminal and HTML
+COLUMNS = [("occupancy %", "occupancy_pct", "{:.0f}"), ("DRAM %", "dram_pct", "{:.0f}"), ("SM %", "sm_pct", "{:.0f}"),
+           ("L2 hit %", "l2_hit_pct", "{:.0f}"), ("registers", "registers", "{:.0f}"),
+           ("spilled bytes", "spill_bytes", "{:,.0f}"), ("us", "duration_us", "{:,.1f}")]
 _SCALE = {"%": 1.0, "register/thread": 1.0, "": 1.0, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9,
           "nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
 SKIP_LAUNCHES = 3    # launches of the kernel left alone before the one profiled (the first step's warm-up)

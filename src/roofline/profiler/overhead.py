@@ -12,7 +12,8 @@ profiler:
     idle_scale               = idle per unprofiled step / idle per recorded step      (at most 1)
 
 Every cause of idle (sync, launch, host, GPU-side) is scaled alike, and the findings whose gain is idle time
-(launch-bound, host syncs) are stated for the unprofiled program.
+are stated for the unprofiled program: launch-bound and host-bound scaled, a host sync's gain capped by the
+unprofiled idle.
 """
 
 from __future__ import annotations

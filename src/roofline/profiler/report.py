@@ -67,6 +67,16 @@ class Report:
     ncu: NcuRun | None = None     # Nsight Compute's counters for the top kernels, where asked for (--ncu)
 
     @property
+    def steps(self) -> int:
+        """Steps in the window: the profiler's step ranges, else the steps the program marked."""
+        return self.timeline.steps or self.python_steps
+
+    def host_ms_per_step(self, us: float) -> float:
+        """Host time of the window (us, as recorded) as ms a step of the program without the profiler (the whole
+        window where no steps were marked)."""
+        return us * self.host_scale / 1e3 / (self.steps or 1)
+
+    @property
     def host_scale(self) -> float:
         """What the host's recorded time shrinks to without the profiler: its pace between step marks outside
         the window over its pace inside (1 when unknown)."""
@@ -103,7 +113,7 @@ class Report:
     def totals(self) -> dict:
         tl, at = self.timeline, self.attribution
         exact = sum(w.us for w in at.work if w.exact)
-        steps = tl.steps or self.python_steps
+        steps = self.steps
         return {"wall_ms": tl.window_us / 1e3, "busy_ms": tl.busy_us / 1e3, "idle_ms": tl.idle_total_us / 1e3,
                 "idle": {k: v / 1e3 for k, v in tl.idle_us.items()}, "work_ms": at.total_us / 1e3,
                 "steps": steps, "step_ms": tl.step_us / 1e3 if tl.step_us else None,
@@ -118,7 +128,6 @@ class Report:
     def to_dict(self) -> dict:
         ms = 1e-3
         loc = _location
-        steps = self.timeline.steps or self.python_steps
         return {
             "schema": SCHEMA,
             "device": self.device,
@@ -144,7 +153,7 @@ class Report:
             "ops": [_op_dict(o) for o in self.ops],
             "host_lines": [{**loc(h.location), "host_ms": h.host_us * self.host_scale * ms,
                             "backward_ms": h.backward_us * self.host_scale * ms,
-                            "host_ms_per_step": h.host_us * self.host_scale * ms / steps if steps else None}
+                            "host_ms_per_step": self.host_ms_per_step(h.host_us) if self.steps else None}
                            for h in self.host],
             "host_scale": self.host_scale,
             "findings": [f.to_dict() for f in self.findings],

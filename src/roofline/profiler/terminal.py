@@ -5,13 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from roofline.profiler.costs import NO_COST_MODEL
 from roofline.profiler.kernels import short_name
+from roofline.profiler.ncu import COLUMNS as NCU_COLUMNS
 from roofline.profiler.overhead import sentence as overhead_sentence
-
-# (header, KernelCounters field, format): the --ncu table
-NCU_COLUMNS = [("occupancy %", "occupancy_pct", "{:.0f}"), ("DRAM %", "dram_pct", "{:.0f}"), ("SM %", "sm_pct", "{:.0f}"),
-               ("L2 hit %", "l2_hit_pct", "{:.0f}"), ("registers", "registers", "{:.0f}"),
-               ("spilled bytes", "spill_bytes", "{:,.0f}"), ("us", "duration_us", "{:,.1f}")]
 
 
 def _ms(us: float) -> str:
@@ -89,14 +86,13 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
     console.print(lt)
 
     if gpu and report.host:
-        steps = tl.steps or report.python_steps or 1
         scaled = " (without the profiler's stretch)" if report.overhead else " (as recorded, profiler included)"
         ht = Table(title=f"host time by line, ms a step{scaled}", title_justify="left")
         for col in ("line", "function", "host ms", "of which backward"):
             ht.add_column(col, justify="left" if col in ("line", "function") else "right")
         for h in report.host[:top]:
-            ht.add_row(_loc(h.location), h.location.function, f"{h.host_us * report.host_scale / steps / 1e3:,.3f}",
-                       f"{h.backward_us * report.host_scale / steps / 1e3:,.3f}" if h.backward_us else "")
+            ht.add_row(_loc(h.location), h.location.function, f"{report.host_ms_per_step(h.host_us):,.3f}",
+                       f"{report.host_ms_per_step(h.backward_us):,.3f}" if h.backward_us else "")
         console.print(ht)
 
     ot = Table(title="top ops on the roofline", title_justify="left")
@@ -105,7 +101,7 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
     for o in report.ops[:top]:
         ot.add_row(o.name.removeprefix("aten::"), _shapes(o.shapes), "bwd" if o.backward else "fwd", str(o.count),
                    _ms(o.us), _rate(o.tflops), _rate(o.gbps),
-                   o.bound or "", _pct(o.pct_of_roofline) if o.rule else "[dim]no cost model[/dim]",
+                   o.bound or "", _pct(o.pct_of_roofline) if o.rule else f"[dim]{NO_COST_MODEL}[/dim]",
                    _ms(o.headroom_us) if o.headroom_us is not None else "")
     console.print(ot)
 
