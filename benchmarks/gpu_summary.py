@@ -37,14 +37,16 @@ def _json_or_none(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def profiler_section(work: Path) -> list[str]:
-    """roofline profile on the planted-problem programs, and the profiler's overhead."""
+def profiler_section(work: Path, out: Path) -> list[str]:
+    """roofline profile on the planted-problem programs, the profiler's overhead, and whole models (written
+    straight to out)."""
     examples, overhead = work / "profile" / "profile_examples.md", _json_or_none(work / "profile_overhead.json")
-    if not examples.exists() and overhead is None:
+    models = out / "profile-models" / "profile_models.md"
+    if not examples.exists() and overhead is None and not models.exists():
         return []
     lines = ["## roofline profile: planted problems, found and fixed (`benchmarks/profile_examples.py`)", "",
              "Each program in examples/problems carries one planted problem on a line marked `# planted: <id>`. "
-             "`roofline profile --skip 3 --steps 5` ran on it (20 steps) and on its `--fixed` version; measured gain "
+             "`roofline profile --skip 3 --steps 5 --verify` ran on it (20 steps) and on its `--fixed` version; measured gain "
              "= the unprofiled step (steps timed outside the window) before minus after, times the 5 recorded steps; "
              "the profiled windows' difference beside it.", "",
              examples.read_text() if examples.exists() else "(did not run)", ""]
@@ -56,15 +58,16 @@ def profiler_section(work: Path) -> list[str]:
                   + ", ".join(f"**{s['ratio']:.2f}x** at {s['batch']}x{s['width']}" for s in overhead["sizes"])
                   + " (target: at most 1.5x).", "",
                   (work / "profile_overhead.md").read_text(), ""]
-    models = work / "profile-models" / "profile_models.md"
     if models.exists():
         lines += ["## roofline profile on whole models' training steps (`benchmarks/profile_models.py`)", "",
-                  "examples/train_lm.py (bf16 autocast, fused AdamW, SDPA) run 20 steps under `roofline profile "
-                  "--skip 3 --steps 5`; the steps after the window are timed without the profiler. Idle a user can "
-                  "remove = (unprofiled step - GPU busy per step) x 5 steps.", "", models.read_text(), ""]
+                  "examples/train_lm.py as it comes (bf16 autocast, fused AdamW, SDPA) and unfixed (fp32, attention "
+                  "by hand, foreach AdamW) run 20 steps under `roofline profile --skip 3 --steps 5 --verify`; the "
+                  "steps after the window are timed without the profiler. Idle a user can remove = (unprofiled step "
+                  "- GPU busy per step) x 5 steps. Then each finding's advice is applied to the program and timed.",
+                  "", models.read_text(), ""]
     main_job = work / "profile" / "mlp_train.txt"
     if main_job.exists():
-        lines += ["## The main job: `roofline profile --skip 3 --steps 5 examples/mlp_train.py`", "", "```",
+        lines += ["## The main job: `roofline profile --skip 3 --steps 5 --verify examples/mlp_train.py`", "", "```",
                   main_job.read_text().rstrip(), "```", ""]
     return lines
 
@@ -116,7 +119,7 @@ def main(work: Path, out: Path) -> None:
         png = work / f"{name}.png"
         if png.exists():
             shutil.copy(png, out / png.name)
-    lines += profiler_section(work)
+    lines += profiler_section(work, out)
     if (work / "ops.md").exists():
         lines += ["## roofline.ops against eager PyTorch, torch.compile and Liger-Kernel (`benchmarks/ops_suite.py`)",
                   "", "CUDA events (a call as eager code makes it) and CUDA graphs (the kernels alone), L2 flushed "

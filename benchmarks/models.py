@@ -56,6 +56,7 @@ from roofline import routing  # noqa: E402
 from roofline.bench.stats import speedup_ci  # noqa: E402
 from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 from examples.models.llama import Llama, LlamaConfig  # noqa: E402
+from examples.models.steps import CAPTURE_WARMUP, StepTimer, capture  # noqa: E402
 
 MODELS = {
     "gpt2": (GPT2, GPT2Config(), GPT2Config(vocab_size=96, max_seq=64, n_layer=2, n_head=2, d_model=32)),
@@ -71,7 +72,6 @@ TURNS = 8            # generation: the modes take turns, each decoding tokens / 
 LOGITS_TOLERANCE = {"int8": 0.15}
 PROMPT = 32
 WARMUP = routing.SETTLE_CALLS + 2   # steps before timing (default): lazy decisions made, patch's routes settled
-CAPTURE_WARMUP = 3                  # steps before a CUDA graph's capture (a replay pays no routing)
 
 
 def _sizes(tiny: bool) -> dict:
@@ -123,48 +123,6 @@ def _warmup_peak_gib(device: torch.device) -> float | None:
     return peak
 
 
-class StepTimer:
-    """Times consecutive steps by CUDA events recorded between them (no synchronization in between), or by the
-    wall clock on a CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.marks = []
-
-    def mark(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def samples_ms(self) -> list[float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
-        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
-
-
-def _captured(step, device: torch.device):
-    """step() captured as a CUDA graph after CAPTURE_WARMUP calls on a side stream (which make every lazy decision:
-    kernels compiled, plans built, routes measured); returns a callable replaying it and returning its output."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(CAPTURE_WARMUP):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        output = step()
-
-    def replay():
-        graph.replay()
-        return output
-    return replay
-
-
 # --------------------------------------------------------------------------- training
 
 def train(name: str, mode: str, args) -> dict:
@@ -192,7 +150,7 @@ def train(name: str, mode: str, args) -> dict:
     losses = []
     start = time.perf_counter()
     if graphs:
-        run = _captured(step, device)
+        run = capture(step)
     else:
         run = step
         for _ in range(args.warmup):
@@ -267,7 +225,7 @@ class Decoding:
         with torch.inference_mode():
             model(self.sequence[:, :prompt], self.positions[:prompt])     # prefill
             if "graphs" in mode:
-                self.run = _captured(decode, self.device)
+                self.run = capture(decode)
             else:
                 self.run = decode
                 for _ in range(args.warmup):

@@ -2,11 +2,12 @@
 
     python benchmarks/profile_examples.py OUT_DIR
 
-For every program in examples/problems: run `roofline profile --skip 3 --steps 5` on it (20 steps) and on it
-with --fixed; check that the planted finding is reported at the planted line (the line marked
-`# planted: <finding id>`), and compare the gain it estimated with the gain measured. Measured without the
-profiler: the median step of the steps outside the window (the report's unprofiled step time), before minus
-after, times the 5 recorded steps; the profiled windows' difference beside it. Writes
+For every program in examples/problems: run `roofline profile --skip 3 --steps 5 --verify` on it (20 steps) and
+`roofline profile --skip 3 --steps 5` on it with --fixed; check that the planted finding is reported at the planted
+line (the line marked `# planted: <finding id>`), and compare the gain it estimated with the gain measured.
+Measured without the profiler: the median step of the steps outside the window (the report's unprofiled step
+time), before minus after, times the 5 recorded steps; the profiled windows' difference beside it, and what
+--verify measured of the ops alone where the finding has an op-level fix. Writes
 OUT_DIR/profile_examples.json and .md, and keeps each run's JSON report and trace.
 """
 
@@ -32,9 +33,10 @@ def planted(path: Path) -> tuple[str, int]:
 
 def profile(path: Path, fixed: bool, out: Path) -> dict:
     name = path.stem + ("-fixed" if fixed else "")
-    cmd = [sys.executable, "-m", "roofline.cli", "profile", "--skip", str(SKIP), "--steps", str(RECORD),
-           "--json", str(out / f"{name}.json"), "--trace", str(out / f"{name}.trace.json.gz"),
-           str(path.relative_to(ROOT)), "--steps", str(PROGRAM_STEPS)] + (["--fixed"] if fixed else [])
+    cmd = [sys.executable, "-m", "roofline.cli", "profile", "--skip", str(SKIP), "--steps", str(RECORD)]
+    cmd += [] if fixed else ["--verify"]
+    cmd += ["--json", str(out / f"{name}.json"), "--trace", str(out / f"{name}.trace.json.gz"),
+            str(path.relative_to(ROOT)), "--steps", str(PROGRAM_STEPS)] + (["--fixed"] if fixed else [])
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**__import__("os").environ, "COLUMNS": "160"})
     (out / f"{name}.txt").write_text(done.stdout + done.stderr)
     if done.returncode:
@@ -62,6 +64,7 @@ def main():
             "reported_line": hit["location"]["line"] if hit and hit["location"] else None,
             "rank": before["findings"].index(hit) + 1 if hit else None,
             "estimated_gain_ms": hit["est_gain_ms"] if hit else None,
+            "verified": hit.get("verified") if hit else None,
             "wall_ms": before["totals"]["wall_ms"], "fixed_wall_ms": after["totals"]["wall_ms"],
             "busy_ms": before["totals"]["busy_ms"], "fixed_busy_ms": after["totals"]["busy_ms"],
             "still_found_after_fix": any(f["id"] == finding_id for f in after["findings"]),
@@ -83,17 +86,21 @@ def main():
               f"est {row['estimated_gain_ms']} ms, measured {row['measured_gain_ms']:.1f} ms", flush=True)
     (out / "profile_examples.json").write_text(json.dumps(rows, indent=1))
     lines = ["| program | finding | at the planted line | rank | estimated gain ms | measured gain ms (unprofiled) | "
-             "measured / estimated | unprofiled step ms before / after | profiled: gain ms, step inflation |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "measured / estimated | --verify: the ops alone, ms | unprofiled step ms before / after | "
+             "profiled: gain ms, step inflation |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['program']} | {r['finding']} | error | | | | | | |")
+            lines.append(f"| {r['program']} | {r['finding']} | error | | | | | | | |")
             continue
         ratio = r.get("measured_over_estimated")
+        v = r["verified"] or {}
+        verified = (f"{v['gain_ms']:.1f} ({v['gain_low_ms']:.1f} to {v['gain_high_ms']:.1f})"
+                    if v.get("gain_ms") is not None else "program-level" if v else "")
         lines.append(f"| {r['program']} | {r['finding']} | {'yes' if r['at_planted_line'] else 'no'} "
                      f"(line {r['reported_line']}, planted {r['planted_line']}) | {r['rank']} | "
                      f"{r['estimated_gain_ms'] if r['estimated_gain_ms'] is not None else 'not found'} | "
-                     f"{r['measured_gain_ms']:.1f} | {f'{ratio:.2f}' if ratio else ''} | "
+                     f"{r['measured_gain_ms']:.1f} | {f'{ratio:.2f}' if ratio else ''} | {verified} | "
                      f"{r['step_ms']:.2f} / {r['fixed_step_ms']:.2f} | {r['profiled_gain_ms']:.1f}, "
                      f"{r['inflation']:.2f}x |")
     (out / "profile_examples.md").write_text("\n".join(lines) + "\n")

@@ -194,3 +194,17 @@ def test_analyze_a_recorded_h100_trace(tmp_path):
     found = json.loads((tmp_path / "r.json").read_text())["findings"]
     assert found[0]["id"] == "eager-elementwise-chain"
     assert found[0]["location"] == {"file": "examples/problems/eager_elementwise.py", "line": 22}
+
+
+def test_analyze_verify_says_why_nothing_was_measured_without_a_gpu(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    fixture = Path(__file__).parent / "profiler/fixtures/h100-eager_elementwise.json.gz"
+    result = runner.invoke(app, ["analyze", "--verify", "--json", str(tmp_path / "r.json"), str(fixture)])
+    assert result.exit_code == 0, result.output
+    assert "measuring the fixes" in result.output and "measured ms" in result.output
+    found = json.loads((tmp_path / "r.json").read_text())["findings"]
+    assert found[0]["verified"]["reason"] == "the trace ran on a GPU, and none is here"

@@ -24,6 +24,30 @@ def test_decoding_through_the_kv_cache_gives_the_full_forward_logits(name):
     torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_attention_by_hand_computes_what_sdpa_does(name):
+    """attention="by_hand" (profile_models' unfixed program) is the same model: training logits and gradients,
+    and decoding through the KV cache."""
+    cls, _, tiny = benchmark.MODELS[name]
+    models = []
+    for attention in ("sdpa", "by_hand"):
+        torch.manual_seed(0)
+        models.append(cls(type(tiny)(**{**tiny.__dict__, "attention": attention})).double())
+    idx = torch.randint(0, tiny.vocab_size, (2, 9))
+    (sdpa_logits, sdpa_loss), (hand_logits, hand_loss) = (m(idx, targets=idx) for m in models)
+    torch.testing.assert_close(hand_logits, sdpa_logits, rtol=1e-10, atol=1e-10)
+    sdpa_loss.backward()
+    hand_loss.backward()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-12)
+    for m in models:
+        m.setup_cache(2, 16, torch.float64)
+    decoded = [m(idx[:, :4], torch.arange(4)) for m in models]
+    torch.testing.assert_close(decoded[1], decoded[0], rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        type(tiny)(attention="flash")
+
+
 @pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
     code = benchmark.main([str(tmp_path), "--tiny", "--train", "eager", "patch-all", "compile+patch",
@@ -54,10 +78,28 @@ def test_models_benchmark_knows_the_modes_that_need_a_gpu():
 def test_profiling_a_model_s_training_times_the_steps_outside_the_window(tmp_path):
     import profile_models   # benchmarks/profile_models.py
 
-    profile_models.main([str(tmp_path), "--models", "llama", "--steps", "11"])
-    (row,) = json.loads((tmp_path / "profile_models.json").read_text())
+    profile_models.main([str(tmp_path), "--runs", "llama", "--steps", "11", "--tiny"])
+    (row,) = json.loads((tmp_path / "profile_models.json").read_text())["runs"]
     # 11 steps, 3 skipped (the third the profiler's warm-up), 5 recorded: steps 1, 9 and 10 (0-based) are timed
     # (0 is the program's own warm-up, 8 the profiler stopping)
     assert row["steps_timed"] == 3 and row["steps_recorded"] == 5
     assert row["step_ms"] > 0 and row["inflation"] > 1.0 and row["profiled_step_ms"] > row["step_ms"]
     assert "| llama |" in (tmp_path / "profile_models.md").read_text()
+
+
+def test_a_finding_s_advice_is_applied_to_the_program_and_timed(tmp_path):
+    import profile_models
+
+    report = {"totals": {"steps": 5}, "findings": [
+        {"id": "unfused-optimizer", "title": "t", "est_gain_ms": 2.0,
+         "verified": {"gain_ms": 1.5, "gain_low_ms": 1.0, "gain_high_ms": 2.0, "reason": None}},
+        {"id": "below-roofline", "title": "t", "est_gain_ms": 1.0, "verified": None}]}
+    table = profile_models.advice("gpt2-unfixed", report, 6, tmp_path)
+    optimizer, slow_op = table["findings"]
+    assert optimizer["fix"] == ["--optimizer", "fused"] and optimizer["fixed_step_ms"] > 0
+    assert optimizer["measured_ms"] == pytest.approx((table["step_ms"] - optimizer["fixed_step_ms"]) * 5)
+    assert optimizer["measured_over_estimated"] == pytest.approx(optimizer["measured_ms"] / 2.0)
+    assert optimizer["verified_ms"] == 1.5 and slow_op["fix"] is None and "measured_ms" not in slow_op
+    assert table["top3_measured"] == 1
+    text = profile_models.advice_markdown([table])
+    assert "| gpt2-unfixed (" in text and "--optimizer fused" in text

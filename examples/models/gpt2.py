@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import attention_by_hand, attention_mask, check_attention
 from .cache import KVCache, causal_mask
 
 
@@ -24,12 +25,17 @@ class GPT2Config:
     n_layer: int = 12
     n_head: int = 12
     d_model: int = 768
+    attention: str = "sdpa"        # or "by_hand": matmul, mask, softmax, matmul (examples/models/attention.py)
+
+    def __post_init__(self):
+        check_attention(self)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPT2Config):
         super().__init__()
         self.n_head = config.n_head
+        self.by_hand = config.attention == "by_hand"
         self.c_attn = nn.Linear(config.d_model, 3 * config.d_model)
         self.c_proj = nn.Linear(config.d_model, config.d_model)
         self.kv_cache: KVCache | None = None
@@ -38,10 +44,13 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if self.kv_cache is None:
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(input_pos, k, v)
+        if self.by_hand:
+            y = attention_by_hand(q, k, v, mask)
+        elif self.kv_cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            k, v = self.kv_cache.update(input_pos, k, v)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -103,7 +112,7 @@ class GPT2(nn.Module):
         the KV cache; with targets [batch, seq] (each position's next token), (logits, loss), as nanoGPT returns
         them."""
         positions = torch.arange(idx.shape[1], device=idx.device) if input_pos is None else input_pos
-        mask = None if input_pos is None else self.mask[None, None, input_pos]
+        mask = attention_mask(self.mask, idx.shape[1], input_pos, self.config.attention == "by_hand")
         x = self.wte(idx) + self.wpe(positions)
         for block in self.h:
             x = block(x, input_pos, mask)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import attention_by_hand, attention_mask, check_attention
 from .cache import KVCache, causal_mask
 
 
@@ -28,6 +29,10 @@ class LlamaConfig:
     intermediate_size: int = 5632
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    attention: str = "sdpa"        # or "by_hand": matmul, mask, softmax, matmul (examples/models/attention.py)
+
+    def __post_init__(self):
+        check_attention(self)
 
     @property
     def head_dim(self) -> int:
@@ -57,6 +62,7 @@ class Attention(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.by_hand = config.attention == "by_hand"
         self.q_proj = nn.Linear(config.d_model, config.n_head * config.head_dim, bias=False)
         self.k_proj = nn.Linear(config.d_model, config.n_kv_head * config.head_dim, bias=False)
         self.v_proj = nn.Linear(config.d_model, config.n_kv_head * config.head_dim, bias=False)
@@ -69,10 +75,13 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos.to(q.dtype), sin.to(q.dtype))
-        if self.kv_cache is None:
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(input_pos, k, v)
+        if self.by_hand:
+            y = attention_by_hand(q, k, v, mask)
+        elif self.kv_cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
-            k, v = self.kv_cache.update(input_pos, k, v)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -131,7 +140,7 @@ class Llama(nn.Module):
         them."""
         positions = torch.arange(idx.shape[1], device=idx.device) if input_pos is None else input_pos
         cos, sin = self.rope_cos[positions][None], self.rope_sin[positions][None]
-        mask = None if input_pos is None else self.mask[None, None, input_pos]
+        mask = attention_mask(self.mask, idx.shape[1], input_pos, self.config.attention == "by_hand")
         x = self.embed_tokens(idx)
         for block in self.layers:
             x = block(x, cos, sin, input_pos, mask)

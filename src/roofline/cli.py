@@ -201,6 +201,16 @@ def _add_ncu(report, target: str, args: list[str], module: bool, count: int) -> 
     report.ncu = ncu.measure(ncu.program_argv(target, args, module), top, binary)
 
 
+def _verify(report) -> None:
+    """Measure the fixes of the report's findings (verify.py), with a line of progress per finding."""
+    from roofline.profiler import verify
+
+    if not report.findings:
+        return
+    err.print(f"measuring the fixes of {len(report.findings)} findings (--verify)...")
+    verify.verify(report, progress=lambda f: err.print(f"[dim]  {f.id}: {f.title}[/dim]"))
+
+
 def _program_traceback(error: BaseException) -> str:
     """The program's traceback as Python would print it, without roofline's and runpy's frames above it."""
     import traceback
@@ -234,6 +244,9 @@ def profile(
     ncu: int = typer.Option(0, "--ncu", min=0, help="Also run Nsight Compute on the K kernels with the most time "
                             "(occupancy, DRAM and SM throughput, L2 hit rate, registers, spills); it runs the "
                             "program again once per kernel."),
+    verify: bool = typer.Option(False, "--verify", help="Measure each finding's fix where it has a concrete "
+                                "replacement: the ops rebuilt on their recorded shapes, checked, and timed against "
+                                "the replacement (speedup and its 95% interval beside the estimate)."),
 ):
     """Run a Python program under the profiler and say where its GPU time goes, line by line, and what to do about it.
 
@@ -265,6 +278,8 @@ def profile(
         raise typer.Exit(status or 2)
     if ncu:
         _add_ncu(report, target, list(args or []), module, ncu)
+    if verify:
+        _verify(report)
     _show_report(report, json_path, html_path, top)
     if trace_path:
         console.print(f"[dim]trace written to {trace_path} (open it in https://ui.perfetto.dev)[/dim]")
@@ -277,6 +292,8 @@ def analyze(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the analysis as JSON."),
     html_path: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     top: int = typer.Option(10, min=1, help="Rows per table in the terminal summary."),
+    verify: bool = typer.Option(False, "--verify", help="Measure each finding's fix on this machine's GPU "
+                                "(see roofline profile --verify)."),
 ):
     """Analyze a trace recorded earlier (by roofline profile --trace, or torch.profiler's export_chrome_trace)."""
     from roofline.profiler.report import analyze as run_analysis
@@ -290,6 +307,8 @@ def analyze(
     if not report.attribution.work:
         err.print(f"roofline: nothing to analyze: {trace} holds no PyTorch operations or GPU activity")
         raise typer.Exit(2)
+    if verify:
+        _verify(report)
     _show_report(report, json_path, html_path, top)
 
 

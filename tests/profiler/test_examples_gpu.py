@@ -23,9 +23,10 @@ def _planted(path: Path) -> tuple[str, int]:
     raise AssertionError(f"{path} has no planted line")
 
 
-def _profile(path: Path, tmp_path: Path, *args: str) -> dict:
+def _profile(path: Path, tmp_path: Path, *args: str, options: tuple = ()) -> dict:
+    """roofline profile [options] path [args]: the report's JSON."""
     out = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, "-m", "roofline.cli", "profile", "--skip", "3", "--json", str(out),
+    done = subprocess.run([sys.executable, "-m", "roofline.cli", "profile", "--skip", "3", *options, "--json", str(out),
                            str(path.relative_to(ROOT)), *args], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -48,3 +49,18 @@ def test_fixed_program_no_longer_has_the_finding(path, tmp_path):
     finding_id, _ = _planted(path)
     report = _profile(path, tmp_path, "--fixed")
     assert finding_id not in [f["id"] for f in report["findings"]]
+
+
+OP_LEVEL = [p for p in PROGRAMS if p.stem in ("fp32_matmul", "manual_attention", "pageable_copy")]
+
+
+@pytest.mark.parametrize("path", OP_LEVEL, ids=[p.stem for p in OP_LEVEL])
+def test_verify_measures_the_planted_op_level_fix(path, tmp_path):
+    finding_id, _ = _planted(path)
+    report = _profile(path, tmp_path, options=("--verify",))
+    v = next(f["verified"] for f in report["findings"] if f["id"] == finding_id)
+    assert v["gain_ms"] is not None, v
+    for case in v["cases"]:
+        assert case["error"] is None and case["low"] <= case["speedup"] <= case["high"]
+        assert case["check"].startswith(("relative error", "bytes identical"))
+    assert v["gain_low_ms"] <= v["gain_ms"] <= v["gain_high_ms"] and v["covered_share"] > 0

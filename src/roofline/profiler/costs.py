@@ -533,6 +533,7 @@ class OpRow:
     host_transfer: bool = False   # moves data between host and GPU: bound by PCIe, which no ceiling here measures
     l2_resident: bool = False     # faster than DRAM allows, with a working set that fits in L2: placed against L2
     note: str | None = None       # Cost.note
+    scalars: list = None          # the first call's scalar arguments (a softmax's dim, a GELU's approximation)
 
     @property
     def intensity(self) -> float | None:
@@ -610,7 +611,8 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
             c = None if composite(op_index, c) else c
             row = rows[key] = OpRow(op.name, op.shapes or [], op.dtypes or [], c.rule if c else None,
                                     matmul_dtype=c.matmul_dtype if c else None, backward=backward,
-                                    locations={}, modules={}, kernels={}, note=c.note if c else None)
+                                    locations={}, modules={}, kernels={}, note=c.note if c else None,
+                                    scalars=op.scalars or [])
             row._cost = c
         row.count += 1
         if row._cost is not None:

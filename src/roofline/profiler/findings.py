@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from roofline.profiler.attribution import Location
-from roofline.profiler.costs import ParameterSet
+from roofline.profiler.costs import MATMUL_KEY, ParameterSet
 from roofline.profiler.kernels import category
 
 MIN_SHARE = 0.01              # a finding must be worth at least 1% of the profiled wall time
@@ -32,11 +32,14 @@ class Finding:
     location: Location | None = None
     evidence: dict = field(default_factory=dict)
     severity: str = "low"
+    ops: list = field(default_factory=list, repr=False)   # the op rows it is about, for verify.py to rebuild
+    verified: object = None       # verify.Verification, where --verify measured the fix
 
     def to_dict(self) -> dict:
         loc = {"file": self.location.file, "line": self.location.line} if self.location else None
         return {"id": self.id, "severity": self.severity, "title": self.title, "message": self.message,
-                "evidence": self.evidence, "location": loc, "est_gain_ms": round(self.est_gain_ms, 4)}
+                "evidence": self.evidence, "location": loc, "est_gain_ms": round(self.est_gain_ms, 4),
+                "verified": self.verified.to_dict() if self.verified is not None else None}
 
 
 def _where(locations: dict) -> Location | None:
@@ -97,12 +100,13 @@ def pageable_copies(report) -> list[Finding]:
     for w in report.attribution.work:
         if w.kind == "memcpy" and "Pageable" in w.name:
             g = report.trace.gpu[w.index]
-            row = by_line.setdefault(w.location, [0, 0.0, 0])
+            direction = "DtoH" if "DtoH" in w.name else "HtoD"
+            row = by_line.setdefault((w.location, direction), [0, 0.0, 0])
             row[0] += 1
             row[1] += w.us
             row[2] += g.bytes or 0
     out = []
-    for loc, (count, us, nbytes) in by_line.items():
+    for (loc, direction), (count, us, nbytes) in by_line.items():
         pinned_us = nbytes / (PINNED_H2D_GBPS * 1e3)
         gbps = nbytes / us / 1e3 if us else 0.0
         out.append(Finding(
@@ -112,7 +116,8 @@ def pageable_copies(report) -> list[Finding]:
             f"and copy with `non_blocking=True`; at {PINNED_H2D_GBPS:.0f} GB/s (a pinned copy over PCIe 4) they would take "
             f"{pinned_us / 1e3:.1f} ms instead of {us / 1e3:.1f} ms.",
             max(us - pinned_us, 0.0) / 1e3, loc,
-            {"copies": count, "bytes": nbytes, "ms": us / 1e3, "gbps": gbps, "assumed_pinned_gbps": PINNED_H2D_GBPS}))
+            {"copies": count, "bytes": nbytes, "ms": us / 1e3, "gbps": gbps, "assumed_pinned_gbps": PINNED_H2D_GBPS,
+             "direction": direction}))
     return out
 
 
@@ -138,7 +143,8 @@ def fp32_matmul_without_tf32(report) -> list[Finding]:
         "`torch.set_float32_matmul_precision('high')`) they run on tensor cores: at the measured TF32 ceiling of "
         f"{tf32:.0f} TFLOP/s, {tf32_us / 1e3:.1f} ms. TF32 keeps fp32 range with a 10-bit mantissa, which training tolerates.",
         max(us - tf32_us, 0.0) / 1e3, loc,
-        {"matmuls": sum(o.count for o in slow), "ms": us / 1e3, "tflops": flops / us / 1e6, "tf32_peak_tflops": tf32})]
+        {"matmuls": sum(o.count for o in slow), "ms": us / 1e3, "tflops": flops / us / 1e6, "tf32_peak_tflops": tf32},
+        ops=slow)]
 
 
 def no_autocast(report) -> list[Finding]:
@@ -158,7 +164,7 @@ def no_autocast(report) -> list[Finding]:
         "`torch.autocast('cuda', dtype=torch.bfloat16)` they run in bf16 with fp32 accumulation: at the "
         f"bf16 ceiling of {bf16:.0f} TFLOP/s, {bf16_us / 1e3:.1f} ms. (Overlaps with TF32: take one or the other.)",
         max(us - bf16_us, 0.0) / 1e3, _where(locations),
-        {"ms": us / 1e3, "share_of_busy": us / busy, "bf16_peak_tflops": bf16})]
+        {"ms": us / 1e3, "share_of_busy": us / busy, "bf16_peak_tflops": bf16}, ops=fp32)]
 
 
 def eager_elementwise_chain(report) -> list[Finding]:
@@ -232,7 +238,8 @@ def unfused_optimizer(report) -> list[Finding]:
         f"`torch.optim.{'AdamW' if adam else 'SGD'}(params, fused=True)`) reads and writes each parameter and its "
         f"state once per step: about {fused_us / 1e3:.1f} ms at the measured bandwidth.",
         max(us - fused_us, 0.0) / 1e3, _where(locations),
-        {"ms": us / 1e3, "steps": steps, "parameters": params, "fused_estimate_ms": fused_us / 1e3})]
+        {"ms": us / 1e3, "steps": steps, "parameters": params, "fused_estimate_ms": fused_us / 1e3, "adam": adam},
+        ops=foreach)]
 
 
 def _starved_us(report, unprofiled: bool = True) -> float:
@@ -318,7 +325,6 @@ def _out_numel_of_matmul(o) -> int | None:
 def manual_attention(report) -> list[Finding]:
     """Attention written as matmul, softmax, matmul: the [N x N] scores make several round trips to memory."""
     out = []
-    bf16 = report.peaks.matmul_tflops.get("bf16")
     for sm in report.ops:
         if sm.rule != "softmax" or sm.backward or not sm.shapes or len(sm.shapes[0]) < 3 or sm.shapes[0][-1] < 128:
             continue
@@ -335,16 +341,21 @@ def manual_attention(report) -> list[Finding]:
         head_dim = next((o.shapes[-1][-2] for o in involved if _out_numel_of_matmul(o) == scores and not o.backward), 64)
         has_backward = any(o.backward for o in involved)
         flops = 4.0 * heads * shape[-2] * shape[-1] * head_dim * (3.5 if has_backward else 1.0) * max(sm.count, 1)
-        sdpa_us = flops / (bf16 * SDPA_EFFICIENCY * 1e6) if bf16 else 0.0
+        # the flash kernel runs its matmuls in the scores' dtype: fp32 on the CUDA cores' ceiling
+        key = MATMUL_KEY.get(sm.dtypes[0] if sm.dtypes else "", "bf16")
+        peak = report.peaks.matmul_tflops.get(key) or report.peaks.matmul_tflops.get("bf16")
+        sdpa_us = flops / (peak * SDPA_EFFICIENCY * 1e6) if peak else 0.0
         us = sum(o.us for o in involved)
         out.append(Finding(
             "manual-attention", "attention written as matmul + softmax + matmul",
             f"softmax over {shape} scores, with the matmuls and elementwise ops around it, took {us / 1e3:.1f} ms "
             f"({len(involved)} ops touching the {shape[-2]}x{shape[-1]} score matrix). "
             "`torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...)` computes the same in a flash "
-            f"kernel that never writes the scores: about {sdpa_us / 1e3:.1f} ms at {SDPA_EFFICIENCY:.0%} of the bf16 ceiling.",
+            f"kernel that never writes the scores: about {sdpa_us / 1e3:.1f} ms at {SDPA_EFFICIENCY:.0%} of the {key} ceiling.",
             max(us - sdpa_us, 0.0) / 1e3, _where(sm.locations),
-            {"scores_shape": shape, "ops": len(involved), "ms": us / 1e3, "sdpa_estimate_ms": sdpa_us / 1e3}))
+            {"scores_shape": shape, "ops": len(involved), "ms": us / 1e3, "sdpa_estimate_ms": sdpa_us / 1e3,
+             "head_dim": head_dim, "dtype": sm.dtypes[0] if sm.dtypes else None, "backward": has_backward},
+            ops=involved))
     return out
 
 
@@ -380,7 +391,8 @@ def misaligned_matmul(report) -> list[Finding]:
             f"(hidden size, vocabulary, heads x head_dim) to multiples of {_ALIGN[o.matmul_dtype] * 8} to reach "
             f"~{ALIGNED_EFFICIENCY:.0%}.",
             max(o.us - target_us, 0.0) / 1e3, _where(o.locations),
-            {"dims": dims, "pct_of_roofline": o.pct_of_roofline, "ms": o.us / 1e3}))
+            {"dims": dims, "pct_of_roofline": o.pct_of_roofline, "ms": o.us / 1e3,
+             "pad_to": _ALIGN[o.matmul_dtype] * 8}, ops=[o]))
     return out
 
 
@@ -436,7 +448,8 @@ def below_roofline(report) -> list[Finding]:
             f"{o.us / 1e3:.2f} ms: {o.tflops or 0:.1f} TFLOP/s, {o.gbps or 0:.0f} GB/s, {o.bound}-bound, {pct:.0%} of its "
             f"roofline. At the roofline it would take {o.roofline_us / 1e3:.2f} ms.",
             head / 1e3, _where(o.locations),
-            {"pct_of_roofline": pct, "bound": o.bound, "ms": o.us / 1e3, "roofline_ms": o.roofline_us / 1e3}))
+            {"pct_of_roofline": pct, "bound": o.bound, "ms": o.us / 1e3, "roofline_ms": o.roofline_us / 1e3},
+            ops=[o]))
     return out
 
 

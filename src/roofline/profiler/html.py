@@ -33,6 +33,7 @@ h1{font-size:22px;margin:8px 0 2px}h2{font-size:17px;margin:30px 0 8px;border-bo
 .high{background:#c9372c}.medium{background:#d68a00}.low{background:#7a8494}
 .gain{float:right;font-weight:600}.where{font-family:ui-monospace,monospace;color:#3b4a66}
 .evidence{color:#5b6474;font-size:12.5px;margin-top:4px}
+.verified{color:#1d5f8a;margin:4px 0}.verified.none{color:#8a6d1d}.cases{margin:2px 0 4px 18px;font-size:12.5px}
 table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}
 th,td{padding:4px 8px;border-bottom:1px solid #eceef2;text-align:left;vertical-align:top}
 th{background:#eef1f5;cursor:pointer;user-select:none;white-space:nowrap}th.sorted-asc:after{content:" \\25B2"}
@@ -182,9 +183,25 @@ def _findings(d: dict) -> str:
             f'<div class="card finding" data-id="{escape(f["id"])}"><span class="gain">~{f["est_gain_ms"]:,.2f} ms</span>'
             f'<span class="sev {escape(f["severity"])}">{escape(f["severity"])}</span><b>{escape(f["title"])}</b>'
             f' <span class="where">{escape(where)}</span> <code>{escape(f["id"])}</code>'
-            f'<p>{escape(f["message"])}</p><div class="evidence">{evidence}</div></div>')
+            f'<p>{escape(f["message"])}</p>{_verified(f.get("verified"))}<div class="evidence">{evidence}</div></div>')
     return ('<p class="note">Ranked by estimated gain in the profiled window. Gains overlap (TF32 and autocast speed '
             "up the same matmuls): do not add them up.</p>" + "".join(cards))
+
+
+def _verified(v: dict | None) -> str:
+    """What --verify measured of a finding's fix: the gain with its interval, and each case timed."""
+    if not v:
+        return ""
+    if v["gain_ms"] is None:
+        reason = v["reason"] or "; ".join(c["error"] for c in v["cases"] if c["error"])
+        return f'<p class="verified none">Not measured: {escape(reason)}</p>'
+    cases = "".join(
+        f'<li>{escape(c["case"])}: ' + (f'{c["speedup"]:.2f}x ({c["low"]:.2f} to {c["high"]:.2f}), {escape(c["check"])}'
+                                       if c["speedup"] is not None else escape(c["error"] or "")) + "</li>"
+        for c in v["cases"])
+    return (f'<p class="verified">Measured: {v["gain_ms"]:,.2f} ms ({v["gain_low_ms"]:,.2f} to '
+            f'{v["gain_high_ms"]:,.2f}) on {v["covered_share"]:.0%} of the ops\' time, replaced by '
+            f'{escape(v["replacement"])}</p><ul class="cases">{cases}</ul>')
 
 
 def _evidence_value(v) -> str:

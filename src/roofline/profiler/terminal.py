@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from roofline.profiler.costs import NO_COST_MODEL
@@ -31,6 +32,14 @@ def _rate(x: float | None) -> str:
     if not x:
         return ""
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _measured(v) -> str:
+    """A finding's measured gain (--verify), its interval under it."""
+    if v is None or v.gain_ms is None:
+        return "[dim]-[/dim]"
+    low, high = v.interval_ms
+    return f"{v.gain_ms:,.2f}\n[dim]{low:,.2f} to {high:,.2f}[/dim]"
 
 
 def _loc(loc) -> str:
@@ -65,12 +74,14 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
 
     if report.findings:
         ft = Table(title="findings (estimated gains overlap; do not add them up)", title_justify="left")
-        for col in ("", "finding", "where", "gain ms"):
-            ft.add_column(col, justify="right" if col == "gain ms" else "left", overflow="fold")
+        verified = any(f.verified is not None for f in report.findings)
+        for col in ("", "finding", "where", "gain ms") + (("measured ms",) if verified else ()):
+            ft.add_column(col, justify="right" if col.endswith(" ms") else "left", overflow="fold")
         for f in report.findings[:top]:
             color = {"high": "red", "medium": "yellow"}.get(f.severity, "dim")
-            ft.add_row(f"[{color}]{f.severity}[/{color}]", f"[bold]{f.title}[/bold]\n{f.message}", _loc(f.location),
-                       f"{f.est_gain_ms:,.2f}")
+            message = f.message + (f"\n[cyan]{escape(f.verified.summary())}[/cyan]" if f.verified else "")
+            ft.add_row(f"[{color}]{f.severity}[/{color}]", f"[bold]{f.title}[/bold]\n{message}", _loc(f.location),
+                       f"{f.est_gain_ms:,.2f}", *((_measured(f.verified),) if verified else ()))
         console.print(ft)
     elif gpu:
         console.print("[green]no findings above 1% of the profiled time[/green]")
