@@ -37,11 +37,10 @@ def _json_or_none(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def profiler_section(work: Path, out: Path) -> list[str]:
-    """roofline profile on the planted-problem programs, the profiler's overhead, and whole models (written
-    straight to out)."""
+def profiler_section(work: Path) -> list[str]:
+    """roofline profile on the planted-problem programs, the profiler's overhead, and whole models."""
     examples, overhead = work / "profile" / "profile_examples.md", _json_or_none(work / "profile_overhead.json")
-    models = out / "profile-models" / "profile_models.md"
+    models = work / "profile-models" / "profile_models.md"
     if not examples.exists() and overhead is None and not models.exists():
         return []
     lines = ["## roofline profile: planted problems, found and fixed (`benchmarks/profile_examples.py`)", "",
@@ -119,7 +118,7 @@ def main(work: Path, out: Path) -> None:
         png = work / f"{name}.png"
         if png.exists():
             shutil.copy(png, out / png.name)
-    lines += profiler_section(work, out)
+    lines += profiler_section(work)
     if (work / "ops.md").exists():
         lines += ["## roofline.ops against eager PyTorch, torch.compile and Liger-Kernel (`benchmarks/ops_suite.py`)",
                   "", "CUDA events (a call as eager code makes it) and CUDA graphs (the kernels alone), L2 flushed "

@@ -228,3 +228,20 @@ def test_the_window_s_edges_leave_torch_s_optimizer_hooks_alone():
             seen.append(tuple(_global_optimizer_post_hooks))
             prof.step()
     assert len(set(seen)) == 1 and len(seen[0]) >= 1
+
+
+@pytest.mark.parametrize("cuda, user, expected", [("13.0", None, "1"), ("12.6", None, "1"), ("12.4", None, None),
+                                                  ("13.0", "0", "0")])
+def test_cupti_is_finalized_when_recording_stops(monkeypatch, cuda, user, expected):
+    """Left subscribed, CUPTI slows every launch after the window, the steps that stand for the program without
+    the profiler; the user's own TEARDOWN_CUPTI stands, and CUDA before 12.6 keeps CUPTI."""
+    from roofline.profiler import capture
+
+    monkeypatch.setenv("TEARDOWN_CUPTI", "")   # recorded, so that the test's own setting is undone after it
+    monkeypatch.delenv("TEARDOWN_CUPTI")
+    if user is not None:
+        monkeypatch.setenv("TEARDOWN_CUPTI", user)
+    monkeypatch.setattr(capture.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(capture.torch.version, "cuda", cuda)
+    capture._teardown_cupti_at_stop()
+    assert capture.os.environ.get("TEARDOWN_CUPTI") == expected

@@ -248,6 +248,30 @@ def test_manual_attention(tmp_path):
     assert "manual-attention" not in _ids(_report(tmp_path, _attention(False)))
 
 
+def test_manual_attention_with_a_mask_in_fp32(tmp_path):
+    # fp32 scores with a mask filled in: SDPA is taken as causal (half the FLOPs) on its 3xTF32 kernel (a third
+    # of the TF32 ceiling)
+    b_, h, n, d = 4, 8, 1024, 64
+
+    def build(b):
+        b.mark(10, at(88, "attend"))
+        b.op("aten::bmm", 11, 5, shapes=[[b_ * h, n, d], [b_ * h, d, n]], dtypes=[F32, F32])
+        b.kernel("volta_sgemm_128x64_nn", 20, 100, launch_ts=12)
+        b.op("aten::masked_fill", 125, 3, shapes=[[b_, h, n, n], [n, n], []], dtypes=[F32, "bool", "Scalar"])
+        b.kernel("void at::native::elementwise_kernel<masked_fill>", 126, 50, launch_ts=126)
+        b.op("aten::_softmax", 180, 5, shapes=[[b_, h, n, n], [], []], dtypes=[F32, "Scalar", "Scalar"],
+             scalars=["", "-1", "False"])
+        b.kernel("void at::native::cunn_SoftMaxForward<8, float>", 190, 200, launch_ts=181)
+        b.op("aten::bmm", 400, 5, shapes=[[b_ * h, n, n], [b_ * h, n, d]], dtypes=[F32, F32])
+        b.kernel("volta_sgemm_128x64_nn", 410, 100, launch_ts=401)
+
+    f = _one(_report(tmp_path, build), "manual-attention")
+    assert f.evidence["masked"] is True and f.evidence["ops"] == 4 and "is_causal=True" in f.message
+    sdpa_us = 4.0 * 32 * n * n * d * 0.5 / (PEAKS.matmul_tflops["tf32"] / 3 * 0.45 * 1e6)
+    assert f.evidence["sdpa_estimate_ms"] == pytest.approx(sdpa_us / 1e3)
+    assert f.est_gain_ms == pytest.approx((450 - sdpa_us) / 1e3)
+
+
 # --------------------------------------------------------------------------- shapes and occupancy
 
 def _matmul_shape(k_dim, us=100.0):

@@ -117,12 +117,14 @@ def test_manual_attention_is_timed_against_sdpa(tmp_path):
     assert "[1, 2, 128, 128] scores, head_dim 16" in f.verified.cases[0].label
 
 
-def test_attention_forward_and_backward_check_their_gradients():
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_forward_and_backward_check_their_gradients(masked):
     import torch
 
     finding = verify_finding_stub("manual-attention", {"scores_shape": [1, 2, 32, 32], "head_dim": 8,
-                                                       "dtype": F32, "backward": True})
-    _, (case,) = verify._attention(finding, None)
+                                                       "dtype": F32, "backward": True, "masked": masked})
+    replacement, (case,) = verify._attention(finding, None)
+    assert ("is_causal=True" in replacement) == masked and ("causal" in case.label) == masked
     built = case.build(torch.device("cpu"))
     assert built.grads is not None and len(built.grads) == 3
     assert built.check().startswith("relative error")

@@ -322,6 +322,17 @@ def _out_numel_of_matmul(o) -> int | None:
     return batch * x[-2] * w[-1]
 
 
+def _sdpa_ceiling(peaks, dtype: str) -> tuple[str, float | None]:
+    """The matmul ceiling SDPA's kernels work against for scores of this dtype: bf16/fp16 tensor cores, and for
+    fp32 the memory-efficient kernel's 3xTF32 (three TF32 products per fp32 one, so a third of the TF32
+    ceiling; on the H100 its fp32 results for GPT-2's attention agreed with float64 to 9e-7, as 3xTF32's do and
+    TF32's alone would not)."""
+    key = MATMUL_KEY.get(dtype, "bf16")
+    if key == "fp32" and peaks.matmul_tflops.get("tf32"):
+        return "3xTF32", peaks.matmul_tflops["tf32"] / 3
+    return key, peaks.matmul_tflops.get(key) or peaks.matmul_tflops.get("bf16")
+
+
 def manual_attention(report) -> list[Finding]:
     """Attention written as matmul, softmax, matmul: the [N x N] scores make several round trips to memory."""
     out = []
@@ -340,21 +351,27 @@ def manual_attention(report) -> list[Finding]:
         heads = scores // (shape[-2] * shape[-1])
         head_dim = next((o.shapes[-1][-2] for o in involved if _out_numel_of_matmul(o) == scores and not o.backward), 64)
         has_backward = any(o.backward for o in involved)
-        flops = 4.0 * heads * shape[-2] * shape[-1] * head_dim * (3.5 if has_backward else 1.0) * max(sm.count, 1)
-        # the flash kernel runs its matmuls in the scores' dtype: fp32 on the CUDA cores' ceiling
-        key = MATMUL_KEY.get(sm.dtypes[0] if sm.dtypes else "", "bf16")
-        peak = report.peaks.matmul_tflops.get(key) or report.peaks.matmul_tflops.get("bf16")
+        # A mask filled into the scores is taken as causal, as in a decoder's training (padding masks are
+        # rarer there): is_causal=True skips the hidden half of the scores.
+        masked = any("masked_fill" in o.name for o in involved)
+        flops = (4.0 * heads * shape[-2] * shape[-1] * head_dim * (3.5 if has_backward else 1.0)
+                 * (0.5 if masked else 1.0) * max(sm.count, 1))
+        key, peak = _sdpa_ceiling(report.peaks, sm.dtypes[0] if sm.dtypes else "")
         sdpa_us = flops / (peak * SDPA_EFFICIENCY * 1e6) if peak else 0.0
         us = sum(o.us for o in involved)
+        call = "is_causal=True" if masked else "is_causal=..."
         out.append(Finding(
             "manual-attention", "attention written as matmul + softmax + matmul",
             f"softmax over {shape} scores, with the matmuls and elementwise ops around it, took {us / 1e3:.1f} ms "
-            f"({len(involved)} ops touching the {shape[-2]}x{shape[-1]} score matrix). "
-            "`torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...)` computes the same in a flash "
-            f"kernel that never writes the scores: about {sdpa_us / 1e3:.1f} ms at {SDPA_EFFICIENCY:.0%} of the {key} ceiling.",
+            f"({len(involved)} ops touching the {shape[-2]}x{shape[-1]} score matrix"
+            + (", a mask filled in: taken as causal" if masked else "") + "). "
+            f"`torch.nn.functional.scaled_dot_product_attention(q, k, v, {call})` computes the same in a flash "
+            f"kernel that never writes the scores: about {sdpa_us / 1e3:.1f} ms at {SDPA_EFFICIENCY:.0%} of the "
+            f"{key} ceiling.",
             max(us - sdpa_us, 0.0) / 1e3, _where(sm.locations),
             {"scores_shape": shape, "ops": len(involved), "ms": us / 1e3, "sdpa_estimate_ms": sdpa_us / 1e3,
-             "head_dim": head_dim, "dtype": sm.dtypes[0] if sm.dtypes else None, "backward": has_backward},
+             "head_dim": head_dim, "dtype": sm.dtypes[0] if sm.dtypes else None, "backward": has_backward,
+             "masked": masked},
             ops=involved))
     return out
 
