@@ -93,13 +93,16 @@ def test_a_finding_s_advice_is_applied_to_the_program_and_timed(tmp_path):
     report = {"totals": {"steps": 5}, "findings": [
         {"id": "unfused-optimizer", "title": "t", "est_gain_ms": 2.0,
          "verified": {"gain_ms": 1.5, "gain_low_ms": 1.0, "gain_high_ms": 2.0, "reason": None}},
-        {"id": "below-roofline", "title": "t", "est_gain_ms": 1.0, "verified": None}]}
+        {"id": "below-roofline", "title": "t", "est_gain_ms": 1.0, "verified": None},
+        {"id": "below-roofline", "title": "t", "est_gain_ms": 1.0,
+         "verified": {"gain_ms": 0.6, "gain_low_ms": 0.5, "gain_high_ms": 0.7, "reason": None}}]}
     table = profile_models.advice("gpt2-unfixed", report, 6, tmp_path)
-    optimizer, slow_op = table["findings"]
+    optimizer, slow_op, verified_op = table["findings"]
     assert optimizer["fix"] == ["--optimizer", "fused"] and optimizer["fixed_step_ms"] > 0
     assert optimizer["measured_ms"] == pytest.approx((table["step_ms"] - optimizer["fixed_step_ms"]) * 5)
-    assert optimizer["measured_over_estimated"] == pytest.approx(optimizer["measured_ms"] / 2.0)
+    assert optimizer["ratio"] == pytest.approx(optimizer["measured_ms"] / 2.0)   # the program's, over --verify's
     assert optimizer["verified_ms"] == 1.5 and slow_op["fix"] is None and "measured_ms" not in slow_op
-    assert table["top3_measured"] == 1
+    assert slow_op["ratio"] is None and verified_op["ratio"] == pytest.approx(0.6)   # --verify's, no program fix
+    assert table["top3_measured"] == 2
     text = profile_models.advice_markdown([table])
     assert "| gpt2-unfixed (" in text and "--optimizer fused" in text

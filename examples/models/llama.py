@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import attention_by_hand, attention_mask, check_attention
+from .attention import attention_by_hand, attention_mask, check_attention, grouped_query_sdpa
 from .cache import KVCache, causal_mask
 
 
@@ -80,9 +80,9 @@ class Attention(nn.Module):
         if self.by_hand:
             y = attention_by_hand(q, k, v, mask)
         elif self.kv_cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            y = grouped_query_sdpa(q, k, v, is_causal=True)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            y = grouped_query_sdpa(q, k, v, attn_mask=mask)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 

@@ -248,13 +248,17 @@ def test_manual_attention(tmp_path):
     assert "manual-attention" not in _ids(_report(tmp_path, _attention(False)))
 
 
-def test_manual_attention_with_a_mask_in_fp32(tmp_path):
+@pytest.mark.parametrize("grouped", [False, True])
+def test_manual_attention_with_a_mask_in_fp32(tmp_path, grouped):
     # fp32 scores with a mask filled in: SDPA is taken as causal (half the FLOPs) on its 3xTF32 kernel (a third
     # of the TF32 ceiling)
     b_, h, n, d = 4, 8, 1024, 64
 
     def build(b):
         b.mark(10, at(88, "attend"))
+        if grouped:
+            b.op("aten::repeat_interleave", 10.2, 0.5, shapes=[[b_, h // 4, n, d], []], dtypes=[F32, "Scalar"])
+            b.kernel("void at::native::index_elementwise_kernel<128, 4>", 12, 3, launch_ts=10.3)
         b.op("aten::bmm", 11, 5, shapes=[[b_ * h, n, d], [b_ * h, d, n]], dtypes=[F32, F32])
         b.kernel("volta_sgemm_128x64_nn", 20, 100, launch_ts=12)
         b.op("aten::masked_fill", 125, 3, shapes=[[b_, h, n, n], [n, n], []], dtypes=[F32, "bool", "Scalar"])
@@ -267,6 +271,8 @@ def test_manual_attention_with_a_mask_in_fp32(tmp_path):
 
     f = _one(_report(tmp_path, build), "manual-attention")
     assert f.evidence["masked"] is True and f.evidence["ops"] == 4 and "is_causal=True" in f.message
+    assert f.evidence["grouped_query"] is grouped
+    assert ("without enable_gqa" in f.message) is grouped
     sdpa_us = 4.0 * 32 * n * n * d * 0.5 / (PEAKS.matmul_tflops["tf32"] / 3 * 0.45 * 1e6)
     assert f.evidence["sdpa_estimate_ms"] == pytest.approx(sdpa_us / 1e3)
     assert f.est_gain_ms == pytest.approx((450 - sdpa_us) / 1e3)

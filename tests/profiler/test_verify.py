@@ -10,7 +10,7 @@ from roofline.profiler import verify
 from roofline.profiler.html import render as render_html
 from roofline.profiler.report import analyze
 
-from .synth import PEAKS, TraceBuilder, at
+from .synth import AUTOGRAD, PEAKS, TraceBuilder, at
 
 BF16, F32 = "c10::BFloat16", "float"
 QUICK = dict(device="cpu", rounds=6, rep_ms=2.0)
@@ -186,6 +186,35 @@ def test_slow_torch_op_is_timed_against_the_roofline_op(tmp_path):
     assert f.verified.replacement == "roofline.ops.layer_norm"
 
 
+def _norm_backward(b):
+    b.mark(10, at(130))
+    b.op("autograd::engine::evaluate_function: NativeLayerNormBackward0", 11, 400, tid=AUTOGRAD, seq=1,
+         backward=True)
+    b.op("aten::native_layer_norm_backward", 12, 5, tid=AUTOGRAD,
+         shapes=[[64, 256], [64, 256], [], [64, 1], [64, 1], [256], [256], []],
+         dtypes=[F32, F32, "Scalar", F32, F32, F32, F32, "Scalar"])
+    b.kernel("void at::native::layer_norm_grad_input_kernel<float>", 20, 300, launch_ts=13, tid=AUTOGRAD)
+
+
+def test_a_slow_backward_op_is_timed_against_the_roofline_op_s_backward(tmp_path):
+    r = _report(tmp_path, _norm_backward)
+    f = _finding(r, "below-roofline")
+    assert f.ops[0].backward
+    verify.verify(r, **QUICK)
+    _measured_once(f.verified, 300.0)
+    assert f.verified.replacement == "roofline.ops.layer_norm (its backward, timed alone)"
+
+
+@pytest.mark.parametrize("name, scalars", [("aten::_softmax", ["", "0", "False"]),
+                                           ("aten::_softmax_backward_data", ["", "", "0", ""])])
+def test_a_softmax_over_another_dimension_is_not_replaced(name, scalars):
+    x = 1 if name.endswith("data") else 0
+    row = type("Row", (), dict(name=name, shapes=[[8, 16]] * (x + 1) + [[], []], dtypes=[F32] * (x + 1) + ["Scalar"] * 2,
+                               scalars=scalars, backward=x == 1, us=100.0))()
+    f = verify_finding_stub("below-roofline", {}, ops=[row])
+    assert "last dimension" in verify.verify_finding(f, None, verify.torch.device("cpu")).reason
+
+
 def test_what_cannot_be_measured_says_why(tmp_path, monkeypatch):
     assert "not to an op" in verify.verify_finding(verify_finding_stub("launch-bound", {}), None,
                                                    verify.torch.device("cpu")).reason
@@ -194,8 +223,6 @@ def test_what_cannot_be_measured_says_why(tmp_path, monkeypatch):
                                scalars=["", "0", "False"], backward=False, us=100.0))()
     f = verify_finding_stub("below-roofline", {}, ops=[row])
     assert "last dimension" in verify.verify_finding(f, None, verify.torch.device("cpu")).reason
-    row.backward = True
-    assert "backward" in verify.verify_finding(f, None, verify.torch.device("cpu")).reason
     # a GPU trace analyzed where there is no GPU
     monkeypatch.setattr(verify.torch.cuda, "is_available", lambda: False)
     r = _report(tmp_path, _norm)

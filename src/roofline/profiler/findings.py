@@ -360,6 +360,16 @@ def manual_attention(report) -> list[Finding]:
         sdpa_us = flops / (peak * SDPA_EFFICIENCY * 1e6) if peak else 0.0
         us = sum(o.us for o in involved)
         call = "is_causal=True" if masked else "is_causal=..."
+        # k and v repeated to the query heads in the same function: grouped-query attention
+        functions = {loc.function for loc in sm.locations if loc is not None}
+        grouped = any(o.name == "aten::repeat_interleave" and any(loc is not None and loc.function in functions
+                                                                  for loc in o.locations) for o in report.ops)
+        gqa_note = ""
+        if grouped:
+            gqa_note = (" k and v are repeated to the query heads (grouped-query attention): "
+                        + ("in fp32 keep the repeat and call SDPA without enable_gqa, which would send fp32 to its "
+                           "math path (its fused kernels take grouped heads only in fp16/bf16)."
+                           if key == "3xTF32" else "enable_gqa=True runs flash on the shared heads, no repeat needed."))
         out.append(Finding(
             "manual-attention", "attention written as matmul + softmax + matmul",
             f"softmax over {shape} scores, with the matmuls and elementwise ops around it, took {us / 1e3:.1f} ms "
@@ -367,11 +377,11 @@ def manual_attention(report) -> list[Finding]:
             + (", a mask filled in: taken as causal" if masked else "") + "). "
             f"`torch.nn.functional.scaled_dot_product_attention(q, k, v, {call})` computes the same in a flash "
             f"kernel that never writes the scores: about {sdpa_us / 1e3:.1f} ms at {SDPA_EFFICIENCY:.0%} of the "
-            f"{key} ceiling.",
+            f"{key} ceiling.{gqa_note}",
             max(us - sdpa_us, 0.0) / 1e3, _where(sm.locations),
             {"scores_shape": shape, "ops": len(involved), "ms": us / 1e3, "sdpa_estimate_ms": sdpa_us / 1e3,
              "head_dim": head_dim, "dtype": sm.dtypes[0] if sm.dtypes else None, "backward": has_backward,
-             "masked": masked},
+             "masked": masked, "grouped_query": grouped},
             ops=involved))
     return out
 

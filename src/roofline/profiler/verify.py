@@ -360,71 +360,93 @@ def _optimizer(finding, report):
 
 # --------------------------------------------------------------------------- roofline ops for slow torch ops
 
-def _norm_case(row, public: str):
-    from roofline import ops
-
-    x_shape, dtype = row.shapes[0], _dtype(row.dtypes[0])
-    d = x_shape[-1]
-    affine = len(row.shapes) > 2 and row.shapes[2] == [d]   # weight (and layer_norm's bias) were passed
-    torch_fn = torch.nn.functional.layer_norm if public == "layer_norm" else torch.nn.functional.rms_norm
-    ours = getattr(ops, public)
-
-    def build(device):
-        x = _random(x_shape, dtype, device)
-        params = [_random([d], dtype, device) for _ in range(2 if public == "layer_norm" else 1)] if affine else []
-        eps = {} if public == "layer_norm" else {"eps": torch.finfo(torch.float32).eps}   # roofline's rms default
-        base = lambda: torch_fn(x, (d,), *params, **eps)  # noqa: E731
-        cand = lambda: ours(x, (d,), *params)  # noqa: E731
-        ref = lambda: torch_fn(x.double(), (d,), *(p.double() for p in params), **eps)  # noqa: E731
-        return Built(base, cand, lambda: _agree([(cand(), ref())], TOLERANCE.get(dtype, 2e-2)))
-    return build
-
-
-def _rows_case(row, public: str):
-    from roofline import ops
-
-    x_shape, dtype = row.shapes[0], _dtype(row.dtypes[0])
-    approximate = str(row.scalars[1]).strip("'\"") if public == "gelu" and len(row.scalars) > 1 else "none"
-    torch_fn = {"softmax": lambda x: torch.softmax(x, -1), "log_softmax": lambda x: torch.log_softmax(x, -1),
-                "gelu": lambda x: torch.nn.functional.gelu(x, approximate=approximate)}[public]
-    ours = {"softmax": lambda x: ops.softmax(x, -1), "log_softmax": lambda x: ops.log_softmax(x, -1),
-            "gelu": lambda x: ops.gelu(x, approximate=approximate)}[public]
-
-    def build(device):
-        x = _random(x_shape, dtype, device)
-        return Built(lambda: torch_fn(x), lambda: ours(x),
-                     lambda: _agree([(ours(x), torch_fn(x.double()))], TOLERANCE.get(dtype, 2e-2)))
-    return build
-
-
-def _last_dim(row) -> bool:
-    dim = row.scalars[1] if len(row.scalars) > 1 else None
-    try:
-        dim = int(dim)
-    except (TypeError, ValueError):
-        return False
-    return dim in (-1, len(row.shapes[0]) - 1)
+@dataclass(frozen=True)
+class _DropIn:
+    """A roofline op standing in for an aten op: its public name, which argument is the op's input (1 in a
+    backward op, whose argument 0 is the incoming gradient), which scalar holds softmax's dim or GELU's
+    approximation, and whether the row is the backward (then the backward alone is timed)."""
+    public: str
+    x_arg: int = 0
+    scalar_arg: int | None = None
+    backward: bool = False
 
 
 _ROOFLINE_OPS = {
-    "aten::native_layer_norm": ("layer_norm", lambda row: _norm_case(row, "layer_norm"), lambda row: True),
-    "aten::_fused_rms_norm": ("rms_norm", lambda row: _norm_case(row, "rms_norm"), lambda row: True),
-    "aten::_softmax": ("softmax", lambda row: _rows_case(row, "softmax"), _last_dim),
-    "aten::_log_softmax": ("log_softmax", lambda row: _rows_case(row, "log_softmax"), _last_dim),
-    "aten::gelu": ("gelu", lambda row: _rows_case(row, "gelu"), lambda row: True),
+    "aten::native_layer_norm": _DropIn("layer_norm"),
+    "aten::native_layer_norm_backward": _DropIn("layer_norm", 1, backward=True),
+    "aten::_fused_rms_norm": _DropIn("rms_norm"),
+    "aten::_fused_rms_norm_backward": _DropIn("rms_norm", 1, backward=True),
+    "aten::_softmax": _DropIn("softmax", 0, 1),
+    "aten::_softmax_backward_data": _DropIn("softmax", 1, 2, backward=True),
+    "aten::_log_softmax": _DropIn("log_softmax", 0, 1),
+    "aten::_log_softmax_backward_data": _DropIn("log_softmax", 1, 2, backward=True),
+    "aten::gelu": _DropIn("gelu", 0, 1),
+    "aten::gelu_backward": _DropIn("gelu", 1, 2, backward=True),
 }
+
+
+def _scalar(row, i: int | None) -> str | None:
+    return str(row.scalars[i]).strip("'\"") if i is not None and i < len(row.scalars or []) else None
+
+
+def _pair(row, drop: _DropIn, x_shape) -> tuple[Callable, Callable, list]:
+    """torch's function and roofline's, both f(x, *params), and the params' shapes, for the op in `row`."""
+    from roofline import ops
+
+    d = x_shape[-1]
+    if drop.public in ("layer_norm", "rms_norm"):
+        affine = any(s == [d] for s in row.shapes[drop.x_arg + 1:])   # weight (and layer_norm's bias) were passed
+        if drop.public == "layer_norm":
+            return ((lambda x, *p: torch.nn.functional.layer_norm(x, (d,), *p)),
+                    (lambda x, *p: ops.layer_norm(x, (d,), *p)), [[d], [d]] if affine else [])
+        eps = torch.finfo(torch.float32).eps   # roofline's default, torch's for fp32
+        return ((lambda x, *p: torch.nn.functional.rms_norm(x, (d,), *p, eps=eps)),
+                (lambda x, *p: ops.rms_norm(x, (d,), *p)), [[d]] if affine else [])
+    if drop.public == "gelu":
+        approximate = _scalar(row, drop.scalar_arg) or "none"
+        return ((lambda x: torch.nn.functional.gelu(x, approximate=approximate)),
+                (lambda x: ops.gelu(x, approximate=approximate)), [])
+    try:
+        dim = int(_scalar(row, drop.scalar_arg))
+    except (TypeError, ValueError):
+        dim = None
+    if dim not in (-1, len(x_shape) - 1):
+        raise NoReplacement(f"{row.name} here is not over the last dimension, which roofline.ops.{drop.public} serves")
+    return (lambda x: getattr(torch, drop.public)(x, -1)), (lambda x: getattr(ops, drop.public)(x, -1)), []
+
+
+def _drop_in_case(row, drop: _DropIn) -> Case:
+    if len(row.shapes) <= drop.x_arg or not isinstance(row.shapes[drop.x_arg], list) or not row.shapes[drop.x_arg]:
+        raise NoReplacement(f"{row.name}'s input shape was not recorded")
+    x_shape, dtype = row.shapes[drop.x_arg], _dtype(row.dtypes[drop.x_arg])
+    theirs, ours, param_shapes = _pair(row, drop, x_shape)
+    tolerance = TOLERANCE.get(dtype, 2e-2)
+
+    def build(device):
+        inputs = [_random(s, dtype, device, requires_grad=drop.backward) for s in [x_shape, *param_shapes]]
+        if not drop.backward:
+            return Built(lambda: theirs(*inputs), lambda: ours(*inputs),
+                         lambda: _agree([(ours(*inputs), theirs(*(t.double() for t in inputs)))], tolerance))
+        # the backward alone: each side's forward once, its graph kept and walked again on every call
+        grad = _random(x_shape, dtype, device)
+        outputs = theirs(*inputs), ours(*inputs)
+        backward = [lambda out=out: torch.autograd.grad(out, inputs, grad, retain_graph=True) for out in outputs]
+
+        def check():
+            ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+            ref = torch.autograd.grad(theirs(*ref_inputs), ref_inputs, grad.double())
+            return _agree(list(zip(backward[1](), ref)), tolerance)
+        return Built(backward[0], backward[1], check)
+    return Case(f"{row.name} {x_shape} {row.dtypes[drop.x_arg]}", row.us, build)
 
 
 def _roofline_op(finding, report):
     row = finding.ops[0] if finding.ops else None
     if row is None or row.name not in _ROOFLINE_OPS:
         raise NoReplacement(f"roofline.ops has no drop-in for {row.name if row else 'this op'}")
-    if row.backward:
-        raise NoReplacement("backward ops are replaced with their forward: time the forward's finding")
-    public, build, applies = _ROOFLINE_OPS[row.name]
-    if not row.shapes or not isinstance(row.shapes[0], list) or not applies(row):
-        raise NoReplacement(f"{row.name} here is not the shape roofline.ops.{public} serves (last dimension)")
-    return f"roofline.ops.{public}", [Case(f"{row.name} {row.shapes[0]} {row.dtypes[0]}", row.us, build(row))]
+    drop = _ROOFLINE_OPS[row.name]
+    what = f"roofline.ops.{drop.public}" + (" (its backward, timed alone)" if drop.backward else "")
+    return what, [_drop_in_case(row, drop)]
 
 
 # --------------------------------------------------------------------------- host copies
