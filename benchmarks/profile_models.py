@@ -105,7 +105,7 @@ def advice(run: str, report: dict, steps: int, out: Path) -> dict:
     again with its advice applied."""
     recorded = report["totals"]["steps"]
     base_ms = timed(run, [], steps, out, "as-is")
-    measured: dict[tuple, float] = {}   # the same change named by two findings is run once
+    fixed_ms: dict[tuple, float] = {}   # the same change named by two findings is run once
     rows = []
     for rank, f in enumerate(report["findings"], 1):
         fix = FIXES.get(f["id"])
@@ -114,9 +114,9 @@ def advice(run: str, report: dict, steps: int, out: Path) -> dict:
              "verified_interval_ms": [(f.get("verified") or {}).get(k) for k in ("gain_low_ms", "gain_high_ms")],
              "verify_note": (f.get("verified") or {}).get("reason")}
         if fix:
-            if tuple(fix) not in measured:
-                measured[tuple(fix)] = timed(run, fix, steps, out, f["id"])
-            r["fixed_step_ms"] = measured[tuple(fix)]
+            if tuple(fix) not in fixed_ms:
+                fixed_ms[tuple(fix)] = timed(run, fix, steps, out, f["id"])
+            r["fixed_step_ms"] = fixed_ms[tuple(fix)]
             r["measured_ms"] = (base_ms - r["fixed_step_ms"]) * recorded
         # the program's own gain where the advice could be applied to it, else the ops' alone (--verify)
         measured = r.get("measured_ms", r["verified_ms"])

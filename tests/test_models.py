@@ -95,9 +95,11 @@ def test_a_finding_s_advice_is_applied_to_the_program_and_timed(tmp_path):
          "verified": {"gain_ms": 1.5, "gain_low_ms": 1.0, "gain_high_ms": 2.0, "reason": None}},
         {"id": "below-roofline", "title": "t", "est_gain_ms": 1.0, "verified": None},
         {"id": "below-roofline", "title": "t", "est_gain_ms": 1.0,
-         "verified": {"gain_ms": 0.6, "gain_low_ms": 0.5, "gain_high_ms": 0.7, "reason": None}}]}
+         "verified": {"gain_ms": 0.6, "gain_low_ms": 0.5, "gain_high_ms": 0.7, "reason": None}},
+        {"id": "fp32-matmul-no-tf32", "title": "t", "est_gain_ms": 1.0, "verified": None}]}
     table = profile_models.advice("gpt2-unfixed", report, 6, tmp_path)
-    optimizer, slow_op, verified_op = table["findings"]
+    optimizer, slow_op, verified_op, tf32 = table["findings"]
+    assert tf32["fix"] == ["--precision", "tf32"] and tf32["fixed_step_ms"] > 0   # a second change, run too
     assert optimizer["fix"] == ["--optimizer", "fused"] and optimizer["fixed_step_ms"] > 0
     assert optimizer["measured_ms"] == pytest.approx((table["step_ms"] - optimizer["fixed_step_ms"]) * 5)
     assert optimizer["ratio"] == pytest.approx(optimizer["measured_ms"] / 2.0)   # the program's, over --verify's
