@@ -109,7 +109,9 @@ class Verification:
         if self.gain_ms is None:
             return "not measured: " + (self.reason or "; ".join(c.error for c in self.cases if c.error))
         low, high = self.interval_ms
-        speedups = ", ".join(f"{c.speedup:.2f}x" for c in self.measured)
+        ratios = sorted(c.speedup for c in self.measured)
+        speedups = (", ".join(f"{x:.2f}x" for x in ratios) if len(ratios) <= 3 else
+                    f"{ratios[0]:.2f}x to {ratios[-1]:.2f}x over {len(ratios)} shapes")
         return (f"measured {self.gain_ms:,.2f} ms ({low:,.2f} to {high:,.2f}), speedup {speedups} on "
                 f"{self.covered_share:.0%} of the ops' time: {self.replacement}")
 
