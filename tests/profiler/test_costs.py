@@ -2,7 +2,7 @@
 
 import pytest
 
-from roofline.profiler.costs import OpRow, ParameterSet, Peaks, cost
+from roofline.profiler.costs import OpRow, ParameterSet, Peaks, cost, display_name
 from roofline.profiler.report import analyze
 from roofline.profiler.trace import Op
 
@@ -157,6 +157,36 @@ def test_roofline_ops_are_costed_as_their_benchmarks_count_them():
                    dtypes=[BF16] * 3 + ["Scalar", "Scalar"], scalars=["", "", "", "True", "0.125"])
     assert cost(attention).flops == 4 * 2 * 4 * 128 * 128 * 64 / 2          # causal: half
     assert cost(Op("roofline::some_new_op", 1, 0.0, 1.0, shapes=[[4]], dtypes=[BF16], scalars=[""])) is None
+
+
+def test_roofline_ops_under_torch_compile_take_their_public_names_and_costs():
+    """Compiled, a roofline op runs as its registered op (roofline::norm_rows, roofline::softmax_rows_backward)
+    with its own arguments and no forward linked (the argument lists as a CPU trace records them)."""
+    x = [64, 128]
+
+    def registered(name, shapes, dtypes, scalars):
+        return Op(f"roofline::{name}", 1, 0.0, 1.0, shapes=shapes, dtypes=dtypes, scalars=scalars)
+
+    # (x, residual, weight, bias, n, eps, rms, stats)
+    norm = dict(shapes=[x, [], [128], [128], [], [], [], []], dtypes=[F32, "", F32, F32] + ["Scalar"] * 4)
+    layer = registered("norm_rows", **norm, scalars=["", "", "", "", "128", "1e-05", "False", "True"])
+    rms = registered("norm_rows", **norm, scalars=["", "", "", "", "128", "1e-05", "True", "True"])
+    add = registered("norm_rows", shapes=[x, x, [128], [], [], [], [], []], dtypes=[F32, F32, F32, ""] + ["Scalar"] * 4,
+                     scalars=["", "", "", "", "128", "1e-05", "True", "True"])
+    # (dy, x, weight, stats, dresidual, rms, bias_dtype)
+    layer_back = registered("norm_rows_backward", [x, x, [128], [128], [], [], []],
+                            [F32, F32, F32, F32, "", "Scalar", "Scalar"], ["", "", "", "", "", "False", "6"])
+    soft_back = registered("softmax_rows_backward", [x, x, []], [F32, F32, "Scalar"], ["", "", "True"])
+    gelu_back = registered("gelu_backward", [x, x, []], [F32, F32, "Scalar"], ["", "", "'tanh'"])
+    unit = 64 * 128 * 4
+    assert [display_name(o) for o in (layer, rms, add, layer_back, soft_back, gelu_back)] == [
+        "roofline::layer_norm", "roofline::rms_norm", "roofline::add_rms_norm", "roofline::layer_norm_backward",
+        "roofline::log_softmax_backward", "roofline::gelu_backward"]
+    assert [cost(o).bytes for o in (layer, add, layer_back, soft_back, gelu_back)] == [
+        2 * unit, 4 * unit, 3 * unit, 3 * unit, 3 * unit]
+    # an eager backward node keeps its own name and is costed from its forward
+    eager = Op("roofline::layer_norm_backward", 2, 0.0, 1.0, shapes=[x], dtypes=[F32], scalars=[""], forward=0)
+    assert display_name(eager) == "roofline::layer_norm_backward"
 
 
 def test_views_cost_nothing_and_unknown_ops_get_the_default():

@@ -194,15 +194,15 @@ def _attention(op: Op, a: _Args) -> Cost | None:
     return Cost(flops, io, "attention", MATMUL_KEY.get(a.dtype(first)))
 
 
-def _roofline(public: str, a: _Args, backward: bool) -> Cost | None:
-    """An eager call of a roofline op (roofline::<op>, roofline::<op>_backward), from the forward's inputs: the
-    row-wise ops by the passes their benchmarks count (roofline.ops.traffic), the GEMMs and attention as the
-    aten ones are counted."""
-    first = a.tensor(0)
+def _roofline(public: str, a: _Args, backward: bool, unit_at: int = 0) -> Cost | None:
+    """A call of a roofline op (roofline::<op>, roofline::<op>_backward), from the forward's inputs (or, under
+    torch.compile, the registered op's own, its unit of traffic from argument `unit_at`): the row-wise ops by the
+    passes their benchmarks count (roofline.ops.traffic), the GEMMs and attention as the aten ones are counted."""
+    first = a.tensor(unit_at)
     if first is None:
         return None
     if public in PASSES:
-        unit = sum(_bytes(t) for t in (a.tensor(i) for i in range(unit_inputs(public))) if t)
+        unit = sum(_bytes(t) for t in (a.tensor(i) for i in range(unit_at, unit_at + unit_inputs(public))) if t)
         passes = PASSES[public].backward if backward else PASSES[public].forward
         return Cost(float(_numel(first[0])), passes * unit, "roofline")
     if public in ("linear", "int8_linear"):
@@ -443,12 +443,54 @@ _RULES = [
 ]
 
 
+def _norm_public(a: _Args, residual: int, rms: int) -> str:
+    return "add_rms_norm" if a.tensor(residual) else "rms_norm" if a.scalar(rms) is True else "layer_norm"
+
+
+# roofline's ops under torch.compile run as their registered ops (roofline::<internal>[_backward]) with their own
+# arguments, unlinked to a forward: which public op each call is, and which argument holds its unit of traffic.
+# (An eager call is recorded under its public name with the forward's inputs, its backward linked to it.)
+_COMPILED = {
+    "norm_rows": (lambda a: _norm_public(a, residual=1, rms=6), 0),
+    "norm_rows_backward": (lambda a: _norm_public(a, residual=4, rms=5), 1),          # (dy, x, w, stats, dres, ...)
+    "softmax_rows": (lambda a: "log_softmax" if a.scalar(1) is True else "softmax", 0),
+    "softmax_rows_backward": (lambda a: "log_softmax" if a.scalar(2) is True else "softmax", 0),   # (y, dy, log)
+    "swiglu_rows": (lambda a: "swiglu", 0),
+    "swiglu_rows_backward": (lambda a: "swiglu", 0),                                  # (gate, up, dy)
+    "gelu_backward": (lambda a: "gelu", 1),                                           # (dy, x, approximate)
+    "cross_entropy_rows": (lambda a: "cross_entropy", 0),
+    "cross_entropy_rows_backward": (lambda a: "cross_entropy", 0),                    # (grad, dloss)
+}
+# gelu, rope, linear, int8_linear and flash_attention are registered under their public names with the forward's
+# arguments, so a compiled forward is costed as an eager one; their compiled backwards have no cost model yet.
+
+
+def _compiled(op: Op) -> tuple[str, int] | None:
+    """(public op, unit argument) of a roofline op run by torch.compile; None for an eager record."""
+    internal = op.name.removeprefix("roofline::")
+    if not op.name.startswith("roofline::") or op.forward >= 0 or internal not in _COMPILED:
+        return None
+    public, unit_at = _COMPILED[internal]
+    return public(_Args(op)), unit_at
+
+
+def display_name(op: Op) -> str:
+    """The op's name in the tables: a roofline op run by torch.compile by its public name, as an eager call's."""
+    found = _compiled(op)
+    if found is None:
+        return op.name
+    return f"roofline::{found[0]}" + ("_backward" if op.name.endswith("_backward") else "")
+
+
 def cost(op: Op, params: ParameterSet | None = None, forward: Op | None = None) -> Cost | None:
     """FLOPs and bytes of one call of the op; None for views and ops that move no data, and where the trace lacks
     what a count needs (no cost model: better no number than 0 bytes). params: the optimizer's parameters, for
     tensor lists the profiler did not record; forward: for a roofline op's backward, the forward call that made
     it (its inputs give the sizes)."""
     name = op.name.removeprefix("aten::")
+    compiled = _compiled(op)
+    if compiled is not None:
+        return _roofline(compiled[0], _Args(op), op.name.endswith("_backward"), unit_at=compiled[1])
     if name.startswith("roofline::"):
         public = name.removeprefix("roofline::")
         backward = public.endswith("_backward")
@@ -609,7 +651,7 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
         if row is None:
             c = cost(op, params, trace.ops[op.forward] if op.forward >= 0 else None)
             c = None if composite(op_index, c) else c
-            row = rows[key] = OpRow(op.name, op.shapes or [], op.dtypes or [], c.rule if c else None,
+            row = rows[key] = OpRow(display_name(op), op.shapes or [], op.dtypes or [], c.rule if c else None,
                                     matmul_dtype=c.matmul_dtype if c else None, backward=backward,
                                     locations={}, modules={}, kernels={}, note=c.note if c else None,
                                     scalars=op.scalars or [])
