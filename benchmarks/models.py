@@ -56,7 +56,7 @@ from roofline import routing  # noqa: E402
 from roofline.bench.stats import speedup_ci  # noqa: E402
 from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 from examples.models.llama import Llama, LlamaConfig  # noqa: E402
-from examples.models.steps import CAPTURE_WARMUP, StepTimer, capture  # noqa: E402
+from roofline.bench.steps import CAPTURE_WARMUP, StepTimer, capture  # noqa: E402
 
 MODELS = {
     "gpt2": (GPT2, GPT2Config(), GPT2Config(vocab_size=96, max_seq=64, n_layer=2, n_head=2, d_model=32)),

@@ -108,6 +108,17 @@ def load_target(target: str):
     """'path/to/file.py:name' or 'package.module:name' -> the sweeps that name gives."""
     from roofline.bench import Sweep
 
+    obj = _load_name(target, Sweep)
+    sweeps = [obj] if isinstance(obj, Sweep) else list(obj) if isinstance(obj, (list, tuple)) else None
+    if not sweeps or not all(isinstance(s, Sweep) for s in sweeps):
+        raise typer.BadParameter(f"{target} must be a Sweep, a list of them, or a function returning one",
+                                 param_hint="TARGET")
+    return sweeps
+
+
+def _load_name(target: str, kind: type):
+    """The object 'path/to/file.py:name' or 'package.module:name' names; called first if it is a function (not
+    itself a `kind`)."""
     if ":" not in target:
         raise typer.BadParameter(f"expected FILE_OR_MODULE:FUNCTION, got {target!r}", param_hint="TARGET")
     where, name = target.rsplit(":", 1)
@@ -127,13 +138,7 @@ def load_target(target: str):
     if not hasattr(module, name):
         raise typer.BadParameter(f"{where} has no attribute {name!r}", param_hint="TARGET")
     obj = getattr(module, name)
-    if callable(obj) and not isinstance(obj, Sweep):
-        obj = obj()
-    sweeps = [obj] if isinstance(obj, Sweep) else list(obj) if isinstance(obj, (list, tuple)) else None
-    if not sweeps or not all(isinstance(s, Sweep) for s in sweeps):
-        raise typer.BadParameter(f"{target} must be a Sweep, a list of them, or a function returning one",
-                                 param_hint="TARGET")
-    return sweeps
+    return obj() if callable(obj) and not isinstance(obj, kind) else obj
 
 
 def _numbered(path: Path, i: int, count: int) -> Path:
@@ -284,6 +289,39 @@ def profile(
     if trace_path:
         console.print(f"[dim]trace written to {trace_path} (open it in https://ui.perfetto.dev)[/dim]")
     raise typer.Exit(status)
+
+
+@app.command()
+def ladder(
+    target: str = typer.Argument(..., help="FILE.py:TASK or module:TASK, a roofline.ladder.TrainTask (or a "
+                                 "function returning one)."),
+    steps: Optional[int] = typer.Option(None, min=6, help="Steps timed per rung (default: the task's)."),
+    skip: Optional[List[str]] = typer.Option(None, "--skip", help="A rung to leave out, by name (repeatable)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write every rung's result as JSON."),
+    markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as markdown."),
+    device: Optional[str] = typer.Option(None, help="Device, e.g. cuda:0 or cpu (default: cuda if there is one)."),
+):
+    """Climb the optimization ladder on a training step: each rung one known change on top of the ones before,
+    timed, and its loss checked against the fp32 baseline's."""
+    import dataclasses
+
+    from roofline import ladder as _ladder
+
+    task = _load_name(target, _ladder.TrainTask)
+    if not isinstance(task, _ladder.TrainTask):
+        raise typer.BadParameter(f"{target} must be a roofline.ladder.TrainTask or a function returning one",
+                                 param_hint="TARGET")
+    unknown = sorted(set(skip or ()) - {r.name for r in _ladder.TRAINING_RUNGS})
+    if unknown:
+        raise typer.BadParameter(f"no rung named {', '.join(map(repr, unknown))}; the rungs: "
+                                 + ", ".join(r.name for r in _ladder.TRAINING_RUNGS), param_hint="--skip")
+    task = dataclasses.replace(task, steps=steps or task.steps, skip=tuple(task.skip) + tuple(skip or ()))
+    result = _ladder.run(task, device=device, progress=lambda r: err.print(f"[dim]rung: {r.name}[/dim]"))
+    _ladder.print_table(result, console)
+    if json_path:
+        result.write_json(json_path)
+    if markdown_path:
+        markdown_path.write_text(_ladder.markdown(result))
 
 
 @app.command()

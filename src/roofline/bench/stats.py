@@ -170,6 +170,11 @@ def _round_speedups(b: np.ndarray, c: np.ndarray, rounds) -> np.ndarray:
     return np.array([np.median(x) / np.median(y) for x, y in zip(b_blocks, c_blocks)])
 
 
+def median_ci(samples, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(low, median, high) of independent samples: the sign test's interval for their median."""
+    return _sign_test_interval(np.asarray(samples, dtype=float), confidence)
+
+
 def _sign_test_interval(values: np.ndarray, confidence: float) -> tuple[float, float, float]:
     """(low, median, high): the k-th smallest and k-th largest values, k the largest for which the interval
     misses the median with probability 2 * P(Binomial(n, 1/2) < k) <= 1 - confidence."""

@@ -1,0 +1,48 @@
+"""The GPT-2-small and Llama-style models of examples/models as ladder tasks: their training step as a user writes
+it (the model computes its loss), climbed rung by rung.
+
+    roofline ladder examples/ladder_tasks.py:gpt2
+    roofline ladder examples/ladder_tasks.py:llama --json llama.json
+
+On a GPU: 8 x 1024 tokens, the models' full sizes (fp32 by hand, attention by hand: the baseline the ladder starts
+from). On a CPU: a two-layer model of the same code, 2 x 16 tokens, in seconds.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
+from examples.models.llama import Llama, LlamaConfig  # noqa: E402
+from roofline.ladder import TrainTask  # noqa: E402
+
+TINY = {"gpt2": dict(vocab_size=96, max_seq=64, n_layer=2, n_head=2, d_model=32),
+        "llama": dict(vocab_size=96, max_seq=64, n_layer=2, n_head=4, n_kv_head=2, d_model=64,
+                      intermediate_size=96)}
+
+
+def _task(name, cls, config, batch: int) -> TrainTask:
+    gpu = torch.cuda.is_available()
+    # attention written by hand, as models often are first: SDPA comes with roofline.patch's rung (or compile)
+    settings = dict(attention="by_hand") if gpu else dict(TINY[name], attention="by_hand")
+    seq = 1024 if gpu else 16
+
+    def batch_of(device):
+        g = torch.Generator(device).manual_seed(1)
+        vocab = settings.get("vocab_size", config().vocab_size)
+        return tuple(torch.randint(0, vocab, (batch if gpu else 2, seq), device=device, generator=g)
+                     for _ in range(2))
+
+    return TrainTask(name, model=lambda: cls(config(**settings)), batch=batch_of,
+                     loss=lambda model, b: model(b[0], targets=b[1])[1], steps=20 if gpu else 6)
+
+
+def gpt2() -> TrainTask:
+    return _task("gpt2", GPT2, GPT2Config, batch=8)
+
+
+def llama() -> TrainTask:
+    return _task("llama", Llama, LlamaConfig, batch=4)

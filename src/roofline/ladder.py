@@ -1,0 +1,267 @@
+"""The optimization ladder, climbed on the user's own training step: each rung one known change, applied on top of
+the ones before, timed and checked against the fp32 baseline's loss.
+
+    task = TrainTask("gpt2", model=lambda: GPT2(GPT2Config()), batch=make_batch,
+                     loss=lambda model, batch: model(*batch)[1])
+    result = roofline.ladder.run(task)        # or: roofline ladder examples/ladder_tasks.py:gpt2
+    print_table(result)
+
+Training rungs: fp32 baseline, TF32, bf16 autocast, fused optimizer, roofline.patch, torch.compile, torch.compile
+max-autotune, CUDA graphs. A rung that cannot apply (TF32 and CUDA graphs without a GPU) is listed as skipped with
+the reason. Every rung builds the model afresh from the same seed, runs `warmup` steps (compilation, capture,
+patch's routing measurements), then times `steps` steps by CUDA events (the median and the sign test's 95%
+interval); its loss after `check_steps` steps is held against the baseline's within the rung's tolerance, and a
+rung that breaks numerics is marked, not hidden.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from roofline.bench.stats import median_ci
+from roofline.bench.steps import CAPTURE_WARMUP, StepTimer, capture
+
+# the loss after check_steps steps may differ from fp32's by this much, relatively, at each precision
+LOSS_TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 3e-2}
+
+
+@dataclass
+class TrainTask:
+    """A training step to climb the ladder with. model() builds the model (the runner seeds torch and sets the
+    device first); batch(device) gives the step's inputs (the same every step, so that a CUDA graph can replay
+    it); loss(model, batch) computes the loss to backpropagate."""
+    name: str
+    model: Callable[[], torch.nn.Module]
+    batch: Callable[[torch.device], tuple]
+    loss: Callable[[torch.nn.Module, tuple], torch.Tensor]
+    lr: float = 3e-4
+    warmup: int = 3
+    steps: int = 20
+    check_steps: int = 3
+    skip: tuple[str, ...] = ()        # rungs this task leaves out (by name)
+
+    def __post_init__(self):
+        for what in ("warmup", "steps", "check_steps"):
+            value = getattr(self, what)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{what} must be a positive int, got {value!r}")
+        if self.steps < 6:
+            raise ValueError(f"steps must be at least 6 for a 95% interval of the median, got {self.steps}")
+        if self.check_steps > self.warmup + self.steps:
+            raise ValueError(f"check_steps ({self.check_steps}) must not exceed warmup + steps "
+                             f"({self.warmup + self.steps})")
+
+
+@dataclass(frozen=True)
+class Config:
+    """How a rung runs the step: all the changes up to it."""
+    precision: str = "fp32"         # fp32, tf32 or bf16 (autocast)
+    fused_optimizer: bool = False
+    patch: bool = False
+    compile: str | None = None      # None, "default" or "max-autotune"
+    graphs: bool = False
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    change: str                     # the lines a user writes for it
+    apply: Callable[[Config], Config]
+    needs_cuda: bool = False
+
+
+TRAINING_RUNGS = (
+    Rung("fp32 baseline", "(as written)", lambda c: c),
+    Rung("TF32", "torch.set_float32_matmul_precision('high')", lambda c: replace(c, precision="tf32"),
+         needs_cuda=True),
+    Rung("bf16 autocast", "with torch.autocast('cuda', dtype=torch.bfloat16): loss = ...",
+         lambda c: replace(c, precision="bf16")),
+    Rung("fused optimizer", "torch.optim.AdamW(params, fused=True)", lambda c: replace(c, fused_optimizer=True)),
+    Rung("roofline.patch", "roofline.patch(model)", lambda c: replace(c, patch=True)),
+    Rung("torch.compile", "model = torch.compile(model)", lambda c: replace(c, compile="default")),
+    Rung("compile max-autotune", "model = torch.compile(model, mode='max-autotune')",
+         lambda c: replace(c, compile="max-autotune"), needs_cuda=True),
+    Rung("CUDA graphs", "step = capture(step)  # the whole step replayed as one graph (roofline.bench.steps)",
+         lambda c: replace(c, graphs=True), needs_cuda=True),
+)
+
+
+@dataclass
+class RungResult:
+    rung: str
+    change: str
+    config: dict
+    status: str                     # "ok", "numerics" (loss off the baseline's), "skipped", "failed"
+    reason: str | None = None
+    median_ms: float | None = None
+    low_ms: float | None = None
+    high_ms: float | None = None
+    samples_ms: list[float] = field(default_factory=list)
+    peak_gib: float | None = None
+    warmup_s: float | None = None   # the warm-up steps' wall time: compilation, capture, routing
+    loss: float | None = None       # after check_steps steps
+    loss_error: float | None = None  # relative to the baseline's
+    tolerance: float | None = None
+    vs_previous: float | None = None   # speedup over the last timed rung
+    vs_baseline: float | None = None
+
+
+@dataclass
+class LadderResult:
+    task: str
+    device: str
+    rungs: list[RungResult]
+
+    def to_dict(self) -> dict:
+        return {"task": self.task, "device": self.device, "rungs": [asdict(r) for r in self.rungs]}
+
+    def write_json(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+
+def _step_fn(task: TrainTask, config: Config, device: torch.device):
+    """The model, and one training step (returning the loss, detached) as the config runs it."""
+    import roofline
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = task.model()
+    if config.patch:
+        roofline.patch(model)
+    forward = model if config.compile is None else torch.compile(
+        model, mode=None if config.compile == "default" else config.compile)
+    kind = {"fused": True} if config.fused_optimizer else {"foreach": device.type == "cuda"}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=task.lr, capturable=config.graphs, **kind)
+    batch = task.batch(device)
+    autocast = config.precision == "bf16"
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast, cache_enabled=not config.graphs):
+            loss = task.loss(forward, batch)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    return step
+
+
+def _climb_one(task: TrainTask, rung: Rung, config: Config, device: torch.device) -> RungResult:
+    result = RungResult(rung.name, rung.change, asdict(config), "ok",
+                        tolerance=LOSS_TOLERANCE[config.precision])
+    previous_precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if config.precision == "tf32" else "highest")
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        step = _step_fn(task, config, device)
+        losses = []
+        start = time.perf_counter()
+        if config.graphs:
+            run = capture(step)   # its warm-up steps change the weights as steps do: counted as steps
+            losses += [float("nan")] * CAPTURE_WARMUP
+        else:
+            run = step
+        while len(losses) < task.warmup:
+            losses.append(run().clone())
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        result.warmup_s = time.perf_counter() - start
+        timer = StepTimer(device)
+        timer.mark()
+        for _ in range(task.steps):
+            losses.append(run().clone())
+            timer.mark()
+        result.samples_ms = timer.samples_ms()
+        result.low_ms, result.median_ms, result.high_ms = median_ci(result.samples_ms)
+        if device.type == "cuda":
+            result.peak_gib = torch.cuda.max_memory_allocated() / 2**30
+        checked = losses[task.check_steps - 1]
+        result.loss = float(checked) if not isinstance(checked, float) else None
+    except Exception as exc:   # a rung that fails to build or run is reported, and the ladder goes on
+        result.status, result.reason = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    finally:
+        torch.set_float32_matmul_precision(previous_precision)
+    return result
+
+
+def run(task: TrainTask, device=None, rungs=TRAINING_RUNGS, progress: Callable | None = None) -> LadderResult:
+    """Climb the ladder on `task`: each rung's change applied on top of the ones before it."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    config, results = Config(), []
+    for rung in rungs:
+        if rung.name in task.skip:
+            results.append(RungResult(rung.name, rung.change, asdict(config), "skipped", "left out by the task"))
+            continue
+        if rung.needs_cuda and device.type != "cuda":
+            results.append(RungResult(rung.name, rung.change, asdict(config), "skipped", "needs a CUDA device"))
+            continue
+        config = rung.apply(config)
+        if progress:
+            progress(rung)
+        results.append(_climb_one(task, rung, config, device))
+    _compare(results)
+    return LadderResult(task.name, str(device), results)
+
+
+def _compare(results: list[RungResult]) -> None:
+    """Speedups over the rung before and over the baseline; each loss against the baseline's."""
+    timed = [r for r in results if r.median_ms is not None]
+    if not timed:
+        return
+    base = timed[0]
+    for before, r in zip([None] + timed[:-1], timed):
+        r.vs_baseline = base.median_ms / r.median_ms
+        r.vs_previous = before.median_ms / r.median_ms if before else None
+        if base.loss is not None and r.loss is not None:
+            r.loss_error = abs(r.loss - base.loss) / max(abs(base.loss), 1e-12)
+            if r.loss_error > r.tolerance:
+                r.status = "numerics"
+    for r in results:
+        if r.status == "ok" and r.loss is None and r is not base:
+            r.reason = "loss not checked: the CUDA graph's first steps ran in its capture"
+
+
+def print_table(result: LadderResult, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    t = Table(title=f"ladder: {result.task} on {result.device}", title_justify="left")
+    for col in ("rung", "ms/step (95% CI)", "vs before", "vs baseline", "peak GiB", "warm-up s", "loss",
+                "numerics"):
+        t.add_column(col, justify="left" if col in ("rung", "numerics") else "right", overflow="fold")
+    for r in result.rungs:
+        if r.median_ms is None:
+            t.add_row(r.rung, "", "", "", "", "", "", f"[dim]{r.status}: {r.reason}[/dim]")
+            continue
+        numerics = ("ok" if r.status == "ok" else f"[red]off by {r.loss_error:.1e}[/red]") + (
+            f" ({r.loss_error:.1e} <= {r.tolerance:.0e})" if r.status == "ok" and r.loss_error is not None else "")
+        t.add_row(r.rung, f"{r.median_ms:,.2f} ({r.low_ms:,.2f}-{r.high_ms:,.2f})",
+                  f"{r.vs_previous:.2f}x" if r.vs_previous else "", f"{r.vs_baseline:.2f}x",
+                  f"{r.peak_gib:.2f}" if r.peak_gib is not None else "", f"{r.warmup_s:.1f}",
+                  f"{r.loss:.4f}" if r.loss is not None else "", numerics if r.loss is not None else r.reason or "")
+    console.print(t)
+    console.print("each rung's change, on top of the ones above it:")
+    for r in result.rungs:
+        console.print(f"  {r.rung}: [cyan]{r.change}[/cyan]", highlight=False)
+
+
+def markdown(result: LadderResult) -> str:
+    lines = ["| rung | change | ms/step (95% CI) | vs before | vs baseline | loss | status |", "|---|---|---|---|---|---|---|"]
+    for r in result.rungs:
+        if r.median_ms is None:
+            lines.append(f"| {r.rung} | `{r.change}` | | | | | {r.status}: {r.reason} |")
+            continue
+        lines.append(f"| {r.rung} | `{r.change}` | {r.median_ms:.2f} ({r.low_ms:.2f}-{r.high_ms:.2f}) | "
+                     f"{f'{r.vs_previous:.2f}x' if r.vs_previous else ''} | {r.vs_baseline:.2f}x | "
+                     f"{'' if r.loss is None else f'{r.loss:.4f}'} | {r.status} |")
+    return "\n".join(lines) + "\n"

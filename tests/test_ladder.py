@@ -1,0 +1,80 @@
+"""roofline.ladder on the CPU: the example GPT-2 task climbed (the CUDA rungs skipped, with the reason), each rung's
+loss held against the baseline's, a rung that breaks numerics or fails marked, and the CLI."""
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from roofline import ladder
+from roofline.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from examples.ladder_tasks import gpt2  # noqa: E402
+
+# compiling, and patch's measurements of its routes (the interpreter's kernels on a CPU), cost minutes here:
+# left to the CLI test, in the long tier
+QUICK = ("roofline.patch", "torch.compile")
+
+
+def test_the_ladder_climbs_every_rung_this_machine_can_run():
+    result = ladder.run(replace(gpt2(), skip=QUICK), device="cpu")
+    by_name = {r.rung: r for r in result.rungs}
+    assert [r.rung for r in result.rungs] == [r.name for r in ladder.TRAINING_RUNGS]
+    for name in ("TF32", "compile max-autotune", "CUDA graphs"):
+        assert (by_name[name].status, by_name[name].reason) == ("skipped", "needs a CUDA device")
+    for name in QUICK:
+        assert (by_name[name].status, by_name[name].reason) == ("skipped", "left out by the task")
+    timed = [r for r in result.rungs if r.median_ms is not None]
+    assert [r.rung for r in timed] == ["fp32 baseline", "bf16 autocast", "fused optimizer"]
+    for r in timed:
+        assert r.status == "ok" and len(r.samples_ms) == 6 and r.low_ms <= r.median_ms <= r.high_ms
+        assert r.loss_error <= r.tolerance and r.vs_baseline == pytest.approx(timed[0].median_ms / r.median_ms)
+    # cumulative: the optimizer's rung runs in bf16 too
+    assert by_name["fused optimizer"].config == {"precision": "bf16", "fused_optimizer": True, "patch": False,
+                                                 "compile": None, "graphs": False}
+    assert by_name["fused optimizer"].vs_previous == pytest.approx(
+        by_name["bf16 autocast"].median_ms / by_name["fused optimizer"].median_ms)
+
+
+def test_a_rung_off_the_baseline_s_loss_is_marked_and_a_failing_rung_reported(monkeypatch):
+    monkeypatch.setitem(ladder.LOSS_TOLERANCE, "bf16", 0.0)
+    broken = ladder.Rung("no such compile mode", "torch.compile(model, mode='fastest')",
+                         lambda c: replace(c, compile="fastest"))
+    rungs = (ladder.TRAINING_RUNGS[0], ladder.TRAINING_RUNGS[2], broken)
+    result = ladder.run(gpt2(), device="cpu", rungs=rungs)
+    base, bf16, failed = result.rungs
+    assert base.status == "ok" and bf16.status == "numerics" and bf16.loss_error > 0
+    assert failed.status == "failed" and "fastest" in failed.reason and failed.median_ms is None
+    assert "numerics" in ladder.markdown(result) and "failed" in ladder.markdown(result)
+
+
+@pytest.mark.parametrize("field, value, message", [("steps", 3, "at least 6"), ("warmup", 0, "positive int"),
+                                                   ("check_steps", 99, "must not exceed")])
+def test_a_task_s_bad_settings_are_refused(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        replace(gpt2(), **{field: value})
+
+
+@pytest.mark.sweep   # minutes here: ROOFLINE_ALL_TESTS=1 (CI) runs it
+def test_cli_climbs_the_whole_ladder(tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(app, ["ladder", "examples/ladder_tasks.py:gpt2", "--device", "cpu", "--json",
+                              str(tmp_path / "l.json"), "--markdown", str(tmp_path / "l.md")])
+    assert out.exit_code == 0, out.output
+    rungs = {r["rung"]: r for r in json.loads((tmp_path / "l.json").read_text())["rungs"]}
+    assert rungs["torch.compile"]["status"] == "ok" and rungs["torch.compile"]["config"] == {
+        "precision": "bf16", "fused_optimizer": True, "patch": True, "compile": "default", "graphs": False}
+    assert rungs["roofline.patch"]["status"] == "ok"
+    assert "| torch.compile |" in (tmp_path / "l.md").read_text() and "each rung's change" in out.output
+
+
+def test_cli_refuses_what_is_not_a_task_and_rungs_it_does_not_know():
+    unknown = CliRunner().invoke(app, ["ladder", "examples/ladder_tasks.py:gpt2", "--skip", "TF64"])
+    assert unknown.exit_code == 2 and "no rung named 'TF64'" in unknown.output
+    bad = CliRunner().invoke(app, ["ladder", "examples/ladder_tasks.py:TINY"])
+    assert bad.exit_code == 2 and "TrainTask" in bad.output
