@@ -104,7 +104,8 @@ class RungResult:
     low_ms: float | None = None
     high_ms: float | None = None
     samples_ms: list[float] = field(default_factory=list)
-    peak_gib: float | None = None
+    peak_gib: float | None = None   # the timed steps' peak memory
+    warmup_peak_gib: float | None = None   # the warm-up's: compiling, capturing, patch measuring its routes
     warmup_s: float | None = None   # the warm-up steps' wall time: compilation, capture, routing
     loss: float | None = None       # after check_steps steps
     loss_error: float | None = None  # relative to the baseline's
@@ -174,6 +175,8 @@ def _climb_one(task: TrainTask, rung: Rung, config: Config, device: torch.device
             losses.append(run().clone())
         if device.type == "cuda":
             torch.cuda.synchronize()
+            result.warmup_peak_gib = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
         result.warmup_s = time.perf_counter() - start
         timer = StepTimer(device)
         timer.mark()
