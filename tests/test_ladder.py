@@ -78,3 +78,20 @@ def test_cli_refuses_what_is_not_a_task_and_rungs_it_does_not_know():
     assert unknown.exit_code == 2 and "no rung named 'TF64'" in unknown.output
     bad = CliRunner().invoke(app, ["ladder", "examples/ladder_tasks.py:TINY"])
     assert bad.exit_code == 2 and "TrainTask" in bad.output
+
+
+def test_a_cuda_graph_s_loss_is_checked_at_the_first_step_it_was_seen():
+    """A graph's first steps run inside its capture (no loss read): its loss is held against the baseline's at
+    the first step after check_steps that both saw."""
+    def rung(name, losses, ms):
+        return ladder.RungResult(name, "", {}, "ok", tolerance=1e-3, median_ms=ms, losses=losses)
+
+    base = rung("fp32 baseline", [5.0, 4.0, 3.0, 2.0, 1.0], 10.0)
+    graphs = rung("CUDA graphs", [None, None, None, 2.0005, 1.0], 5.0)
+    broken = rung("broken", [None, None, None, None, 9.0], 5.0)
+    unseen = rung("unseen", [None] * 5, 5.0)
+    ladder._compare([base, graphs, broken, unseen], check_steps=3)
+    assert (graphs.loss_step, graphs.loss, graphs.status) == (4, 2.0005, "ok")
+    assert graphs.loss_error == pytest.approx(0.0005 / 2.0) and graphs.vs_baseline == 2.0
+    assert (broken.loss_step, broken.status) == (5, "numerics")
+    assert unseen.loss is None and unseen.status == "ok" and "not checked" in unseen.reason

@@ -10,8 +10,9 @@ Training rungs: fp32 baseline, TF32, bf16 autocast, fused optimizer, roofline.pa
 max-autotune, CUDA graphs. A rung that cannot apply (TF32 and CUDA graphs without a GPU) is listed as skipped with
 the reason. Every rung builds the model afresh from the same seed, runs `warmup` steps (compilation, capture,
 patch's routing measurements), then times `steps` steps by CUDA events (the median and the sign test's 95%
-interval); its loss after `check_steps` steps is held against the baseline's within the rung's tolerance, and a
-rung that breaks numerics is marked, not hidden.
+interval); its loss after `check_steps` steps (for CUDA graphs, whose first steps run in the capture, the first
+step after it outside the capture) is held against the baseline's at that step within the rung's tolerance, and
+a rung that breaks numerics is marked, not hidden.
 """
 
 from __future__ import annotations
@@ -107,8 +108,10 @@ class RungResult:
     peak_gib: float | None = None   # the timed steps' peak memory
     warmup_peak_gib: float | None = None   # the warm-up's: compiling, capturing, patch measuring its routes
     warmup_s: float | None = None   # the warm-up steps' wall time: compilation, capture, routing
-    loss: float | None = None       # after check_steps steps
-    loss_error: float | None = None  # relative to the baseline's
+    losses: list = field(default_factory=list)   # every step's loss (None: run inside a CUDA graph's capture)
+    loss: float | None = None       # the loss checked: after check_steps steps, or the first step after it seen
+    loss_step: int | None = None    # ... which step that was (1-based)
+    loss_error: float | None = None  # relative to the baseline's at that step
     tolerance: float | None = None
     vs_previous: float | None = None   # speedup over the last timed rung
     vs_baseline: float | None = None
@@ -168,7 +171,7 @@ def _climb_one(task: TrainTask, rung: Rung, config: Config, device: torch.device
         start = time.perf_counter()
         if config.graphs:
             run = capture(step)   # its warm-up steps change the weights as steps do: counted as steps
-            losses += [float("nan")] * CAPTURE_WARMUP
+            losses += [None] * CAPTURE_WARMUP
         else:
             run = step
         while len(losses) < task.warmup:
@@ -187,8 +190,7 @@ def _climb_one(task: TrainTask, rung: Rung, config: Config, device: torch.device
         result.low_ms, result.median_ms, result.high_ms = median_ci(result.samples_ms)
         if device.type == "cuda":
             result.peak_gib = torch.cuda.max_memory_allocated() / 2**30
-        checked = losses[task.check_steps - 1]
-        result.loss = float(checked) if not isinstance(checked, float) else None
+        result.losses = [None if x is None else float(x) for x in losses]
     except Exception as exc:   # a rung that fails to build or run is reported, and the ladder goes on
         result.status, result.reason = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     finally:
@@ -211,11 +213,11 @@ def run(task: TrainTask, device=None, rungs=TRAINING_RUNGS, progress: Callable |
         if progress:
             progress(rung)
         results.append(_climb_one(task, rung, config, device))
-    _compare(results)
+    _compare(results, task.check_steps)
     return LadderResult(task.name, str(device), results)
 
 
-def _compare(results: list[RungResult]) -> None:
+def _compare(results: list[RungResult], check_steps: int) -> None:
     """Speedups over the rung before and over the baseline; each loss against the baseline's."""
     timed = [r for r in results if r.median_ms is not None]
     if not timed:
@@ -224,13 +226,16 @@ def _compare(results: list[RungResult]) -> None:
     for before, r in zip([None] + timed[:-1], timed):
         r.vs_baseline = base.median_ms / r.median_ms
         r.vs_previous = before.median_ms / r.median_ms if before else None
-        if base.loss is not None and r.loss is not None:
-            r.loss_error = abs(r.loss - base.loss) / max(abs(base.loss), 1e-12)
-            if r.loss_error > r.tolerance:
-                r.status = "numerics"
-    for r in results:
-        if r.status == "ok" and r.loss is None and r is not base:
-            r.reason = "loss not checked: the CUDA graph's first steps ran in its capture"
+        # the check_steps-th step, or the first after it that both ran outside a capture
+        step = next((i for i in range(check_steps - 1, min(len(r.losses), len(base.losses)))
+                     if r.losses[i] is not None and base.losses[i] is not None), None)
+        if step is None:
+            r.reason = "loss not checked: no step after the check's ran outside a CUDA graph's capture"
+            continue
+        r.loss, r.loss_step = r.losses[step], step + 1
+        r.loss_error = abs(r.loss - base.losses[step]) / max(abs(base.losses[step]), 1e-12)
+        if r.loss_error > r.tolerance:
+            r.status = "numerics"
 
 
 def print_table(result: LadderResult, console=None) -> None:
@@ -251,7 +256,8 @@ def print_table(result: LadderResult, console=None) -> None:
         t.add_row(r.rung, f"{r.median_ms:,.2f} ({r.low_ms:,.2f}-{r.high_ms:,.2f})",
                   f"{r.vs_previous:.2f}x" if r.vs_previous else "", f"{r.vs_baseline:.2f}x",
                   f"{r.peak_gib:.2f}" if r.peak_gib is not None else "", f"{r.warmup_s:.1f}",
-                  f"{r.loss:.4f}" if r.loss is not None else "", numerics if r.loss is not None else r.reason or "")
+                  f"{r.loss:.4f} (step {r.loss_step})" if r.loss is not None else "",
+                  numerics if r.loss is not None else r.reason or "")
     console.print(t)
     console.print("each rung's change, on top of the ones above it:")
     for r in result.rungs:
