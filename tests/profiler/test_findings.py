@@ -220,60 +220,53 @@ def test_launch_bound_gain_is_the_unprofiled_program_s_idle(tmp_path):
 
 # --------------------------------------------------------------------------- attention
 
-def _attention(hand_written):
-    b_, h, n, d = 4, 8, 1024, 64
+B_, H, N, D = 4, 8, 1024, 64
 
-    def build(b):
-        b.mark(10, at(88, "attend"))
-        if hand_written:
-            b.op("aten::bmm", 11, 5, shapes=[[b_ * h, n, d], [b_ * h, d, n]], dtypes=[BF16, BF16])
-            b.kernel("sm90_xmma_gemm_bf16bf16", 20, 100, launch_ts=12)
-            b.op("aten::_softmax", 130, 5, shapes=[[b_, h, n, n], [], []], dtypes=[BF16, "Scalar", "Scalar"],
-                 scalars=["", "-1", "False"])
-            b.kernel("void at::native::cunn_SoftMaxForward<8, float>", 140, 200, launch_ts=131)
-            b.op("aten::bmm", 350, 5, shapes=[[b_ * h, n, n], [b_ * h, n, d]], dtypes=[BF16, BF16])
-            b.kernel("sm90_xmma_gemm_bf16bf16", 360, 100, launch_ts=351)
-        else:
-            b.op("aten::_scaled_dot_product_flash_attention", 11, 5, shapes=[[b_, h, n, d]] * 3 + [[], []],
-                 dtypes=[BF16] * 3 + ["Scalar"] * 2, scalars=["", "", "", "0.", "False"])
-            b.kernel("flash_fwd_kernel", 20, 60, launch_ts=12)
-    return build
+
+def _attention_by_hand(b, dtype, gemm, masked=False, grouped=False):
+    """q k^T, (the mask filled in,) softmax, @ v: 100 + (50) + 200 + 100 us of kernels, at line 88; grouped: k
+    repeated to q's heads first."""
+    b.mark(10, at(88, "attend"))
+    if grouped:
+        b.op("aten::repeat_interleave", 10.2, 0.5, shapes=[[B_, H // 4, N, D], []], dtypes=[dtype, "Scalar"])
+        b.kernel("void at::native::index_elementwise_kernel<128, 4>", 12, 3, launch_ts=10.3)
+    b.op("aten::bmm", 11, 5, shapes=[[B_ * H, N, D], [B_ * H, D, N]], dtypes=[dtype, dtype])
+    b.kernel(gemm, 20, 100, launch_ts=12)
+    if masked:
+        b.op("aten::masked_fill", 125, 3, shapes=[[B_, H, N, N], [N, N], []], dtypes=[dtype, "bool", "Scalar"])
+        b.kernel("void at::native::elementwise_kernel<masked_fill>", 126, 50, launch_ts=126)
+    b.op("aten::_softmax", 180, 5, shapes=[[B_, H, N, N], [], []], dtypes=[dtype, "Scalar", "Scalar"],
+         scalars=["", "-1", "False"])
+    b.kernel("void at::native::cunn_SoftMaxForward<8, float>", 190, 200, launch_ts=181)
+    b.op("aten::bmm", 400, 5, shapes=[[B_ * H, N, N], [B_ * H, N, D]], dtypes=[dtype, dtype])
+    b.kernel(gemm, 410, 100, launch_ts=401)
+
+
+def _sdpa(b):
+    b.mark(10, at(88, "attend"))
+    b.op("aten::_scaled_dot_product_flash_attention", 11, 5, shapes=[[B_, H, N, D]] * 3 + [[], []],
+         dtypes=[BF16] * 3 + ["Scalar"] * 2, scalars=["", "", "", "0.", "False"])
+    b.kernel("flash_fwd_kernel", 20, 60, launch_ts=12)
 
 
 def test_manual_attention(tmp_path):
-    f = _one(_report(tmp_path, _attention(True)), "manual-attention")
+    f = _one(_report(tmp_path, lambda b: _attention_by_hand(b, BF16, "sm90_xmma_gemm_bf16bf16")), "manual-attention")
     sdpa_us = 4.0 * 32 * 1024 * 1024 * 64 / (700 * 0.45 * 1e6)
     assert f.location.line == 88 and f.evidence["ops"] == 3
     assert f.est_gain_ms == pytest.approx((400 - sdpa_us) / 1e3)
-    assert "manual-attention" not in _ids(_report(tmp_path, _attention(False)))
+    assert "manual-attention" not in _ids(_report(tmp_path, _sdpa))
 
 
 @pytest.mark.parametrize("grouped", [False, True])
 def test_manual_attention_with_a_mask_in_fp32(tmp_path, grouped):
     # fp32 scores with a mask filled in: SDPA is taken as causal (half the FLOPs) on its 3xTF32 kernel (a third
     # of the TF32 ceiling)
-    b_, h, n, d = 4, 8, 1024, 64
-
-    def build(b):
-        b.mark(10, at(88, "attend"))
-        if grouped:
-            b.op("aten::repeat_interleave", 10.2, 0.5, shapes=[[b_, h // 4, n, d], []], dtypes=[F32, "Scalar"])
-            b.kernel("void at::native::index_elementwise_kernel<128, 4>", 12, 3, launch_ts=10.3)
-        b.op("aten::bmm", 11, 5, shapes=[[b_ * h, n, d], [b_ * h, d, n]], dtypes=[F32, F32])
-        b.kernel("volta_sgemm_128x64_nn", 20, 100, launch_ts=12)
-        b.op("aten::masked_fill", 125, 3, shapes=[[b_, h, n, n], [n, n], []], dtypes=[F32, "bool", "Scalar"])
-        b.kernel("void at::native::elementwise_kernel<masked_fill>", 126, 50, launch_ts=126)
-        b.op("aten::_softmax", 180, 5, shapes=[[b_, h, n, n], [], []], dtypes=[F32, "Scalar", "Scalar"],
-             scalars=["", "-1", "False"])
-        b.kernel("void at::native::cunn_SoftMaxForward<8, float>", 190, 200, launch_ts=181)
-        b.op("aten::bmm", 400, 5, shapes=[[b_ * h, n, n], [b_ * h, n, d]], dtypes=[F32, F32])
-        b.kernel("volta_sgemm_128x64_nn", 410, 100, launch_ts=401)
-
+    build = lambda b: _attention_by_hand(b, F32, "volta_sgemm_128x64_nn", masked=True, grouped=grouped)  # noqa: E731
     f = _one(_report(tmp_path, build), "manual-attention")
     assert f.evidence["masked"] is True and f.evidence["ops"] == 4 and "is_causal=True" in f.message
     assert f.evidence["grouped_query"] is grouped
     assert ("without enable_gqa" in f.message) is grouped
-    sdpa_us = 4.0 * 32 * n * n * d * 0.5 / (PEAKS.matmul_tflops["tf32"] / 3 * 0.45 * 1e6)
+    sdpa_us = 4.0 * 32 * N * N * D * 0.5 / (PEAKS.matmul_tflops["tf32"] / 3 * 0.45 * 1e6)
     assert f.evidence["sdpa_estimate_ms"] == pytest.approx(sdpa_us / 1e3)
     assert f.est_gain_ms == pytest.approx((450 - sdpa_us) / 1e3)
 

@@ -6,8 +6,8 @@ The ops a finding names are rebuilt on their recorded shapes and dtypes with fre
 optimizer, the padded matmul, the roofline op, a pinned copy) is first checked against a float64 reference; then
 both are timed by bench.compare (interleaved rounds, the sign test's interval). Each case stands for the profiled
 ops of its shapes, so its measured gain is their profiled time times (1 - 1/speedup): the estimate's counterpart,
-in the same window. The heaviest MAX_CASES shapes of a finding are measured; the share of its time they cover is
-stated.
+in the same window. A finding's heaviest shapes are measured until they cover COVER of its time (at most
+MAX_CASES); the share they cover is stated.
 
 Findings that change the program rather than an op (launch-bound, host-bound, host syncs, elementwise chains,
 small grids) have no op to time alone: benchmarks/profile_models.py measures those by running the program with
@@ -175,11 +175,12 @@ def _matmul_args(row) -> tuple[Callable, list, list]:
     return getattr(torch.ops.aten, row.name.removeprefix("aten::")), shapes, dtypes
 
 
-def _matmul_case(row, label: str, candidate_dtype: torch.dtype | None, pad_to: int | None = None) -> Case:
+def _matmul_case(row, candidate_dtype: torch.dtype | None, pad_to: int | None = None) -> Case:
     """row's matmul in fp32 against: TF32 (candidate_dtype None), the same op in candidate_dtype, or (pad_to) the
     op on dimensions padded to multiples of pad_to, the result sliced back."""
     op, shapes, dtypes = _matmul_args(row)
     first = _MATMUL_FIRST[row.name]
+    label = f"{row.name} {_shape_text(shapes)}" + (" (backward)" if row.backward else "")
 
     def build(device):
         args = [_random(s, _dtype(t), device) for s, t in zip(shapes, dtypes)]
@@ -240,8 +241,7 @@ def _heaviest(rows) -> list:
 
 def _precision_cases(finding, candidate_dtype: torch.dtype | None) -> list[Case]:
     rows = [r for r in finding.ops if r.name in _MATMUL_FIRST]
-    return [_matmul_case(r, f"{r.name} {_shape_text(r.shapes[:_MATMUL_FIRST[r.name] + 2])}"
-                         + (" (backward)" if r.backward else ""), candidate_dtype) for r in _heaviest(rows)]
+    return [_matmul_case(r, candidate_dtype) for r in _heaviest(rows)]
 
 
 def _tf32(finding, report):
@@ -258,8 +258,7 @@ def _misaligned(finding, report):
     rows = [r for r in finding.ops if r.name in _MATMUL_FIRST]
     if not align or not rows:
         raise NoReplacement("no matmul to pad")
-    cases = [_matmul_case(r, f"{r.name} {_shape_text(r.shapes[:_MATMUL_FIRST[r.name] + 2])}", None, pad_to=align)
-             for r in rows]
+    cases = [_matmul_case(r, None, pad_to=align) for r in rows]
     return f"the same matmul with M, K, N zero-padded to multiples of {align}", cases
 
 
