@@ -37,26 +37,29 @@ def check(logits, target, backend="triton", **options):
 
 
 block = block_size_fixture(ce_module, "BLOCK", [ce_module.BLOCK, 16], ["wide-blocks", "many-blocks"])
+# A small input is done in one launch by one program (counts, losses, gradient, reduction); ALONE_BYTES = 0 sends
+# the same inputs through the three launches of a large one (count, persistent forward, reduction).
+launches = block_size_fixture(ce_module, "ALONE_BYTES", [ce_module.ALONE_BYTES, 0], ["one-launch", "three-launches"])
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 5), (7, 50), pytest.param((13, 1000), marks=pytest.mark.sweep)])
-def test_matches_float64_reference(shape, dtype, reduction, smoothing, block):
+def test_matches_float64_reference(shape, dtype, reduction, smoothing, block, launches):
     logits = torch.randn(shape, device=DEVICE, dtype=dtype) * 3
     check(logits, targets(*shape), reduction=reduction, label_smoothing=smoothing)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_ignore_index_inside_the_class_range_and_all_rows_ignored(reduction, block):
+def test_ignore_index_inside_the_class_range_and_all_rows_ignored(reduction, block, launches):
     logits = torch.randn(9, 40, device=DEVICE)
     check(logits, targets(9, 40, ignored=0.5, ignore_index=3), reduction=reduction, ignore_index=3)
     # every row ignored: a mean of nothing is nan, as in torch; the gradient is zero
     check(logits, torch.full((9,), -100, device=DEVICE), reduction=reduction)
 
 
-def test_one_row_and_int32_targets_and_strided_logits(block):
+def test_one_row_and_int32_targets_and_strided_logits(block, launches):
     check(torch.randn(30, device=DEVICE), torch.tensor(4, device=DEVICE))
     logits = torch.randn(40, 12, device=DEVICE).t()        # (12, 40), column-major
     t32 = targets(12, 40).to(torch.int32)                   # torch itself takes only int64 (and uint8)
@@ -65,7 +68,37 @@ def test_one_row_and_int32_targets_and_strided_logits(block):
     check(logits, targets(12, 40), reduction="sum", label_smoothing=0.2)
 
 
-def test_backward_scales_only_the_rows_whose_incoming_gradient_is_not_one():
+class _LaunchCounter:
+    """Stands in for a backward's recorder (roofline.ops._launch.recorder), which every launch tells."""
+
+    def __init__(self):
+        self.kernels = []
+
+    def launch(self, launch, args):
+        self.kernels.append(launch.kernel.fn.__name__ if hasattr(launch.kernel, "fn") else str(launch.kernel))
+
+    def refuse(self, reason):
+        pass
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_a_small_input_takes_one_launch_and_a_large_one_three(reduction, monkeypatch):
+    from roofline.ops import _launch
+
+    logits, t = torch.randn(6, 64, device=DEVICE, requires_grad=True), targets(6, 64)
+    counter = _LaunchCounter()
+    monkeypatch.setattr(_launch, "recorder", counter)
+    cross_entropy(logits, t, reduction=reduction, backend="triton")
+    assert counter.kernels == ["cross_entropy_forward_kernel"]
+    counter.kernels.clear()
+    monkeypatch.setattr(ce_module, "ALONE_BYTES", logits.numel() * logits.element_size() - 1)
+    _launch.clear_plans()
+    cross_entropy(logits, t, reduction=reduction, backend="triton")
+    expected = ["target_stats_kernel", "cross_entropy_forward_kernel"]
+    assert counter.kernels == expected + (["reduce_losses_kernel"] if reduction == "mean" else [])
+
+
+def test_backward_scales_only_the_rows_whose_incoming_gradient_is_not_one(launches):
     logits = torch.randn(6, 70, device=DEVICE, requires_grad=True)
     t = targets(6, 70)
     dloss = torch.tensor([1.0, 2.0, 1.0, -0.5, 0.0, 1.0], device=DEVICE)
@@ -128,7 +161,7 @@ def test_poisoned_gradient_memory_is_overwritten(block):
         check(logits, t, reduction="sum")
 
 
-def test_extreme_logits_behave_as_in_torch(block):
+def test_extreme_logits_behave_as_in_torch(block, launches):
     inf = math.inf
     logits = torch.randn(5, 40, device=DEVICE)
     logits[0] = torch.tensor([1e4, -1e4] * 20)
@@ -144,7 +177,7 @@ def test_extreme_logits_behave_as_in_torch(block):
             torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-4, equal_nan=True)
 
 
-def test_out_of_range_targets_are_a_clear_error_and_nan_under_compile():
+def test_out_of_range_targets_are_a_clear_error_and_nan_under_compile(launches):
     logits = torch.randn(4, 10, device=DEVICE)
     for bad in (10, -1, 1 << 40):
         t = torch.tensor([1, bad, 2, 3], device=DEVICE)
@@ -159,7 +192,7 @@ def test_out_of_range_targets_are_a_clear_error_and_nan_under_compile():
     assert torch.isnan(losses[1]) and torch.isnan(losses[3]) and torch.isfinite(losses[[0, 2]]).all()
 
 
-def test_targets_are_counted_and_checked_over_several_steps_of_the_count():
+def test_targets_are_counted_and_checked_over_several_steps_of_the_count(launches):
     with patched(ce_module, "STATS_BLOCK", 16):   # 53 rows: four steps of the one-program count
         logits = torch.randn(53, 30, device=DEVICE)
         check(logits, targets(53, 30, ignored=0.4), reduction="mean")

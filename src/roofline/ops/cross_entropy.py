@@ -44,6 +44,10 @@ BLOCK = 16384           # elements of a row per step
 PROGRAMS_PER_SM = 1     # resident rows per SM: more would push the second pass's reads out of L2
 NUM_WARPS = 32
 STATS_BLOCK = 1024      # targets per step of the one-program count
+# Logits up to this size are done by one program in one launch (counts, losses, gradient, reduction): there the
+# host's launches, not the GPU, set the pace (three launches cost ~25 us of host time on our H100 machine, and
+# one SM goes through 256 KB in a few microseconds).
+ALONE_BYTES = 1 << 18
 
 
 # --------------------------------------------------------------------------- reference
@@ -58,8 +62,9 @@ def cross_entropy_reference(logits, target, ignore_index=-100, reduction="mean",
 if triton is not None:
 
     @triton.jit
-    def target_stats_kernel(target_ptr, stats_ptr, rows, n, ignore_index, BLOCK: tl.constexpr):
-        """stats = (targets that are not ignore_index, those of them outside [0, n)), in one program."""
+    def _count_targets(target_ptr, stats_ptr, rows, n, ignore_index, BLOCK: tl.constexpr):
+        """stats = (targets that are not ignore_index, those of them outside [0, n)), counted by one program;
+        returns the first."""
         offs = tl.arange(0, BLOCK)
         kept = tl.zeros([BLOCK], dtype=tl.int32)
         bad = tl.zeros([BLOCK], dtype=tl.int32)
@@ -68,8 +73,14 @@ if triton is not None:
             counted = t != ignore_index
             kept += counted.to(tl.int32)
             bad += (counted & ((t < 0) | (t >= n))).to(tl.int32)
-        tl.store(stats_ptr, tl.sum(kept, axis=0))
+        kept_total = tl.sum(kept, axis=0)
+        tl.store(stats_ptr, kept_total)
         tl.store(stats_ptr + 1, tl.sum(bad, axis=0))
+        return kept_total
+
+    @triton.jit
+    def target_stats_kernel(target_ptr, stats_ptr, rows, n, ignore_index, BLOCK: tl.constexpr):
+        _count_targets(target_ptr, stats_ptr, rows, n, ignore_index, BLOCK)
 
     @triton.jit
     def _write_gradient(x_row, grad_row, offs, n, m, log2_scaled_total, target, keep, spread,
@@ -96,21 +107,31 @@ if triton is not None:
     @triton.jit
     def cross_entropy_forward_kernel(x_ptr, target_ptr, loss_ptr, grad_ptr, stats_ptr, rows, n,
                                      ignore_index, smoothing, GRAD: tl.constexpr, MEAN: tl.constexpr,
-                                     SMOOTH: tl.constexpr, BLOCK: tl.constexpr):
-        """Per row: the loss (fp32) and, if GRAD, d loss / d x into grad (x's dtype), divided by the number of
-        rows counted (stats[0]) if MEAN. A target outside [0, n) that is not ignore_index gives a nan loss and
-        gradient row (no access)."""
+                                     SMOOTH: tl.constexpr, ALONE: tl.constexpr, REDUCE: tl.constexpr,
+                                     BLOCK: tl.constexpr, STATS_BLOCK: tl.constexpr):
+        """Per row: the loss (fp32) and, if GRAD, d loss / d x into grad (x's dtype; it may be x itself),
+        divided by the number of rows counted (stats[0]) if MEAN. A target outside [0, n) that is not
+        ignore_index gives a nan loss and gradient row (no access).
+
+        ALONE: one program does the whole call, where a small input is bound by the host's launches: it counts
+        the targets into stats first, and with REDUCE sums the rows' losses as it goes (in row order) into
+        loss_ptr[0], divided by the count for a mean, in loss_ptr's dtype, instead of storing them per row."""
         cols = tl.arange(0, BLOCK)
         whole = n // BLOCK * BLOCK
-        grad_scale = 1.0 / tl.load(stats_ptr).to(tl.float32) if MEAN else 1.0
+        if ALONE:
+            kept = _count_targets(target_ptr, stats_ptr, rows, n, ignore_index, STATS_BLOCK)
+        else:
+            kept = tl.load(stats_ptr)
+        grad_scale = 1.0 / kept.to(tl.float32) if MEAN else 1.0
+        loss_sum = 0.0
         for row in range(tl.program_id(0), rows, tl.num_programs(0)):
             start_of_row = tl.cast(row, tl.int64) * n
             x_row = x_ptr + start_of_row
             target = tl.load(target_ptr + row).to(tl.int64)   # as given: a huge value must not wrap into range
             ignored = target == ignore_index
             valid = (target >= 0) & (target < n)
+            loss = 0.0
             if ignored:
-                tl.store(loss_ptr + row, 0.0)
                 if GRAD:
                     for start in range(0, n, BLOCK):
                         tl.store(grad_ptr + start_of_row + start + cols, tl.zeros([BLOCK], grad_ptr.dtype.element_ty),
@@ -123,7 +144,6 @@ if triton is not None:
                 loss = (m - x_target) + log_total
                 if SMOOTH:
                     loss = (1.0 - smoothing) * loss + smoothing * ((m - sum_x / n) + log_total)
-                tl.store(loss_ptr + row, loss)
                 if GRAD:
                     # The gradient's scale (1 / rows counted, or nan for a target out of range) goes into the
                     # exponent: log2(total / scale).
@@ -145,6 +165,14 @@ if triton is not None:
                         else:
                             _write_gradient(x_row, grad_row, start + cols, n, m, log2_scaled_total, target_col,
                                             keep, spread, False, False)
+            if REDUCE:
+                loss_sum += loss
+            else:
+                tl.store(loss_ptr + row, loss)
+        if REDUCE:
+            if MEAN:
+                loss_sum = tl.div_rn(loss_sum, kept.to(tl.float32))
+            tl.store(loss_ptr, loss_sum.to(loss_ptr.dtype.element_ty))
 
     @triton.jit
     def scale_rows_kernel(grad_ptr, dloss_ptr, dloss_stride, n, BLOCK: tl.constexpr):
@@ -184,25 +212,41 @@ class CrossEntropyPlan:
     (when asked) and the targets' counts; the backward scales that gradient in place by the incoming one."""
 
     def __init__(self, rows: int, n: int, ignore_index: int, reduction: str, smoothing: float, grad: bool,
-                 device: torch.device, loss_dtype: torch.dtype):
+                 device: torch.device, loss_dtype: torch.dtype, alone: bool = False):
         self.rows, self.n, self.ignore_index, self.smoothing = rows, n, ignore_index, smoothing
-        self.reduction, self.device, self.loss_dtype = reduction, device, loss_dtype
+        self.reduction, self.device, self.loss_dtype, self.alone = reduction, device, loss_dtype, alone
         self.index = index = device.index if device.type == "cuda" else -1
         block = min(BLOCK, next_power_of_2(n))
-        self.stats_launch = Launch(target_stats_kernel, (1,), index, BLOCK=STATS_BLOCK)
-        self.forward_launch = Launch(
-            cross_entropy_forward_kernel, (resident_programs(rows, device, PROGRAMS_PER_SM),), index, GRAD=grad,
-            MEAN=reduction == "mean", SMOOTH=smoothing > 0, BLOCK=block, num_warps=NUM_WARPS)
-        self.reduce_launch = Launch(reduce_losses_kernel, (1,), index, MEAN=reduction == "mean", BLOCK=REDUCE_BLOCK)
+        settings = dict(GRAD=grad, MEAN=reduction == "mean", SMOOTH=smoothing > 0, BLOCK=block,
+                        STATS_BLOCK=STATS_BLOCK, num_warps=NUM_WARPS)
+        if alone:   # one launch: counts, losses, gradient and the reduction
+            self.forward_launch = Launch(cross_entropy_forward_kernel, (1,), index, ALONE=True,
+                                         REDUCE=reduction != "none", **settings)
+        else:
+            self.stats_launch = Launch(target_stats_kernel, (1,), index, BLOCK=STATS_BLOCK)
+            self.forward_launch = Launch(
+                cross_entropy_forward_kernel, (resident_programs(rows, device, PROGRAMS_PER_SM),), index,
+                ALONE=False, REDUCE=False, **settings)
+            self.reduce_launch = Launch(reduce_losses_kernel, (1,), index, MEAN=reduction == "mean",
+                                        BLOCK=REDUCE_BLOCK)
         self.scale_launches = {}   # by the incoming gradient's stride, which the kernel is specialized on
         self.scale_block = block
         self._counts = None        # pinned host memory and an event for the targets' check, made on first use
 
     def forward(self, logits, target, ignore_index, reduction, label_smoothing, grad, check_targets):
         stats = torch.empty(2, device=self.device, dtype=torch.int32)   # (rows counted, targets out of range)
-        losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
         gradient = torch.empty_like(logits) if grad else None
         pointers = logits.data_ptr() | target.data_ptr()
+        if self.alone:
+            reduced = self.reduction != "none"
+            out = torch.empty((), device=self.device, dtype=self.loss_dtype) if reduced else \
+                torch.empty(self.rows, device=self.device, dtype=torch.float32)
+            self.forward_launch.for_pointers(pointers)(logits, target, out, out if gradient is None else gradient,
+                                                       stats, self.rows, self.n, self.ignore_index, self.smoothing)
+            if check_targets and self._count_out_of_range(stats)():
+                _raise_for_target_out_of_range(target, self.n, self.ignore_index)
+            return out, gradient, stats
+        losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
         self.stats_launch.for_pointers(pointers)(target, stats, self.rows, self.n, self.ignore_index)
         if check_targets:
             ready = self._count_out_of_range(stats)
@@ -254,7 +298,8 @@ def _plan(logits, target, ignore_index, reduction, label_smoothing, grad, check_
     plan = _plans.get(key)
     if plan is None:
         plan = _plans.add(key, CrossEntropyPlan(rows, n, ignore_index, reduction, label_smoothing, grad,
-                                                logits.device, loss_dtype))
+                                                logits.device, loss_dtype,
+                                                alone=logits.numel() * logits.element_size() <= ALONE_BYTES))
     return plan
 
 
