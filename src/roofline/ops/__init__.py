@@ -8,6 +8,7 @@ from roofline.ops.attention import flash_attention
 from roofline.ops.cross_entropy import cross_entropy
 from roofline.ops.gelu import gelu
 from roofline.ops.linear import int8_linear, linear, quantize_int8
+from roofline.ops.linear_cross_entropy import linear_cross_entropy
 from roofline.ops.matmul_ladder import matmul_ladder
 from roofline.ops.norm import add_rms_norm, layer_norm, rms_norm
 from roofline.ops.rope import rope
@@ -15,4 +16,5 @@ from roofline.ops.softmax import log_softmax, softmax
 from roofline.ops.swiglu import swiglu
 
 __all__ = ["add_rms_norm", "cross_entropy", "flash_attention", "gelu", "int8_linear", "layer_norm", "linear",
-           "log_softmax", "matmul_ladder", "quantize_int8", "rms_norm", "rope", "softmax", "swiglu"]
+           "linear_cross_entropy", "log_softmax", "matmul_ladder", "quantize_int8", "rms_norm", "rope", "softmax",
+           "swiglu"]

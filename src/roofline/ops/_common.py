@@ -102,6 +102,13 @@ if triton is not None:
             value = bits.to(tl.float32, bitcast=True)
         return value
 
+    TRUNCATES_TO_BF16 = tl.constexpr(interpreting())
+
+    @triton.jit
+    def converted(value, dtype: tl.constexpr):
+        """fp32 values in `dtype` as the GPU converts them (rounded to nearest even), under the interpreter too."""
+        return as_stored(value, TRUNCATES_TO_BF16 and dtype == tl.bfloat16).to(dtype)
+
     # The GPU's approximate reciprocal and exp (one MUFU instruction each, subnormals flushed to zero: relative error
     # ~2^-22) where epilogue math is on the critical path; '/' and tl.exp compile to a rounded division and a
     # subnormal-safe exp2 of several instructions each. The interpreter has no libdevice: plain math there.

@@ -26,7 +26,8 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend, next_power_of_2, resident_programs, tl, triton
+from roofline.ops._common import (KernelOp, choose_backend, converted, next_power_of_2, resident_programs, tl,
+                                  triton)
 from roofline.ops._launch import Launch, Plans, tensor_key
 from roofline.ops.softmax import LOG2E, _row_max_and_sum
 
@@ -98,7 +99,7 @@ if triton is not None:
         g = tl.exp2((x.to(tl.float32) - m) * LOG2E - log2_scaled_total) - spread
         if TARGET:
             g -= tl.where(offs == target, keep, 0.0)
-        g = g.to(grad_row.dtype.element_ty)
+        g = converted(g, grad_row.dtype.element_ty)
         if MASKED:
             tl.store(grad_row + offs, g, mask=mask, eviction_policy="evict_first")
         else:
@@ -172,7 +173,7 @@ if triton is not None:
         if REDUCE:
             if MEAN:
                 loss_sum = tl.div_rn(loss_sum, kept.to(tl.float32))
-            tl.store(loss_ptr, loss_sum.to(loss_ptr.dtype.element_ty))
+            tl.store(loss_ptr, converted(loss_sum, loss_ptr.dtype.element_ty))
 
     @triton.jit
     def scale_rows_kernel(grad_ptr, dloss_ptr, dloss_stride, n, BLOCK: tl.constexpr):
@@ -198,7 +199,7 @@ if triton is not None:
         result = tl.sum(total, axis=0)
         if MEAN:
             result = tl.div_rn(result, tl.load(stats_ptr).to(tl.float32))
-        tl.store(out_ptr, result.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr, converted(result, out_ptr.dtype.element_ty))
 
 
 REDUCE_BLOCK = 1024   # losses per step of the one-program reduction
@@ -243,27 +244,43 @@ class CrossEntropyPlan:
                 torch.empty(self.rows, device=self.device, dtype=torch.float32)
             self.forward_launch.for_pointers(pointers)(logits, target, out, out if gradient is None else gradient,
                                                        stats, self.rows, self.n, self.ignore_index, self.smoothing)
-            if check_targets and self._count_out_of_range(stats)():
+            if check_targets and self.out_of_range(stats)():
                 _raise_for_target_out_of_range(target, self.n, self.ignore_index)
             return out, gradient, stats
         losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
-        self.stats_launch.for_pointers(pointers)(target, stats, self.rows, self.n, self.ignore_index)
+        self.count(target, stats, self.rows, pointers)
         if check_targets:
-            ready = self._count_out_of_range(stats)
+            ready = self.out_of_range(stats)
         # Queued before the check is read, so that the GPU goes from the count to this kernel without waiting for
         # the host: the kernel is safe with any target (a row whose target is out of range gets nan, with no
         # access), and its results are dropped when the check raises.
-        self.forward_launch.for_pointers(pointers)(logits, target, losses, losses if gradient is None else gradient,
-                                                   stats, self.rows, self.n, self.ignore_index, self.smoothing)
+        self.rows_forward(logits, target, losses, gradient, stats, self.rows, pointers)
         if check_targets and ready():
             _raise_for_target_out_of_range(target, self.n, self.ignore_index)
         if self.reduction == "none":
             return losses, gradient, stats   # fp32: a compiled graph reduces them
         loss = torch.empty((), device=self.device, dtype=self.loss_dtype)
-        self.reduce_launch(losses, stats, loss, self.rows)
+        self.reduce(losses, stats, loss, self.rows)
         return loss, gradient, stats
 
-    def _count_out_of_range(self, stats: torch.Tensor):
+    # The three steps of a large input, which linear_cross_entropy also runs over chunks of rows: `rows` may differ
+    # from the plan's (at most it, for rows_forward), and `pointers` are the inputs' data pointers or-ed together.
+
+    def count(self, target, stats, rows: int, pointers: int) -> None:
+        """stats = (targets that are not ignore_index, those outside [0, n)) over target[:rows]."""
+        self.stats_launch.for_pointers(pointers)(target, stats, rows, self.n, self.ignore_index)
+
+    def rows_forward(self, logits, target, losses, gradient, stats, rows: int, pointers: int) -> None:
+        """losses[:rows] and, if the plan has one, the gradient (which may be the logits themselves, overwritten),
+        divided by stats[0] for a mean."""
+        self.forward_launch.for_pointers(pointers)(logits, target, losses, losses if gradient is None else gradient,
+                                                   stats, rows, self.n, self.ignore_index, self.smoothing)
+
+    def reduce(self, losses, stats, loss, rows: int) -> None:
+        """loss = the sum of losses[:rows], divided by stats[0] for a mean."""
+        self.reduce_launch(losses, stats, loss, rows)
+
+    def out_of_range(self, stats: torch.Tensor):
         """A function that returns the count of targets out of range once the GPU has computed it, waiting for
         that and not for the work queued after it: the counts go to pinned host memory behind an event. One
         buffer per plan: each call reads it before it returns."""
