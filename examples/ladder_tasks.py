@@ -36,8 +36,12 @@ def _task(name, cls, config, batch: int) -> TrainTask:
         return tuple(torch.randint(0, vocab, (batch if gpu else 2, seq), device=device, generator=g)
                      for _ in range(2))
 
+    def fuse_head_loss(model):   # the models' config switch (examples/models/loss.py)
+        model.config.loss = "fused"
+
     return TrainTask(name, model=lambda: cls(config(**settings)), batch=batch_of,
-                     loss=lambda model, b: model(b[0], targets=b[1])[1], steps=20 if gpu else 6)
+                     loss=lambda model, b: model(b[0], targets=b[1])[1], steps=20 if gpu else 6,
+                     fuse_head_loss=fuse_head_loss)
 
 
 def gpt2() -> TrainTask:

@@ -30,13 +30,15 @@ def test_the_ladder_climbs_every_rung_this_machine_can_run():
     for name in QUICK:
         assert (by_name[name].status, by_name[name].reason) == ("skipped", "left out by the task")
     timed = [r for r in result.rungs if r.median_ms is not None]
-    assert [r.rung for r in timed] == ["fp32 baseline", "bf16 autocast", "fused optimizer"]
+    assert [r.rung for r in timed] == ["fp32 baseline", "bf16 autocast", "fused optimizer",
+                                       "fused linear + cross-entropy"]
     for r in timed:
         assert r.status == "ok" and len(r.samples_ms) == 6 and r.low_ms <= r.median_ms <= r.high_ms
         assert r.loss_error <= r.tolerance and r.vs_baseline == pytest.approx(timed[0].median_ms / r.median_ms)
     # cumulative: the optimizer's rung runs in bf16 too
     assert by_name["fused optimizer"].config == {"precision": "bf16", "fused_optimizer": True, "patch": False,
-                                                 "compile": None, "graphs": False}
+                                                 "fused_head_loss": False, "compile": None, "graphs": False}
+    assert by_name["fused linear + cross-entropy"].config["fused_head_loss"]
     assert by_name["fused optimizer"].vs_previous == pytest.approx(
         by_name["bf16 autocast"].median_ms / by_name["fused optimizer"].median_ms)
 
@@ -51,6 +53,13 @@ def test_a_rung_off_the_baseline_s_loss_is_marked_and_a_failing_rung_reported(mo
     assert base.status == "ok" and bf16.status == "numerics" and bf16.loss_error > 0
     assert failed.status == "failed" and "fastest" in failed.reason and failed.median_ms is None
     assert "numerics" in ladder.markdown(result) and "failed" in ladder.markdown(result)
+
+
+def test_the_fused_head_is_skipped_where_the_task_says_not_how_to_switch_to_it():
+    result = ladder.run(replace(gpt2(), fuse_head_loss=None), device="cpu",
+                        rungs=[r for r in ladder.TRAINING_RUNGS if r.name in ("fp32 baseline",
+                                                                               "fused linear + cross-entropy")])
+    assert (result.rungs[1].status, result.rungs[1].reason) == ("skipped", "the task gives no fuse_head_loss")
 
 
 @pytest.mark.parametrize("field, value, message", [("steps", 3, "at least 6"), ("warmup", 0, "positive int"),
@@ -68,7 +77,8 @@ def test_cli_climbs_the_whole_ladder(tmp_path):
     assert out.exit_code == 0, out.output
     rungs = {r["rung"]: r for r in json.loads((tmp_path / "l.json").read_text())["rungs"]}
     assert rungs["torch.compile"]["status"] == "ok" and rungs["torch.compile"]["config"] == {
-        "precision": "bf16", "fused_optimizer": True, "patch": True, "compile": "default", "graphs": False}
+        "precision": "bf16", "fused_optimizer": True, "patch": True, "fused_head_loss": True, "compile": "default",
+        "graphs": False}
     assert rungs["roofline.patch"]["status"] == "ok"
     assert "| torch.compile |" in (tmp_path / "l.md").read_text() and "each rung's change" in out.output
 

@@ -48,6 +48,27 @@ def test_attention_by_hand_computes_what_sdpa_does(name):
         type(tiny)(attention="flash")
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_the_fused_head_and_loss_give_the_separate_ones_loss_and_gradients(name):
+    """loss="fused" (the ladder's fused linear + cross-entropy rung): no logits, the same loss and gradients, the
+    tied embedding's included."""
+    cls, _, tiny = benchmark.MODELS[name]
+    models = []
+    for loss in ("separate", "fused"):
+        torch.manual_seed(0)
+        models.append(cls(type(tiny)(**{**tiny.__dict__, "loss": loss})).double())
+    idx = torch.randint(0, tiny.vocab_size, (2, 9))
+    (_, separate), (logits, fused) = (m(idx, targets=idx) for m in models)
+    assert logits is None
+    torch.testing.assert_close(fused, separate, rtol=1e-10, atol=1e-10)
+    separate.backward()
+    fused.backward()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        type(tiny)(loss="chunked")
+
+
 @pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
     code = benchmark.main([str(tmp_path), "--tiny", "--train", "eager", "patch-all", "compile+patch",

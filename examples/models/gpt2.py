@@ -5,6 +5,8 @@ head tied to the token embedding.
     model = GPT2(GPT2Config())                    # GPT-2 small, 124M parameters
     logits = model(idx)                           # training: [batch, seq] -> [batch, seq, vocab]
     logits, loss = model(idx, targets=targets)    # and the loss (F.cross_entropy), as nanoGPT's
+                                                  # (config loss="fused": None and the loss, the head and
+                                                  # loss fused by roofline.ops.linear_cross_entropy)
     model.setup_cache(batch, max_seq, dtype)      # generation: then model(idx, input_pos) one chunk at a time
 """
 
@@ -16,6 +18,7 @@ from torch import nn
 
 from .attention import attention_by_hand, attention_mask, check_attention
 from .cache import KVCache, causal_mask
+from .loss import check_loss, logits_and_loss
 
 
 @dataclass
@@ -26,9 +29,11 @@ class GPT2Config:
     n_head: int = 12
     d_model: int = 768
     attention: str = "sdpa"        # or "by_hand": matmul, mask, softmax, matmul (examples/models/attention.py)
+    loss: str = "separate"         # or "fused": head and loss in one (examples/models/loss.py)
 
     def __post_init__(self):
         check_attention(self)
+        check_loss(self)
 
 
 class CausalSelfAttention(nn.Module):
@@ -116,7 +121,4 @@ class GPT2(nn.Module):
         x = self.wte(idx) + self.wpe(positions)
         for block in self.h:
             x = block(x, input_pos, mask)
-        logits = self.lm_head(self.ln_f(x))
-        if targets is None:
-            return logits
-        return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        return logits_and_loss(self.ln_f(x), self.lm_head, targets, self.config.loss)

@@ -5,6 +5,8 @@ heads, and a SwiGLU MLP (gate_proj, up_proj, down_proj); no biases; an untied LM
     model = Llama(LlamaConfig())                  # 16 layers, d 2048, 32 query / 8 key-value heads: 0.95B
     logits = model(idx)                           # training: [batch, seq] -> [batch, seq, vocab]
     logits, loss = model(idx, targets=targets)    # and the loss (F.cross_entropy), as nanoGPT's
+                                                  # (config loss="fused": None and the loss, the head and
+                                                  # loss fused by roofline.ops.linear_cross_entropy)
     model.setup_cache(batch, max_seq, dtype)      # generation: then model(idx, input_pos) one chunk at a time
 """
 
@@ -16,6 +18,7 @@ from torch import nn
 
 from .attention import attention_by_hand, attention_mask, check_attention, grouped_query_sdpa
 from .cache import KVCache, causal_mask
+from .loss import check_loss, logits_and_loss
 
 
 @dataclass
@@ -30,9 +33,11 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     attention: str = "sdpa"        # or "by_hand": matmul, mask, softmax, matmul (examples/models/attention.py)
+    loss: str = "separate"         # or "fused": head and loss in one (examples/models/loss.py)
 
     def __post_init__(self):
         check_attention(self)
+        check_loss(self)
 
     @property
     def head_dim(self) -> int:
@@ -144,7 +149,4 @@ class Llama(nn.Module):
         x = self.embed_tokens(idx)
         for block in self.layers:
             x = block(x, cos, sin, input_pos, mask)
-        logits = self.lm_head(self.norm(x))
-        if targets is None:
-            return logits
-        return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        return logits_and_loss(self.norm(x), self.lm_head, targets, self.config.loss)

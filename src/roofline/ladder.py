@@ -6,9 +6,10 @@ the ones before, timed and checked against the fp32 baseline's loss.
     result = roofline.ladder.run(task)        # or: roofline ladder examples/ladder_tasks.py:gpt2
     print_table(result)
 
-Training rungs: fp32 baseline, TF32, bf16 autocast, fused optimizer, roofline.patch, torch.compile, torch.compile
-max-autotune, CUDA graphs. A rung that cannot apply (TF32 and CUDA graphs without a GPU) is listed as skipped with
-the reason. Every rung builds the model afresh from the same seed, runs `warmup` steps (compilation, capture,
+Training rungs: fp32 baseline, TF32, bf16 autocast, fused optimizer, roofline.patch, the LM head fused with its loss
+(roofline.ops.linear_cross_entropy), torch.compile, torch.compile max-autotune, CUDA graphs. A rung that cannot apply
+(TF32 and CUDA graphs without a GPU; the fused head where the task says not how to switch its model to it) is
+listed as skipped with the reason. Every rung builds the model afresh from the same seed, runs `warmup` steps (compilation, capture,
 patch's routing measurements), then times `steps` steps by CUDA events (the median and the sign test's 95%
 interval); its loss after `check_steps` steps (for CUDA graphs, whose first steps run in the capture, the first
 step after it outside the capture) is held against the baseline's at that step within the rung's tolerance, and
@@ -47,6 +48,9 @@ class TrainTask:
     steps: int = 20
     check_steps: int = 3
     skip: tuple[str, ...] = ()        # rungs this task leaves out (by name)
+    # switches a model built by model() to roofline.ops.linear_cross_entropy for its LM head and loss; None: the
+    # task has no LM head to fuse (that rung is skipped)
+    fuse_head_loss: Callable[[torch.nn.Module], None] | None = None
 
     def __post_init__(self):
         for what in ("warmup", "steps", "check_steps"):
@@ -66,6 +70,7 @@ class Config:
     precision: str = "fp32"         # fp32, tf32 or bf16 (autocast)
     fused_optimizer: bool = False
     patch: bool = False
+    fused_head_loss: bool = False
     compile: str | None = None      # None, "default" or "max-autotune"
     graphs: bool = False
 
@@ -76,6 +81,7 @@ class Rung:
     change: str                     # the lines a user writes for it
     apply: Callable[[Config], Config]
     needs_cuda: bool = False
+    needs_task: str | None = None   # the TrainTask field the rung needs set
 
 
 TRAINING_RUNGS = (
@@ -86,6 +92,9 @@ TRAINING_RUNGS = (
          lambda c: replace(c, precision="bf16")),
     Rung("fused optimizer", "torch.optim.AdamW(params, fused=True)", lambda c: replace(c, fused_optimizer=True)),
     Rung("roofline.patch", "roofline.patch(model)", lambda c: replace(c, patch=True)),
+    Rung("fused linear + cross-entropy",
+         "loss = roofline.ops.linear_cross_entropy(hidden, lm_head.weight, targets)  # not lm_head, F.cross_entropy",
+         lambda c: replace(c, fused_head_loss=True), needs_task="fuse_head_loss"),
     Rung("torch.compile", "model = torch.compile(model)", lambda c: replace(c, compile="default")),
     Rung("compile max-autotune", "model = torch.compile(model, mode='max-autotune')",
          lambda c: replace(c, compile="max-autotune"), needs_cuda=True),
@@ -137,6 +146,8 @@ def _step_fn(task: TrainTask, config: Config, device: torch.device):
     torch.manual_seed(0)
     with torch.device(device):
         model = task.model()
+    if config.fused_head_loss:
+        task.fuse_head_loss(model)
     if config.patch:
         roofline.patch(model)
     forward = model if config.compile is None else torch.compile(
@@ -208,6 +219,10 @@ def run(task: TrainTask, device=None, rungs=TRAINING_RUNGS, progress: Callable |
             continue
         if rung.needs_cuda and device.type != "cuda":
             results.append(RungResult(rung.name, rung.change, asdict(config), "skipped", "needs a CUDA device"))
+            continue
+        if rung.needs_task and getattr(task, rung.needs_task) is None:
+            results.append(RungResult(rung.name, rung.change, asdict(config), "skipped",
+                                      f"the task gives no {rung.needs_task}"))
             continue
         config = rung.apply(config)
         if progress:

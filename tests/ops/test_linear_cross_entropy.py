@@ -97,7 +97,7 @@ def test_only_the_gradients_wanted_are_computed():
 
 
 def test_gradients_are_scaled_by_the_incoming_one_and_a_second_backward_is_refused():
-    x, weight, target, bias = inputs(20, 16, 30, bias=False)
+    x, weight, target, _ = inputs(20, 16, 30, bias=False)
     x.requires_grad_()
     loss = linear_cross_entropy(x, weight, target, backend="triton", chunk_rows=16)
     (loss * 3).backward(retain_graph=True)
@@ -172,7 +172,7 @@ def test_chunks_hold_a_bounded_number_of_rows():
 @pytest.mark.gpu
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_gpu_language_model_sizes(reduction):
-    x, weight, target, bias = inputs(2048, 1024, 32000, bias=False, device="cuda")
+    x, weight, target, _ = inputs(2048, 1024, 32000, bias=False, device="cuda")
     dout = torch.rand(target.shape if reduction == "none" else (), device="cuda") + 0.5
     call = partial(linear_cross_entropy, target=target, reduction=reduction, backend="triton", chunk_rows=512)
     reference = partial(linear_cross_entropy_reference, target=target, reduction=reduction)
@@ -195,3 +195,19 @@ def test_gpu_memory_is_the_gradients_and_one_chunk():
     chunk = lce_module.chunk_rows_for(65536, 2, 8192) * 65536 * 2
     expected = x.numel() * 2 + weight.numel() * 2 + chunk
     assert extra <= expected * 1.05 + (32 << 20), (extra, expected)
+
+
+@pytest.mark.gpu
+def test_gpu_a_cuda_graph_captures_it_with_the_targets_unchecked():
+    x, weight, target, _ = inputs(300, 64, 1000, bias=False, device="cuda")
+    expected = linear_cross_entropy(x, weight, target)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm-up outside the capture, as torch.cuda.graph asks
+        linear_cross_entropy(x, weight, target)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):   # the check's host sync would end the capture with an error
+        loss = linear_cross_entropy(x, weight, target)
+    graph.replay()
+    torch.testing.assert_close(loss, expected)

@@ -235,6 +235,7 @@ class CrossEntropyPlan:
         self._counts = None        # pinned host memory and an event for the targets' check, made on first use
 
     def forward(self, logits, target, ignore_index, reduction, label_smoothing, grad, check_targets):
+        check_targets = check_targets and not capturing(self.device)
         stats = torch.empty(2, device=self.device, dtype=torch.int32)   # (rows counted, targets out of range)
         gradient = torch.empty_like(logits) if grad else None
         pointers = logits.data_ptr() | target.data_ptr()
@@ -414,6 +415,12 @@ def _loss_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.float32 if torch.is_autocast_enabled(logits.device.type) else logits.dtype
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream is being captured into a CUDA graph, where the targets' check, a host sync,
+    cannot be: they go unchecked there, as under torch.compile."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _raise_for_target_out_of_range(target: torch.Tensor, classes: int, ignore_index: int) -> None:
     bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
     index = int(bad.nonzero()[0, 0])
@@ -430,7 +437,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     backend: "triton" (the default on CUDA), "torch" (F.cross_entropy; the default on CPU), "compile".
     The loss has the logits' dtype (math in fp32), or fp32 under autocast, as torch's. With backend="triton" the
     gradient is computed in the forward pass whenever logits requires grad; a target out of range raises
-    ValueError in eager mode (one host sync) and gives a nan loss under torch.compile.
+    ValueError in eager mode (one host sync) and gives a nan loss under torch.compile and in a CUDA graph's capture.
     """
     key = None
     if not torch.compiler.is_compiling():

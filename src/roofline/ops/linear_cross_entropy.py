@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from roofline.ops._common import KernelOp, choose_backend
 from roofline.ops._launch import Plans
 from roofline.ops.cross_entropy import (REDUCTIONS, CrossEntropyPlan, _raise_for_target_out_of_range,
-                                        _scale_rows_)
+                                        _scale_rows_, capturing)
 
 BACKENDS = ("torch", "triton", "compile")
 CHUNK_BYTES = 256 << 20   # logits of one chunk of rows: 1024 rows at 128256 classes in bf16
@@ -82,6 +82,7 @@ class LinearCrossEntropyPlan:
 
     def forward(self, x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_w, grad_b,
                 check_targets, chunk_rows):
+        check_targets = check_targets and not capturing(self.device)
         stats = torch.empty(2, device=self.device, dtype=torch.int32)   # (rows counted, targets out of range)
         losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
         self.ce.count(target, stats, self.rows, target.data_ptr())
@@ -312,7 +313,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     "torch" (the expression itself; the default on CPU), "compile" (torch.compile of the expression).
     The loss has x's dtype, or fp32 under autocast (which runs the matmuls in its dtype, as F.linear's). A target
     out of range raises ValueError in eager mode (one host sync; check_targets=False: a nan loss instead) and gives
-    a nan loss under torch.compile. chunk_rows: rows per chunk (default: 256 MB of logits).
+    a nan loss under torch.compile and in a CUDA graph's capture. chunk_rows: rows per chunk (default: 256 MB of logits).
     """
     backend = choose_backend("linear_cross_entropy", x, backend, BACKENDS, arg="x")
     _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, chunk_rows)
