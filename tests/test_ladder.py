@@ -62,6 +62,19 @@ def test_the_fused_head_is_skipped_where_the_task_says_not_how_to_switch_to_it()
     assert (result.rungs[1].status, result.rungs[1].reason) == ("skipped", "the task gives no fuse_head_loss")
 
 
+def test_the_waterfall_plots_a_result_read_back_from_its_json(tmp_path):
+    rungs = [ladder.RungResult(name, "", {}, status, median_ms=ms, low_ms=ms, high_ms=ms)
+             for name, status, ms in (("fp32 baseline", "ok", 200.0), ("TF32", "ok", 90.0),
+                                      ("slower", "numerics", 95.0), ("CUDA graphs", "skipped", None))]
+    ladder.LadderResult("t", "cpu", rungs).write_json(tmp_path / "r.json")
+    back = ladder.LadderResult.read_json(tmp_path / "r.json")
+    assert [r.median_ms for r in back.rungs] == [200.0, 90.0, 95.0, None]
+    ladder.waterfall(back, tmp_path / "w.png")
+    assert (tmp_path / "w.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no rung was timed"):
+        ladder.waterfall(ladder.LadderResult("t", "cpu", rungs[3:]), tmp_path / "none.png")
+
+
 @pytest.mark.parametrize("field, value, message", [("steps", 3, "at least 6"), ("warmup", 0, "positive int"),
                                                    ("check_steps", 99, "must not exceed")])
 def test_a_task_s_bad_settings_are_refused(field, value, message):
@@ -73,7 +86,8 @@ def test_a_task_s_bad_settings_are_refused(field, value, message):
 def test_cli_climbs_the_whole_ladder(tmp_path):
     runner = CliRunner()
     out = runner.invoke(app, ["ladder", "examples/ladder_tasks.py:gpt2", "--device", "cpu", "--json",
-                              str(tmp_path / "l.json"), "--markdown", str(tmp_path / "l.md")])
+                              str(tmp_path / "l.json"), "--markdown", str(tmp_path / "l.md"), "--plot",
+                              str(tmp_path / "l.png")])
     assert out.exit_code == 0, out.output
     rungs = {r["rung"]: r for r in json.loads((tmp_path / "l.json").read_text())["rungs"]}
     assert rungs["torch.compile"]["status"] == "ok" and rungs["torch.compile"]["config"] == {
@@ -81,6 +95,7 @@ def test_cli_climbs_the_whole_ladder(tmp_path):
         "graphs": False}
     assert rungs["roofline.patch"]["status"] == "ok"
     assert "| torch.compile |" in (tmp_path / "l.md").read_text() and "each rung's change" in out.output
+    assert (tmp_path / "l.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_cli_refuses_what_is_not_a_task_and_rungs_it_does_not_know():

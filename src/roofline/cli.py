@@ -299,6 +299,8 @@ def ladder(
     skip: Optional[List[str]] = typer.Option(None, "--skip", help="A rung to leave out, by name (repeatable)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write every rung's result as JSON."),
     markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as markdown."),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a waterfall plot (PNG) of the time each "
+                                             "rung removed."),
     device: Optional[str] = typer.Option(None, help="Device, e.g. cuda:0 or cpu (default: cuda if there is one)."),
 ):
     """Climb the optimization ladder on a training step: each rung one known change on top of the ones before,
@@ -322,6 +324,8 @@ def ladder(
         result.write_json(json_path)
     if markdown_path:
         markdown_path.write_text(_ladder.markdown(result))
+    if plot_path:
+        _ladder.waterfall(result, plot_path)
 
 
 @app.command()

@@ -138,6 +138,11 @@ class LadderResult:
     def write_json(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
+    @classmethod
+    def read_json(cls, path) -> "LadderResult":
+        data = json.loads(Path(path).read_text())
+        return cls(data["task"], data["device"], [RungResult(**r) for r in data["rungs"]])
+
 
 def _step_fn(task: TrainTask, config: Config, device: torch.device):
     """The model, and one training step (returning the loss, detached) as the config runs it."""
@@ -289,3 +294,42 @@ def markdown(result: LadderResult) -> str:
                      f"{f'{r.vs_previous:.2f}x' if r.vs_previous else ''} | {r.vs_baseline:.2f}x | "
                      f"{'' if r.loss is None else f'{r.loss:.4f}'} | {r.status} |")
     return "\n".join(lines) + "\n"
+
+
+def waterfall(result: LadderResult, path) -> str:
+    """A waterfall of the step time each rung removed (matplotlib, written to `path`): the baseline's bar, a
+    floating bar per timed rung from the time before it to its own (green where it removed time, red where it
+    added some), and the last rung's time; a rung whose loss broke numerics is hatched. Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")   # files only: never needs a display
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in result.rungs if r.median_ms is not None]
+    if not timed:
+        raise ValueError("no rung was timed: nothing to plot")
+    fig, ax = plt.subplots(figsize=(1.2 * len(timed) + 2.5, 4.5))
+    names, before = [], None
+    for i, r in enumerate(timed):
+        names.append(r.rung)
+        if before is None:
+            ax.bar(i, r.median_ms, color="#7f7f7f")
+            ax.text(i, r.median_ms, f"{r.median_ms:.1f} ms", ha="center", va="bottom", fontsize=8)
+        else:
+            low, high = sorted((before, r.median_ms))
+            ax.bar(i, high - low, bottom=low, color="#2ca02c" if r.median_ms <= before else "#d62728",
+                   hatch="//" if r.status == "numerics" else None)
+            ax.text(i, high, f"{before / r.median_ms:.2f}x", ha="center", va="bottom", fontsize=8)
+        before = r.median_ms
+    last = timed[-1]
+    ax.bar(len(timed), last.median_ms, color="#1f77b4")
+    ax.text(len(timed), last.median_ms, f"{last.median_ms:.1f} ms\n{timed[0].median_ms / last.median_ms:.2f}x",
+            ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(timed) + 1), [*names, "result"], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("ms per training step (median)")
+    ax.set_title(f"ladder: {result.task} on {result.device}", fontsize=10)
+    ax.margins(y=0.12)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return str(path)
