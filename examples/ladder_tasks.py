@@ -3,9 +3,12 @@ it (the model computes its loss), climbed rung by rung.
 
     roofline ladder examples/ladder_tasks.py:gpt2
     roofline ladder examples/ladder_tasks.py:llama --json llama.json
+    roofline ladder examples/ladder_tasks.py:llama_generate      # generation: graphs, int8, speculative decoding
 
-On a GPU: 8 x 1024 tokens, the models' full sizes (fp32 by hand, attention by hand: the baseline the ladder starts
-from). On a CPU: a two-layer model of the same code, 2 x 16 tokens, in seconds.
+Training, on a GPU: 8 x 1024 tokens, the models' full sizes (fp32 by hand, attention by hand: the baseline the
+ladder starts from). On a CPU: a two-layer model of the same code, 2 x 16 tokens, in seconds.
+Generation: the Llama-style model and its draft trained on the Python standard library's source
+(examples/decoding_pair.py; trained on first use, minutes on a GPU, then cached), greedy from a held-out prompt.
 """
 
 import sys
@@ -15,9 +18,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from examples import decoding_pair  # noqa: E402
 from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 from examples.models.llama import Llama, LlamaConfig  # noqa: E402
-from roofline.ladder import TrainTask  # noqa: E402
+from roofline.ladder import GenerateTask, TrainTask  # noqa: E402
 
 TINY = {"gpt2": dict(vocab_size=96, max_seq=64, n_layer=2, n_head=2, d_model=32),
         "llama": dict(vocab_size=96, max_seq=64, n_layer=2, n_head=4, n_kv_head=2, d_model=64,
@@ -50,3 +54,14 @@ def gpt2() -> TrainTask:
 
 def llama() -> TrainTask:
     return _task("llama", Llama, LlamaConfig, batch=4)
+
+
+def llama_generate() -> GenerateTask:
+    gpu = torch.cuda.is_available()
+
+    def trained(which: int):   # fresh from the cache each time: a rung casts and quantizes its model in place
+        return lambda: decoding_pair.load(torch.get_default_device())[which]
+
+    return GenerateTask("llama generation", model=trained(0), draft=trained(1),
+                        prompt=lambda device: decoding_pair.prompt(device),
+                        new_tokens=128 if gpu else 12, draft_k=(2, 3, 4, 5, 6, 8) if gpu else (2, 3))

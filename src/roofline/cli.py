@@ -293,9 +293,10 @@ def profile(
 
 @app.command()
 def ladder(
-    target: str = typer.Argument(..., help="FILE.py:TASK or module:TASK, a roofline.ladder.TrainTask (or a "
-                                 "function returning one)."),
-    steps: Optional[int] = typer.Option(None, min=6, help="Steps timed per rung (default: the task's)."),
+    target: str = typer.Argument(..., help="FILE.py:TASK or module:TASK, a roofline.ladder.TrainTask or "
+                                 "GenerateTask (or a function returning one)."),
+    steps: Optional[int] = typer.Option(None, min=6, help="Steps timed per rung, or generations for a GenerateTask "
+                                        "(default: the task's)."),
     skip: Optional[List[str]] = typer.Option(None, "--skip", help="A rung to leave out, by name (repeatable)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write every rung's result as JSON."),
     markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the table as markdown."),
@@ -303,21 +304,27 @@ def ladder(
                                              "rung removed."),
     device: Optional[str] = typer.Option(None, help="Device, e.g. cuda:0 or cpu (default: cuda if there is one)."),
 ):
-    """Climb the optimization ladder on a training step: each rung one known change on top of the ones before,
-    timed, and its loss checked against the fp32 baseline's."""
+    """Climb the optimization ladder on a training step (each rung one known change on top of the ones before,
+    timed, and its loss checked against the fp32 baseline's) or on greedy generation (CUDA graphs, int8 weights,
+    speculative decoding; tokens checked against bf16 eager's)."""
     import dataclasses
 
     from roofline import ladder as _ladder
 
-    task = _load_name(target, _ladder.TrainTask)
-    if not isinstance(task, _ladder.TrainTask):
-        raise typer.BadParameter(f"{target} must be a roofline.ladder.TrainTask or a function returning one",
-                                 param_hint="TARGET")
-    unknown = sorted(set(skip or ()) - {r.name for r in _ladder.TRAINING_RUNGS})
+    task = _load_name(target, (_ladder.TrainTask, _ladder.GenerateTask))
+    if not isinstance(task, (_ladder.TrainTask, _ladder.GenerateTask)):
+        raise typer.BadParameter(f"{target} must be a roofline.ladder.TrainTask or GenerateTask, or a function "
+                                 "returning one", param_hint="TARGET")
+    rungs = _ladder.GENERATION_RUNGS if isinstance(task, _ladder.GenerateTask) else _ladder.TRAINING_RUNGS
+    unknown = sorted(set(skip or ()) - {r.name for r in rungs})
     if unknown:
         raise typer.BadParameter(f"no rung named {', '.join(map(repr, unknown))}; the rungs: "
-                                 + ", ".join(r.name for r in _ladder.TRAINING_RUNGS), param_hint="--skip")
-    task = dataclasses.replace(task, steps=steps or task.steps, skip=tuple(task.skip) + tuple(skip or ()))
+                                 + ", ".join(r.name for r in rungs), param_hint="--skip")
+    if isinstance(task, _ladder.TrainTask):
+        task = dataclasses.replace(task, steps=steps or task.steps)
+    elif steps:
+        task = dataclasses.replace(task, repeats=steps)
+    task = dataclasses.replace(task, skip=tuple(task.skip) + tuple(skip or ()))
     result = _ladder.run(task, device=device, progress=lambda r: err.print(f"[dim]rung: {r.name}[/dim]"))
     _ladder.print_table(result, console)
     if json_path:
@@ -325,7 +332,10 @@ def ladder(
     if markdown_path:
         markdown_path.write_text(_ladder.markdown(result))
     if plot_path:
-        _ladder.waterfall(result, plot_path)
+        if any(r.median_ms is not None for r in result.rungs):
+            _ladder.waterfall(result, plot_path)
+        else:
+            err.print("no rung was timed: no waterfall to plot")
 
 
 @app.command()

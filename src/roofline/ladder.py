@@ -27,8 +27,10 @@ from typing import Callable
 
 import torch
 
+from roofline import generation_ladder
 from roofline.bench.stats import median_ci
 from roofline.bench.steps import CAPTURE_WARMUP, StepTimer, capture
+from roofline.generation_ladder import GenerateConfig, GenerateTask
 
 # the loss after check_steps steps may differ from fp32's by this much, relatively, at each precision
 LOSS_TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 3e-2}
@@ -101,6 +103,16 @@ TRAINING_RUNGS = (
     Rung("CUDA graphs", "step = capture(step)  # the whole step replayed as one graph (roofline.bench.steps)",
          lambda c: replace(c, graphs=True), needs_cuda=True),
 )
+GENERATION_RUNGS = (   # cumulative too; int8 weight-only turns graphs off (int8 eager follows CUDA graphs)
+    Rung("bf16 eager", "(as written: bf16 weights, a static KV cache, one token a step)", lambda c: c),
+    Rung("CUDA graphs", "each decode step captured and replayed: roofline.decoding.Steps(model, 1, graphs=True)",
+         lambda c: replace(c, graphs=True), needs_cuda=True),
+    Rung("int8 weight-only", "roofline.quantize_int8_weight_only(model)  # eager again",
+         lambda c: replace(c, int8=True, graphs=False)),
+    Rung("int8 + CUDA graphs", "both", lambda c: replace(c, int8=True, graphs=True), needs_cuda=True),
+    Rung("speculative decoding", "tokens, stats = roofline.decoding.speculative(steps, draft_steps, prompt, n, k)",
+         lambda c: replace(c, speculative=True), needs_task="draft"),
+)
 
 
 @dataclass
@@ -124,6 +136,13 @@ class RungResult:
     tolerance: float | None = None
     vs_previous: float | None = None   # speedup over the last timed rung
     vs_baseline: float | None = None
+    # generation (median_ms and the samples are then per token):
+    tokens_per_s: float | None = None
+    tokens: list = field(default_factory=list)   # the first timed generation's tokens (the first row's)
+    tokens_matched: int | None = None   # leading tokens the same as the baseline's
+    acceptance: float | None = None     # speculative decoding: the draft's guesses kept
+    draft_k: int | None = None          # ... the guesses a round, chosen by timing each of the task's
+    k_sweep_ms: dict | None = None      # ... ms per token at each k tried
 
 
 @dataclass
@@ -131,9 +150,10 @@ class LadderResult:
     task: str
     device: str
     rungs: list[RungResult]
+    kind: str = "train"             # or "generate"
 
     def to_dict(self) -> dict:
-        return {"task": self.task, "device": self.device, "rungs": [asdict(r) for r in self.rungs]}
+        return {"task": self.task, "device": self.device, "kind": self.kind, "rungs": [asdict(r) for r in self.rungs]}
 
     def write_json(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -141,7 +161,7 @@ class LadderResult:
     @classmethod
     def read_json(cls, path) -> "LadderResult":
         data = json.loads(Path(path).read_text())
-        return cls(data["task"], data["device"], [RungResult(**r) for r in data["rungs"]])
+        return cls(data["task"], data["device"], [RungResult(**r) for r in data["rungs"]], data.get("kind", "train"))
 
 
 def _step_fn(task: TrainTask, config: Config, device: torch.device):
@@ -214,10 +234,14 @@ def _climb_one(task: TrainTask, rung: Rung, config: Config, device: torch.device
     return result
 
 
-def run(task: TrainTask, device=None, rungs=TRAINING_RUNGS, progress: Callable | None = None) -> LadderResult:
-    """Climb the ladder on `task`: each rung's change applied on top of the ones before it."""
+def run(task: TrainTask | GenerateTask, device=None, rungs=None, progress: Callable | None = None) -> LadderResult:
+    """Climb the ladder on `task`: a training step's rungs (TRAINING_RUNGS), each change on top of the ones before
+    it, or a generation's (GENERATION_RUNGS)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    config, results = Config(), []
+    generating = isinstance(task, GenerateTask)
+    if rungs is None:
+        rungs = GENERATION_RUNGS if generating else TRAINING_RUNGS
+    config, results = GenerateConfig() if generating else Config(), []
     for rung in rungs:
         if rung.name in task.skip:
             results.append(RungResult(rung.name, rung.change, asdict(config), "skipped", "left out by the task"))
@@ -232,9 +256,15 @@ def run(task: TrainTask, device=None, rungs=TRAINING_RUNGS, progress: Callable |
         config = rung.apply(config)
         if progress:
             progress(rung)
-        results.append(_climb_one(task, rung, config, device))
-    _compare(results, task.check_steps)
-    return LadderResult(task.name, str(device), results)
+        if generating:
+            results.append(generation_ladder.climb_one(task, rung, config, device))
+        else:
+            results.append(_climb_one(task, rung, config, device))
+    if generating:
+        generation_ladder.compare(results, task.check_tokens)
+    else:
+        _compare(results, task.check_steps)
+    return LadderResult(task.name, str(device), results, "generate" if generating else "train")
 
 
 def _compare(results: list[RungResult], check_steps: int) -> None:
@@ -258,26 +288,49 @@ def _compare(results: list[RungResult], check_steps: int) -> None:
             r.status = "numerics"
 
 
+def _columns(result: LadderResult) -> tuple[str, ...]:
+    if result.kind == "generate":
+        return ("ms/token (95% CI)", "tokens/s", "vs before", "vs baseline", "held GiB", "set-up s",
+                "tokens = baseline's", "acceptance (k)")
+    return ("ms/step (95% CI)", "vs before", "vs baseline", "peak GiB", "warm-up s", "loss", "numerics")
+
+
+def _cells(result: LadderResult, r: RungResult, rich: bool) -> list[str]:
+    """A timed rung's cells under _columns(result)."""
+    def red(text):
+        return f"[red]{text}[/red]" if rich else text
+
+    common = [f"{r.median_ms:,.3f} ({r.low_ms:,.3f}-{r.high_ms:,.3f})" if result.kind == "generate"
+              else f"{r.median_ms:,.2f} ({r.low_ms:,.2f}-{r.high_ms:,.2f})"]
+    speedups = [f"{r.vs_previous:.2f}x" if r.vs_previous else "", f"{r.vs_baseline:.2f}x"]
+    memory = [f"{r.peak_gib:.2f}" if r.peak_gib is not None else "", f"{r.warmup_s:.1f}"]
+    if result.kind == "generate":
+        matched = f"{r.tokens_matched} of {len(r.tokens)}" if r.tokens_matched is not None else ""
+        accepted = f"{r.acceptance:.0%} (k={r.draft_k})" if r.acceptance is not None else ""
+        return [*common, f"{r.tokens_per_s:,.0f}", *speedups, *memory,
+                matched if r.status == "ok" else red(matched), accepted]
+    if r.loss is None:
+        return [*common, *speedups, *memory, "", r.reason or ""]
+    numerics = "ok" + (f" ({r.loss_error:.1e} <= {r.tolerance:.0e})" if r.loss_error is not None else "") \
+        if r.status == "ok" else red(f"off by {r.loss_error:.1e}")
+    return [*common, *speedups, *memory, f"{r.loss:.4f} (step {r.loss_step})", numerics]
+
+
 def print_table(result: LadderResult, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = console or Console()
     t = Table(title=f"ladder: {result.task} on {result.device}", title_justify="left")
-    for col in ("rung", "ms/step (95% CI)", "vs before", "vs baseline", "peak GiB", "warm-up s", "loss",
-                "numerics"):
-        t.add_column(col, justify="left" if col in ("rung", "numerics") else "right", overflow="fold")
+    columns = _columns(result)
+    t.add_column("rung", overflow="fold")
+    for col in columns:
+        t.add_column(col, justify="left" if col == columns[-1] else "right", overflow="fold")
     for r in result.rungs:
         if r.median_ms is None:
-            t.add_row(r.rung, "", "", "", "", "", "", f"[dim]{r.status}: {r.reason}[/dim]")
-            continue
-        numerics = ("ok" if r.status == "ok" else f"[red]off by {r.loss_error:.1e}[/red]") + (
-            f" ({r.loss_error:.1e} <= {r.tolerance:.0e})" if r.status == "ok" and r.loss_error is not None else "")
-        t.add_row(r.rung, f"{r.median_ms:,.2f} ({r.low_ms:,.2f}-{r.high_ms:,.2f})",
-                  f"{r.vs_previous:.2f}x" if r.vs_previous else "", f"{r.vs_baseline:.2f}x",
-                  f"{r.peak_gib:.2f}" if r.peak_gib is not None else "", f"{r.warmup_s:.1f}",
-                  f"{r.loss:.4f} (step {r.loss_step})" if r.loss is not None else "",
-                  numerics if r.loss is not None else r.reason or "")
+            t.add_row(r.rung, *[""] * (len(columns) - 1), f"[dim]{r.status}: {r.reason}[/dim]")
+        else:
+            t.add_row(r.rung, *_cells(result, r, rich=True))
     console.print(t)
     console.print("each rung's change, on top of the ones above it:")
     for r in result.rungs:
@@ -285,14 +338,14 @@ def print_table(result: LadderResult, console=None) -> None:
 
 
 def markdown(result: LadderResult) -> str:
-    lines = ["| rung | change | ms/step (95% CI) | vs before | vs baseline | loss | status |", "|---|---|---|---|---|---|---|"]
+    columns = ("rung", "change", *_columns(result), "status")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in result.rungs:
         if r.median_ms is None:
-            lines.append(f"| {r.rung} | `{r.change}` | | | | | {r.status}: {r.reason} |")
-            continue
-        lines.append(f"| {r.rung} | `{r.change}` | {r.median_ms:.2f} ({r.low_ms:.2f}-{r.high_ms:.2f}) | "
-                     f"{f'{r.vs_previous:.2f}x' if r.vs_previous else ''} | {r.vs_baseline:.2f}x | "
-                     f"{'' if r.loss is None else f'{r.loss:.4f}'} | {r.status} |")
+            cells = [""] * len(_columns(result)) + [f"{r.status}: {r.reason}"]
+        else:
+            cells = [*_cells(result, r, rich=False), r.status]
+        lines.append(f"| {r.rung} | `{r.change}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -326,7 +379,7 @@ def waterfall(result: LadderResult, path) -> str:
     ax.text(len(timed), last.median_ms, f"{last.median_ms:.1f} ms\n{timed[0].median_ms / last.median_ms:.2f}x",
             ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(timed) + 1), [*names, "result"], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("ms per training step (median)")
+    ax.set_ylabel("ms per token (median)" if result.kind == "generate" else "ms per training step (median)")
     ax.set_title(f"ladder: {result.task} on {result.device}", fontsize=10)
     ax.margins(y=0.12)
     fig.tight_layout()

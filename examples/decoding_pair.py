@@ -1,0 +1,160 @@
+"""A model and a small draft of it for speculative decoding, trained briefly on text every machine has offline: the
+Python standard library's own source, byte by byte (a vocabulary of 256). Random weights would make a draft's
+acceptance meaningless; these two have learned the same text, so the draft guesses what the model would say.
+
+    python examples/decoding_pair.py [--minutes 5]      # trains both (on a GPU: minutes), caches them, says where
+    target, draft = decoding_pair.load(device)          # from the cache, training first if it is empty
+
+The model is the example Llama-style model (examples/models/llama.py: 16 layers, d 2048, grouped-query attention
+32/8) with a byte vocabulary; the draft is 2 layers of d 512. Both train on the same batches (bf16 autocast, fused
+AdamW, torch.compile on a GPU) for the time given. The checkpoints go to roofline's cache directory
+(ROOFLINE_CACHE_DIR, else ~/.cache/roofline), under a name holding the corpus's hash and the configs, so another
+Python's library or another config trains anew; they are never committed. The last 1% of the corpus is held out:
+prompts come from it. On a machine without a GPU, tiny configs train for a few seconds (the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import sysconfig
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.models.llama import Llama, LlamaConfig  # noqa: E402
+from roofline.device import cache_dir  # noqa: E402
+
+VOCAB = 256                 # bytes
+CORPUS_BYTES = 48 << 20     # the first 48 MB of the library's .py files, in sorted order
+HELD_OUT = 0.01
+CONFIGS = {
+    "gpu": (LlamaConfig(vocab_size=VOCAB), LlamaConfig(vocab_size=VOCAB, n_layer=2, n_head=8, n_kv_head=4,
+                                                      d_model=512, intermediate_size=1408)),
+    "cpu": (LlamaConfig(vocab_size=VOCAB, max_seq=256, n_layer=2, n_head=4, n_kv_head=2, d_model=64,
+                        intermediate_size=128),
+            LlamaConfig(vocab_size=VOCAB, max_seq=256, n_layer=1, n_head=2, n_kv_head=1, d_model=32,
+                        intermediate_size=64)),
+}
+TRAINING = {"gpu": dict(batch=8, seq=1024, lr=6e-4, minutes=5.0), "cpu": dict(batch=4, seq=64, lr=3e-3, minutes=0.1)}
+
+
+def corpus() -> bytes:
+    """The standard library's .py files (site-packages left out), in sorted order, up to CORPUS_BYTES."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, size = [], 0
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts or "dist-packages" in path.parts:
+            continue
+        try:
+            text = path.read_bytes()
+        except OSError:
+            continue
+        chunks.append(text)
+        size += len(text)
+        if size >= CORPUS_BYTES:
+            break
+    return b"\n\n".join(chunks)[:CORPUS_BYTES]
+
+
+def split(data: bytes) -> tuple[bytes, bytes]:
+    """(training text, held-out text)."""
+    cut = int(len(data) * (1 - HELD_OUT))
+    return data[:cut], data[cut:]
+
+
+def prompt(device, length: int = 64) -> torch.Tensor:
+    """[1, length] bytes of held-out text, starting at a line's start."""
+    held = split(corpus())[1]
+    start = held.index(b"\ndef ") + 1 if b"\ndef " in held else 0
+    return torch.tensor(list(held[start:start + length]), device=device)[None]
+
+
+def _kind(device: torch.device) -> str:
+    return "gpu" if device.type == "cuda" else "cpu"
+
+
+def _checkpoint_dir(device: torch.device, data: bytes) -> Path:
+    target, draft = CONFIGS[_kind(device)]
+    digest = hashlib.sha256(data + json.dumps([asdict(target), asdict(draft), TRAINING[_kind(device)]],
+                                              sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "decoding-pair" / f"{_kind(device)}-{digest}"
+
+
+def train(device, minutes: float | None = None, log=print) -> Path:
+    """Train the model and its draft on the corpus for `minutes` (default: TRAINING's) and save both; returns the
+    checkpoints' directory."""
+    device = torch.device(device)
+    kind = _kind(device)
+    data = corpus()
+    text = torch.frombuffer(bytearray(split(data)[0]), dtype=torch.uint8).to(device)
+    settings = TRAINING[kind]
+    minutes = settings["minutes"] if minutes is None else minutes
+    torch.manual_seed(0)
+    with torch.device(device):
+        models = [Llama(config) for config in CONFIGS[kind]]
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=settings["lr"], betas=(0.9, 0.95), weight_decay=0.1,
+                                    fused=device.type == "cuda") for m in models]
+    forwards = [torch.compile(m) if device.type == "cuda" else m for m in models]
+    batch, seq = settings["batch"], settings["seq"]
+    generator = torch.Generator(device).manual_seed(1)
+    steps, losses, start = 0, [0.0, 0.0], time.perf_counter()
+    while time.perf_counter() - start < minutes * 60:
+        starts = torch.randint(0, len(text) - seq - 1, (batch,), device=device, generator=generator)
+        window = text[starts[:, None] + torch.arange(seq + 1, device=device)].long()
+        inputs, targets = window[:, :-1], window[:, 1:].contiguous()
+        for i, (forward, optimizer) in enumerate(zip(forwards, optimizers)):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = forward(inputs, targets=targets)[1]
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses[i] = loss.detach()
+        steps += 1
+        if steps % 100 == 0:
+            log(f"step {steps}: loss {float(losses[0]):.3f} (model), {float(losses[1]):.3f} (draft), "
+                f"{time.perf_counter() - start:.0f} s")
+    where = _checkpoint_dir(device, data)
+    where.mkdir(parents=True, exist_ok=True)
+    for name, model, loss in zip(("target", "draft"), models, losses):
+        torch.save({"config": asdict(model.config), "state": model.state_dict(), "steps": steps,
+                    "tokens": steps * batch * seq, "loss": float(loss)}, where / f"{name}.pt")
+    log(f"trained {steps} steps ({steps * batch * seq:,} bytes) in {time.perf_counter() - start:.0f} s: loss "
+        f"{float(losses[0]):.3f} nats/byte (model), {float(losses[1]):.3f} (draft); saved in {where}")
+    return where
+
+
+def load(device, log=print) -> tuple[Llama, Llama]:
+    """(model, draft) from the cache, trained first if the cache does not have them."""
+    device = torch.device(device)
+    where = _checkpoint_dir(device, corpus())
+    if not (where / "target.pt").exists() or not (where / "draft.pt").exists():
+        log(f"no trained pair in {where}: training one ({TRAINING[_kind(device)]['minutes']} min)")
+        train(device, log=log)
+    models = []
+    for name in ("target", "draft"):
+        saved = torch.load(where / f"{name}.pt", map_location=device, weights_only=True)
+        with torch.device(device):
+            model = Llama(LlamaConfig(**saved["config"]))
+        model.load_state_dict(saved["state"])
+        models.append(model)
+    return models[0], models[1]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=None, help="training time (default: 5 on a GPU)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    train(args.device, args.minutes)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

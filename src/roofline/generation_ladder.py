@@ -1,0 +1,159 @@
+"""The generation ladder: greedy decoding of the user's model, one token a step through its KV cache, rung by rung.
+
+    task = GenerateTask("llama", model=build_model, prompt=make_prompt, draft=build_draft)
+    result = roofline.ladder.run(task)        # or: roofline ladder examples/ladder_tasks.py:llama_generate
+
+Rungs: bf16 eager, CUDA graphs (each decode step captured), int8 weight-only (roofline.quantize_int8_weight_only),
+int8 + CUDA graphs, and speculative decoding (the int8 model under CUDA graphs checks a bf16 draft's k guesses in
+one pass, roofline.decoding.speculative; k chosen by timing each of task.draft_k once). Each rung builds the model
+afresh, generates task.new_tokens tokens once to warm up (compiling kernels, capturing graphs), then times
+task.repeats generations by CUDA events: ms per token (median, the sign test's 95% interval) and tokens/s. Its
+tokens are held against the bf16 eager baseline's: the first task.check_tokens must be the same, else the rung is
+marked "numerics" (int8 weights may change the model's choices; the count of leading tokens kept is reported).
+Memory: what the rung holds once ready (weights, KV caches, graphs).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from roofline.bench.stats import median_ci
+from roofline.decoding import Steps, greedy, speculative
+
+
+@dataclass
+class GenerateTask:
+    """A model to decode with. model() builds it (weights loaded; the runner seeds torch, sets the device and casts
+    it to bf16); it follows roofline.decoding's protocol (setup_cache, model(idx, input_pos)). prompt(device) gives
+    the prompt [1, T]; draft(), where given, a small model of the same vocabulary for speculative decoding."""
+    name: str
+    model: Callable[[], torch.nn.Module]
+    prompt: Callable[[torch.device], torch.Tensor]
+    draft: Callable[[], torch.nn.Module] | None = None
+    new_tokens: int = 128
+    repeats: int = 7
+    check_tokens: int = 16
+    draft_k: tuple[int, ...] = (2, 3, 4, 5, 6, 8)
+    skip: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        for what in ("new_tokens", "repeats", "check_tokens"):
+            value = getattr(self, what)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{what} must be a positive int, got {value!r}")
+        if self.repeats < 6:
+            raise ValueError(f"repeats must be at least 6 for a 95% interval of the median, got {self.repeats}")
+        if not self.draft_k or any(not isinstance(k, int) or k < 1 for k in self.draft_k):
+            raise ValueError(f"draft_k must be positive ints, got {self.draft_k!r}")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    int8: bool = False
+    graphs: bool = False
+    speculative: bool = False
+
+
+def _build(make, device: torch.device, int8: bool) -> torch.nn.Module:
+    import roofline
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = make()
+    model = model.to(torch.bfloat16).eval()
+    if int8:
+        roofline.quantize_int8_weight_only(model)
+    return model
+
+
+def _timed(run, device: torch.device):
+    """(ms, run()'s result), by CUDA events on a GPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end), out
+    begin = time.perf_counter()
+    out = run()
+    return (time.perf_counter() - begin) * 1e3, out
+
+
+def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.device):
+    from roofline.ladder import RungResult
+
+    result = RungResult(rung.name, rung.change, asdict(config), "ok")
+    gc.collect()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+    held_before = torch.cuda.memory_allocated() if cuda else 0
+    try:
+        start = time.perf_counter()
+        model = _build(task.model, device, config.int8)   # outside inference mode: the task may train it first
+        draft = _build(task.draft, device, False) if config.speculative else None
+        with torch.inference_mode():
+            prompt = task.prompt(device)
+            max_seq = prompt.shape[1] + task.new_tokens + max(task.draft_k) + 2
+            model.setup_cache(prompt.shape[0], max_seq, torch.bfloat16)
+            steps = Steps(model, prompt.shape[0], config.graphs)
+            if config.speculative:
+                draft.setup_cache(1, max_seq, torch.bfloat16)
+                draft_steps = Steps(draft, 1, config.graphs)
+                swept = {}
+                for k in task.draft_k:   # each k once after a warm-up (which captures its verify graph)
+                    speculative(steps, draft_steps, prompt, task.new_tokens, k)
+                    swept[k] = _timed(lambda k=k: speculative(steps, draft_steps, prompt, task.new_tokens, k),
+                                      device)[0]
+                result.draft_k = min(swept, key=swept.get)
+                result.k_sweep_ms = {str(k): ms / task.new_tokens for k, ms in swept.items()}
+
+                def run():
+                    return speculative(steps, draft_steps, prompt, task.new_tokens, result.draft_k)
+            else:
+                def run():
+                    return greedy(steps, prompt, task.new_tokens), None
+                run()
+            result.warmup_s = time.perf_counter() - start
+            if cuda:
+                result.peak_gib = (torch.cuda.memory_allocated() - held_before) / 2**30
+            samples, accepted, proposed = [], 0, 0
+            for _ in range(task.repeats):
+                ms, (tokens, stats) = _timed(run, device)
+                samples.append(ms / task.new_tokens)
+                if stats is not None:
+                    accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
+        result.samples_ms = samples
+        result.low_ms, result.median_ms, result.high_ms = median_ci(samples)
+        result.tokens_per_s = prompt.shape[0] * 1e3 / result.median_ms
+        result.tokens = tokens[0].tolist()
+        if proposed:
+            result.acceptance = accepted / proposed
+    except Exception as exc:   # a rung that fails to build or run is reported, and the ladder goes on
+        result.status, result.reason = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return result
+
+
+def compare(results, check_tokens: int) -> None:
+    """Speedups over the rung before and over the baseline; each rung's tokens against the baseline's."""
+    timed = [r for r in results if r.median_ms is not None]
+    if not timed:
+        return
+    base = timed[0]
+    for before, r in zip([None, *timed[:-1]], timed):
+        r.vs_baseline = base.median_ms / r.median_ms
+        r.vs_previous = before.median_ms / r.median_ms if before else None
+        same = 0
+        for ours, theirs in zip(r.tokens, base.tokens):
+            if ours != theirs:
+                break
+            same += 1
+        r.tokens_matched = same
+        if same < min(check_tokens, len(base.tokens)):
+            r.status = "numerics"
