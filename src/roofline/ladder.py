@@ -140,6 +140,7 @@ class RungResult:
     tokens_per_s: float | None = None
     tokens: list = field(default_factory=list)   # the first timed generation's tokens (the first row's)
     tokens_matched: int | None = None   # leading tokens the same as the baseline's
+    agreement: float | None = None      # teacher-forced: the share of the baseline's tokens this model picks
     acceptance: float | None = None     # speculative decoding: the draft's guesses kept
     draft_k: int | None = None          # ... the guesses a round, chosen by timing each of the task's
     k_sweep_ms: dict | None = None      # ... ms per token at each k tried
@@ -257,11 +258,12 @@ def run(task: TrainTask | GenerateTask, device=None, rungs=None, progress: Calla
         if progress:
             progress(rung)
         if generating:
-            results.append(generation_ladder.climb_one(task, rung, config, device))
+            reference = next((r.tokens for r in results if r.median_ms is not None), None)
+            results.append(generation_ladder.climb_one(task, rung, config, device, reference))
         else:
             results.append(_climb_one(task, rung, config, device))
     if generating:
-        generation_ladder.compare(results, task.check_tokens)
+        generation_ladder.compare(results, task.check_tokens, task.agreement)
     else:
         _compare(results, task.check_steps)
     return LadderResult(task.name, str(device), results, "generate" if generating else "train")
@@ -291,7 +293,7 @@ def _compare(results: list[RungResult], check_steps: int) -> None:
 def _columns(result: LadderResult) -> tuple[str, ...]:
     if result.kind == "generate":
         return ("ms/token (95% CI)", "tokens/s", "vs before", "vs baseline", "held GiB", "set-up s",
-                "tokens = baseline's", "acceptance (k)")
+                "tokens = baseline's", "agreement", "acceptance (k)")
     return ("ms/step (95% CI)", "vs before", "vs baseline", "peak GiB", "warm-up s", "loss", "numerics")
 
 
@@ -307,8 +309,9 @@ def _cells(result: LadderResult, r: RungResult, rich: bool) -> list[str]:
     if result.kind == "generate":
         matched = f"{r.tokens_matched} of {len(r.tokens)}" if r.tokens_matched is not None else ""
         accepted = f"{r.acceptance:.0%} (k={r.draft_k})" if r.acceptance is not None else ""
-        return [*common, f"{r.tokens_per_s:,.0f}", *speedups, *memory,
-                matched if r.status == "ok" else red(matched), accepted]
+        agreement = f"{r.agreement:.1%}" if r.agreement is not None else ""
+        return [*common, f"{r.tokens_per_s:,.0f}", *speedups, *memory, matched,
+                agreement if r.status == "ok" else red(agreement), accepted]
     if r.loss is None:
         return [*common, *speedups, *memory, "", r.reason or ""]
     numerics = "ok" + (f" ({r.loss_error:.1e} <= {r.tolerance:.0e})" if r.loss_error is not None else "") \
