@@ -21,11 +21,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples import decoding_pair  # noqa: E402
 from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 from examples.models.llama import Llama, LlamaConfig  # noqa: E402
-from roofline.ladder import GenerateTask, TrainTask  # noqa: E402
+from roofline.ladder import GenerateTask, TrainTask, task_rung  # noqa: E402
 
 TINY = {"gpt2": dict(vocab_size=96, max_seq=64, n_layer=2, n_head=2, d_model=32),
         "llama": dict(vocab_size=96, max_seq=64, n_layer=2, n_head=4, n_kv_head=2, d_model=64,
                       intermediate_size=96)}
+
+
+def _use_sdpa(model):
+    """Attention through F.scaled_dot_product_attention instead of by hand: the same math (tests/test_models.py)."""
+    model.config.attention = "sdpa"
+    for module in model.modules():
+        if hasattr(module, "by_hand"):
+            module.by_hand = False
+
+
+# the models' own rung: patch serves calls of SDPA (with flash_attention where it wins), not attention by hand
+SDPA = task_rung("SDPA", "y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # not softmax(q k^T) v",
+                 _use_sdpa, before="roofline.patch")
 
 
 def _task(name, cls, config, batch: int) -> TrainTask:
@@ -45,7 +58,7 @@ def _task(name, cls, config, batch: int) -> TrainTask:
 
     return TrainTask(name, model=lambda: cls(config(**settings)), batch=batch_of,
                      loss=lambda model, b: model(b[0], targets=b[1])[1], steps=20 if gpu else 6,
-                     fuse_head_loss=fuse_head_loss)
+                     fuse_head_loss=fuse_head_loss, rungs=(SDPA,))
 
 
 def gpt2() -> TrainTask:

@@ -94,7 +94,7 @@ def test_the_generation_ladder_on_a_tiny_trained_pair(tmp_path, int8):
     base, spec = by_name["bf16 eager"], by_name["speculative decoding"]
     n = task.new_tokens
     assert base.status == "ok" and base.tokens_matched == len(base.tokens) == n and base.vs_baseline == 1.0
-    assert spec.config == {"int8": int8, "graphs": False, "speculative": True}
+    assert spec.config == {"int8": int8, "graphs": False, "speculative": True, "changes": ()}
     assert spec.draft_k in (2, 3) and 0.0 <= spec.acceptance <= 1.0 and set(spec.k_sweep_ms) == {"2", "3"}
     assert all(0.0 <= r.agreement <= 1.0 for r in (base, spec))
     assert len(spec.samples_ms) == task.repeats and spec.tokens_per_s == pytest.approx(1e3 / spec.median_ms)

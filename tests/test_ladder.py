@@ -24,20 +24,24 @@ QUICK = ("roofline.patch", "torch.compile")
 def test_the_ladder_climbs_every_rung_this_machine_can_run():
     result = ladder.run(replace(gpt2(), skip=QUICK), device="cpu")
     by_name = {r.rung: r for r in result.rungs}
-    assert [r.rung for r in result.rungs] == [r.name for r in ladder.TRAINING_RUNGS]
+    names = [r.name for r in ladder.TRAINING_RUNGS]
+    at = names.index("roofline.patch")   # the task's own SDPA rung goes before patch
+    assert [r.rung for r in result.rungs] == [*names[:at], "SDPA", *names[at:]]
     for name in ("TF32", "compile max-autotune", "CUDA graphs"):
         assert (by_name[name].status, by_name[name].reason) == ("skipped", "needs a CUDA device")
     for name in QUICK:
         assert (by_name[name].status, by_name[name].reason) == ("skipped", "left out by the task")
     timed = [r for r in result.rungs if r.median_ms is not None]
-    assert [r.rung for r in timed] == ["fp32 baseline", "bf16 autocast", "fused optimizer",
+    assert [r.rung for r in timed] == ["fp32 baseline", "bf16 autocast", "fused optimizer", "SDPA",
                                        "fused linear + cross-entropy"]
+    assert by_name["fused linear + cross-entropy"].config["changes"] == ("SDPA",)
     for r in timed:
         assert r.status == "ok" and len(r.samples_ms) == 6 and r.low_ms <= r.median_ms <= r.high_ms
         assert r.loss_error <= r.tolerance and r.vs_baseline == pytest.approx(timed[0].median_ms / r.median_ms)
     # cumulative: the optimizer's rung runs in bf16 too
     assert by_name["fused optimizer"].config == {"precision": "bf16", "fused_optimizer": True, "patch": False,
-                                                 "fused_head_loss": False, "compile": None, "graphs": False}
+                                                 "fused_head_loss": False, "compile": None, "graphs": False,
+                                                 "changes": ()}
     assert by_name["fused linear + cross-entropy"].config["fused_head_loss"]
     assert by_name["fused optimizer"].vs_previous == pytest.approx(
         by_name["bf16 autocast"].median_ms / by_name["fused optimizer"].median_ms)
@@ -53,6 +57,24 @@ def test_a_rung_off_the_baseline_s_loss_is_marked_and_a_failing_rung_reported(mo
     assert base.status == "ok" and bf16.status == "numerics" and bf16.loss_error > 0
     assert failed.status == "failed" and "fastest" in failed.reason and failed.median_ms is None
     assert "numerics" in ladder.markdown(result) and "failed" in ladder.markdown(result)
+
+
+def test_a_task_s_own_rung_changes_the_model_of_its_rung_and_those_after():
+    built = []
+
+    def count(model):
+        built.append(model)
+
+    late = ladder.task_rung("counted", "(nothing)", count)
+    task = replace(gpt2(), rungs=(*gpt2().rungs, late))
+    assert [r.name for r in ladder.ladder_rungs(task)][-1] == "counted"   # no `before`: after the built-in ones
+    result = ladder.run(task, device="cpu", rungs=[ladder.TRAINING_RUNGS[0], *task.rungs])
+    base, sdpa, counted = result.rungs
+    assert sdpa.status == counted.status == "ok" and sdpa.loss_error <= sdpa.tolerance
+    assert sdpa.config["changes"] == ("SDPA",) and counted.config["changes"] == ("SDPA", "counted")
+    assert len(built) == 1 and not any(getattr(m, "by_hand", False) for m in built[0].modules())
+    with pytest.raises(ValueError, match="no built-in rung named 'TF64'"):
+        ladder.ladder_rungs(replace(gpt2(), rungs=(ladder.task_rung("x", "", count, before="TF64"),)))
 
 
 def test_the_fused_head_is_skipped_where_the_task_says_not_how_to_switch_to_it():
@@ -92,7 +114,7 @@ def test_cli_climbs_the_whole_ladder(tmp_path):
     rungs = {r["rung"]: r for r in json.loads((tmp_path / "l.json").read_text())["rungs"]}
     assert rungs["torch.compile"]["status"] == "ok" and rungs["torch.compile"]["config"] == {
         "precision": "bf16", "fused_optimizer": True, "patch": True, "fused_head_loss": True, "compile": "default",
-        "graphs": False}
+        "graphs": False, "changes": []}
     assert rungs["roofline.patch"]["status"] == "ok"
     assert "| torch.compile |" in (tmp_path / "l.md").read_text() and "each rung's change" in out.output
     assert (tmp_path / "l.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

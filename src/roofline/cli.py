@@ -315,7 +315,7 @@ def ladder(
     if not isinstance(task, (_ladder.TrainTask, _ladder.GenerateTask)):
         raise typer.BadParameter(f"{target} must be a roofline.ladder.TrainTask or GenerateTask, or a function "
                                  "returning one", param_hint="TARGET")
-    rungs = _ladder.GENERATION_RUNGS if isinstance(task, _ladder.GenerateTask) else _ladder.TRAINING_RUNGS
+    rungs = _ladder.ladder_rungs(task)
     unknown = sorted(set(skip or ()) - {r.name for r in rungs})
     if unknown:
         raise typer.BadParameter(f"no rung named {', '.join(map(repr, unknown))}; the rungs: "

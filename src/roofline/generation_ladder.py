@@ -46,6 +46,7 @@ class GenerateTask:
     agreement: float = 0.9     # teacher-forced: the share of the baseline's tokens the rung's model picks too
     draft_k: tuple[int, ...] = (2, 4, 6, 8, 10, 12, 16)
     skip: tuple[str, ...] = ()
+    rungs: tuple = ()          # the task's own rungs (roofline.ladder.task_rung), after the built-in ones
 
     def __post_init__(self):
         for what in ("new_tokens", "repeats", "check_tokens"):
@@ -63,6 +64,7 @@ class GenerateConfig:
     int8: bool = False
     graphs: bool = False
     speculative: bool = False
+    changes: tuple[str, ...] = ()   # the task's own rungs applied (by name)
 
 
 def _build(make, device: torch.device, int8: bool) -> torch.nn.Module:
@@ -101,9 +103,10 @@ def _agreement(model, prompt: torch.Tensor, reference: list[int]) -> float:
     return float((picked == sequence[0, prompt.shape[1]:]).float().mean())
 
 
-def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.device, reference=None):
-    """One rung's result; reference: the baseline's tokens, which the rung's model is checked against
-    (teacher-forced), or None for the baseline itself."""
+def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.device, changes: dict,
+              reference=None):
+    """One rung's result; changes: the task's rungs' model changes by name; reference: the baseline's tokens, which
+    the rung's model is checked against (teacher-forced), or None for the baseline itself."""
     from roofline.ladder import RungResult
 
     result = RungResult(rung.name, rung.change, asdict(config), "ok")
@@ -115,6 +118,8 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
     try:
         start = time.perf_counter()
         model = _build(task.model, device, config.int8)   # outside inference mode: the task may train it first
+        for name in config.changes:
+            changes[name](model)
         draft = _build(task.draft, device, False) if config.speculative else None
         with torch.inference_mode():
             prompt = task.prompt(device)

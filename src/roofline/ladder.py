@@ -53,6 +53,7 @@ class TrainTask:
     # switches a model built by model() to roofline.ops.linear_cross_entropy for its LM head and loss; None: the
     # task has no LM head to fuse (that rung is skipped)
     fuse_head_loss: Callable[[torch.nn.Module], None] | None = None
+    rungs: tuple = ()                 # the task's own rungs (task_rung), after the built-in ones
 
     def __post_init__(self):
         for what in ("warmup", "steps", "check_steps"):
@@ -75,6 +76,7 @@ class Config:
     fused_head_loss: bool = False
     compile: str | None = None      # None, "default" or "max-autotune"
     graphs: bool = False
+    changes: tuple[str, ...] = ()   # the task's own rungs applied (by name)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,30 @@ class Rung:
     apply: Callable[[Config], Config]
     needs_cuda: bool = False
     needs_task: str | None = None   # the TrainTask field the rung needs set
+    model_change: Callable[[torch.nn.Module], None] | None = None   # a task's rung: what it does to the model
+    before: str | None = None       # a task's rung: the built-in rung it is climbed before (None: after them all)
+
+
+def task_rung(name: str, change: str, model_change: Callable[[torch.nn.Module], None], before: str | None = None,
+              needs_cuda: bool = False) -> Rung:
+    """A rung of the task's own (TrainTask.rungs, GenerateTask.rungs): model_change(model) changes the model built
+    for it and for every rung after it, in place; `change` is the lines a user writes for it. It is climbed before
+    the built-in rung named `before`, or after them all."""
+    return Rung(name, change, lambda c: replace(c, changes=(*c.changes, name)), needs_cuda=needs_cuda,
+                model_change=model_change, before=before)
+
+
+def ladder_rungs(task) -> tuple[Rung, ...]:
+    """The rungs `task` climbs: the built-in ones of its kind, with the task's own placed where they ask."""
+    built_in = GENERATION_RUNGS if isinstance(task, GenerateTask) else TRAINING_RUNGS
+    names = {r.name for r in built_in}
+    for r in task.rungs:
+        if r.before is not None and r.before not in names:
+            raise ValueError(f"task rung {r.name!r}: no built-in rung named {r.before!r} to go before")
+    ordered = []
+    for rung in built_in:
+        ordered += [r for r in task.rungs if r.before == rung.name] + [rung]
+    return (*ordered, *(r for r in task.rungs if r.before is None))
 
 
 TRAINING_RUNGS = (
@@ -165,8 +191,9 @@ class LadderResult:
         return cls(data["task"], data["device"], [RungResult(**r) for r in data["rungs"]], data.get("kind", "train"))
 
 
-def _step_fn(task: TrainTask, config: Config, device: torch.device):
-    """The model, and one training step (returning the loss, detached) as the config runs it."""
+def _step_fn(task: TrainTask, config: Config, device: torch.device, changes: dict):
+    """The model, and one training step (returning the loss, detached) as the config runs it; changes: the task's
+    rungs' model changes by name."""
     import roofline
 
     torch.manual_seed(0)
@@ -176,6 +203,8 @@ def _step_fn(task: TrainTask, config: Config, device: torch.device):
         task.fuse_head_loss(model)
     if config.patch:
         roofline.patch(model)
+    for name in config.changes:
+        changes[name](model)
     forward = model if config.compile is None else torch.compile(
         model, mode=None if config.compile == "default" else config.compile)
     kind = {"fused": True} if config.fused_optimizer else {"foreach": device.type == "cuda"}
@@ -193,7 +222,7 @@ def _step_fn(task: TrainTask, config: Config, device: torch.device):
     return step
 
 
-def _climb_one(task: TrainTask, rung: Rung, config: Config, device: torch.device) -> RungResult:
+def _climb_one(task: TrainTask, rung: Rung, config: Config, device: torch.device, changes: dict) -> RungResult:
     result = RungResult(rung.name, rung.change, asdict(config), "ok",
                         tolerance=LOSS_TOLERANCE[config.precision])
     previous_precision = torch.get_float32_matmul_precision()
@@ -203,7 +232,7 @@ def _climb_one(task: TrainTask, rung: Rung, config: Config, device: torch.device
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     try:
-        step = _step_fn(task, config, device)
+        step = _step_fn(task, config, device, changes)
         losses = []
         start = time.perf_counter()
         if config.graphs:
@@ -241,7 +270,8 @@ def run(task: TrainTask | GenerateTask, device=None, rungs=None, progress: Calla
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     generating = isinstance(task, GenerateTask)
     if rungs is None:
-        rungs = GENERATION_RUNGS if generating else TRAINING_RUNGS
+        rungs = ladder_rungs(task)
+    changes = {r.name: r.model_change for r in rungs if r.model_change is not None}
     config, results = GenerateConfig() if generating else Config(), []
     for rung in rungs:
         if rung.name in task.skip:
@@ -259,9 +289,9 @@ def run(task: TrainTask | GenerateTask, device=None, rungs=None, progress: Calla
             progress(rung)
         if generating:
             reference = next((r.tokens for r in results if r.median_ms is not None), None)
-            results.append(generation_ladder.climb_one(task, rung, config, device, reference))
+            results.append(generation_ladder.climb_one(task, rung, config, device, changes, reference))
         else:
-            results.append(_climb_one(task, rung, config, device))
+            results.append(_climb_one(task, rung, config, device, changes))
     if generating:
         generation_ladder.compare(results, task.check_tokens, task.agreement)
     else:
