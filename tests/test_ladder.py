@@ -77,6 +77,12 @@ def test_a_task_s_own_rung_changes_the_model_of_its_rung_and_those_after():
         ladder.ladder_rungs(replace(gpt2(), rungs=(ladder.task_rung("x", "", count, before="TF64"),)))
 
 
+def test_cuda_graphs_are_not_captured_over_max_autotune_s_own():
+    graphs = next(r for r in ladder.TRAINING_RUNGS if r.name == "CUDA graphs")
+    assert "replays CUDA graphs itself" in graphs.refused(ladder.Config(compile="max-autotune"))
+    assert graphs.refused(ladder.Config(compile="default")) is None
+
+
 def test_the_fused_head_is_skipped_where_the_task_says_not_how_to_switch_to_it():
     result = ladder.run(replace(gpt2(), fuse_head_loss=None), device="cpu",
                         rungs=[r for r in ladder.TRAINING_RUNGS if r.name in ("fp32 baseline",

@@ -88,6 +88,8 @@ class Rung:
     needs_task: str | None = None   # the TrainTask field the rung needs set
     model_change: Callable[[torch.nn.Module], None] | None = None   # a task's rung: what it does to the model
     before: str | None = None       # a task's rung: the built-in rung it is climbed before (None: after them all)
+    # why the rung cannot go on top of the rungs before it (the config they built), or None where it can
+    refused: Callable[[Config], str | None] = lambda config: None
 
 
 def task_rung(name: str, change: str, model_change: Callable[[torch.nn.Module], None], before: str | None = None,
@@ -127,7 +129,9 @@ TRAINING_RUNGS = (
     Rung("compile max-autotune", "model = torch.compile(model, mode='max-autotune')",
          lambda c: replace(c, compile="max-autotune"), needs_cuda=True),
     Rung("CUDA graphs", "step = capture(step)  # the whole step replayed as one graph (roofline.bench.steps)",
-         lambda c: replace(c, graphs=True), needs_cuda=True),
+         lambda c: replace(c, graphs=True), needs_cuda=True,
+         refused=lambda c: "torch.compile's max-autotune mode replays CUDA graphs itself (its cudagraph trees "
+                           "cannot be captured again)" if c.compile == "max-autotune" else None),
 )
 GENERATION_RUNGS = (   # cumulative too; int8 weight-only turns graphs off (int8 eager follows CUDA graphs)
     Rung("bf16 eager", "(as written: bf16 weights, a static KV cache, one token a step)", lambda c: c),
@@ -283,6 +287,9 @@ def run(task: TrainTask | GenerateTask, device=None, rungs=None, progress: Calla
         if rung.needs_task and getattr(task, rung.needs_task) is None:
             results.append(RungResult(rung.name, rung.change, asdict(config), "skipped",
                                       f"the task gives no {rung.needs_task}"))
+            continue
+        if rung.refused(config):
+            results.append(RungResult(rung.name, rung.change, asdict(config), "skipped", rung.refused(config)))
             continue
         config = rung.apply(config)
         if progress:
