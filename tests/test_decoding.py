@@ -96,6 +96,9 @@ def test_the_generation_ladder_on_a_tiny_trained_pair(tmp_path, int8):
     assert base.status == "ok" and base.tokens_matched == len(base.tokens) == n and base.vs_baseline == 1.0
     assert spec.config == {"int8": int8, "graphs": False, "speculative": True, "changes": ()}
     assert spec.draft_k in (2, 3) and 0.0 <= spec.acceptance <= 1.0 and set(spec.k_sweep_ms) == {"2", "3"}
+    # of the tokens generated, the draft's share: its guesses kept, against those and one model token a round
+    kept = spec.acceptance * spec.draft_k
+    assert spec.draft_share == pytest.approx(kept / (kept + 1))
     assert all(0.0 <= r.agreement <= 1.0 for r in (base, spec))
     assert len(spec.samples_ms) == task.repeats and spec.tokens_per_s == pytest.approx(1e3 / spec.median_ms)
     if int8:   # int8's weights may change the model's choices: the rung says how many leading tokens stayed
@@ -106,7 +109,7 @@ def test_the_generation_ladder_on_a_tiny_trained_pair(tmp_path, int8):
         assert (by_name["int8 weight-only"].status, by_name["int8 weight-only"].reason) == (
             "skipped", "left out by the task")
     text = ladder.markdown(result)
-    assert "tokens = baseline's" in text and "agreement" in text and "acceptance (k)" in text
+    assert "tokens = baseline's" in text and "agreement" in text and "guesses kept (k)" in text
     ladder.waterfall(result, tmp_path / "g.png")
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
 

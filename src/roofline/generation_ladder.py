@@ -146,12 +146,13 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
             result.warmup_s = time.perf_counter() - start
             if cuda:
                 result.peak_gib = (torch.cuda.memory_allocated() - held_before) / 2**30
-            samples, accepted, proposed = [], 0, 0
+            samples, accepted, proposed, rounds = [], 0, 0, 0
             for _ in range(task.repeats):
                 ms, (tokens, stats) = _timed(run, device)
                 samples.append(ms / task.new_tokens)
                 if stats is not None:
                     accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
+                    rounds += stats.rounds
         result.samples_ms = samples
         result.low_ms, result.median_ms, result.high_ms = median_ci(samples)
         result.tokens_per_s = prompt.shape[0] * 1e3 / result.median_ms
@@ -160,6 +161,7 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
             result.agreement = _agreement(model, prompt, reference or result.tokens)
         if proposed:
             result.acceptance = accepted / proposed
+            result.draft_share = accepted / (accepted + rounds)   # each round adds the model's own token
     except Exception as exc:   # a rung that fails to build or run is reported, and the ladder goes on
         result.status, result.reason = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return result

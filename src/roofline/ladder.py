@@ -172,6 +172,7 @@ class RungResult:
     tokens_matched: int | None = None   # leading tokens the same as the baseline's
     agreement: float | None = None      # teacher-forced: the share of the baseline's tokens this model picks
     acceptance: float | None = None     # speculative decoding: the draft's guesses kept
+    draft_share: float | None = None    # ... the generated tokens that were the draft's guesses
     draft_k: int | None = None          # ... the guesses a round, chosen by timing each of the task's
     k_sweep_ms: dict | None = None      # ... ms per token at each k tried
 
@@ -330,7 +331,7 @@ def _compare(results: list[RungResult], check_steps: int) -> None:
 def _columns(result: LadderResult) -> tuple[str, ...]:
     if result.kind == "generate":
         return ("ms/token (95% CI)", "tokens/s", "vs before", "vs baseline", "held GiB", "set-up s",
-                "tokens = baseline's", "agreement", "acceptance (k)")
+                "tokens = baseline's", "agreement", "guesses kept (k); draft's tokens")
     return ("ms/step (95% CI)", "vs before", "vs baseline", "peak GiB", "warm-up s", "loss", "numerics")
 
 
@@ -345,7 +346,8 @@ def _cells(result: LadderResult, r: RungResult, rich: bool) -> list[str]:
     memory = [f"{r.peak_gib:.2f}" if r.peak_gib is not None else "", f"{r.warmup_s:.1f}"]
     if result.kind == "generate":
         matched = f"{r.tokens_matched} of {len(r.tokens)}" if r.tokens_matched is not None else ""
-        accepted = f"{r.acceptance:.0%} (k={r.draft_k})" if r.acceptance is not None else ""
+        accepted = f"{r.acceptance:.0%} (k={r.draft_k}); {r.draft_share:.0%} of tokens" \
+            if r.acceptance is not None else ""
         agreement = f"{r.agreement:.1%}" if r.agreement is not None else ""
         return [*common, f"{r.tokens_per_s:,.0f}", *speedups, *memory, matched,
                 agreement if r.status == "ok" else red(agreement), accepted]
