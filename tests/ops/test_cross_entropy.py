@@ -46,9 +46,17 @@ launches = block_size_fixture(ce_module, "ALONE_BYTES", [ce_module.ALONE_BYTES, 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 5), (7, 50), pytest.param((13, 1000), marks=pytest.mark.sweep)])
-def test_matches_float64_reference(shape, dtype, reduction, smoothing, block, launches):
+def test_matches_float64_reference(shape, dtype, reduction, smoothing, block):
     logits = torch.randn(shape, device=DEVICE, dtype=dtype) * 3
     check(logits, targets(*shape), reduction=reduction, label_smoothing=smoothing)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_the_launches_of_a_large_input_match_float64_too(reduction, smoothing, block, monkeypatch):
+    monkeypatch.setattr(ce_module, "ALONE_BYTES", 0)   # count, persistent forward, reduction
+    logits = torch.randn(7, 50, device=DEVICE, dtype=torch.bfloat16) * 3
+    check(logits, targets(7, 50), reduction=reduction, label_smoothing=smoothing)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
