@@ -120,7 +120,7 @@ def test_cli_climbs_the_whole_ladder(tmp_path):
     rungs = {r["rung"]: r for r in json.loads((tmp_path / "l.json").read_text())["rungs"]}
     assert rungs["torch.compile"]["status"] == "ok" and rungs["torch.compile"]["config"] == {
         "precision": "bf16", "fused_optimizer": True, "patch": True, "fused_head_loss": True, "compile": "default",
-        "graphs": False, "changes": []}
+        "graphs": False, "changes": ["SDPA"]}
     assert rungs["roofline.patch"]["status"] == "ok"
     assert "| torch.compile |" in (tmp_path / "l.md").read_text() and "each rung's change" in out.output
     assert (tmp_path / "l.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
