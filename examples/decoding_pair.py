@@ -2,11 +2,12 @@
 Python standard library's own source, byte by byte (a vocabulary of 256). Random weights would make a draft's
 acceptance meaningless; these two have learned the same text, so the draft guesses what the model would say.
 
-    python examples/decoding_pair.py [--minutes 5]      # trains both (on a GPU: minutes), caches them, says where
+    python examples/decoding_pair.py [--family gpt2] [--minutes 5]   # trains both (on a GPU: minutes), caches them
     target, draft = decoding_pair.load(device)          # from the cache, training first if it is empty
 
 The model is the example Llama-style model (examples/models/llama.py: 16 layers, d 2048, grouped-query attention
-32/8) with a byte vocabulary; the draft is 2 layers of d 512. Both train on the same batches (bf16 autocast, fused
+32/8) with a byte vocabulary, and its draft 2 layers of d 512; or (family "gpt2") GPT-2 small (examples/models/gpt2.py)
+with a byte vocabulary and a 2-layer draft of d 256. Both train on the same batches (bf16 autocast, fused
 AdamW, torch.compile on a GPU) for the time given. The checkpoints go to roofline's cache directory
 (ROOFLINE_CACHE_DIR, else ~/.cache/roofline), under a name holding the corpus's hash and the configs, so another
 Python's library or another config trains anew; they are never committed. The last 1% of the corpus is held out:
@@ -28,19 +29,25 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 from examples.models.llama import Llama, LlamaConfig  # noqa: E402
 from roofline.device import cache_dir  # noqa: E402
 
 VOCAB = 256                 # bytes
 CORPUS_BYTES = 48 << 20     # the first 48 MB of the library's .py files, in sorted order
 HELD_OUT = 0.01
-CONFIGS = {
-    "gpu": (LlamaConfig(vocab_size=VOCAB), LlamaConfig(vocab_size=VOCAB, n_layer=2, n_head=8, n_kv_head=4,
-                                                      d_model=512, intermediate_size=1408)),
-    "cpu": (LlamaConfig(vocab_size=VOCAB, max_seq=256, n_layer=2, n_head=4, n_kv_head=2, d_model=64,
-                        intermediate_size=128),
-            LlamaConfig(vocab_size=VOCAB, max_seq=256, n_layer=1, n_head=2, n_kv_head=1, d_model=32,
-                        intermediate_size=64)),
+CONFIGS = {   # (model class, config class, {machine: (the model's config, the draft's)})
+    "llama": (Llama, LlamaConfig, {
+        "gpu": (LlamaConfig(vocab_size=VOCAB), LlamaConfig(vocab_size=VOCAB, n_layer=2, n_head=8, n_kv_head=4,
+                                                          d_model=512, intermediate_size=1408)),
+        "cpu": (LlamaConfig(vocab_size=VOCAB, max_seq=256, n_layer=2, n_head=4, n_kv_head=2, d_model=64,
+                            intermediate_size=128),
+                LlamaConfig(vocab_size=VOCAB, max_seq=256, n_layer=1, n_head=2, n_kv_head=1, d_model=32,
+                            intermediate_size=64))}),
+    "gpt2": (GPT2, GPT2Config, {
+        "gpu": (GPT2Config(vocab_size=VOCAB), GPT2Config(vocab_size=VOCAB, n_layer=2, n_head=4, d_model=256)),
+        "cpu": (GPT2Config(vocab_size=VOCAB, max_seq=256, n_layer=2, n_head=2, d_model=64),
+                GPT2Config(vocab_size=VOCAB, max_seq=256, n_layer=1, n_head=2, d_model=32))}),
 }
 TRAINING = {"gpu": dict(batch=8, seq=1024, lr=6e-4, minutes=5.0), "cpu": dict(batch=4, seq=64, lr=3e-3, minutes=0.1)}
 
@@ -80,17 +87,18 @@ def _kind(device: torch.device) -> str:
     return "gpu" if device.type == "cuda" else "cpu"
 
 
-def _checkpoint_dir(device: torch.device, data: bytes) -> Path:
-    target, draft = CONFIGS[_kind(device)]
+def _checkpoint_dir(device: torch.device, data: bytes, family: str) -> Path:
+    target, draft = CONFIGS[family][2][_kind(device)]
     digest = hashlib.sha256(data + json.dumps([asdict(target), asdict(draft), TRAINING[_kind(device)]],
                                               sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / "decoding-pair" / f"{_kind(device)}-{digest}"
+    return cache_dir() / "decoding-pair" / f"{family}-{_kind(device)}-{digest}"
 
 
-def train(device, minutes: float | None = None, log=print) -> Path:
-    """Train the model and its draft on the corpus for `minutes` (default: TRAINING's) and save both; returns the
-    checkpoints' directory."""
+def train(device, minutes: float | None = None, log=print, family: str = "llama") -> Path:
+    """Train the model of `family` and its draft on the corpus for `minutes` (default: TRAINING's) and save both;
+    returns the checkpoints' directory."""
     device = torch.device(device)
+    cls = CONFIGS[family][0]
     kind = _kind(device)
     data = corpus()
     text = torch.frombuffer(bytearray(split(data)[0]), dtype=torch.uint8).to(device)
@@ -98,7 +106,7 @@ def train(device, minutes: float | None = None, log=print) -> Path:
     minutes = settings["minutes"] if minutes is None else minutes
     torch.manual_seed(0)
     with torch.device(device):
-        models = [Llama(config) for config in CONFIGS[kind]]
+        models = [cls(config) for config in CONFIGS[family][2][kind]]
     optimizers = [torch.optim.AdamW(m.parameters(), lr=settings["lr"], betas=(0.9, 0.95), weight_decay=0.1,
                                     fused=device.type == "cuda") for m in models]
     forwards = [torch.compile(m) if device.type == "cuda" else m for m in models]
@@ -120,7 +128,7 @@ def train(device, minutes: float | None = None, log=print) -> Path:
         if steps % 100 == 0:
             log(f"step {steps}: loss {float(losses[0]):.3f} (model), {float(losses[1]):.3f} (draft), "
                 f"{time.perf_counter() - start:.0f} s")
-    where = _checkpoint_dir(device, data)
+    where = _checkpoint_dir(device, data, family)
     where.mkdir(parents=True, exist_ok=True)
     for name, model, loss in zip(("target", "draft"), models, losses):
         torch.save({"config": asdict(model.config), "state": model.state_dict(), "steps": steps,
@@ -130,18 +138,19 @@ def train(device, minutes: float | None = None, log=print) -> Path:
     return where
 
 
-def load(device, log=print) -> tuple[Llama, Llama]:
-    """(model, draft) from the cache, trained first if the cache does not have them."""
+def load(device, log=print, family: str = "llama") -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(model, draft) of `family` from the cache, trained first if the cache does not have them."""
     device = torch.device(device)
-    where = _checkpoint_dir(device, corpus())
+    where = _checkpoint_dir(device, corpus(), family)
     if not (where / "target.pt").exists() or not (where / "draft.pt").exists():
         log(f"no trained pair in {where}: training one ({TRAINING[_kind(device)]['minutes']} min)")
-        train(device, log=log)
+        train(device, log=log, family=family)
+    cls, config_cls = CONFIGS[family][:2]
     models = []
     for name in ("target", "draft"):
         saved = torch.load(where / f"{name}.pt", map_location=device, weights_only=True)
         with torch.device(device):
-            model = Llama(LlamaConfig(**saved["config"]))
+            model = cls(config_cls(**saved["config"]))
         model.load_state_dict(saved["state"])
         models.append(model)
     return models[0], models[1]
@@ -151,8 +160,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=None, help="training time (default: 5 on a GPU)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--family", choices=sorted(CONFIGS), default="llama")
     args = parser.parse_args(argv)
-    train(args.device, args.minutes)
+    train(args.device, args.minutes, family=args.family)
     return 0
 
 

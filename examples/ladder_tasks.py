@@ -4,10 +4,11 @@ it (the model computes its loss), climbed rung by rung.
     roofline ladder examples/ladder_tasks.py:gpt2
     roofline ladder examples/ladder_tasks.py:llama --json llama.json
     roofline ladder examples/ladder_tasks.py:llama_generate      # generation: graphs, int8, speculative decoding
+    roofline ladder examples/ladder_tasks.py:gpt2_generate
 
 Training, on a GPU: 8 x 1024 tokens, the models' full sizes (fp32 by hand, attention by hand: the baseline the
 ladder starts from). On a CPU: a two-layer model of the same code, 2 x 16 tokens, in seconds.
-Generation: the Llama-style model and its draft trained on the Python standard library's source
+Generation: the Llama-style model or GPT-2, each with its draft, trained on the Python standard library's source
 (examples/decoding_pair.py; trained on first use, minutes on a GPU, then cached), greedy from a held-out prompt.
 """
 
@@ -69,12 +70,20 @@ def llama() -> TrainTask:
     return _task("llama", Llama, LlamaConfig, batch=4)
 
 
-def llama_generate() -> GenerateTask:
+def _generate_task(family: str) -> GenerateTask:
     gpu = torch.cuda.is_available()
 
     def trained(which: int):   # fresh from the cache each time: a rung casts and quantizes its model in place
-        return lambda: decoding_pair.load(torch.get_default_device())[which]
+        return lambda: decoding_pair.load(torch.get_default_device(), family=family)[which]
 
-    return GenerateTask("llama generation", model=trained(0), draft=trained(1),
+    return GenerateTask(f"{family} generation", model=trained(0), draft=trained(1),
                         prompt=lambda device: decoding_pair.prompt(device),
                         new_tokens=128 if gpu else 12, **({} if gpu else {"draft_k": (2, 3)}))
+
+
+def llama_generate() -> GenerateTask:
+    return _generate_task("llama")
+
+
+def gpt2_generate() -> GenerateTask:
+    return _generate_task("gpt2")

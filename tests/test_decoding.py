@@ -77,14 +77,16 @@ def test_speculative_decoding_refuses_what_it_cannot_do():
         speculative(steps, steps, torch.zeros(1, 3, dtype=torch.long), 5, 0)
 
 
-@pytest.mark.parametrize("int8", [False, pytest.param(True, marks=pytest.mark.sweep)], ids=["bf16", "int8"])
-def test_the_generation_ladder_on_a_tiny_trained_pair(tmp_path, int8):
+@pytest.mark.parametrize("family, int8", [("llama", False), ("gpt2", False),
+                                          pytest.param("llama", True, marks=pytest.mark.sweep)],
+                         ids=["llama-bf16", "gpt2-bf16", "llama-int8"])
+def test_the_generation_ladder_on_a_tiny_trained_pair(tmp_path, family, int8):
     """The int8 rungs run roofline's int8 kernel through Triton's interpreter here: minutes, in the CI tier."""
     from dataclasses import replace
 
-    from examples.ladder_tasks import llama_generate
+    import examples.ladder_tasks as tasks
 
-    task = llama_generate()
+    task = getattr(tasks, f"{family}_generate")()
     task = replace(task, new_tokens=3, repeats=6, draft_k=(2,)) if int8 else replace(task, skip=("int8 weight-only",))
     result = ladder.run(task, device="cpu")
     by_name = {r.rung: r for r in result.rungs}
