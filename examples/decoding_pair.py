@@ -17,6 +17,7 @@ prompts come from it. On a machine without a GPU, tiny configs train for a few s
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -52,6 +53,7 @@ CONFIGS = {   # (model class, config class, {machine: (the model's config, the d
 TRAINING = {"gpu": dict(batch=8, seq=1024, lr=6e-4, minutes=5.0), "cpu": dict(batch=4, seq=64, lr=3e-3, minutes=0.1)}
 
 
+@functools.cache   # read once a process: every rung's model and prompt comes from it
 def corpus() -> bytes:
     """The standard library's .py files (site-packages left out), in sorted order, up to CORPUS_BYTES."""
     root = Path(sysconfig.get_paths()["stdlib"])

@@ -24,15 +24,21 @@ def test_decoding_through_the_kv_cache_gives_the_full_forward_logits(name):
     torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full, rtol=1e-10, atol=1e-10)
 
 
+def _twins(name, field, values):
+    """The tiny model of `name`, built from the same seed once for each value of its config's `field`, in float64."""
+    cls, _, tiny = benchmark.MODELS[name]
+    models = []
+    for value in values:
+        torch.manual_seed(0)
+        models.append(cls(type(tiny)(**{**tiny.__dict__, field: value})).double())
+    return models, tiny
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_attention_by_hand_computes_what_sdpa_does(name):
     """attention="by_hand" (profile_models' unfixed program) is the same model: training logits and gradients,
     and decoding through the KV cache."""
-    cls, _, tiny = benchmark.MODELS[name]
-    models = []
-    for attention in ("sdpa", "by_hand"):
-        torch.manual_seed(0)
-        models.append(cls(type(tiny)(**{**tiny.__dict__, "attention": attention})).double())
+    models, tiny = _twins(name, "attention", ("sdpa", "by_hand"))
     idx = torch.randint(0, tiny.vocab_size, (2, 9))
     (sdpa_logits, sdpa_loss), (hand_logits, hand_loss) = (m(idx, targets=idx) for m in models)
     torch.testing.assert_close(hand_logits, sdpa_logits, rtol=1e-10, atol=1e-10)
@@ -52,11 +58,7 @@ def test_attention_by_hand_computes_what_sdpa_does(name):
 def test_the_fused_head_and_loss_give_the_separate_ones_loss_and_gradients(name):
     """loss="fused" (the ladder's fused linear + cross-entropy rung): no logits, the same loss and gradients, the
     tied embedding's included."""
-    cls, _, tiny = benchmark.MODELS[name]
-    models = []
-    for loss in ("separate", "fused"):
-        torch.manual_seed(0)
-        models.append(cls(type(tiny)(**{**tiny.__dict__, "loss": loss})).double())
+    models, tiny = _twins(name, "loss", ("separate", "fused"))
     idx = torch.randint(0, tiny.vocab_size, (2, 9))
     (_, separate), (logits, fused) = (m(idx, targets=idx) for m in models)
     assert logits is None

@@ -85,10 +85,6 @@ class SpeculativeStats:
     def acceptance(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
 
-    @property
-    def tokens_per_round(self) -> float:
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
-
 
 def speculative(steps: Steps, draft: Steps, prompt: torch.Tensor, new_tokens: int,
                 k: int) -> tuple[torch.Tensor, SpeculativeStats]:

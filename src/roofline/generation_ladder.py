@@ -31,6 +31,17 @@ from roofline.bench.stats import median_ci
 from roofline.decoding import Steps, greedy, speculative
 
 
+def check_counts(task, fields: tuple[str, ...], timed: str) -> None:
+    """A ladder task's counts: each of `fields` a positive int, and `timed` (the samples of a rung's median) at least
+    6, for a 95% interval."""
+    for what in fields:
+        value = getattr(task, what)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{what} must be a positive int, got {value!r}")
+    if getattr(task, timed) < 6:
+        raise ValueError(f"{timed} must be at least 6 for a 95% interval of the median, got {getattr(task, timed)}")
+
+
 @dataclass
 class GenerateTask:
     """A model to decode with. model() builds it (weights loaded; the runner seeds torch, sets the device and casts
@@ -49,12 +60,7 @@ class GenerateTask:
     rungs: tuple = ()          # the task's own rungs (roofline.ladder.task_rung), after the built-in ones
 
     def __post_init__(self):
-        for what in ("new_tokens", "repeats", "check_tokens"):
-            value = getattr(self, what)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{what} must be a positive int, got {value!r}")
-        if self.repeats < 6:
-            raise ValueError(f"repeats must be at least 6 for a 95% interval of the median, got {self.repeats}")
+        check_counts(self, ("new_tokens", "repeats", "check_tokens"), timed="repeats")
         if not self.draft_k or any(not isinstance(k, int) or k < 1 for k in self.draft_k):
             raise ValueError(f"draft_k must be positive ints, got {self.draft_k!r}")
 

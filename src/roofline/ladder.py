@@ -30,7 +30,7 @@ import torch
 from roofline import generation_ladder
 from roofline.bench.stats import median_ci
 from roofline.bench.steps import CAPTURE_WARMUP, StepTimer, capture
-from roofline.generation_ladder import GenerateConfig, GenerateTask
+from roofline.generation_ladder import GenerateConfig, GenerateTask, check_counts
 
 # the loss after check_steps steps may differ from fp32's by this much, relatively, at each precision
 LOSS_TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 3e-2}
@@ -56,12 +56,7 @@ class TrainTask:
     rungs: tuple = ()                 # the task's own rungs (task_rung), after the built-in ones
 
     def __post_init__(self):
-        for what in ("warmup", "steps", "check_steps"):
-            value = getattr(self, what)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{what} must be a positive int, got {value!r}")
-        if self.steps < 6:
-            raise ValueError(f"steps must be at least 6 for a 95% interval of the median, got {self.steps}")
+        check_counts(self, ("warmup", "steps", "check_steps"), timed="steps")
         if self.check_steps > self.warmup + self.steps:
             raise ValueError(f"check_steps ({self.check_steps}) must not exceed warmup + steps "
                              f"({self.warmup + self.steps})")
@@ -289,8 +284,9 @@ def run(task: TrainTask | GenerateTask, device=None, rungs=None, progress: Calla
             results.append(RungResult(rung.name, rung.change, asdict(config), "skipped",
                                       f"the task gives no {rung.needs_task}"))
             continue
-        if rung.refused(config):
-            results.append(RungResult(rung.name, rung.change, asdict(config), "skipped", rung.refused(config)))
+        refused = rung.refused(config)
+        if refused:
+            results.append(RungResult(rung.name, rung.change, asdict(config), "skipped", refused))
             continue
         config = rung.apply(config)
         if progress:

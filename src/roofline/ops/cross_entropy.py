@@ -387,27 +387,33 @@ def _compiled():
 
 
 def _check(logits, target, ignore_index, reduction, label_smoothing) -> None:
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"cross_entropy: target must be a torch.Tensor of class indices, got {type(target).__name__}")
-    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-        raise TypeError(f"cross_entropy: target must hold class indices (an integer dtype), got {target.dtype}; "
-                        "class probabilities are not supported")
     if logits.dim() not in (1, 2):
         raise ValueError(f"cross_entropy: logits must be (N, C) or (C,), got shape {list(logits.shape)}")
-    expected = list(logits.shape[:-1])
+    check_loss_arguments("cross_entropy", target, logits, "logits", ignore_index, reduction, label_smoothing)
+
+
+def check_loss_arguments(op: str, target, scores: torch.Tensor, name: str, ignore_index, reduction: str,
+                         label_smoothing) -> None:
+    """The checks cross_entropy and linear_cross_entropy share: target holds a class index for each row of `scores`
+    (the argument called `name`), on its device; ignore_index, reduction and label_smoothing are valid."""
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{op}: target must be a torch.Tensor of class indices, got {type(target).__name__}")
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise TypeError(f"{op}: target must hold class indices (an integer dtype), got {target.dtype}; "
+                        "class probabilities are not supported")
+    expected = list(scores.shape[:-1])
     if list(target.shape) != expected:
-        raise ValueError(f"cross_entropy: target must have shape {expected} for logits of shape "
-                         f"{list(logits.shape)}, got {list(target.shape)}")
-    if target.device != logits.device:
-        raise ValueError(f"cross_entropy: target is on {target.device} but logits is on {logits.device}")
+        raise ValueError(f"{op}: target must have shape {expected} for {name} of shape {list(scores.shape)}, got "
+                         f"{list(target.shape)}")
+    if target.device != scores.device:
+        raise ValueError(f"{op}: target is on {target.device} but {name} is on {scores.device}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-        raise TypeError(f"cross_entropy: ignore_index must be an int, got {type(ignore_index).__name__}")
+        raise TypeError(f"{op}: ignore_index must be an int, got {type(ignore_index).__name__}")
     if reduction not in REDUCTIONS:
-        raise ValueError(f"cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        raise ValueError(f"{op}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
             or not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"cross_entropy: label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
-
+        raise ValueError(f"{op}: label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
 
 def _loss_dtype(logits: torch.Tensor) -> torch.dtype:
     """The loss's dtype: the logits', except under autocast, where torch computes cross_entropy in fp32 (it is on

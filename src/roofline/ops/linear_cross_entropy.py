@@ -31,8 +31,8 @@ import torch.nn.functional as F
 
 from roofline.ops._common import KernelOp, choose_backend
 from roofline.ops._launch import Plans
-from roofline.ops.cross_entropy import (REDUCTIONS, CrossEntropyPlan, _raise_for_target_out_of_range,
-                                        _scale_rows_, capturing)
+from roofline.ops.cross_entropy import (CrossEntropyPlan, _raise_for_target_out_of_range, _scale_rows_, capturing,
+                                        check_loss_arguments)
 
 BACKENDS = ("torch", "triton", "compile")
 CHUNK_BYTES = 256 << 20   # logits of one chunk of rows: 1024 rows at 128256 classes in bf16
@@ -281,22 +281,7 @@ def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, ch
                              or bias.dtype != x.dtype or bias.device != x.device):
         raise ValueError(f"{name}: bias must be None or a tensor of shape [{weight.shape[0]}] with x's dtype and "
                          f"device, got {bias if not isinstance(bias, torch.Tensor) else (list(bias.shape), bias.dtype)}")
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"{name}: target must be a torch.Tensor of class indices, got {type(target).__name__}")
-    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-        raise TypeError(f"{name}: target must hold class indices (an integer dtype), got {target.dtype}")
-    if list(target.shape) != list(x.shape[:-1]):
-        raise ValueError(f"{name}: target must have shape {list(x.shape[:-1])} for x of shape {list(x.shape)}, got "
-                         f"{list(target.shape)}")
-    if target.device != x.device:
-        raise ValueError(f"{name}: target is on {target.device} but x is on {x.device}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-        raise TypeError(f"{name}: ignore_index must be an int, got {type(ignore_index).__name__}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"{name}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
-            or not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"{name}: label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
+    check_loss_arguments(name, target, x, "x", ignore_index, reduction, label_smoothing)
     if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, numbers.Integral)
                                    or chunk_rows < 1):
         raise ValueError(f"{name}: chunk_rows must be None or a positive int, got {chunk_rows!r}")
