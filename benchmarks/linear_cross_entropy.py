@@ -70,6 +70,13 @@ def relative_rms(a, b) -> float:
     return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
+def speedup(peer, fn, x, w, t) -> list[float]:
+    """fn's speedup over peer: bench.compare's ratio and the sign test's 95% interval (interleaved rounds)."""
+    c = bench.compare(functools.partial(step, peer), functools.partial(step, fn), x, w, t, rep_ms=300, rounds=10,
+                      warn=False)
+    return [c.speedup.ratio, c.speedup.low, c.speedup.high]
+
+
 def peak_extra_bytes(fn, x, w, t) -> int:
     step(fn, x, w, t)                       # warm-up: compile and autotune outside the measurement
     x.grad = w.grad = None
@@ -86,7 +93,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--shape", type=int, nargs=3, default=[8192, 4096, 128256], metavar=("N", "H", "V"))
-    parser.add_argument("--chunks", type=int, nargs="*", default=[2048], help="chunk_rows to time besides the "
+    parser.add_argument("--chunks", type=int, nargs="*", default=[1024, 2048], help="chunk_rows to time besides the "
                         "default")
     parser.add_argument("--tflops", type=float, default=None, help="bf16 matmul rate for the floor (default: "
                         "doctor's measured ceiling)")
@@ -126,9 +133,9 @@ def main(argv=None) -> int:
         m = bench.time(step, fn, x, w, t, rep_ms=1500, warmup_ms=300, warn=False)
         row["ms"] = m.median
         if fn is not ours:
-            c = bench.compare(functools.partial(step, fn), functools.partial(step, ours), x, w, t, rep_ms=300,
-                              rounds=10, warn=False)
-            row["roofline_speedup"] = [c.speedup.ratio, c.speedup.low, c.speedup.high]
+            row["roofline_speedup"] = speedup(fn, ours, x, w, t)
+        if row["provider"].startswith("roofline"):   # each chunking against the peer it must match
+            row["vs_compile"] = speedup(found["torch.compile"], fn, x, w, t)
         print(row, flush=True)
         torch.cuda.empty_cache()
     summary = dict(shape=dict(N=n, H=h, V=v), dtype="bf16", device=torch.cuda.get_device_name(),
@@ -146,14 +153,17 @@ def markdown(summary: dict) -> str:
     lines = [f"### linear_cross_entropy {s['N']} x {s['H']} x {s['V']} bf16, forward+backward ({summary['device']})",
              "", f"The three matmuls alone: {summary['matmul_floor_ms']:.1f} ms at {summary['matmul_tflops']:.0f} "
              f"TFLOP/s ({summary['matmul_tflops_source']}). Default chunk: {summary['default_chunk_rows']} rows.", "",
-             "| provider | ms | roofline's speedup (95% CI) | peak extra GiB | beyond dx, dW GiB | error loss / dx / dW "
-             "(rel. RMS) | ok |",
-             "|---|---|---|---|---|---|---|"]
+             "| provider | ms | roofline's speedup (95% CI) | over torch.compile (95% CI) | peak extra GiB | "
+             "beyond dx, dW GiB | error loss / dx / dW (rel. RMS) | ok |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def cell(ratio):
+        return f"{ratio[0]:.3f}x ({ratio[1]:.3f}-{ratio[2]:.3f})" if ratio else "-"
+
     for r in summary["rows"]:
-        speedup = r.get("roofline_speedup")
-        cell = f"{speedup[0]:.3f}x ({speedup[1]:.3f}-{speedup[2]:.3f})" if speedup else "-"
         errors = " / ".join(f"{e:.1e}" for e in r["errors"])
-        lines.append(f"| {r['provider']} | {r['ms']:.2f} | {cell} | {r['peak_extra_gib']:.2f} | "
+        lines.append(f"| {r['provider']} | {r['ms']:.2f} | {cell(r.get('roofline_speedup'))} | "
+                     f"{cell(r.get('vs_compile'))} | {r['peak_extra_gib']:.2f} | "
                      f"{r['beyond_gradients_gib']:.2f} | {errors} | "
                      f"{'ok' if r['ok'] else 'FAILS'} |")
     return "\n".join(lines) + "\n"

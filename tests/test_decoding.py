@@ -98,7 +98,8 @@ def test_the_generation_ladder_on_a_tiny_trained_pair(tmp_path, family, int8):
     assert base.status == "ok" and base.tokens_matched == len(base.tokens) == n and base.vs_baseline == 1.0
     assert spec.config == {"int8": int8, "graphs": False, "speculative": True, "changes": ()}
     assert spec.draft_k in task.draft_k and 0.0 <= spec.acceptance <= 1.0
-    assert set(spec.k_sweep_ms) == {str(k) for k in task.draft_k}
+    assert set(spec.k_sweep_ms) == set(spec.k_sweep_acceptance) == {str(k) for k in task.draft_k}
+    assert all(0.0 <= a <= 1.0 for a in spec.k_sweep_acceptance.values())
     # of the tokens generated, the draft's share: its guesses kept, against those and one model token a round
     kept = spec.acceptance * spec.draft_k
     assert spec.draft_share == pytest.approx(kept / (kept + 1))
@@ -113,6 +114,7 @@ def test_the_generation_ladder_on_a_tiny_trained_pair(tmp_path, family, int8):
             "skipped", "left out by the task")
     text = ladder.markdown(result)
     assert "tokens = baseline's" in text and "agreement" in text and "guesses kept (k)" in text
+    assert f"k={task.draft_k[0]}: {spec.k_sweep_ms[str(task.draft_k[0])]:.3f}, " in text
     ladder.waterfall(result, tmp_path / "g.png")
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -135,13 +135,15 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
             if config.speculative:
                 draft.setup_cache(1, max_seq, torch.bfloat16)
                 draft_steps = Steps(draft, 1, config.graphs)
-                swept = {}
+                swept, kept = {}, {}
                 for k in task.draft_k:   # each k once after a warm-up (which captures its verify graph)
                     speculative(steps, draft_steps, prompt, task.new_tokens, k)
-                    swept[k] = _timed(lambda k=k: speculative(steps, draft_steps, prompt, task.new_tokens, k),
-                                      device)[0]
+                    swept[k], (_, stats) = _timed(
+                        lambda k=k: speculative(steps, draft_steps, prompt, task.new_tokens, k), device)
+                    kept[str(k)] = stats.acceptance
                 result.draft_k = min(swept, key=swept.get)
                 result.k_sweep_ms = {str(k): ms / task.new_tokens for k, ms in swept.items()}
+                result.k_sweep_acceptance = kept
 
                 def run():
                     return speculative(steps, draft_steps, prompt, task.new_tokens, result.draft_k)

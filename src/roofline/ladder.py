@@ -170,6 +170,7 @@ class RungResult:
     draft_share: float | None = None    # ... the generated tokens that were the draft's guesses
     draft_k: int | None = None          # ... the guesses a round, chosen by timing each of the task's
     k_sweep_ms: dict | None = None      # ... ms per token at each k tried
+    k_sweep_acceptance: dict | None = None   # ... and the share of guesses kept at each
 
 
 @dataclass
@@ -384,6 +385,11 @@ def markdown(result: LadderResult) -> str:
         else:
             cells = [*_cells(result, r, rich=False), r.status]
         lines.append(f"| {r.rung} | `{r.change}` | " + " | ".join(cells) + " |")
+    for r in result.rungs:
+        if r.k_sweep_ms:
+            kept = r.k_sweep_acceptance or {}
+            lines.append(f"\n{r.rung}, each k timed once (ms a token, guesses kept): " + "; ".join(
+                f"k={k}: {ms:.3f}" + (f", {kept[k]:.0%}" if k in kept else "") for k, ms in r.k_sweep_ms.items()))
     return "\n".join(lines) + "\n"
 
 
