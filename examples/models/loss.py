@@ -2,7 +2,7 @@
 with the two fused (roofline.ops.linear_cross_entropy: the [tokens x vocabulary] logits never held whole).
 
     loss: "separate"   logits = lm_head(hidden); F.cross_entropy(logits, targets)   (returns logits and loss)
-          "fused"      roofline.ops.linear_cross_entropy(hidden, lm_head.weight, targets, check_targets=False)
+          "fused"      roofline.ops.linear_cross_entropy(hidden, lm_head.weight, targets)
                                                                                  (returns None and loss)
 """
 
@@ -24,8 +24,6 @@ def logits_and_loss(hidden, lm_head, targets, how: str):
     if how == "fused":
         from roofline import ops
 
-        # Targets unchecked, as roofline.patch routes cross_entropy: the check is a host sync a step, which in a
-        # host-bound training step lets the GPU idle while the host launches the backward.
-        return None, ops.linear_cross_entropy(hidden, lm_head.weight, targets, lm_head.bias, check_targets=False)
+        return None, ops.linear_cross_entropy(hidden, lm_head.weight, targets, lm_head.bias)
     logits = lm_head(hidden)
     return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))

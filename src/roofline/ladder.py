@@ -118,7 +118,7 @@ TRAINING_RUNGS = (
     Rung("fused optimizer", "torch.optim.AdamW(params, fused=True)", lambda c: replace(c, fused_optimizer=True)),
     Rung("roofline.patch", "roofline.patch(model)", lambda c: replace(c, patch=True)),
     Rung("fused linear + cross-entropy",
-         "loss = roofline.ops.linear_cross_entropy(hidden, lm_head.weight, targets, check_targets=False)",
+         "loss = roofline.ops.linear_cross_entropy(hidden, lm_head.weight, targets)",
          lambda c: replace(c, fused_head_loss=True), needs_task="fuse_head_loss"),
     Rung("torch.compile", "model = torch.compile(model)", lambda c: replace(c, compile="default")),
     Rung("compile max-autotune", "model = torch.compile(model, mode='max-autotune')",

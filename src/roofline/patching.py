@@ -181,10 +181,9 @@ def _rope(q, k, cos, sin, *rest, **options):
 
 def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                    label_smoothing=0.0):
-    # Targets unchecked: a host sync per call otherwise. The kernel is safe with any target, and one out of
-    # range gives a nan loss where torch's CUDA kernel stops the process with a device-side assert.
-    return ops.cross_entropy(input, target, ignore_index, reduction, label_smoothing, backend="triton",
-                             check_targets=False)
+    # Targets checked as the op checks them: without waiting for the GPU where a backward follows
+    # (roofline.ops._target_check). torch's CUDA kernel stops the process with a device-side assert instead.
+    return ops.cross_entropy(input, target, ignore_index, reduction, label_smoothing, backend="triton")
 
 
 def _flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):

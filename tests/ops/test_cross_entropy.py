@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from ops_checks import DEVICE, DTYPES, assert_matches_float64, block_size_fixture, patched
 
 from roofline.ops import cross_entropy
+from roofline.ops._target_check import CHECK_SLOTS, target_checks
 from roofline.ops.cross_entropy import cross_entropy_reference
 
 ce_module = importlib.import_module("roofline.ops.cross_entropy")   # the package's `cross_entropy` is the function
@@ -198,6 +199,25 @@ def test_out_of_range_targets_are_a_clear_error_and_nan_under_compile(launches):
                              backend="aot_eager")
     losses = compiled(logits, torch.tensor([1, 10, 2, -7], device=DEVICE))
     assert torch.isnan(losses[1]) and torch.isnan(losses[3]) and torch.isfinite(losses[[0, 2]]).all()
+
+
+def test_with_a_gradient_the_check_raises_at_the_backward_without_stopping_the_forward(launches):
+    """A call that makes a gradient does not wait for the targets' count: its backward (or, without one, the next
+    call) raises, before handing on a gradient or launching anything."""
+    logits = torch.randn(4, 10, device=DEVICE, requires_grad=True)
+    bad = torch.tensor([1, 2, 12, 3], device=DEVICE)
+    loss = cross_entropy(logits, bad, backend="triton")
+    assert torch.isnan(loss)
+    with pytest.raises(ValueError, match=r"target\[2\] = 12 is not a class index.*found after that call"):
+        loss.backward()
+    assert logits.grad is None and not target_checks._pending
+    cross_entropy(logits, bad, backend="triton")   # never backpropagated: the next call raises, before its kernels
+    good = torch.tensor([1, 2, 3, 4], device=DEVICE)
+    with pytest.raises(ValueError, match=r"target\[2\] = 12.*found after that call"):
+        cross_entropy(logits, good, backend="triton")
+    for _ in range(3 * CHECK_SLOTS):   # good targets: counts are read and their slots reused
+        cross_entropy(logits, good, backend="triton").backward()
+    assert len(target_checks._free) == CHECK_SLOTS and not target_checks._pending
 
 
 def test_targets_are_counted_and_checked_over_several_steps_of_the_count(launches):

@@ -115,6 +115,12 @@ def test_out_of_range_targets_are_a_clear_error_or_nan_unchecked():
         linear_cross_entropy(x, weight, target, backend="triton", chunk_rows=16)
     losses = linear_cross_entropy(x, weight, target, backend="triton", reduction="none", check_targets=False)
     assert torch.isnan(losses[33]) and torch.isfinite(losses[:33]).all() and torch.isfinite(losses[34:]).all()
+    # With a gradient the forward does not wait for the count: the backward raises, before handing gradients on.
+    x.requires_grad_()
+    loss = linear_cross_entropy(x, weight, target, backend="triton", chunk_rows=16)
+    with pytest.raises(ValueError, match=r"linear_cross_entropy: target\[33\] = 10.*found after that call"):
+        loss.backward()
+    assert x.grad is None
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])

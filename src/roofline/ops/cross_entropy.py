@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from roofline.ops._common import (KernelOp, choose_backend, converted, next_power_of_2, resident_programs, tl,
                                   triton)
 from roofline.ops._launch import Launch, Plans, tensor_key
+from roofline.ops._target_check import target_checks
 from roofline.ops.softmax import LOG2E, _row_max_and_sum
 
 BACKENDS = ("torch", "triton", "compile")
@@ -232,10 +233,11 @@ class CrossEntropyPlan:
                                         BLOCK=REDUCE_BLOCK)
         self.scale_launches = {}   # by the incoming gradient's stride, which the kernel is specialized on
         self.scale_block = block
-        self._counts = None        # pinned host memory and an event for the targets' check, made on first use
 
     def forward(self, logits, target, ignore_index, reduction, label_smoothing, grad, check_targets):
         check_targets = check_targets and not capturing(self.device)
+        if check_targets:
+            target_checks.poll()   # earlier calls' targets, before this call launches anything
         stats = torch.empty(2, device=self.device, dtype=torch.int32)   # (rows counted, targets out of range)
         gradient = torch.empty_like(logits) if grad else None
         pointers = logits.data_ptr() | target.data_ptr()
@@ -245,19 +247,17 @@ class CrossEntropyPlan:
                 torch.empty(self.rows, device=self.device, dtype=torch.float32)
             self.forward_launch.for_pointers(pointers)(logits, target, out, out if gradient is None else gradient,
                                                        stats, self.rows, self.n, self.ignore_index, self.smoothing)
-            if check_targets and self.out_of_range(stats)():
-                _raise_for_target_out_of_range(target, self.n, self.ignore_index)
+            if check_targets:
+                self.check(stats, target, grad)
             return out, gradient, stats
         losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
         self.count(target, stats, self.rows, pointers)
-        if check_targets:
-            ready = self.out_of_range(stats)
         # Queued before the check is read, so that the GPU goes from the count to this kernel without waiting for
         # the host: the kernel is safe with any target (a row whose target is out of range gets nan, with no
         # access), and its results are dropped when the check raises.
         self.rows_forward(logits, target, losses, gradient, stats, self.rows, pointers)
-        if check_targets and ready():
-            _raise_for_target_out_of_range(target, self.n, self.ignore_index)
+        if check_targets:
+            self.check(stats, target, grad)
         if self.reduction == "none":
             return losses, gradient, stats   # fp32: a compiled graph reduces them
         loss = torch.empty((), device=self.device, dtype=self.loss_dtype)
@@ -281,18 +281,10 @@ class CrossEntropyPlan:
         """loss = the sum of losses[:rows], divided by stats[0] for a mean."""
         self.reduce_launch(losses, stats, loss, rows)
 
-    def out_of_range(self, stats: torch.Tensor):
-        """A function that returns the count of targets out of range once the GPU has computed it, waiting for
-        that and not for the work queued after it: the counts go to pinned host memory behind an event. One
-        buffer per plan: each call reads it before it returns."""
-        if not stats.is_cuda:
-            return lambda: int(stats[1])
-        if self._counts is None:
-            self._counts = torch.empty(2, dtype=torch.int32, pin_memory=True), torch.cuda.Event()
-        host, ready = self._counts
-        host.copy_(stats, non_blocking=True)
-        ready.record()
-        return lambda: ready.synchronize() or host.tolist()[1]
+    def check(self, stats, target, grad: bool, op: str = "cross_entropy") -> None:
+        """The targets' check (roofline.ops._target_check): read later where a gradient was made (its backward
+        comes), else now."""
+        (target_checks.later if grad else target_checks.now)(op, stats, target, self.n, self.ignore_index)
 
     def backward(self, gradient: torch.Tensor, dloss: torch.Tensor) -> None:
         """gradient[row] *= dloss[row] (a loss per row) or dloss (a reduced loss), in place."""
@@ -356,6 +348,8 @@ def _keep_gradient(ctx, inputs, output):
 
 
 def _backward_rule(ctx, scale_rows_, dloss, _, __):
+    if not ctx.in_graph:
+        target_checks.poll()   # this call's targets, most likely: raised before the gradient is handed on
     if ctx.in_graph:
         # Under compile, out of place (a mutation of a saved tensor is one more thing for the graph to track).
         (gradient,) = ctx.saved_tensors
@@ -427,13 +421,6 @@ def capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _raise_for_target_out_of_range(target: torch.Tensor, classes: int, ignore_index: int) -> None:
-    bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
-    index = int(bad.nonzero()[0, 0])
-    raise ValueError(f"cross_entropy: target[{index}] = {int(target[index])} is not a class index in "
-                     f"[0, {classes}) and not ignore_index ({ignore_index})")
-
-
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0, *, backend: str | None = None,
                   check_targets: bool = True) -> torch.Tensor:
@@ -442,8 +429,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
 
     backend: "triton" (the default on CUDA), "torch" (F.cross_entropy; the default on CPU), "compile".
     The loss has the logits' dtype (math in fp32), or fp32 under autocast, as torch's. With backend="triton" the
-    gradient is computed in the forward pass whenever logits requires grad; a target out of range raises
-    ValueError in eager mode (one host sync) and gives a nan loss under torch.compile and in a CUDA graph's capture.
+    gradient is computed in the forward pass whenever logits requires grad. A target out of range raises ValueError
+    in eager mode: at once without a gradient (a wait for the targets' count), else from the backward, or the next
+    call, without stopping the host (roofline.ops._target_check). Under torch.compile and in a CUDA graph's
+    capture, and with check_targets=False, it gives a nan loss instead.
     """
     key = None
     if not torch.compiler.is_compiling():
@@ -479,10 +468,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
             return losses.to(loss_dtype)
         total = losses.sum()
         return (total / stats[0] if reduction == "mean" else total).to(loss_dtype)
-    # Eager: a target out of range is a clear error: the host waits for the targets' count (not for the loss
-    # kernel, queued behind it), so it cannot run ahead of the GPU past this call. The kernel scales the
-    # gradient for the reduction, so loss.backward() costs only the scaling by the incoming gradient, skipped
-    # on the device where that is 1.
+    # Eager: a target out of range is a clear error (CrossEntropyPlan.check). The kernel scales the gradient for
+    # the reduction, so loss.backward() costs only the scaling by the incoming gradient, skipped on the device
+    # where that is 1.
     plan = _plan(logits, target, *args, loss_dtype=_loss_dtype(logits))
     if key is not None and given[0] is logits and given[1] is target:
         _calls.add(key, plan)

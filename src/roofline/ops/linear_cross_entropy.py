@@ -31,8 +31,8 @@ import torch.nn.functional as F
 
 from roofline.ops._common import KernelOp, choose_backend
 from roofline.ops._launch import Plans
-from roofline.ops.cross_entropy import (CrossEntropyPlan, _raise_for_target_out_of_range, _scale_rows_, capturing,
-                                        check_loss_arguments)
+from roofline.ops._target_check import target_checks
+from roofline.ops.cross_entropy import CrossEntropyPlan, _scale_rows_, capturing, check_loss_arguments
 
 BACKENDS = ("torch", "triton", "compile")
 CHUNK_BYTES = 256 << 20   # logits of one chunk of rows: 1024 rows at 128256 classes in bf16
@@ -83,15 +83,16 @@ class LinearCrossEntropyPlan:
     def forward(self, x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_w, grad_b,
                 check_targets, chunk_rows):
         check_targets = check_targets and not capturing(self.device)
+        if check_targets:
+            target_checks.poll()   # earlier calls' targets, before this call launches anything
         stats = torch.empty(2, device=self.device, dtype=torch.int32)   # (rows counted, targets out of range)
         losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
         self.ce.count(target, stats, self.rows, target.data_ptr())
-        if check_targets:
-            ready = self.ce.out_of_range(stats)
         gradients = _gradient_buffers(x, weight, bias, self.grads if self.in_forward else (False,) * 3)
+        # The chunks are queued before the check is read: the GPU goes on from the count without waiting for the host.
         self._chunks(self.ce, x, weight, bias, target, stats, losses, gradients)
-        if check_targets and ready():
-            _raise_for_target_out_of_range(target, self.classes, self.ignore_index)
+        if check_targets:
+            self.ce.check(stats, target, any(self.grads), "linear_cross_entropy")
         if self.reduction == "none":
             loss = losses
         else:
@@ -234,6 +235,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward_rule(ctx, scale_, dloss, *_):
+    if not ctx.in_graph:
+        target_checks.poll()   # this call's targets, most likely: raised before the gradients are handed on
     if ctx.reduction == "none":
         x, weight, bias, target = ctx.saved_tensors
         if ctx.in_graph:
@@ -297,8 +300,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     backend: "triton" (the default on CUDA: cuBLAS matmuls over chunks of rows, roofline's cross-entropy kernel),
     "torch" (the expression itself; the default on CPU), "compile" (torch.compile of the expression).
     The loss has x's dtype, or fp32 under autocast (which runs the matmuls in its dtype, as F.linear's). A target
-    out of range raises ValueError in eager mode (one host sync; check_targets=False: a nan loss instead) and gives
-    a nan loss under torch.compile and in a CUDA graph's capture. chunk_rows: rows per chunk (default: 256 MB of logits).
+    out of range raises ValueError in eager mode: from the backward (or the next call) where gradients are made, at
+    once otherwise (roofline.ops._target_check). Under torch.compile, in a CUDA graph's capture and with
+    check_targets=False it gives a nan loss instead. chunk_rows: rows per chunk (default: 256 MB of logits).
     """
     backend = choose_backend("linear_cross_entropy", x, backend, BACKENDS, arg="x")
     _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, chunk_rows)
