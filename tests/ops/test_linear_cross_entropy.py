@@ -118,6 +118,7 @@ def test_out_of_range_targets_are_a_clear_error_or_nan_unchecked():
     # With a gradient the forward does not wait for the count: the backward raises, before handing gradients on.
     x.requires_grad_()
     loss = linear_cross_entropy(x, weight, target, backend="triton", chunk_rows=16)
+    assert torch.isnan(loss)   # (a read of the loss waits for the GPU: the count is written by now)
     with pytest.raises(ValueError, match=r"linear_cross_entropy: target\[33\] = 10.*found after that call"):
         loss.backward()
     assert x.grad is None
