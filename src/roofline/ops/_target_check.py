@@ -21,29 +21,30 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
 CHECK_SLOTS = 8   # calls whose counts may be in flight at once
 
 
-@dataclass
 class _Count:
-    op: str
-    slot: int
-    event: torch.cuda.Event | None   # None on the CPU, where the count is written before the launch returns
-    counts: torch.Tensor             # (targets counted, out of range), in host memory once the event is reached
-    target: torch.Tensor
-    classes: int
-    ignore_index: int
+    __slots__ = ("op", "slot", "event", "stats", "target", "classes", "ignore_index")
+
+    def __init__(self, op, slot, event, stats, target, classes, ignore_index):
+        # event: reached once the count is in the slot's row of pinned memory; None on the CPU, where stats (the
+        # count itself) is written before the launch returns
+        self.op, self.slot, self.event, self.stats, self.target = op, slot, event, stats, target
+        self.classes, self.ignore_index = classes, ignore_index
 
 
 class TargetChecks:
+    """Counts in flight, oldest first. Every slot's count lands in one pinned [CHECK_SLOTS, 2] buffer, read through
+    a numpy view of it: the hot path makes no tensor views and calls no tensor methods but the copy."""
+
     def __init__(self):
         self._pending: deque[_Count] = deque()
         self._free = list(range(CHECK_SLOTS))
-        self._host = None    # pinned [CHECK_SLOTS, 2] int32, made on first use on a GPU
+        self._host = self._rows = self._counts = None   # the pinned buffer, its rows, its numpy view (GPU only)
         self._events = [None] * CHECK_SLOTS
         self._lock = threading.Lock()   # backwards run on autograd's threads
 
@@ -51,7 +52,7 @@ class TargetChecks:
         """Raise ValueError now if the count in stats finds a target out of range."""
         with self._lock:
             count = self._record(op, stats, target, classes, ignore_index)
-            self._pending.remove(count)
+            self._pending.pop()
             self._read(count, wait=True, deferred=False)
 
     def later(self, op: str, stats: torch.Tensor, target: torch.Tensor, classes: int, ignore_index: int) -> None:
@@ -72,24 +73,30 @@ class TargetChecks:
         if not self._free:   # every slot in flight: wait for the oldest
             self._read(self._pending.popleft(), wait=True, deferred=True)
         slot = self._free.pop()
+        event = None
         if stats.is_cuda:
             if self._host is None:
                 self._host = torch.empty(CHECK_SLOTS, 2, dtype=torch.int32, pin_memory=True)
+                self._rows, self._counts = list(self._host), self._host.numpy()
             if self._events[slot] is None:
                 self._events[slot] = torch.cuda.Event()
-            counts, event = self._host[slot], self._events[slot]
-            counts.copy_(stats, non_blocking=True)
-            event.record(torch.cuda.current_stream(stats.device))
-        else:
-            counts, event = stats, None
-        count = _Count(op, slot, event, counts, target, classes, ignore_index)
+            event = self._events[slot]
+            self._rows[slot].copy_(stats, non_blocking=True)
+            index = stats.device.index
+            # behind the copy, on its stream: the current device's, unless stats is on another one
+            event.record(None if index == torch.cuda.current_device() else torch.cuda.current_stream(index))
+        count = _Count(op, slot, event, stats if event is None else None, target, classes, ignore_index)
         self._pending.append(count)
         return count
 
     def _read(self, count: _Count, wait: bool, deferred: bool) -> None:
-        if wait and count.event is not None:
-            count.event.synchronize()
-        bad = int(count.counts[1])
+        """Read a count written (waiting for it if `wait`), free its slot, raise if it found a bad target."""
+        if count.event is None:
+            bad = int(count.stats[1])
+        else:
+            if wait:
+                count.event.synchronize()
+            bad = int(self._counts[count.slot, 1])
         self._free.append(count.slot)
         if bad:
             raise_for_target_out_of_range(count.op, count.target, count.classes, count.ignore_index, deferred)
