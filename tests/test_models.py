@@ -131,3 +131,27 @@ def test_a_finding_s_advice_is_applied_to_the_program_and_timed(tmp_path):
     assert table["top3_measured"] == 2
     text = profile_models.advice_markdown([table])
     assert "| gpt2-unfixed (" in text and "--optimizer fused" in text
+
+
+def test_decode_breakdown_groups_kernels_and_bounds_int8():
+    """benchmarks/decode_breakdown.py's arithmetic (the measurement itself needs a GPU)."""
+    import torch.nn as nn
+
+    import decode_breakdown as breakdown
+    from roofline import quantize_int8_weight_only
+
+    assert [breakdown.group_of(k) for k in ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", "int8_gemv_kernel",
+                                            "cudnn_generated_fort_native_sdpa_sm80_flash_fprop",
+                                            "void at::native::vectorized_layer_norm_kernel")] == [
+        "matmul", "matmul", "attention", "other"]
+    model = nn.Sequential(nn.Linear(64, 32, bias=False), nn.LayerNorm(32))
+    assert breakdown.weight_bytes(model) == 64 * 32 * 4   # the Linear's fp32 weights; the norm's are no matmul's
+    quantize_int8_weight_only(model)
+    assert breakdown.weight_bytes(model) == 64 * 32 + 32 * 4   # int8 weights and an fp32 scale per channel
+    bf16 = dict(ms=2.0)
+    int8 = dict(ms=1.5, weight_bytes=10 ** 9, groups=dict(matmul=dict(ms=0.6)))
+    limit = breakdown.bound(bf16, int8, 1.6)
+    assert limit["most"] == pytest.approx(2.0 / 0.9)
+    assert limit["matmul_ms_needed"] == pytest.approx(2.0 / 1.6 - 0.9)
+    assert limit["matmul_gbs_needed"] == pytest.approx(1e9 / (2.0 / 1.6 - 0.9) / 1e6)
+    assert breakdown.bound(bf16, int8, 3.0)["matmul_gbs_needed"] is None   # beyond the bound: not reachable
