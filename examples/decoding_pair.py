@@ -85,11 +85,19 @@ def split(data: bytes) -> tuple[bytes, bytes]:
     return data[:cut], data[cut:]
 
 
-def prompt(device, length: int = 64) -> torch.Tensor:
-    """[1, length] bytes of held-out text, starting at a line's start."""
+def prompt(device, length: int = 64, count: int = 1) -> torch.Tensor:
+    """[count, length] bytes of held-out text: the starts of its first `count` functions (lines starting "def "),
+    or of its first lines where it has fewer."""
     held = split(corpus())[1]
-    start = held.index(b"\ndef ") + 1 if b"\ndef " in held else 0
-    return torch.tensor(list(held[start:start + length]), device=device)[None]
+    starts, at = [], 0
+    while len(starts) < count:
+        at = held.find(b"\ndef ", at) + 1
+        if at == 0:   # fewer functions than asked: line starts
+            lines = [i + 1 for i, c in enumerate(held[:-length]) if c == 10 and i + 1 not in starts]
+            starts += lines[:count - len(starts)]
+            break
+        starts.append(at)
+    return torch.tensor([list(held[s:s + length]) for s in starts], device=device)
 
 
 def _kind(device: torch.device) -> str:

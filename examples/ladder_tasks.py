@@ -9,7 +9,8 @@ it (the model computes its loss), climbed rung by rung.
 Training, on a GPU: 8 x 1024 tokens, the models' full sizes (fp32 by hand, attention by hand: the baseline the
 ladder starts from). On a CPU: a two-layer model of the same code, 2 x 16 tokens, in seconds.
 Generation: the Llama-style model or GPT-2, each with its draft, trained on the Python standard library's source
-(examples/decoding_pair.py; trained on first use, minutes on a GPU, then cached), greedy from a held-out prompt.
+(examples/decoding_pair.py; trained on first use, minutes on a GPU, then cached), greedy after each of 3 held-out
+prompts (2 on a CPU).
 """
 
 import sys
@@ -77,7 +78,7 @@ def _generate_task(family: str) -> GenerateTask:
         return lambda: decoding_pair.load(torch.get_default_device(), family=family)[which]
 
     return GenerateTask(f"{family} generation", model=trained(0), draft=trained(1),
-                        prompt=lambda device: decoding_pair.prompt(device),
+                        prompt=lambda device: decoding_pair.prompt(device, count=3 if gpu else 2),
                         new_tokens=128 if gpu else 12, **({} if gpu else {"draft_k": (2, 3)}))
 
 

@@ -108,8 +108,10 @@ def test_the_generation_ladder_on_a_tiny_trained_pair(tmp_path, family, int8):
     if int8:   # int8's weights may change the model's choices: the rung says how many leading tokens stayed
         for r in (by_name["int8 weight-only"], spec):
             assert r.status == ("ok" if r.tokens_matched >= n or r.agreement >= task.agreement else "numerics")
-    else:      # bf16 throughout: speculative decoding keeps the model's greedy tokens
+    else:      # bf16 throughout: speculative decoding keeps the model's greedy tokens, after every prompt
         assert (spec.status, spec.tokens_matched) == ("ok", n)
+        assert spec.generations == base.generations and len(base.generations) == 2
+        assert base.tokens == base.generations[0] and all(len(g) == n for g in base.generations)
         assert (by_name["int8 weight-only"].status, by_name["int8 weight-only"].reason) == (
             "skipped", "left out by the task")
     text = ladder.markdown(result)
@@ -117,6 +119,14 @@ def test_the_generation_ladder_on_a_tiny_trained_pair(tmp_path, family, int8):
     assert f"k={task.draft_k[0]}: {spec.k_sweep_ms[str(task.draft_k[0])]:.3f}, " in text
     ladder.waterfall(result, tmp_path / "g.png")
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_example_prompts_are_the_starts_of_held_out_functions():
+    from examples import decoding_pair
+
+    prompts = decoding_pair.prompt("cpu", length=16, count=3)
+    assert prompts.shape == (3, 16) and len({tuple(p.tolist()) for p in prompts}) == 3
+    assert all(bytes(p.tolist()).startswith(b"def ") for p in prompts)
 
 
 def test_a_generation_task_s_bad_settings_are_refused():

@@ -5,10 +5,10 @@
 
 Rungs: bf16 eager, CUDA graphs (each decode step captured), int8 weight-only (roofline.quantize_int8_weight_only),
 int8 + CUDA graphs, and speculative decoding (the int8 model under CUDA graphs checks a bf16 draft's k guesses in
-one pass, roofline.decoding.speculative; k chosen by timing each of task.draft_k once). Each rung builds the model
-afresh, generates task.new_tokens tokens once to warm up (compiling kernels, capturing graphs), then times
-task.repeats generations by CUDA events: ms per token (median, the sign test's 95% interval) and tokens/s. Its
-tokens are held against the bf16 eager baseline's (below).
+one pass, roofline.decoding.speculative; k chosen by timing each of task.draft_k once over every prompt). Each
+rung builds the model afresh, generates task.new_tokens tokens after each prompt once to warm up (compiling
+kernels, capturing graphs), then times task.repeats such rounds by CUDA events: ms per token (median, the sign
+test's 95% interval) and tokens/s. Its tokens are held against the bf16 eager baseline's (below).
 Memory: what the rung holds once ready (weights, KV caches, graphs).
 
 Free-running generations part at the first token where two models' choices differ, after which their texts are
@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from roofline.bench.stats import median_ci
-from roofline.decoding import Steps, greedy, speculative
+from roofline.decoding import SpeculativeStats, Steps, greedy, speculative
 
 
 def check_counts(task, fields: tuple[str, ...], timed: str) -> None:
@@ -46,7 +46,9 @@ def check_counts(task, fields: tuple[str, ...], timed: str) -> None:
 class GenerateTask:
     """A model to decode with. model() builds it (weights loaded; the runner seeds torch, sets the device and casts
     it to bf16); it follows roofline.decoding's protocol (setup_cache, model(idx, input_pos)). prompt(device) gives
-    the prompt [1, T]; draft(), where given, a small model of the same vocabulary for speculative decoding."""
+    the prompts [P, T], each decoded on its own at batch 1 (speculative decoding takes one row): a rung's time
+    and its draft's acceptance are over all P, its tokens checked on the first (its agreement on all). draft(),
+    where given, is a small model of the same vocabulary for speculative decoding."""
     name: str
     model: Callable[[], torch.nn.Module]
     prompt: Callable[[torch.device], torch.Tensor]
@@ -111,8 +113,8 @@ def _agreement(model, prompt: torch.Tensor, reference: list[int]) -> float:
 
 def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.device, changes: dict,
               reference=None):
-    """One rung's result; changes: the task's rungs' model changes by name; reference: the baseline's tokens, which
-    the rung's model is checked against (teacher-forced), or None for the baseline itself."""
+    """One rung's result; changes: the task's rungs' model changes by name; reference: the baseline's tokens after
+    each prompt, which the rung's model is checked against (teacher-forced), or None for the baseline itself."""
     from roofline.ladder import RungResult
 
     result = RungResult(rung.name, rung.change, asdict(config), "ok")
@@ -128,45 +130,57 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
             changes[name](model)
         draft = _build(task.draft, device, False) if config.speculative else None
         with torch.inference_mode():
-            prompt = task.prompt(device)
-            max_seq = prompt.shape[1] + task.new_tokens + max(task.draft_k) + 2
-            model.setup_cache(prompt.shape[0], max_seq, torch.bfloat16)
-            steps = Steps(model, prompt.shape[0], config.graphs)
+            prompts = list(task.prompt(device).split(1))
+            max_seq = prompts[0].shape[1] + task.new_tokens + max(task.draft_k) + 2
+            model.setup_cache(1, max_seq, torch.bfloat16)
+            steps = Steps(model, 1, config.graphs)
             if config.speculative:
                 draft.setup_cache(1, max_seq, torch.bfloat16)
                 draft_steps = Steps(draft, 1, config.graphs)
+
+                def generate(k):   # every prompt's tokens, and the draft's guesses over them all
+                    outputs, total = [], SpeculativeStats()
+                    for prompt in prompts:
+                        tokens, stats = speculative(steps, draft_steps, prompt, task.new_tokens, k)
+                        outputs.append(tokens)
+                        total.rounds += stats.rounds
+                        total.proposed += stats.proposed
+                        total.accepted += stats.accepted
+                    return outputs, total
                 swept, kept = {}, {}
                 for k in task.draft_k:   # each k once after a warm-up (which captures its verify graph)
-                    speculative(steps, draft_steps, prompt, task.new_tokens, k)
-                    swept[k], (_, stats) = _timed(
-                        lambda k=k: speculative(steps, draft_steps, prompt, task.new_tokens, k), device)
+                    generate(k)
+                    swept[k], (_, stats) = _timed(lambda k=k: generate(k), device)
                     kept[str(k)] = stats.acceptance
                 result.draft_k = min(swept, key=swept.get)
-                result.k_sweep_ms = {str(k): ms / task.new_tokens for k, ms in swept.items()}
+                tokens_timed = len(prompts) * task.new_tokens
+                result.k_sweep_ms = {str(k): ms / tokens_timed for k, ms in swept.items()}
                 result.k_sweep_acceptance = kept
 
                 def run():
-                    return speculative(steps, draft_steps, prompt, task.new_tokens, result.draft_k)
+                    return generate(result.draft_k)
             else:
                 def run():
-                    return greedy(steps, prompt, task.new_tokens), None
+                    return [greedy(steps, prompt, task.new_tokens) for prompt in prompts], None
                 run()
             result.warmup_s = time.perf_counter() - start
             if cuda:
                 result.peak_gib = (torch.cuda.memory_allocated() - held_before) / 2**30
             samples, accepted, proposed, rounds = [], 0, 0, 0
             for _ in range(task.repeats):
-                ms, (tokens, stats) = _timed(run, device)
-                samples.append(ms / task.new_tokens)
+                ms, (outputs, stats) = _timed(run, device)
+                samples.append(ms / (len(prompts) * task.new_tokens))
                 if stats is not None:
                     accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
                     rounds += stats.rounds
         result.samples_ms = samples
         result.low_ms, result.median_ms, result.high_ms = median_ci(samples)
-        result.tokens_per_s = prompt.shape[0] * 1e3 / result.median_ms
-        result.tokens = tokens[0].tolist()
+        result.tokens_per_s = 1e3 / result.median_ms
+        result.tokens = outputs[0][0].tolist()
+        result.generations = [o[0].tolist() for o in outputs]
         with torch.inference_mode():
-            result.agreement = _agreement(model, prompt, reference or result.tokens)
+            result.agreement = sum(_agreement(model, prompt, theirs) for prompt, theirs in
+                                   zip(prompts, reference or result.generations)) / len(prompts)
         if proposed:
             result.acceptance = accepted / proposed
             result.draft_share = accepted / (accepted + rounds)   # each round adds the model's own token

@@ -163,7 +163,8 @@ class RungResult:
     vs_baseline: float | None = None
     # generation (median_ms and the samples are then per token):
     tokens_per_s: float | None = None
-    tokens: list = field(default_factory=list)   # the first timed generation's tokens (the first row's)
+    tokens: list = field(default_factory=list)   # the first timed generation's tokens (the first prompt's)
+    generations: list = field(default_factory=list)   # ... after each of the task's prompts
     tokens_matched: int | None = None   # leading tokens the same as the baseline's
     agreement: float | None = None      # teacher-forced: the share of the baseline's tokens this model picks
     acceptance: float | None = None     # speculative decoding: the draft's guesses kept
@@ -293,7 +294,7 @@ def run(task: TrainTask | GenerateTask, device=None, rungs=None, progress: Calla
         if progress:
             progress(rung)
         if generating:
-            reference = next((r.tokens for r in results if r.median_ms is not None), None)
+            reference = next((r.generations for r in results if r.median_ms is not None), None)
             results.append(generation_ladder.climb_one(task, rung, config, device, changes, reference))
         else:
             results.append(_climb_one(task, rung, config, device, changes))
