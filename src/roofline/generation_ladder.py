@@ -131,6 +131,7 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
         draft = _build(task.draft, device, False) if config.speculative else None
         with torch.inference_mode():
             prompts = list(task.prompt(device).split(1))
+            tokens_timed = len(prompts) * task.new_tokens   # a generation after every prompt
             max_seq = prompts[0].shape[1] + task.new_tokens + max(task.draft_k) + 2
             model.setup_cache(1, max_seq, torch.bfloat16)
             steps = Steps(model, 1, config.graphs)
@@ -153,7 +154,6 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
                     swept[k], (_, stats) = _timed(lambda k=k: generate(k), device)
                     kept[str(k)] = stats.acceptance
                 result.draft_k = min(swept, key=swept.get)
-                tokens_timed = len(prompts) * task.new_tokens
                 result.k_sweep_ms = {str(k): ms / tokens_timed for k, ms in swept.items()}
                 result.k_sweep_acceptance = kept
 
@@ -169,7 +169,7 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
             samples, accepted, proposed, rounds = [], 0, 0, 0
             for _ in range(task.repeats):
                 ms, (outputs, stats) = _timed(run, device)
-                samples.append(ms / (len(prompts) * task.new_tokens))
+                samples.append(ms / tokens_timed)
                 if stats is not None:
                     accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
                     rounds += stats.rounds
