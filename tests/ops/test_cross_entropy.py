@@ -311,6 +311,32 @@ def test_gpu_a_cuda_graph_captures_it_with_the_targets_unchecked(rows):
 
 
 @pytest.mark.gpu
+def test_gpu_a_count_in_flight_is_read_after_a_capture_of_forward_and_backward():
+    """A whole training step captured as a CUDA graph (the ladder's and models.py's graphs modes) runs the op's
+    backward inside the capture: a count still unread from an eager call before it must not be read there (no
+    event query while capturing), and is read after."""
+    logits = torch.randn(64, 1000, device="cuda", requires_grad=True)
+    t = targets(64, 1000, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm-up outside the capture, as torch.cuda.graph asks
+        cross_entropy(logits, t).backward()
+        torch.cuda.synchronize()
+        target_checks.poll()         # every count so far read
+        cross_entropy(logits, t)     # a gradient made, no backward: its count stays unread
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(target_checks._pending) == 1
+    logits.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cross_entropy(logits, t).backward()
+    assert len(target_checks._pending) == 1
+    graph.replay()
+    target_checks.poll()
+    assert not target_checks._pending and torch.isfinite(logits.grad).all()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(4096, 128256), (5, 65537), (3000, 32000)])

@@ -65,6 +65,8 @@ class TargetChecks:
         count written. Costs nothing with none pending."""
         if not self._pending:
             return
+        if self._pending[0].event is not None and torch.cuda.is_current_stream_capturing():
+            return   # no event is queried inside a CUDA graph's capture: the counts are read after it
         with self._lock:
             while self._pending and (self._pending[0].event is None or self._pending[0].event.query()):
                 self._read(self._pending.popleft(), wait=False, deferred=True)
