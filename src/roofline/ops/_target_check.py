@@ -11,7 +11,9 @@ against 29.3 without it (benchmarks/results/h100-ladder.md). So:
 - `later` does not wait. The count goes to pinned host memory behind an event, and `poll` reads it at the first
   later entry into either op at which the GPU has written it: this call's backward, usually, or a later call. The
   ValueError is raised there, before that entry launches anything. Only when all CHECK_SLOTS slots hold counts
-  still unwritten does a call wait, for the oldest.
+  still unwritten does a call wait, for the oldest. Inside a CUDA graph's capture nothing is read (the ops skip
+  their check there, and poll queries no event): counts in flight are read after it. With the check read later,
+  the fused head's step took 23.1 ms in a later run of the same ladder.
 
 A bad target's loss and gradient rows are nan meanwhile (the kernels are safe with any target). torch's own CUDA
 kernel stops the process with a device-side assert instead.
