@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--shape", type=int, nargs=3, default=[8192, 4096, 128256], metavar=("N", "H", "V"))
-    parser.add_argument("--chunks", type=int, nargs="*", default=[1024, 2048], help="chunk_rows to time besides the "
+    parser.add_argument("--chunks", type=int, nargs="*", default=[2048], help="chunk_rows to time besides the "
                         "default")
     parser.add_argument("--tflops", type=float, default=None, help="bf16 matmul rate for the floor (default: "
                         "doctor's measured ceiling)")

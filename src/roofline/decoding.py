@@ -85,6 +85,11 @@ class SpeculativeStats:
     def acceptance(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
 
+    def add(self, other: "SpeculativeStats") -> None:
+        """Count another generation's rounds and guesses in with these."""
+        self.rounds, self.proposed, self.accepted = (self.rounds + other.rounds, self.proposed + other.proposed,
+                                                     self.accepted + other.accepted)
+
 
 def speculative(steps: Steps, draft: Steps, prompt: torch.Tensor, new_tokens: int,
                 k: int) -> tuple[torch.Tensor, SpeculativeStats]:

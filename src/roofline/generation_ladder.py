@@ -144,9 +144,7 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
                     for prompt in prompts:
                         tokens, stats = speculative(steps, draft_steps, prompt, task.new_tokens, k)
                         outputs.append(tokens)
-                        total.rounds += stats.rounds
-                        total.proposed += stats.proposed
-                        total.accepted += stats.accepted
+                        total.add(stats)
                     return outputs, total
                 swept, kept = {}, {}
                 for k in task.draft_k:   # each k once after a warm-up (which captures its verify graph)
@@ -166,13 +164,12 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
             result.warmup_s = time.perf_counter() - start
             if cuda:
                 result.peak_gib = (torch.cuda.memory_allocated() - held_before) / 2**30
-            samples, accepted, proposed, rounds = [], 0, 0, 0
+            samples, timed = [], SpeculativeStats()
             for _ in range(task.repeats):
                 ms, (outputs, stats) = _timed(run, device)
                 samples.append(ms / tokens_timed)
                 if stats is not None:
-                    accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
-                    rounds += stats.rounds
+                    timed.add(stats)
         result.samples_ms = samples
         result.low_ms, result.median_ms, result.high_ms = median_ci(samples)
         result.tokens_per_s = 1e3 / result.median_ms
@@ -181,9 +178,9 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
         with torch.inference_mode():
             result.agreement = sum(_agreement(model, prompt, theirs) for prompt, theirs in
                                    zip(prompts, reference or result.generations)) / len(prompts)
-        if proposed:
-            result.acceptance = accepted / proposed
-            result.draft_share = accepted / (accepted + rounds)   # each round adds the model's own token
+        if timed.proposed:
+            result.acceptance = timed.acceptance
+            result.draft_share = timed.accepted / (timed.accepted + timed.rounds)   # a round adds the model's token
     except Exception as exc:   # a rung that fails to build or run is reported, and the ladder goes on
         result.status, result.reason = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return result

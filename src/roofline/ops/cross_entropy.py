@@ -348,13 +348,12 @@ def _keep_gradient(ctx, inputs, output):
 
 
 def _backward_rule(ctx, scale_rows_, dloss, _, __):
-    if not ctx.in_graph:
-        target_checks.poll()   # this call's targets, most likely: raised before the gradient is handed on
     if ctx.in_graph:
         # Under compile, out of place (a mutation of a saved tensor is one more thing for the graph to track).
         (gradient,) = ctx.saved_tensors
         scale = dloss if dloss.dim() else dloss.expand(gradient.shape[0])
         return (gradient * scale.to(gradient.dtype)[:, None], None, None, None, None, None, None)
+    target_checks.poll()   # this call's targets, most likely: raised before the gradient is handed on
     gradient = getattr(ctx, "gradient", None)
     if gradient is None:
         raise RuntimeError("cross_entropy(backend='triton') wrote its gradient during the forward pass and "
