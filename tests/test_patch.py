@@ -403,7 +403,7 @@ def test_a_route_that_torch_served_throughout_settles(times, settles):
 def test_calls_served_without_a_decision_do_not_settle_a_route(monkeypatch):
     r = routing.Router(timer=Timer(20.0, 10.0), persist=False)
     route = routing.Route(r, "double", _never, _twice, _doubled, "double")
-    monkeypatch.setattr(routing, "_capturing", lambda: True)   # first seen during capture: nothing decided
+    monkeypatch.setattr(routing, "capturing", lambda: True)   # first seen during capture: nothing decided
     for _ in range(routing.SETTLE_CALLS + 1):
         route(torch.ones(2))
     assert not route.settled and route.decided == 0

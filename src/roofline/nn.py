@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from roofline import ops
-from roofline.ops._common import DTYPES, interpreting
+from roofline.ops._common import DTYPES, capturing, interpreting
 
 
 def _on_kernel(x: torch.Tensor) -> bool:
@@ -99,12 +99,147 @@ class Int8Linear(nn.Module):
             module.bias.data.copy_(linear.bias.data)
         return module
 
+    shared: "SharedInput | None" = None   # set by quantize_int8_weight_only for layers that may share an input
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        if (x.is_cuda or interpreting()) and x.dtype in (torch.float16, torch.bfloat16):
-            return ops.int8_linear(x, self.weight_int8, self.scale, bias, backend="triton")
-        return ops.int8_linear(x, self.weight_int8, self.scale, bias, backend="torch")
+        if self.shared is not None:
+            return self.shared.forward(self, x)
+        return _int8_linear(x, self.weight_int8, self.scale, self.bias)
 
     def extra_repr(self) -> str:
         groups = "" if self.group_size is None else f", group_size={self.group_size}"
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{groups}"
+        fused = "" if self.shared is None or not self.shared.fused else f", fused={self.shared.names}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+                f"{groups}{fused}")
+
+
+def _int8_linear(x, weight_int8, scale, bias):
+    bias = None if bias is None else bias.to(x.dtype)
+    if (x.is_cuda or interpreting()) and x.dtype in (torch.float16, torch.bfloat16):
+        return ops.int8_linear(x, weight_int8, scale, bias, backend="triton")
+    return ops.int8_linear(x, weight_int8, scale, bias, backend="torch")
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """t's count of in-place changes; None for an inference tensor (made under torch.inference_mode), which keeps
+    none."""
+    return None if t.is_inference() else t._version
+
+
+class SharedInput:
+    """Int8Linear siblings (children of one module, same in_features) that the model may call one after another
+    on the same tensor, as a Llama attention calls q_proj, k_proj and v_proj, and its MLP gate_proj and up_proj.
+    After the first such run of calls is seen, their weights are one int8 matrix (each layer's weight_int8 a view
+    of its rows, so no byte is stored twice) and the run's first call computes every output of the run in one
+    kernel; the later calls return their part, if they come in the order seen, with the same tensor, unchanged.
+
+    A decode step at batch 1 is bound by its weights' bytes and by the number of kernels that stream them: on
+    the H100 the Llama decode step's matmuls took 612 us as 113 kernels and 505 as 65, the bytes being the same
+    (benchmarks/gemv_probe.py). Models written with fused projections (gpt-fast's wqkv) get this by hand; this
+    gets it for model code as written, without changing the model's forward.
+
+    Only one row of input is served fused: its outputs are then each contiguous, as nn.Linear's are (with more
+    rows they would be strided column slices, which a model's `.view` may refuse). Any other call (out of order,
+    on another tensor, after the tensor changed in place, under torch.compile's tracing) runs the layer alone, so
+    the result is always the layer's own. One exception: an inference tensor (torch.inference_mode) counts no
+    in-place changes, so a change made to it between the run's calls goes unseen (model code does not change the
+    input it hands to its projections). Nothing is learned or rebuilt while a CUDA graph is being captured (the
+    new weights would be allocated in the graph's pool and rebuilt at every replay)."""
+
+    def __init__(self, members: list[Int8Linear], names: list[str]):
+        self.members, self.member_names = members, names
+        self.learning = True
+        self.called: set[int] = set()        # members called while learning
+        self.run: list[int] = []             # the current run of calls on one tensor
+        self.best: tuple[int, ...] = ()      # the longest run seen
+        self.last = None                     # (input, its version) of the last call while learning
+        self.fused: tuple[int, ...] = ()     # the run served as one kernel, once learned
+        self.pending = None                  # (input, version, outputs, next position in the run)
+
+    @property
+    def names(self) -> list[str]:
+        return [self.member_names[i] for i in self.fused]
+
+    def forward(self, layer: Int8Linear, x: torch.Tensor) -> torch.Tensor:
+        index = self.members.index(layer)
+        if torch.compiler.is_compiling():
+            return self._alone(layer, x)
+        if not self.fused:
+            if self.learning and not capturing():
+                self._learn(index, x)
+            if not self.fused:
+                return self._alone(layer, x)
+        if self.pending is not None:
+            given, version, outputs, position = self.pending
+            if self.fused[position] == index and given is x and _version(x) == version:
+                self.pending = None if position + 1 == len(self.fused) else (given, version, outputs, position + 1)
+                return outputs[position]
+        if index == self.fused[0] and x.numel() == x.shape[-1] and self._current():
+            layers = [self.members[i] for i in self.fused]
+            y = _int8_linear(x, self.weight, self.scale, self._bias(layers, x.dtype))
+            outputs = y.split(self.sizes, -1)
+            self.pending = (x, _version(x), outputs, 1)
+            return outputs[0]
+        return self._alone(layer, x)
+
+    def _alone(self, layer, x):
+        return _int8_linear(x, layer.weight_int8, layer.scale, layer.bias)
+
+    def _learn(self, index: int, x: torch.Tensor) -> None:
+        """Follow the runs of calls on one unchanged tensor. A member called again starts the model's next
+        forward: the longest run of the first is fused if it has two members or more, else learning stops."""
+        if index in self.called:
+            if len(self.best) >= 2:
+                self._fuse(self.best)
+            self.learning, self.last, self.run = False, None, []
+            return
+        same = self.last is not None and self.last[0] is x and self.last[1] == _version(x)
+        self.called.add(index)
+        self.run = self.run + [index] if same else [index]
+        if len(self.run) > len(self.best):
+            self.best = tuple(self.run)
+        self.last = (x, _version(x))
+
+    def _fuse(self, run: tuple[int, ...]) -> None:
+        layers = [self.members[i] for i in run]
+        with torch.no_grad():
+            weight = torch.cat([layer.weight_int8 for layer in layers])
+            scale = torch.cat([layer.scale for layer in layers])
+        rows = 0
+        for layer in layers:   # each layer's weights become a view of the one matrix
+            for old in (layer.weight_int8, layer.scale):
+                if old.is_cuda:   # freed below: not reused before this stream's kernels that read it are done
+                    old.record_stream(torch.cuda.current_stream(old.device))
+            n = layer.out_features
+            layer._buffers["weight_int8"], layer._buffers["scale"] = weight[rows:rows + n], scale[rows:rows + n]
+            rows += n
+        self.weight, self.scale, self.fused = weight, scale, run
+        self.sizes = [layer.out_features for layer in layers]
+        self.views = [(layer._buffers["weight_int8"], layer._buffers["scale"]) for layer in layers]
+        self.bias_key = None
+
+    def _current(self) -> bool:
+        """Whether the one matrix holds the layers' weights: a layer's weight replaced since (model.to(...) moves
+        them) makes it join the current ones again, except during a capture (then the layers run alone)."""
+        layers = [self.members[i] for i in self.fused]
+        if all(layer._buffers["weight_int8"] is w and layer._buffers["scale"] is s
+               for layer, (w, s) in zip(layers, self.views)):
+            return True
+        if capturing():
+            return False
+        self._fuse(self.fused)
+        return True
+
+    def _bias(self, layers, dtype):
+        """The run's biases as one vector (zeros for a layer without one), built again when one has changed
+        (replaced, or updated in place). The biases are held, so that no id is reused while compared."""
+        sources = [layer.bias for layer in layers]
+        if all(b is None for b in sources):
+            return None
+        key = [None if b is None else (id(b), _version(b)) for b in sources]
+        if key != self.bias_key:
+            with torch.no_grad():
+                self.bias = torch.cat([torch.zeros(layer.out_features, dtype=dtype, device=self.weight.device)
+                                       if b is None else b.to(dtype) for layer, b in zip(layers, sources)])
+            self.bias_key, self.bias_sources = key, sources
+        return self.bias.to(dtype)

@@ -34,6 +34,7 @@ import torch
 
 import roofline
 from roofline import device as _device
+from roofline.ops._common import capturing
 
 POLICIES = ("faster", "always")
 MEASURED_PER_OP = 32  # signatures measured per op and router; a program of ever new shapes leaves the rest to torch
@@ -123,7 +124,7 @@ class Router:
             decision = Decision(False, reason, signature)
         elif self.policy == "always":
             decision = Decision(True, "policy 'always'", signature)
-        elif _capturing():
+        elif capturing():
             self._note(op, CAPTURING).calls += 1
             return None
         elif self.measured[op] >= MEASURED_PER_OP:
@@ -201,10 +202,6 @@ class Route:
 CAPTURING = ("first seen during CUDA graph capture, where nothing can be measured: torch serves it until a call "
              "outside capture decides")
 TOO_MANY = f"more than {MEASURED_PER_OP} signatures measured for this op: left to torch unmeasured"
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _key(op: str, args, kwargs) -> tuple:

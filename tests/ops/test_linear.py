@@ -192,6 +192,20 @@ def test_int8_single_row_takes_the_gemv(monkeypatch, k, n, dtype):
         assert_within_twice_torchs_error(("output",), [ours], [exact], [theirs], x.dtype)
 
 
+def test_the_gemv_converts_every_int8_value_exactly():
+    # the GEMV turns a weight into fp32 by adding 2^23 + 128 to its bits, not with a conversion instruction.
+    # Column j of W holds each of the 256 values once (-128 included, which quantize_int8 never writes) and x
+    # is one-hot at j, so y is that column exactly
+    n, k = 256, 96
+    for j in (0, 37, k - 1):
+        q = torch.randint(-128, 128, (n, k), device=DEVICE, dtype=torch.int8)
+        q[:, j] = (torch.randperm(n, device=DEVICE) - 128).to(torch.int8)
+        x = torch.zeros(1, k, device=DEVICE, dtype=torch.bfloat16)
+        x[0, j] = 1
+        ours = int8_linear(x, q, torch.ones(n, device=DEVICE), backend="triton")
+        assert torch.equal(ours[0], q[:, j].to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("split", [2, 4, 8])
 @pytest.mark.parametrize("group_size", [None, 64])
 def test_int8_decode_split_along_k(monkeypatch, split, group_size):

@@ -25,6 +25,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def choose_backend(op: str, x, backend: str | None, backends: tuple[str, ...], arg: str = "x") -> str:
     """The backend to run `op` on tensor `x` with: the one asked for, checked, or triton on CUDA and torch elsewhere."""
     if not isinstance(x, torch.Tensor):

@@ -13,7 +13,7 @@ dtype in registers (exactly: int8 fits in fp16 and bf16), so the weights cross m
 what a decode step (a few rows of x) is bound by. Grouped scales multiply each group's partial product, so the
 kernel's K step never straddles two groups. Up to DECODE_ROWS rows of x take int8_decode_kernel instead: narrow
 column blocks, so that many programs stream W at once, and plain vector loads; and one row of x with per-channel
-scales int8_gemv_kernel, on the CUDA cores, in thousands of programs of one or two columns.
+scales int8_gemv_kernel, on the CUDA cores, in thousands of programs of a few columns.
 
 Tiles, warps and pipeline depth are autotuned per (M bucket, N, K) over a small set that suits Hopper; programs
 are ordered in groups of GROUP_M row blocks, so that neighbours share tiles of W in L2.
@@ -269,17 +269,45 @@ if triton is not None:
                 _decode_epilogue(acc, rows, cols, M, N, scale_ptr, bias_ptr, y_ptr, stride_y, HAS_BIAS, GROUP_K,
                                  UPCAST)
 
-    # One row of x with per-channel scales (a decode step of one token): a GEMV on the CUDA cores. A program per
-    # output column or two and short K steps make thousands of small programs, whose loads in flight keep the
-    # memory busier than the MMA kernel's ~N / 32 programs of 4 warps (4096 x 4096 on the H100: 9.6 against
-    # 10.9 us, benchmarks/results/h100-linear.md); a column block's product with one row needs no tensor cores.
+    # One row of x with per-channel scales (a decode step of one token): a GEMV on the CUDA cores. Many small
+    # programs of a few columns each, and K steps of a few kilobytes, keep enough loads in flight to stream W;
+    # a column block's product with one row needs no tensor cores. Each config is among the fastest at one of
+    # a Llama decode step's shapes on the H100 (N x K = 512 .. 32000 x 2048 and 2048 x 5632;
+    # benchmarks/gemv_probe.py, results in benchmarks/results/h100-models.md).
 
     def _gemv_config(bn, bk, warps):
         return triton.Config(dict(BLOCK_N=bn, BLOCK_K=bk), num_stages=1, num_warps=warps)
 
-    INT8_GEMV = [_gemv_config(*c) for c in ((1, 512, 4), (1, 512, 2), (1, 1024, 4), (2, 1024, 2), (1, 256, 2))]
+    INT8_GEMV = [_gemv_config(*c) for c in ((1, 2048, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 4), (4, 1024, 4),
+                                            (4, 2048, 4), (8, 2048, 8), (4, 512, 2), (16, 512, 8), (4, 256, 2),
+                                            (16, 256, 4))]
 
-    @triton.autotune(configs=[_gemv_config(2, 32, 4)] if interpreting() else INT8_GEMV, key=["N", "K"])
+    def _prune_gemv(configs, named_args, **kwargs):
+        """No K step longer than K needs (a masked half of every load)."""
+        longest = max(256, next_power_of_2(named_args["K"]))
+        return [c for c in configs if c.kwargs["BLOCK_K"] <= longest]
+
+    @triton.jit
+    def _int8_to_float32(w):
+        """int8 to fp32 exactly, in two full-rate ALU instructions and a bitcast: the float with bits 0x4B000000 +
+        (w + 128) is 2^23 + 128 + w. The conversion instruction (I2F) runs at a quarter of that rate on
+        sm_90 (16 a cycle per SM), about the rate at which W arrives at full bandwidth. On the H100 the GEMV was
+        up to 7% faster with this at one of a decode step's shapes, 2-5% over the step's chain of matmuls (two
+        runs of benchmarks/gemv_probe.py)."""
+        return (w.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+
+    @triton.jit
+    def _gemv_loads(x_ptr, w_ptrs, k, ks, K, EVEN_K: tl.constexpr):
+        """The GEMV's K step at k: x's [BLOCK_K] (kept in cache for the other programs) and W's [BLOCK_N,
+        BLOCK_K] (streamed once)."""
+        if EVEN_K:
+            return (tl.load(x_ptr + k + ks, eviction_policy="evict_last"),
+                    tl.load(w_ptrs, eviction_policy="evict_first"))
+        return (tl.load(x_ptr + k + ks, mask=k + ks < K, other=0.0, eviction_policy="evict_last"),
+                tl.load(w_ptrs, mask=(k + ks)[None, :] < K, other=0, eviction_policy="evict_first"))
+
+    @triton.autotune(configs=[_gemv_config(2, 32, 4)] if interpreting() else INT8_GEMV, key=["N", "K"],
+                     prune_configs_by=dict(early_config_prune=_prune_gemv))
     @triton.heuristics(dict(EVEN_K=lambda args: args["K"] % args["BLOCK_K"] == 0))
     @triton.jit
     def int8_gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, y_ptr, N, K, stride_w, HAS_BIAS: tl.constexpr,
@@ -291,13 +319,8 @@ if triton is not None:
         w_ptrs = w_ptr + tl.minimum(cols, N - 1)[:, None].to(tl.int64) * stride_w + ks[None, :]
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
-            if EVEN_K:
-                x = tl.load(x_ptr + k + ks, eviction_policy="evict_last")
-                w = tl.load(w_ptrs, eviction_policy="evict_first")
-            else:
-                x = tl.load(x_ptr + k + ks, mask=k + ks < K, other=0.0, eviction_policy="evict_last")
-                w = tl.load(w_ptrs, mask=(k + ks)[None, :] < K, other=0, eviction_policy="evict_first")
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            x, w = _gemv_loads(x_ptr, w_ptrs, k, ks, K, EVEN_K)
+            acc += _int8_to_float32(w) * x.to(tl.float32)[None, :]
             w_ptrs += BLOCK_K
         _decode_epilogue(tl.sum(acc, axis=1)[None, :], tl.arange(0, 1), cols, 1, N, scale_ptr, bias_ptr, y_ptr, 0,
                          HAS_BIAS, 0, UPCAST)
