@@ -119,3 +119,22 @@ def test_measured_ceilings_on_this_gpu_are_plausible():
     assert math.isfinite(c.ridge_point(torch.bfloat16))
     # a copy that stays in L2 outruns DRAM (H100: 4.3-4.5 TB/s against 3.0)
     assert c.l2_bytes == torch.cuda.get_device_properties(0).L2_cache_size and c.l2_gbps > 1.2 * c.dram_gbps
+
+
+def test_a_captured_step_keeps_what_it_reads_alive():
+    import gc
+
+    from roofline.bench.steps import capture
+
+    weight, x = torch.randn(256, 256, device="cuda"), torch.randn(256, device="cuda")
+    expected = weight @ x
+
+    def only_the_closure_holds(w):
+        return lambda: w @ x
+    replay = capture(only_the_closure_holds(weight))
+    del weight
+    gc.collect()
+    # the weight's block, were it freed, is what the allocator hands this tensor of the same size
+    junk = torch.full((256, 256), float("nan"), device="cuda")
+    torch.testing.assert_close(replay(), expected)
+    assert junk.isnan().all()

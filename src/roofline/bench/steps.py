@@ -56,4 +56,8 @@ def capture(step):
     def replay():
         graph.replay()
         return output
+    # The graph reads and writes the memory of whatever step() reads (a model's weights, its KV cache). Held here,
+    # it lives as long as the replay does: a caller that keeps only the replay (benchmarks/models.py's generation
+    # did) would otherwise free it, and the replays would run on memory handed to other tensors.
+    replay.step = step
     return replay
