@@ -102,8 +102,11 @@ class Int8Linear(nn.Module):
     shared: "SharedInput | None" = None   # set by quantize_int8_weight_only for layers that may share an input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.shared is not None:
-            return self.shared.forward(self, x)
+        shared = self.shared
+        # past learning, only a row of input can be served fused: others skip the run's bookkeeping (a few us
+        # a call, which an eager decode step at batch 8 pays 112 times)
+        if shared is not None and (shared.learning or shared.fused and x.numel() == x.shape[-1]):
+            return shared.forward(self, x)
         return _int8_linear(x, self.weight_int8, self.scale, self.bias)
 
     def extra_repr(self) -> str:
