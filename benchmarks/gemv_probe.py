@@ -29,7 +29,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from roofline import bench
 
 lin = importlib.import_module("roofline.ops.linear")
-_gemv_loads = lin._gemv_loads   # the library GEMV's K step, shared
+_gemv_loads, _int8_to_float32 = lin._gemv_loads, lin._int8_to_float32   # the library GEMV's K step and conversion
 CONVERSIONS = ("magic", "via_bf16", "i2f")
 # (N, K, a torch kernel before it in the model's step) for one layer, and the head
 SEPARATE = [(2048, 2048, True), (512, 2048, False), (512, 2048, False), (2048, 2048, True), (5632, 2048, True),
@@ -43,7 +43,7 @@ SHAPES = sorted({(n, k) for n, k, _ in SEPARATE + FUSED + [HEAD]})
 @triton.jit
 def _to_float32(w, CONVERT: tl.constexpr):
     if CONVERT == 0:     # 2^23 + 128 + w from the bits, then exact subtraction (roofline's GEMV)
-        return (w.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+        return _int8_to_float32(w)
     if CONVERT == 1:     # through bf16, which Triton converts with byte permutes and packed half adds
         return w.to(tl.bfloat16).to(tl.float32)
     return w.to(tl.float32)   # the conversion instruction, I2F
@@ -85,7 +85,8 @@ def launcher(x, q, s, y, config, convert=0, mode=0):
     n, k = q.shape
     pdl = dict(launch_pdl=True) if mode else {}
     return lambda: gemv[(triton.cdiv(n, bn),)](x, q, s, y, n, k, q.stride(0), CONVERT=convert, MODE=mode,
-                                               EVEN_K=k % bk == 0, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=1, **pdl)
+                                               EVEN_K=k % bk == 0, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                                               num_stages=1, **pdl)
 
 
 def us(fn, **options) -> float:
@@ -101,8 +102,9 @@ def operands(n, k):
 def sweep(n, k) -> dict:
     """Each conversion over every config, alone (L2 flushed before each call), checked first."""
     x, q, s, y = operands(n, k)
-    w = lin.dequantize_int8(q, s).to(torch.bfloat16)
-    exact = F.linear(x.double(), lin.dequantize_int8(q, s).double())
+    dequantized = lin.dequantize_int8(q, s)
+    w = dequantized.to(torch.bfloat16)
+    exact = F.linear(x.double(), dequantized.double())
     row = dict(n=n, k=k, weight_mb=n * k / 1e6, cublas_bf16=us(lambda: F.linear(x, w)),
                int8_linear=us(lambda: lin.int8_linear(x, q, s)), copy_int8=us(lambda: q.clone()))
     for convert, name in enumerate(CONVERSIONS):
@@ -123,7 +125,7 @@ def sweep(n, k) -> dict:
 
 def chain(layer, variant, interleaved, best) -> float:
     """The step's matmuls in one graph: microseconds a replay."""
-    calls, keep = [], []
+    calls = []   # each call holds its tensors
     for n, k, torch_before in [item for _ in range(LAYERS) for item in layer] + [HEAD]:
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         if interleaved and torch_before:
@@ -132,12 +134,10 @@ def chain(layer, variant, interleaved, best) -> float:
         if variant == "cublas_bf16":
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
             calls.append(lambda x=x, w=w: F.linear(x, w))
-            keep.append(w)
             continue
         q = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8)
         s = torch.rand(n, device="cuda") * 0.01
         y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
-        keep += [x, q, s, y]
         if variant == "int8_linear":
             calls.append(lambda x=x, q=q, s=s: lin.int8_linear(x, q, s))
         elif variant.startswith("mode"):
@@ -149,7 +149,7 @@ def chain(layer, variant, interleaved, best) -> float:
         for call in calls:
             call()
     time = us(step, flush=False, warmup_ms=20, rep_ms=200)
-    calls.clear(), keep.clear()
+    calls.clear()
     torch.cuda.empty_cache()
     return time
 

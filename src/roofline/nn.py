@@ -178,8 +178,7 @@ class SharedInput:
                 self.pending = None if position + 1 == len(self.fused) else (given, version, outputs, position + 1)
                 return outputs[position]
         if index == self.fused[0] and x.numel() == x.shape[-1] and self._current():
-            layers = [self.members[i] for i in self.fused]
-            y = _int8_linear(x, self.weight, self.scale, self._bias(layers, x.dtype))
+            y = _int8_linear(x, self.weight, self.scale, self._bias(x.dtype))
             outputs = y.split(self.sizes, -1)
             self.pending = (x, _version(x), outputs, 1)
             return outputs[0]
@@ -216,7 +215,7 @@ class SharedInput:
             n = layer.out_features
             layer._buffers["weight_int8"], layer._buffers["scale"] = weight[rows:rows + n], scale[rows:rows + n]
             rows += n
-        self.weight, self.scale, self.fused = weight, scale, run
+        self.weight, self.scale, self.fused, self.layers = weight, scale, run, layers
         self.sizes = [layer.out_features for layer in layers]
         self.views = [(layer._buffers["weight_int8"], layer._buffers["scale"]) for layer in layers]
         self.bias_key = None
@@ -224,25 +223,24 @@ class SharedInput:
     def _current(self) -> bool:
         """Whether the one matrix holds the layers' weights: a layer's weight replaced since (model.to(...) moves
         them) makes it join the current ones again, except during a capture (then the layers run alone)."""
-        layers = [self.members[i] for i in self.fused]
         if all(layer._buffers["weight_int8"] is w and layer._buffers["scale"] is s
-               for layer, (w, s) in zip(layers, self.views)):
+               for layer, (w, s) in zip(self.layers, self.views)):
             return True
         if capturing():
             return False
         self._fuse(self.fused)
         return True
 
-    def _bias(self, layers, dtype):
+    def _bias(self, dtype):
         """The run's biases as one vector (zeros for a layer without one), built again when one has changed
         (replaced, or updated in place). The biases are held, so that no id is reused while compared."""
-        sources = [layer.bias for layer in layers]
+        sources = [layer.bias for layer in self.layers]
         if all(b is None for b in sources):
             return None
         key = [None if b is None else (id(b), _version(b)) for b in sources]
         if key != self.bias_key:
             with torch.no_grad():
                 self.bias = torch.cat([torch.zeros(layer.out_features, dtype=dtype, device=self.weight.device)
-                                       if b is None else b.to(dtype) for layer, b in zip(layers, sources)])
+                                       if b is None else b.to(dtype) for layer, b in zip(self.layers, sources)])
             self.bias_key, self.bias_sources = key, sources
         return self.bias.to(dtype)
