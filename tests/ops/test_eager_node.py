@@ -256,6 +256,131 @@ def test_a_replay_launches_on_the_current_stream():
     torch.testing.assert_close(x.grad, ref.grad, atol=1e-4, rtol=1e-4)
 
 
+# --------------------------------------------------------------------------- forwards replayed from C++
+
+class CountedSinePlan(SinePlan):
+    """SinePlan counting the forwards that run in Python."""
+
+    def __init__(self):
+        super().__init__()
+        self.forwards = 0
+
+    def forward(self, x, factor):
+        self.forwards += 1
+        return super().forward(x, factor)
+
+
+REPLAYED_PLAN = CountedSinePlan()
+
+
+def _forward_replayed(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return REPLAYED_PLAN.forward(x, factor)
+
+
+REPLAYED = KernelOp("test_sine_replayed", forward=_forward_replayed, forward_fake=lambda x, factor: torch.empty_like(x),
+                    backward=_backward, backward_fake=lambda dy, x, factor: torch.empty_like(x), setup_context=_save,
+                    backward_rule=_rule, plan=lambda x, factor: REPLAYED_PLAN)
+
+
+@pytest.fixture
+def replayed(monkeypatch):
+    """A sine op whose eager forwards are replayed from C++ (as ROOFLINE_FORWARD_REPLAY=1 has every op's), and its
+    plan, with nothing recorded yet."""
+    monkeypatch.setattr(REPLAYED, "replay_forward", True)
+    REPLAYED_PLAN.forwards = 0
+    REPLAYED_PLAN.__dict__.pop("forward_programs", None)
+    return REPLAYED, REPLAYED_PLAN
+
+
+def test_a_recorded_forward_replays_without_python(replayed):
+    op, plan = replayed
+    for _ in range(4):
+        x = torch.randn(6, 7, dtype=torch.float64, device=DEVICE)
+        torch.testing.assert_close(op.eager(plan, False, x, 3.0), torch.sin(x) * 3.0, rtol=0, atol=0)
+    assert plan.forwards == 1   # the first call, recorded
+    for other in ((torch.randn(6, 7, dtype=torch.float64, device=DEVICE), 2.0),       # another constant
+                  (torch.randn(7, 6, dtype=torch.float64, device=DEVICE).t(), 3.0),   # another layout
+                  (torch.randn(6, 7, dtype=torch.float32, device=DEVICE), 3.0)):      # another dtype
+        for _ in range(2):
+            torch.testing.assert_close(op.eager(plan, False, *other), torch.sin(other[0]) * other[1], rtol=0,
+                                       atol=0)
+    assert plan.forwards == 4   # each new signature recorded once, then replayed
+
+
+def test_a_replayed_forward_gets_the_node_and_its_gradient(replayed):
+    op, plan = replayed
+    for _ in range(3):
+        x, dy = _x(5, 4), torch.randn(5, 4, dtype=torch.float64, device=DEVICE)
+        y = op.eager(plan, True, x, 3.0)
+        assert y.grad_fn.name().startswith("roofline::test_sine_replayed")
+        (dx,) = torch.autograd.grad(y, x, dy)
+        torch.testing.assert_close(dx, _expected(x, dy))
+    assert plan.forwards == 1
+
+
+def test_a_forward_with_an_argument_a_replay_cannot_compare_runs_in_python_unrecorded(replayed):
+    op, plan = replayed
+    for _ in range(3):
+        x = torch.randn(3, dtype=torch.float64, device=DEVICE)
+        torch.testing.assert_close(op.eager(plan, False, x, torch.tensor(2.0).item() * 1j), torch.sin(x) * 2j)
+    assert plan.forwards == 3 and plan.forward_programs.full() is False
+
+
+def test_dispatch_modes_and_autocast_see_the_python_forward(replayed):
+    op, plan = replayed
+    x = torch.randn(4, 4, dtype=torch.float64, device=DEVICE)
+    op.eager(plan, False, x, 3.0)
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen() as seen:
+        op.eager(plan, False, x, 3.0)
+    assert "aten.sin.default" in seen.ops and plan.forwards == 2
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        op.eager(plan, False, x, 3.0)
+    assert plan.forwards == 3
+    op.eager(plan, False, x, 3.0)
+    assert plan.forwards == 3
+
+
+def test_an_op_whose_kernels_run_in_the_interpreter_is_recorded_once_and_says_why(monkeypatch):
+    """A forward whose first call compiled its kernel is recorded at the next call instead (what a first call
+    runs, an autotuner's timing runs among it, is no record); under Triton's interpreter that record cannot
+    replay, and later calls run in Python, with torch's results."""
+    if DEVICE == "cuda":
+        pytest.skip("on a GPU the kernels launch from C++: test_gpu_forwards_replay")
+    from roofline.ops.gelu import _gelu
+
+    monkeypatch.setattr(_gelu, "replay_forward", True)
+    _eager_node.refusals.pop("roofline::gelu", None)
+    for _ in range(3):
+        _run("gelu", False)
+    assert "Triton's interpreter" in _eager_node.refusals["roofline::gelu"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(set(CALLS) - {"cross_entropy"}))
+def test_gpu_forwards_replay(name, monkeypatch):
+    """With forwards replayed (ROOFLINE_FORWARD_REPLAY=1), each op's forward, recorded on its second call, replays
+    on later ones with fresh inputs and gives torch's outputs and gradients (_run checks them)."""
+    from roofline.ops._common import KernelOp as Op
+
+    for op in [v for m in list(__import__("sys").modules.values()) if m and m.__name__.startswith("roofline.ops.")
+               for v in vars(m).values() if isinstance(v, Op)]:
+        monkeypatch.setattr(op, "replay_forward", op.replay_forward or op.node_name not in (
+            "roofline::cross_entropy_rows_backward", "roofline::linear_cross_entropy_backward"))
+    for grad in (False, True, False, True):
+        _run(name, grad)
+    assert not any(name in key for key in _eager_node.refusals), _eager_node.refusals
+
+
 def test_a_profile_sees_the_op_and_its_backward_under_their_names_linked():
     """Under a profiler the forward is recorded as roofline::<name>, with its inputs' shapes and the sequence
     number of the node it makes, so that the trace links the backward to it as it links aten ops."""

@@ -208,8 +208,12 @@ class KernelOp:
     """
 
     def __init__(self, name, *, forward, forward_fake, backward, backward_fake, setup_context, backward_rule,
-                 plan, backward_mutates: tuple[str, ...] = (), eager_node: bool = True, public_name=None):
+                 plan, backward_mutates: tuple[str, ...] = (), eager_node: bool = True, public_name=None,
+                 replay_forward: bool = True):
         self.plan = plan   # plan(*forward args): the plan that runs them
+        # eager forwards replayed from C++ (_eager_node.forward) where ROOFLINE_FORWARD_REPLAY=1; not for a
+        # forward with effects beyond its outputs (the loss ops' check of their targets)
+        self.replay_forward = replay_forward and _eager_node.REPLAY_FORWARDS
         self.forward_op = torch.library.custom_op(f"roofline::{name}", forward, mutates_args=())
         self.forward_op.register_fake(forward_fake)
         self.backward_op = torch.library.custom_op(f"roofline::{name}_backward", backward,
@@ -259,7 +263,7 @@ class KernelOp:
     def _eager_call(self, plan, grad: bool, args, sequence_nr: int):
         """eager()'s work; sequence_nr: the autograd sequence number a profiler record reserved for the node."""
         if not grad:
-            return plan.forward(*args)
+            return self._forward(plan, args)
         if torch._C._are_functorch_transforms_active():
             return self._eager.apply(plan, *args)
         node = _eager_node.extension() if self.eager_node else None
@@ -275,9 +279,15 @@ class KernelOp:
             found = self._names[public] = (f"roofline::{public}", f"roofline::{public}_backward")
         return found
 
+    def _forward(self, plan, args):
+        """plan.forward(*args), replayed from C++ where this op's forwards are (and the extension is built)."""
+        if self.replay_forward and _eager_node.extension() is not None:
+            return _eager_node.forward(self, plan, args)
+        return plan.forward(*args)
+
     def _eager_with_node(self, node, plan, args, sequence_nr: int):
         ctx = _eager_node.EagerContext(plan)
-        output = plan.forward(*args)
+        output = self._forward(plan, args)
         self._setup_context(ctx, args, output)
         _eager_node.attach(node, self.names(args)[1], self._node_backward, ctx, args, output, sequence_nr)
         return output

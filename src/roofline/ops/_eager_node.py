@@ -113,12 +113,65 @@ def backward(backward_rule, node_name: str, ctx: EagerContext, saved, grads, pro
         recording = Recording(saved + grads)
         with recording:
             result = backward_rule(ctx, ctx.plan.backward, *grads)
-        programs.add(recording.program(result))
-        if recording.refusal is not None:
-            refusals[node_name] = recording.refusal
+        program = recording.program(result)
+        if not recording.cold:   # one that compiled a kernel is recorded next time instead
+            programs.add(program)
+            if recording.refusal is not None:
+                refusals[node_name] = recording.refusal
         return result
     finally:
         ctx.saved_tensors = ()
+
+
+# Eager forwards replayed from C++ (ForwardPrograms in eager_node.cpp): off until measured on a GPU
+# (benchmarks/host_overhead.py, with and without it, in one call).
+REPLAY_FORWARDS = os.environ.get("ROOFLINE_FORWARD_REPLAY", "0") == "1"
+
+
+def forward(op, plan, args: tuple):
+    """plan.forward(*args), replayed from C++ where an earlier call with the same signature (every tensor's
+    layout, every other argument's value) was recorded, else run in Python and recorded for the next calls.
+
+    What an eager forward costs on the host beyond its kernels is Python: the plan's method, torch's allocation
+    through its Python binding, the launcher's argument parsing. A replay makes the same aten calls through the
+    dispatcher and launches the same kernels with cuLaunchKernel, as the backward node's replays do. A call made
+    while the recording would not hold runs in Python and is not recorded: a dispatch mode or autocast active
+    (replays happen without either), another device current than its tensors', a recording in progress.
+    The op's forward must be a function of its signature (no host reads of tensor values, no state kept between
+    calls): the ops that check their targets are not replayed."""
+    try:
+        programs = plan.forward_programs
+    except AttributeError:
+        programs = plan.forward_programs = extension().ForwardPrograms()
+    output = programs.replay(args)
+    if output is None:
+        return _record_forward(op.names(args)[0], programs, plan, args)
+    if output is False:
+        return plan.forward(*args)
+    return output
+
+
+def _record_forward(name: str, programs, plan, args: tuple):
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from roofline.ops import _launch
+
+    devices = {a.device.index for a in args if isinstance(a, torch.Tensor) and a.is_cuda}
+    device = devices.pop() if len(devices) == 1 else -1
+    if (programs.full() or _launch.recorder is not None or _get_current_dispatch_mode() is not None
+            or devices or (device >= 0 and device != torch.cuda.current_device())
+            or torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")):
+        return plan.forward(*args)
+    recording = Recording(tuple(a if isinstance(a, torch.Tensor) else None for a in args))
+    with recording:
+        output = plan.forward(*args)
+    single = isinstance(output, torch.Tensor)
+    program = recording.program((output,) if single else output)
+    if not recording.cold:   # one that compiled or tuned a kernel is recorded next time instead
+        programs.add(program, args, single, device)
+        if recording.refusal is not None:
+            refusals[name] = recording.refusal
+    return output
 
 
 class Recording(TorchDispatchMode):
@@ -133,6 +186,7 @@ class Recording(TorchDispatchMode):
         self.count = len(inputs)
         self.steps: list[tuple] = []
         self.refusal = None if len(self.slots) == len(self.tensors) else "one tensor passed twice"
+        self.cold = False   # a launch compiled or autotuned its kernel: what it did (timing runs) is no record
 
     def __enter__(self):
         from roofline.ops import _launch   # (imported here: _launch imports the module that imports this one)
@@ -179,6 +233,10 @@ class Recording(TorchDispatchMode):
             self._add(t)
         overload = "" if func._overloadname == "default" else func._overloadname
         self.steps.append(("aten", func._schema.name, overload, tuple(args), dict(kwargs), positions))
+
+    def compiling(self, launch) -> None:
+        """A Launch is about to make its first call, which compiles (or autotunes, timing runs of its own)."""
+        self.cold = True
 
     def launch(self, launch, args) -> None:
         """A Launch ran these arguments through its compiled kernel."""
@@ -231,7 +289,7 @@ class Recording(TorchDispatchMode):
         for g in result:
             slot = None if g is None else self.slots.get(id(g))
             if g is not None and slot is None:
-                self.refuse("a gradient the backward did not make")
+                self.refuse("a result the recorded code did not make")
             results.append(-1 if slot is None else slot)
         builder = module.ProgramBuilder(list(self.inputs))
         if self.refusal is None:

@@ -125,6 +125,8 @@ class Launch:
         self.run = self._first
 
     def __call__(self, *args) -> None:
+        if recorder is not None and self.run == self._first:
+            recorder.compiling(self)
         self.run(*args)
         if recorder is not None:
             recorder.launch(self, args)
@@ -147,7 +149,8 @@ class Launch:
     def jit(self, *args) -> None:
         """A launch through Triton's JIT, which specializes on these very arguments (a misaligned pointer)."""
         if recorder is not None:
-            recorder.refuse(f"{self.kernel} launched through Triton's JIT")
+            recorder.refuse(f"{self.kernel} launched through Triton's JIT"
+                            + ("" if self.direct else f" ({self.native_refusal})"))
         with _on_device(self.device):
             self.kernel[self.grid](*self._jit_args(args), **self.constexprs)
 

@@ -368,7 +368,8 @@ _cross_entropy_rows = KernelOp(
     "cross_entropy_rows", forward=_forward, forward_fake=_forward_fake, backward=_scale_rows_,
     backward_fake=lambda grad, dloss: None, backward_mutates=("grad",), setup_context=_keep_gradient,
     backward_rule=_backward_rule, plan=_plan, public_name=lambda args: "cross_entropy",
-    eager_node=False)   # its backward hands on the buffer held on ctx (see _keep_gradient): autograd.Function
+    eager_node=False,   # its backward hands on the buffer held on ctx (see _keep_gradient): autograd.Function
+    replay_forward=False)   # its forward checks the targets (_target_check), reading and raising on the host
 _calls = Plans("cross_entropy calls")   # the plans of calls as the entry point saw them, checks passed
 
 

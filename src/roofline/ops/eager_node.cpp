@@ -23,6 +23,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <ATen/ScalarOps.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -34,6 +35,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 
 namespace py = pybind11;
@@ -184,8 +186,8 @@ struct Program {
     return true;
   }
 
-  ag::variable_list run(const ag::variable_list& saved, const ag::variable_list& grads) const {
-    std::vector<at::Tensor> slots(saved.begin(), saved.end());
+  ag::variable_list run(ag::variable_list slots, const ag::variable_list& grads) const {
+    // slots: the saved tensors, then the gradients, then each aten call's results
     slots.insert(slots.end(), grads.begin(), grads.end());
     for (const auto& step : steps) {
       if (const auto* aten = std::get_if<AtenStep>(&step)) {
@@ -275,6 +277,144 @@ class Programs {
  private:
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<const Program>> programs_;
+};
+
+// ----------------------------------------------------------------------------------------------- forwards
+
+// A forward's argument other than a tensor (or None), as a recorded forward holds it: a replay needs the same value.
+struct Constant {
+  char kind = 'x';   // 'b' bool, 'i' int, 'd' float, 's' str; 'x' a type a replay cannot compare (any matches)
+  int64_t integer = 0;
+  double real = 0.0;
+  std::string text;
+
+  static Constant of(py::handle o) {
+    Constant c;
+    if (PyBool_Check(o.ptr())) {
+      c.kind = 'b';
+      c.integer = o.ptr() == Py_True;
+    } else if (PyLong_Check(o.ptr())) {
+      int overflow = 0;
+      c.integer = PyLong_AsLongLongAndOverflow(o.ptr(), &overflow);
+      c.kind = overflow ? 'x' : 'i';
+    } else if (PyFloat_Check(o.ptr())) {
+      c.kind = 'd';
+      c.real = PyFloat_AS_DOUBLE(o.ptr());
+    } else if (PyUnicode_Check(o.ptr())) {
+      c.kind = 's';
+      c.text = o.cast<std::string>();
+    }
+    return c;
+  }
+
+  bool equals(py::handle o) const {
+    switch (kind) {
+      case 'b': return PyBool_Check(o.ptr()) && (o.ptr() == Py_True) == (integer != 0);
+      case 'i': {
+        if (!PyLong_Check(o.ptr()) || PyBool_Check(o.ptr())) return false;
+        int overflow = 0;
+        return PyLong_AsLongLongAndOverflow(o.ptr(), &overflow) == integer && !overflow;
+      }
+      case 'd': return PyFloat_Check(o.ptr()) && PyFloat_AS_DOUBLE(o.ptr()) == real;
+      case 's': return PyUnicode_Check(o.ptr()) && o.cast<std::string>() == text;
+      default: return true;   // a program holding such a constant never replays: found, it sends calls to Python
+    }
+  }
+};
+
+// A recorded forward: for each argument, a tensor slot (a tensor or None: its layout is the program's input of
+// that position) or a constant; the program; and whether the forward returned one tensor or a tuple.
+struct ForwardProgram {
+  std::shared_ptr<Program> program;
+  std::vector<std::optional<Constant>> constants;   // per argument: nullopt for a tensor slot
+  bool single = true;
+  int device = -1;   // the CUDA device its kernels were loaded on (-1: none launched)
+
+  // Whether every argument (a tuple's items) matches what was recorded; `tensors` gets the arguments' tensors
+  // (undefined for None and constants).
+  bool match(PyObject* const* args, size_t count, std::vector<at::Tensor>& tensors) const {
+    if (count != constants.size()) return false;
+    tensors.assign(count, at::Tensor());
+    for (size_t i = 0; i < count; ++i) {
+      py::handle o = args[i];
+      if (constants[i]) {
+        if (!constants[i]->equals(o)) return false;
+      } else if (THPVariable_Check(o.ptr())) {
+        tensors[i] = THPVariable_Unpack(o.ptr());
+        if (!program->inputs[i].matches(tensors[i])) return false;
+      } else if (!o.is_none() || program->inputs[i].defined) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+// The recorded forwards of one op's plan, one per signature (the layouts of its tensors, its other arguments).
+class ForwardPrograms {
+ public:
+  static constexpr size_t kLimit = 16;
+
+  bool full() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return programs_.size() >= kLimit;
+  }
+
+  // What the recorder built of a forward called with `args` (on CUDA device `device`, -1 if none), which returned
+  // one tensor (`single`) or a tuple.
+  void add(std::shared_ptr<Program> program, py::handle args, bool single, int device) {
+    auto forward = std::make_shared<ForwardProgram>();
+    forward->program = std::move(program);
+    forward->single = single;
+    forward->device = device;
+    for (py::handle o : py::reinterpret_borrow<py::sequence>(args)) {
+      if (THPVariable_Check(o.ptr()) || o.is_none()) {
+        forward->constants.emplace_back(std::nullopt);
+      } else {
+        forward->constants.emplace_back(Constant::of(o));
+        if (forward->constants.back()->kind == 'x') forward->program->replayable = false;
+      }
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (programs_.size() < kLimit) programs_.push_back(std::move(forward));
+  }
+
+  // The forward's output, replayed; None where no program matches `args` (record one); False where the one that
+  // matches cannot replay here (a forward that could not be recorded, another device current, a dispatch mode
+  // or autocast active): run the forward in Python.
+  py::object replay(const py::tuple& args) const {
+    PyObject* const* items = &PyTuple_GET_ITEM(args.ptr(), 0);
+    size_t count = static_cast<size_t>(PyTuple_GET_SIZE(args.ptr()));
+    std::shared_ptr<const ForwardProgram> found;
+    std::vector<at::Tensor> tensors;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& forward : programs_) {
+        if (forward->match(items, count, tensors)) {
+          found = forward;
+          break;
+        }
+      }
+    }
+    if (!found) return py::none();
+    if (!found->program->replayable || c10::impl::TorchDispatchModeTLS::stack_len() != 0 ||
+        at::autocast::is_autocast_enabled(at::kCUDA) || at::autocast::is_autocast_enabled(at::kCPU)) {
+      return py::bool_(false);
+    }
+    if (found->device >= 0) {
+      const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+      if (cuda->getDevice().index() != found->device) return py::bool_(false);
+    }
+    ag::variable_list out = found->program->run(std::move(tensors), {});
+    if (found->single) return py::cast(out.at(0));
+    py::tuple result(out.size());
+    for (size_t i = 0; i < out.size(); ++i) result[i] = out[i].defined() ? py::cast(out[i]) : py::none();
+    return result;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::shared_ptr<const ForwardProgram>> programs_;
 };
 
 // Builds a Program from what the Python recorder saw.
@@ -410,7 +550,7 @@ struct EagerNode : ag::Node {
     if (program && program->replayable) {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-      return program->run(saved, grads);
+      return program->run(std::move(saved), grads);
     }
     return run_python(saved, grads, plain && !program);
   }
@@ -551,6 +691,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("full", &Programs::full)
       .def("add", &Programs::add);
   py::class_<Program, std::shared_ptr<Program>>(m, "Program");
+  py::class_<ForwardPrograms, std::shared_ptr<ForwardPrograms>>(m, "ForwardPrograms")
+      .def(py::init<>())
+      .def("full", &ForwardPrograms::full)
+      .def("add", &ForwardPrograms::add)
+      .def("replay", &ForwardPrograms::replay);
   py::class_<ProgramBuilder>(m, "ProgramBuilder")
       .def(py::init<const std::vector<std::optional<at::Tensor>>&>())
       .def("aten", &ProgramBuilder::aten)

@@ -259,7 +259,8 @@ def _backward_rule(ctx, scale_, dloss, *_):
 _linear_cross_entropy = KernelOp(
     "linear_cross_entropy", forward=_forward, forward_fake=_forward_fake, backward=_scale_gradients_,
     backward_fake=lambda dx, dw, db, dloss: None, backward_mutates=("dx", "dw", "db"),
-    setup_context=_setup_context, backward_rule=_backward_rule, plan=_plan, eager_node=False)
+    setup_context=_setup_context, backward_rule=_backward_rule, plan=_plan, eager_node=False,
+    replay_forward=False)   # its forward checks the targets (_target_check), reading and raising on the host
 
 
 # --------------------------------------------------------------------------- entry point
