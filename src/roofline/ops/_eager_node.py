@@ -157,9 +157,9 @@ def _record_forward(name: str, programs, plan, args: tuple):
     from roofline.ops import _launch
 
     devices = {a.device.index for a in args if isinstance(a, torch.Tensor) and a.is_cuda}
-    device = devices.pop() if len(devices) == 1 else -1
+    device = next(iter(devices)) if devices else -1   # where the kernels launch: the current device's stream
     if (programs.full() or _launch.recorder is not None or _get_current_dispatch_mode() is not None
-            or devices or (device >= 0 and device != torch.cuda.current_device())
+            or len(devices) > 1 or (device >= 0 and device != torch.cuda.current_device())
             or torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")):
         return plan.forward(*args)
     recording = Recording(tuple(a if isinstance(a, torch.Tensor) else None for a in args))
@@ -175,8 +175,8 @@ def _record_forward(name: str, programs, plan, args: tuple):
 
 
 class Recording(TorchDispatchMode):
-    """Records a backward's aten calls (as a dispatch mode) and its kernel launches (Launch reports them to
-    _launch.recorder), then builds the C++ program that replays them."""
+    """Records a backward's (or a forward's) aten calls (as a dispatch mode) and its kernel launches (Launch
+    reports them to _launch.recorder), then builds the C++ program that replays them."""
 
     def __init__(self, inputs: tuple):
         super().__init__()
