@@ -368,15 +368,16 @@ def test_an_op_whose_kernels_run_in_the_interpreter_is_recorded_once_and_says_wh
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(set(CALLS) - {"cross_entropy"}))
 def test_gpu_forwards_replay(name, monkeypatch):
-    """With forwards replayed (ROOFLINE_FORWARD_REPLAY=1), each op's forward, recorded on its second call, replays
-    on later ones with fresh inputs and gives torch's outputs and gradients (_run checks them)."""
+    """With forwards replayed (ROOFLINE_FORWARD_REPLAY=1), each op's forward, with and without a gradient, is
+    recorded on its first warm call and replays on later ones with fresh inputs, giving torch's outputs and
+    gradients."""
     import importlib
 
     for module, op in (("softmax", "_softmax_rows"), ("norm", "_norm_rows"), ("gelu", "_gelu"),
                        ("swiglu", "_swiglu_rows"), ("rope", "_rope"), ("attention", "_attention"),
                        ("linear", "_linear"), ("linear", "_int8_linear")):
         monkeypatch.setattr(getattr(importlib.import_module(f"roofline.ops.{module}"), op), "replay_forward", True)
-    for grad in (False, True, False, True):
+    for grad in (False, True) * 3:   # compiled, recorded, replayed: _run checks each call's outputs and gradients
         _run(name, grad)
     assert f"roofline::{name}" not in _eager_node.refusals, _eager_node.refusals[f"roofline::{name}"]
 
