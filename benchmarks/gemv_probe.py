@@ -126,6 +126,18 @@ def sweep(n, k) -> dict:
     return row
 
 
+def replay_us(calls: list) -> float:
+    """Microseconds a replay of the calls as one CUDA graph (L2 not flushed: the weights are larger than it); the
+    calls and the memory their tensors held are let go after."""
+    def step():
+        for call in calls:
+            call()
+    time = us(step, flush=False, warmup_ms=20, rep_ms=200)
+    calls.clear()
+    torch.cuda.empty_cache()
+    return time
+
+
 def chain(layer, variant, interleaved, best) -> float:
     """The step's matmuls in one graph: microseconds a replay."""
     calls = []   # each call holds its tensors
@@ -148,13 +160,7 @@ def chain(layer, variant, interleaved, best) -> float:
         else:
             calls.append(launcher(x, q, s, y, best[(n, k)][variant], CONVERSIONS.index(variant)))
 
-    def step():
-        for call in calls:
-            call()
-    time = us(step, flush=False, warmup_ms=20, rep_ms=200)
-    calls.clear()
-    torch.cuda.empty_cache()
-    return time
+    return replay_us(calls)
 
 
 # Kernels the Llama decode step runs before each of a layer's fused matmuls, and before the head: the residual add
@@ -186,13 +192,7 @@ def prefetch_chain(spacing: str, variant: str) -> float:
         following = weights[(i + 1) % len(weights)] if variant.endswith("+prefetch") else None
         calls.append(lambda x=x, q=weights[i], s=s, p=following: lin.int8_linear(x, q, s, prefetch=p))
 
-    def step():
-        for call in calls:
-            call()
-    time = us(step, flush=False, warmup_ms=20, rep_ms=200)
-    calls.clear()
-    torch.cuda.empty_cache()
-    return time
+    return replay_us(calls)
 
 
 def prefetch_section(result: dict) -> None:

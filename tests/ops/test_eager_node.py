@@ -115,16 +115,19 @@ def test_gradcheck_through_the_replay():
     assert torch.autograd.gradcheck(sine, (x,))
 
 
+class Seen(TorchDispatchMode):
+    """A dispatch mode that notes the aten calls it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 def test_create_graph_and_dispatch_modes_see_the_python_backward():
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     x = _x(5)
     torch.autograd.grad(sine(x), x, torch.ones(5, dtype=torch.float64, device=DEVICE))   # recorded
     before = PLAN.backwards
@@ -330,15 +333,6 @@ def test_dispatch_modes_and_autocast_see_the_python_forward(replayed):
     op, plan = replayed
     x = torch.randn(4, 4, dtype=torch.float64, device=DEVICE)
     op.eager(plan, False, x, 3.0)
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
 
     with Seen() as seen:
         op.eager(plan, False, x, 3.0)
