@@ -85,6 +85,7 @@ def l2_bytes(device: torch.device) -> int:
 
 
 def compute_capability(device: torch.device) -> tuple[int, int]:
+    """The device's (major, minor) compute capability: (9, 0) for the H100."""
     properties = _properties(device)
     return properties.major, properties.minor
 

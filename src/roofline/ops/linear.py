@@ -850,7 +850,7 @@ def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
     if not torch.compiler.is_compiling():
         try:
             key = (type(x), tensor_key(x), tensor_key(weight_int8), tensor_key(scale), tensor_key(bias),
-                   prefetch is None or (type(prefetch), prefetch.device, prefetch.is_contiguous()), backend)
+                   tensor_key(prefetch), backend)
             plan = _int8_calls.get(key)
         except (AttributeError, TypeError):
             key = plan = None
