@@ -2,11 +2,7 @@
 bf16 against int8 weight-only, with and without roofline.patch, its kernels grouped as matmul, attention and the
 rest. It says how far int8 weights alone can take a decode step: the rest does not shrink with the weights.
 
-    python benchmarks/decode_breakdown.py OUT_DIR [--modes bf16 int8 bf16+patch int8+patch int8+prefetch
-                                                   int8+patch+prefetch] [--tokens 50]
-
-(+prefetch: quantize_int8_weight_only(model, prefetch=True), each one-row matmul pulling the next one's weight
-into L2 as it ends.)
+    python benchmarks/decode_breakdown.py OUT_DIR [--modes bf16 int8 bf16+patch int8+patch] [--tokens 50]
 
 Per mode: ms a token by CUDA events over `tokens` graph replays (after 20 to warm up), then torch.profiler's kernel
 times over 20 more, per token: each group's time and kernel count, the matmuls' weight bytes over their time
@@ -30,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MATMUL = ("nvjet", "gemv", "gemm", "cutlass", "splitkreduce", "int8_")   # cuBLAS's kernels and roofline's int8 ones
 ATTENTION = ("sdpa", "flash", "fmha", "attention")
-MODES = ("bf16", "int8", "bf16+patch", "int8+patch", "int8+prefetch", "int8+patch+prefetch")
+MODES = ("bf16", "int8", "bf16+patch", "int8+patch")
 PROMPT, WARMUP, PROFILED = 64, 20, 20
 
 
@@ -74,7 +70,7 @@ def measure(mode: str, tokens: int) -> dict:
 
     model = bm.build("llama", False, torch.device("cuda")).to(torch.bfloat16).eval()
     if "int8" in mode:
-        roofline.quantize_int8_weight_only(model, prefetch="prefetch" in mode)
+        roofline.quantize_int8_weight_only(model)
     if "patch" in mode:
         roofline.patch(model)
     with torch.inference_mode():

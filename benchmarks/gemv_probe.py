@@ -12,10 +12,7 @@ and programmatic dependent launch (PDL: the next kernel's programs start before 
     mode0 no PDL;  mode1 start the dependents at once, wait, then load;  mode2 start them, load W's first tile,
     then wait (W never depends on the kernel before);  mode3 load the tile, wait, never start them early.
 
-and, first, the fused step's matmuls with and without int8_linear's prefetch of the next weight into L2, back to
-back, with one kernel between, and with as many small kernels between as the decode step runs there.
-
-    python benchmarks/gemv_probe.py OUT.json [--no-sweep] [--prefetch-only]
+    python benchmarks/gemv_probe.py OUT.json [--no-sweep]
 
 Results: benchmarks/results/h100-models.md (int8 GEMV section) and h100-gemv-probe.json.
 """
@@ -163,63 +160,15 @@ def chain(layer, variant, interleaved, best) -> float:
     return replay_us(calls)
 
 
-# Kernels the Llama decode step runs before each of a layer's fused matmuls, and before the head: the residual add
-# and RMSNorm before q/k/v; rotary embedding, the KV cache's writes and attention before o; add and norm before
-# gate/up; silu and the product before down (about 24 a layer: the step runs 345 other kernels and 16 attentions
-# a token, benchmarks/results/h100-models.md).
-STEP_KERNELS_BEFORE = {(3072, 2048): 7, (2048, 2048): 8, (11264, 2048): 7, (2048, 5632): 2, HEAD[:2]: 6}
-
-
-def prefetch_chain(spacing: str, variant: str) -> float:
-    """The fused step's matmuls in one graph, microseconds a replay: int8_linear as called, with or without the
-    next matmul's weight to prefetch (variant "int8_linear" or "int8_linear+prefetch"), or cuBLAS bf16; spacing
-    "adjacent" (back to back), "one" (a torch kernel before each) or "step" (STEP_KERNELS_BEFORE small kernels
-    before each, as in the decode step: the time in which a prefetch can arrive)."""
-    shapes = [(n, k) for _ in range(LAYERS) for n, k, _ in FUSED] + [HEAD[:2]]
-    small = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
-    scratch = torch.empty_like(small)
-    weights = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8) for n, k in shapes]
-    calls = []
-    for i, (n, k) in enumerate(shapes):
-        before = dict(adjacent=0, one=1, step=STEP_KERNELS_BEFORE[n, k])[spacing]
-        calls += [lambda: torch.mul(small, 1.0, out=scratch)] * before
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        if variant == "cublas_bf16":
-            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-            calls.append(lambda x=x, w=w: F.linear(x, w))
-            continue
-        s = torch.rand(n, device="cuda") * 0.01
-        following = weights[(i + 1) % len(weights)] if variant.endswith("+prefetch") else None
-        calls.append(lambda x=x, q=weights[i], s=s, p=following: lin.int8_linear(x, q, s, prefetch=p))
-
-    return replay_us(calls)
-
-
-def prefetch_section(result: dict) -> None:
-    result["prefetch"] = {}
-    for spacing in ("adjacent", "one", "step"):
-        for variant in ("cublas_bf16", "int8_linear", "int8_linear+prefetch"):
-            key = f"fused, {spacing}, {variant}"
-            result["prefetch"][key] = [prefetch_chain(spacing, variant) for _ in range(2)]
-            print(key, [round(t, 1) for t in result["prefetch"][key]], "us", flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out")
     parser.add_argument("--no-sweep", action="store_true", help="chains only, each conversion at its best config "
                         "of the last sweep (the 'best' of benchmarks/results/h100-gemv-probe.json)")
-    parser.add_argument("--prefetch-only", action="store_true", help="only the chains with and without the next "
-                        "weight prefetched into L2 (int8_linear's prefetch)")
     args = parser.parse_args()
     torch.manual_seed(0)
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   shapes=[], chains={})
-    prefetch_section(result)
-    if args.prefetch_only:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-        return
     if args.no_sweep:
         with open("benchmarks/results/h100-gemv-probe.json") as f:
             result["shapes"] = json.load(f)["shapes"]

@@ -19,7 +19,7 @@ F.cross_entropy, in its forward, as nanoGPT's does):
 Generation (bf16 weights, a static KV cache, one token a step after a 32-token prompt; batch 1 and 8):
   eager, patch, patch-all, graphs, graphs+patch as above (graphs: one decode step captured), int8, int8+patch,
   int8+graphs and int8+graphs+patch (roofline.quantize_int8_weight_only: every nn.Linear int8 weight-only, the LM
-  head too); +prefetch: with prefetch=True (each one-row matmul pulls the next one's weight into L2), compile (torch.compile(mode="reduce-overhead"), which is Inductor plus CUDA graphs).
+  head too), compile (torch.compile(mode="reduce-overhead"), which is Inductor plus CUDA graphs).
 Training modes run one after another, each on a model of its own, and end with eager-again: eager once more,
 whose speedup over the first eager row is the machine's drift over the run. Generation modes are all made ready
 first, then take turns (TURNS turns of tokens / TURNS tokens each, the order reversed every other turn), so that
@@ -65,8 +65,7 @@ MODELS = {
 }
 TRAIN_MODES = ("eager", "patch", "patch-all", "compile", "compile+patch", "graphs", "graphs+patch")
 GENERATE_MODES = ("eager", "patch", "patch-all", "graphs", "graphs+patch", "int8", "int8+patch", "int8+graphs",
-                  "int8+graphs+patch", "int8+prefetch", "int8+graphs+prefetch", "int8+graphs+patch+prefetch",
-                  "compile")
+                  "int8+graphs+patch", "compile")
 LOSS_TOLERANCE = 0.01
 CHECKED_STEPS = 3
 TURNS = 8            # generation: the modes take turns, each decoding tokens / TURNS tokens a turn
@@ -209,7 +208,7 @@ class Decoding:
         model = build(name, args.tiny, self.device).to(torch.bfloat16).eval()
         self.patched = _patch(model, mode)   # first: patch finds SwiGLU MLPs by their nn.Linear children
         if mode.startswith("int8"):
-            roofline.quantize_int8_weight_only(model, prefetch="prefetch" in mode)
+            roofline.quantize_int8_weight_only(model)
         self.prompt = prompt = _sizes(args.tiny)["prompt"]
         model.setup_cache(batch, prompt + args.tokens, torch.bfloat16)
         generator = torch.Generator(self.device).manual_seed(2)   # every mode sees the same tokens

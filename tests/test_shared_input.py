@@ -48,9 +48,9 @@ def launches(monkeypatch):
     seen = []
     run = rnn._int8_linear
 
-    def counted(x, weight_int8, scale, bias, prefetch=None):
+    def counted(x, weight_int8, scale, bias):
         seen.append(weight_int8.shape[0])
-        return run(x, weight_int8, scale, bias, prefetch)
+        return run(x, weight_int8, scale, bias)
 
     monkeypatch.setattr(rnn, "_int8_linear", counted)
     return seen

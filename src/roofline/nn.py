@@ -100,37 +100,14 @@ class Int8Linear(nn.Module):
         return module
 
     shared: "SharedInput | None" = None   # set by quantize_int8_weight_only for layers that may share an input
-    order: "CallOrder | None" = None      # set by quantize_int8_weight_only(prefetch=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        order = self.order
-        if order is not None and order.learning:
-            order.saw(self)
         shared = self.shared
         # past learning, only a row of input can be served fused: others skip the run's bookkeeping (a few us
         # a call, which an eager decode step at batch 8 pays 112 times)
         if shared is not None and (shared.learning or shared.fused and x.numel() == x.shape[-1]):
             return shared.forward(self, x)
-        return _int8_linear(x, self.weight_int8, self.scale, self.bias, self.prefetch_for(x))
-
-    def prefetch_for(self, x: torch.Tensor) -> torch.Tensor | None:
-        """What this layer's matmul of x pulls into L2 as it ends: the next matmul's weight, for a row of input
-        once the model's order is learned (else None)."""
-        order = self.order
-        if order is None or order.learning or x.numel() != x.shape[-1]:
-            return None
-        return order.next_weight(self)
-
-    def launch_weight(self) -> torch.Tensor | None:
-        """The int8 matrix this layer's call streams: its own, its run's one matrix if it is the first of a run
-        computed as one matmul, None if it is a later member of such a run (its output comes from the first's)."""
-        shared = self.shared
-        if shared is not None and shared.fused:
-            if shared.layers[0] is self:
-                return shared.weight
-            if any(layer is self for layer in shared.layers):
-                return None
-        return self.weight_int8
+        return _int8_linear(x, self.weight_int8, self.scale, self.bias)
 
     def extra_repr(self) -> str:
         groups = "" if self.group_size is None else f", group_size={self.group_size}"
@@ -139,53 +116,11 @@ class Int8Linear(nn.Module):
                 f"{groups}{fused}")
 
 
-def _int8_linear(x, weight_int8, scale, bias, prefetch=None):
+def _int8_linear(x, weight_int8, scale, bias):
     bias = None if bias is None else bias.to(x.dtype)
     if (x.is_cuda or interpreting()) and x.dtype in (torch.float16, torch.bfloat16):
-        return ops.int8_linear(x, weight_int8, scale, bias, prefetch=prefetch, backend="triton")
+        return ops.int8_linear(x, weight_int8, scale, bias, backend="triton")
     return ops.int8_linear(x, weight_int8, scale, bias, backend="torch")
-
-
-class CallOrder:
-    """The order in which a model's Int8Linear layers run, learned from its first forward, so that each one-row
-    matmul can have the next one's weight pulled into L2 as it ends (int8_linear's `prefetch`).
-
-    A decode step at batch 1 reads every weight once and runs a dozen small kernels between two matmuls (norms,
-    rotary embedding, the KV cache's writes, attention over a short cache): DRAM sits nearly idle through them,
-    for about as long as the matmuls themselves take on the Llama-style model of benchmarks/models.py (0.60 and
-    0.44 ms of an int8 step's 1.20 under CUDA graphs, benchmarks/results/h100-models.md). A weight prefetched in
-    that time is read from L2 by its matmul.
-
-    Learning ends when a layer is called a second time: the model's next forward. Nothing is learned while a CUDA
-    graph is captured or torch.compile traces. The next weight is looked up at each call, so that a run of layers
-    computed as one matmul (SharedInput), learned in the same forward, is seen as the one matrix it streams."""
-
-    def __init__(self):
-        self.learning = True
-        self.layers: list[Int8Linear] = []
-        self.position: dict[int, int] = {}   # id(layer) -> its index in self.layers
-
-    def saw(self, layer: Int8Linear) -> None:
-        if capturing() or torch.compiler.is_compiling():
-            return
-        if id(layer) in self.position:
-            self.learning = False
-            return
-        self.position[id(layer)] = len(self.layers)
-        self.layers.append(layer)
-
-    def next_weight(self, layer: Int8Linear) -> torch.Tensor | None:
-        """The matrix the next matmul after `layer`'s streams (after the last layer, the first's: the next
-        forward's), or None for a layer not seen while learning."""
-        index = self.position.get(id(layer))
-        if index is None:
-            return None
-        count = len(self.layers)
-        for step in range(1, count + 1):
-            weight = self.layers[(index + step) % count].launch_weight()
-            if weight is not None:
-                return weight
-        return None
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -243,14 +178,14 @@ class SharedInput:
                 self.pending = None if position + 1 == len(self.fused) else (given, version, outputs, position + 1)
                 return outputs[position]
         if index == self.fused[0] and x.numel() == x.shape[-1] and self._current():
-            y = _int8_linear(x, self.weight, self.scale, self._bias(x.dtype), layer.prefetch_for(x))
+            y = _int8_linear(x, self.weight, self.scale, self._bias(x.dtype))
             outputs = y.split(self.sizes, -1)
             self.pending = (x, _version(x), outputs, 1)
             return outputs[0]
         return self._alone(layer, x)
 
     def _alone(self, layer, x):
-        return _int8_linear(x, layer.weight_int8, layer.scale, layer.bias, layer.prefetch_for(x))
+        return _int8_linear(x, layer.weight_int8, layer.scale, layer.bias)
 
     def _learn(self, index: int, x: torch.Tensor) -> None:
         """Follow the runs of calls on one unchanged tensor. A member called again starts the model's next

@@ -537,8 +537,7 @@ class QuantizationReport:
 
 
 def quantize_int8_weight_only(model: nn.Module, *, group_size: int | None = None,
-                              skip=lambda name, module: False, fuse_shared_input: bool = True,
-                              prefetch: bool = False) -> QuantizationReport:
+                              skip=lambda name, module: False, fuse_shared_input: bool = True) -> QuantizationReport:
     """Swap model's nn.Linear layers (exactly that class, skip(name, module) false) for roofline.nn.Int8Linear in
     place: weights int8 with a scale per output channel, or per group_size weights along each row (for
     heavy-tailed weights; see ops.quantize_int8), activations as they were. The model itself cannot be swapped
@@ -546,16 +545,10 @@ def quantize_int8_weight_only(model: nn.Module, *, group_size: int | None = None
 
     fuse_shared_input: layers of one parent with the same in_features that the model calls one after another on
     the same tensor (q_proj, k_proj, v_proj; gate_proj, up_proj) are learned from the model's first forward and
-    then computed as one matmul for a row of input (roofline.nn.SharedInput); see shared_inputs(model).
-
-    prefetch: the order in which the layers run is learned from the model's first forward too
-    (roofline.nn.CallOrder), and each one-row matmul then has the next one's weight pulled into L2 as it ends,
-    for the kernels between the two to leave there (int8_linear's `prefetch`; sm_90 and later). Off by default
-    until measured on a whole decode step (benchmarks/decode_breakdown.py, int8+prefetch)."""
+    then computed as one matmul for a row of input (roofline.nn.SharedInput); see shared_inputs(model)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"quantize_int8_weight_only: model must be a torch.nn.Module, got {type(model).__name__}")
     report = QuantizationReport([], 0, 0)
-    order = roofline_nn.CallOrder() if prefetch else None
     for name, module in list(model.named_modules()):
         siblings: dict[tuple, list[tuple[str, roofline_nn.Int8Linear]]] = {}
         for child_name, child in list(module.named_children()):
@@ -563,7 +556,6 @@ def quantize_int8_weight_only(model: nn.Module, *, group_size: int | None = None
             if type(child) is not nn.Linear or skip(full_name, child):
                 continue
             quantized = roofline_nn.Int8Linear.from_linear(child, group_size)
-            quantized.order = order
             setattr(module, child_name, quantized)
             report.layers.append(full_name)
             report.bytes_before += child.weight.numel() * child.weight.element_size()

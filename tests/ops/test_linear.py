@@ -298,12 +298,6 @@ def test_int8_signal_to_noise_against_the_bf16_layer():
     (lambda q, s: quantize_int8(torch.randn(6, 0)), ValueError, "at least one column"),
     (lambda q, s: int8_linear(X, q, s[:, None].expand(6, 4), backend="triton"), ValueError,
      r"scale must be a float tensor of shape \[6\], or \[6, 8 / G\]"),
-    (lambda q, s: int8_linear(X, q, s, prefetch=q.data_ptr(), backend="triton"), TypeError,
-     "prefetch must be a contiguous tensor or None, got int"),
-    (lambda q, s: int8_linear(X, q, s, prefetch=q.t(), backend="triton"), TypeError,
-     "prefetch must be a contiguous tensor or None, got a strided view"),
-    (lambda q, s: int8_linear(X, q, s, prefetch=torch.empty(16, device="meta"), backend="triton"), ValueError,
-     "prefetch is on meta but x is on"),
 ])
 def test_int8_bad_input(call, error, match):
     q, scale = quantize_int8(W.float())
@@ -332,18 +326,3 @@ def test_gpu_int8_language_model_sizes(m, group_size, n, k):
     exact = int8_linear_reference(x.double(), q, scale.double())
     theirs = int8_linear_reference(x, q, scale)
     assert_within_twice_torchs_error(("output",), [ours], [exact], [theirs], x.dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("n,k", [(3072, 2048), (2048, 5632), (32000, 2048)])
-def test_gpu_int8_prefetch_of_the_next_weight_leaves_the_result_as_it_was(n, k):
-    """The kernel that prefetches the next weight into L2 computes what the one that does not computes, bit for
-    bit (the same config: the autotuner's choice is keyed by N and K); a prefetch of more than a program may ask
-    for, of an empty tensor, or of a misaligned view is taken too."""
-    q, scale = quantize_int8(torch.randn(n, k, device="cuda"))
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    plain = int8_linear(x, q, scale, backend="triton")
-    for following in (torch.randint(-127, 128, (11264, 2048), device="cuda", dtype=torch.int8),
-                      torch.empty(0, device="cuda"), torch.empty(1 << 28, dtype=torch.int8, device="cuda")[3:]):
-        torch.testing.assert_close(int8_linear(x, q, scale, prefetch=following, backend="triton"), plain, rtol=0,
-                                   atol=0)

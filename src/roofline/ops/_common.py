@@ -76,27 +76,12 @@ def next_power_of_2(n: int) -> int:
 
 def sm_count(device: torch.device) -> int:
     """The device's multiprocessors, asked once per device (the query costs microseconds of host time a call)."""
-    return _properties(device).multi_processor_count
-
-
-def l2_bytes(device: torch.device) -> int:
-    """The device's L2 cache, in bytes."""
-    return _properties(device).L2_cache_size
-
-
-def compute_capability(device: torch.device) -> tuple[int, int]:
-    """The device's (major, minor) compute capability: (9, 0) for the H100."""
-    properties = _properties(device)
-    return properties.major, properties.minor
-
-
-def _properties(device: torch.device):
-    return _properties_of(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.cache
-def _properties_of(index: int):
-    return torch.cuda.get_device_properties(index)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def resident_programs(rows: int, device: torch.device, per_sm: int = 1) -> int:

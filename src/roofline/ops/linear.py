@@ -27,9 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import (KernelOp, TMA_ALIGN, as_stored, cdiv, choose_backend, compute_capability, fast_exp,
-                                  fast_reciprocal, interpreting, l2_bytes, next_power_of_2, sm_count, tl, tma_readable,
-                                  triton, wants_grad)
+from roofline.ops._common import (KernelOp, TMA_ALIGN, as_stored, cdiv, choose_backend, fast_exp, fast_reciprocal,
+                                  interpreting, next_power_of_2, sm_count, tl, tma_readable, triton, wants_grad)
 from roofline.ops._launch import Launch, Plans, tensor_key
 from roofline.ops.gelu import _gelu_and_grad
 
@@ -307,30 +306,14 @@ if triton is not None:
         return (tl.load(x_ptr + k + ks, mask=k + ks < K, other=0.0, eviction_policy="evict_last"),
                 tl.load(w_ptrs, mask=(k + ks)[None, :] < K, other=0, eviction_policy="evict_first"))
 
-    @triton.jit
-    def _prefetch_to_l2(address, nbytes):
-        """Have the copy engine start pulling nbytes (a multiple of 16) from address (16-byte aligned) into L2,
-        issued by the program's first thread, without waiting and without registers to receive them (sm_90's
-        bulk prefetch). A hint: the memory system may drop it, and nothing depends on it."""
-        tl.inline_asm_elementwise(
-            "{ .reg .pred first; .reg .u32 thread; mov.u32 thread, %tid.x; setp.eq.u32 first, thread, 0; "
-            "@first cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [address, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
     @triton.autotune(configs=[_gemv_config(2, 32, 4)] if interpreting() else INT8_GEMV, key=["N", "K"],
                      prune_configs_by=dict(early_config_prune=_prune_gemv))
     @triton.heuristics(dict(EVEN_K=lambda args: args["K"] % args["BLOCK_K"] == 0))
     @triton.jit
-    def int8_gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, y_ptr, next_ptr, N, K, stride_w, next_bytes,
-                         HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def int8_gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, y_ptr, N, K, stride_w, HAS_BIAS: tl.constexpr,
+                         UPCAST: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """Program: y[BLOCK_N columns] = x W^T * scale + bias for one row x [K] (contiguous), W int8 [N, K] (rows
-        stride_w apart), scale [N]. W streams through once (evict first); x stays in cache for every program.
-
-        PREFETCH: once its own weights are read, each program asks for its share of next_bytes at next_ptr (the
-        next matmul's weight, 16-byte aligned, a multiple of 16 bytes) to be pulled into L2. In a decode step the
-        kernels between two matmuls (norms, rotary embedding, attention over a short cache) leave DRAM nearly
-        idle for tens of microseconds: the next weight can arrive in that time, and its matmul then reads L2."""
+        stride_w apart), scale [N]. W streams through once (evict first); x stays in cache for every program."""
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         ks = tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + tl.minimum(cols, N - 1)[:, None].to(tl.int64) * stride_w + ks[None, :]
@@ -339,11 +322,6 @@ if triton is not None:
             x, w = _gemv_loads(x_ptr, w_ptrs, k, ks, K, EVEN_K)
             acc += _int8_to_float32(w) * x.to(tl.float32)[None, :]
             w_ptrs += BLOCK_K
-        if PREFETCH:   # (the instruction's count is 16 bits of 16-byte units: at most ~1 MB a program)
-            share = tl.minimum(tl.cdiv(next_bytes // 16, tl.num_programs(0)), 65535) * 16
-            start = tl.program_id(0).to(tl.int64) * share
-            if start < next_bytes:
-                _prefetch_to_l2(next_ptr + start, tl.minimum(share, next_bytes - start).to(tl.int32))
         _decode_epilogue(tl.sum(acc, axis=1)[None, :], tl.arange(0, 1), cols, 1, N, scale_ptr, bias_ptr, y_ptr, 0,
                          HAS_BIAS, 0, UPCAST)
 
@@ -494,10 +472,8 @@ class DecodePlan:
         self.gemv = m == 1 and scale.dim() == 1
         stride_x = x.stride(-2) if x.dim() > 1 else k
         if self.gemv:
-            grid = lambda meta: (cdiv(n, meta["BLOCK_N"]),)   # noqa: E731
-            self.launch = Launch(int8_gemv_kernel, grid, index, HAS_BIAS=has_bias, UPCAST=upcast, PREFETCH=False)
-            self.prefetch_launch = Launch(int8_gemv_kernel, grid, index, HAS_BIAS=has_bias, UPCAST=upcast,
-                                          PREFETCH=True) if prefetches(x.device) else None
+            self.launch = Launch(int8_gemv_kernel, lambda meta: (cdiv(n, meta["BLOCK_N"]),), index,
+                                 HAS_BIAS=has_bias, UPCAST=upcast)
             self.args = (n, k, weight.stride(0))
             return
         self.split = split = decode_split_k(n, k, x.device)
@@ -506,40 +482,19 @@ class DecodePlan:
                              PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, BLOCK_M=DECODE_ROWS)
         self.args = (m, n, k, scale.shape[1] if scale.dim() == 2 else 1, stride_x, weight.stride(0), n)
 
-    def forward(self, x, weight, scale, bias, prefetch=None) -> torch.Tensor:
+    def forward(self, x, weight, scale, bias) -> torch.Tensor:
         y = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         pointers = x.data_ptr() | weight.data_ptr() | scale.data_ptr() | (0 if bias is None else bias.data_ptr())
-        if self.gemv:
-            if prefetch is None or self.prefetch_launch is None or prefetch.data_ptr() & 15:
-                self.launch.for_pointers(pointers)(x, weight, scale, bias, y, None, *self.args, 0)
-            else:   # (a misaligned prefetch is dropped above: the bulk prefetch takes 16-byte aligned addresses)
-                self.prefetch_launch.for_pointers(pointers)(x, weight, scale, bias, y, prefetch, *self.args,
-                                                            prefetch_bytes(prefetch))
-            return y
         launch = self.launch.for_pointers(pointers)
+        if self.gemv:
+            launch(x, weight, scale, bias, y, *self.args)
+            return y
         partial = tickets = None   # only a split K needs the shares' buffer and the zeroed tickets
         if self.split > 1:
             partial = torch.empty(self.split * DECODE_ROWS * self.n, dtype=torch.float32, device=self.device)
             tickets = torch.zeros(cdiv(self.n, DECODE_MIN_BLOCK_N), dtype=torch.int32, device=self.device)
         launch(x, weight, scale, bias, y, partial, tickets, *self.args)
         return y
-
-
-PREFETCH_L2_SHARE = 2   # a prefetch asks for at most 1/PREFETCH_L2_SHARE of L2: the weight must stay there
-                        # beside the bytes the kernels before its matmul touch
-
-
-def prefetches(device: torch.device) -> bool:
-    """Whether int8_gemv_kernel can prefetch on `device`: the copy engine's bulk prefetch needs sm_90 or later
-    (none under Triton's interpreter)."""
-    return device.type == "cuda" and not interpreting() and compute_capability(device) >= (9, 0)
-
-
-def prefetch_bytes(t: torch.Tensor) -> int:
-    """How much of t's memory a prefetch asks for: whole 16-byte units, at most 1/PREFETCH_L2_SHARE of L2 (and
-    of a 32-bit count)."""
-    limit = min(l2_bytes(t.device) // PREFETCH_L2_SHARE, 2 ** 31 - 16)
-    return min(t.numel() * t.element_size(), limit) // 16 * 16
 
 
 DECODE_MIN_BLOCK_N = 16      # the narrowest column block of the decode kernel's configs
@@ -770,9 +725,9 @@ class Int8Plan:
         self.plan = DecodePlan(x, weight_int8, scale, bias is not None, out_shape) if self.decode else \
             LinearPlan(x, weight_int8, bias, scale, None, 0, False, out_shape)
 
-    def forward(self, x, weight_int8, scale, bias, prefetch) -> torch.Tensor:
+    def forward(self, x, weight_int8, scale, bias) -> torch.Tensor:
         if self.decode:
-            return self.plan.forward(x, weight_int8, scale, bias, prefetch)
+            return self.plan.forward(x, weight_int8, scale, bias)
         return self.plan.run(x, weight_int8, bias, scale, None)[0]
 
     backward = staticmethod(_int8_backward)
@@ -800,11 +755,11 @@ def _int8_plan(x, weight_int8, scale, bias, out_shape) -> Int8Plan:
     return plan
 
 
-def _int8_forward(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                  prefetch: torch.Tensor | None) -> torch.Tensor:
+def _int8_forward(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
     x, weight_int8, scale, bias = _int8_prepare(x, weight_int8, scale, bias)
     return _int8_plan(x, weight_int8, scale, bias, (x.shape[0], weight_int8.shape[0])).forward(
-        x, weight_int8, scale, bias, prefetch)
+        x, weight_int8, scale, bias)
 
 
 def _int8_save(ctx, inputs, output):
@@ -813,7 +768,7 @@ def _int8_save(ctx, inputs, output):
 
 def _int8_backward_rule(ctx, run_backward, dy):
     # the gradient of x only (adapters trained over a frozen quantized layer); the weights are buffers
-    return run_backward(dy, *ctx.saved_tensors), None, None, None, None
+    return run_backward(dy, *ctx.saved_tensors), None, None, None
 
 
 class _Int8AsGiven:
@@ -825,7 +780,7 @@ class _Int8AsGiven:
 
 _int8_linear = KernelOp(
     "int8_linear", forward=_int8_forward,
-    forward_fake=lambda x, weight_int8, scale, bias, prefetch: x.new_empty(x.shape[0], weight_int8.shape[0]),
+    forward_fake=lambda x, weight_int8, scale, bias: x.new_empty(x.shape[0], weight_int8.shape[0]),
     backward=_int8_backward,
     backward_fake=lambda dy, weight_int8, scale: dy.new_empty(dy.shape[0], weight_int8.shape[1]),
     setup_context=_int8_save, backward_rule=_int8_backward_rule, plan=lambda *args: _Int8AsGiven)
@@ -833,15 +788,10 @@ _int8_calls = Plans("int8_linear calls")   # the plans of calls as the entry poi
 
 
 def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
-                *, prefetch: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
+                *, backend: str | None = None) -> torch.Tensor:
     """x @ dequantize_int8(weight_int8, scale)^T + bias, the weight read as int8 and dequantized in registers.
     weight_int8 [N, K] int8 and scale [N] or [N, K / G] as quantize_int8 gives them; x fp16 or bf16.
     Differentiable in x.
-
-    prefetch: a contiguous tensor on x's device, usually the weight of the matmul that comes next, which the
-    kernel starts pulling into L2 as it ends (up to half of L2), so that the kernels between the two leave it
-    there. A hint for one row of x (a decode step) on sm_90 and later: the result is the same with or without it,
-    and it is ignored elsewhere (more rows, older GPUs, the torch backend, a tensor not 16-byte aligned).
 
     backend: "triton" (the default on CUDA), or "torch" (int8_linear_reference, any float dtype; the default on
     CPU).
@@ -849,15 +799,14 @@ def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
     key = None
     if not torch.compiler.is_compiling():
         try:
-            key = (type(x), tensor_key(x), tensor_key(weight_int8), tensor_key(scale), tensor_key(bias),
-                   tensor_key(prefetch), backend)
+            key = (type(x), tensor_key(x), tensor_key(weight_int8), tensor_key(scale), tensor_key(bias), backend)
             plan = _int8_calls.get(key)
         except (AttributeError, TypeError):
             key = plan = None
         # the copy engine may read x and the weight: 16-byte aligned, which the signature cannot hold
         if plan is not None and (x.data_ptr() | weight_int8.data_ptr()) & 15 == 0:
             return _int8_linear.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, weight_int8, scale,
-                                      bias, prefetch)
+                                      bias)
     backend = choose_backend("int8_linear", x, backend, BACKENDS)
     if backend == "triton" and x.dtype not in INT8_DTYPES:
         raise TypeError(f"int8_linear: backend='triton' takes x of float16 or bfloat16, got {x.dtype}")
@@ -875,10 +824,7 @@ def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (weight_int8.shape[0],)
                              or bias.dtype != x.dtype):
         raise ValueError(f"int8_linear: bias must be a {x.dtype} tensor of shape [{weight_int8.shape[0]}]")
-    if prefetch is not None and (not isinstance(prefetch, torch.Tensor) or not prefetch.is_contiguous()):
-        raise TypeError(f"int8_linear: prefetch must be a contiguous tensor or None, got "
-                        f"{type(prefetch).__name__ if not isinstance(prefetch, torch.Tensor) else 'a strided view'}")
-    for name, t in (("weight_int8", weight_int8), ("scale", scale), ("bias", bias), ("prefetch", prefetch)):
+    for name, t in (("weight_int8", weight_int8), ("scale", scale), ("bias", bias)):
         if t is not None and t.device != x.device:
             raise ValueError(f"int8_linear: {name} is on {t.device} but x is on {x.device}")
     if backend == "torch" or x.numel() == 0 or weight_int8.numel() == 0:
@@ -886,14 +832,14 @@ def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
     rows = x.reshape(-1, x.shape[-1])
     out_shape = (*x.shape[:-1], weight_int8.shape[0])
     if torch.compiler.is_compiling():
-        return _int8_linear(rows, weight_int8, scale, bias, prefetch).view(out_shape)
+        return _int8_linear(rows, weight_int8, scale, bias).view(out_shape)
     grad = x.requires_grad and torch.is_grad_enabled()
     x2, w2, s2, b2 = _int8_prepare(rows, weight_int8, scale, bias)
     if x2.data_ptr() != x.data_ptr() or w2 is not weight_int8 or s2 is not scale or b2 is not bias:   # copied
-        return _int8_linear.eager(_Int8AsGiven, grad, rows, weight_int8, scale, bias, prefetch).view(out_shape)
+        return _int8_linear.eager(_Int8AsGiven, grad, rows, weight_int8, scale, bias).view(out_shape)
     # x is the rows the plan describes (a view of its memory, no copy): the plan takes it as it is, and a later
     # call with this signature too
     plan = _int8_plan(x2, w2, s2, b2, out_shape)
     if key is not None:
         _int8_calls.add(key, plan)
-    return _int8_linear.eager(plan, grad, x, weight_int8, scale, bias, prefetch)
+    return _int8_linear.eager(plan, grad, x, weight_int8, scale, bias)
