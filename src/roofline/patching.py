@@ -181,8 +181,7 @@ def _rope(q, k, cos, sin, *rest, **options):
 
 def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                    label_smoothing=0.0):
-    # Targets checked as the op checks them: without waiting for the GPU where a backward follows
-    # (roofline.ops._target_check). torch's CUDA kernel stops the process with a device-side assert instead.
+    # Targets checked as the op checks them: without waiting for the GPU (roofline.ops._target_check). torch's CUDA kernel stops the process with a device-side assert instead.
     return ops.cross_entropy(input, target, ignore_index, reduction, label_smoothing, backend="triton")
 
 

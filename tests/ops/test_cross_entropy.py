@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ops_checks import DEVICE, DTYPES, assert_matches_float64, block_size_fixture, patched
 
-from roofline.ops import cross_entropy
+from roofline.ops import cross_entropy, wait_for_target_checks
 from roofline.ops._target_check import CHECK_SLOTS, target_checks
 from roofline.ops.cross_entropy import cross_entropy_reference
 
@@ -189,12 +189,29 @@ def test_extreme_logits_behave_as_in_torch(block, launches):
             torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-4, equal_nan=True)
 
 
-def test_out_of_range_targets_are_a_clear_error_and_nan_under_compile(launches):
+def test_out_of_range_targets_give_nan_and_a_clear_error_without_waiting(launches):
+    """A call without a gradient does not wait for the targets' count either: the bad row's loss is nan as it
+    returns, and the ValueError comes from wait_for_target_checks(), or from the next call of either loss op,
+    before it launches anything."""
     logits = torch.randn(4, 10, device=DEVICE)
     for bad in (10, -1, 1 << 40):
         t = torch.tensor([1, bad, 2, 3], device=DEVICE)
-        with pytest.raises(ValueError, match=rf"target\[1\] = {bad} is not a class index in \[0, 10\)"):
-            cross_entropy(logits, t, backend="triton")
+        losses = cross_entropy(logits, t, backend="triton", reduction="none")
+        assert torch.isnan(losses[1]) and torch.isfinite(losses[[0, 2, 3]]).all()
+        with pytest.raises(ValueError, match=rf"target\[1\] = {bad} is not a class index in \[0, 10\).*found after"):
+            wait_for_target_checks()
+    assert torch.isnan(cross_entropy(logits, torch.tensor([1, 10, 2, 3], device=DEVICE), backend="triton"))
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()   # where the GPU has not counted yet, a later call raises instead
+    good = torch.tensor([1, 2, 3, 4], device=DEVICE)
+    with pytest.raises(ValueError, match=r"target\[1\] = 10 .*found after that call of cross_entropy"):
+        cross_entropy(logits, good, backend="triton")
+    wait_for_target_checks()   # nothing left in flight: returns
+    assert not target_checks._pending
+
+
+def test_unchecked_targets_and_compiled_calls_give_nan(launches):
+    logits = torch.randn(4, 10, device=DEVICE)
     unchecked = cross_entropy(logits, torch.tensor([1, 10, 2, -7], device=DEVICE), backend="triton",
                               reduction="none", check_targets=False)
     assert torch.isnan(unchecked[[1, 3]]).all() and torch.isfinite(unchecked[[0, 2]]).all()
@@ -202,6 +219,8 @@ def test_out_of_range_targets_are_a_clear_error_and_nan_under_compile(launches):
                              backend="aot_eager")
     losses = compiled(logits, torch.tensor([1, 10, 2, -7], device=DEVICE))
     assert torch.isnan(losses[1]) and torch.isnan(losses[3]) and torch.isfinite(losses[[0, 2]]).all()
+    wait_for_target_checks()   # none of them was checked
+    assert not target_checks._pending
 
 
 def test_with_a_gradient_the_check_raises_at_the_backward_without_stopping_the_forward(launches):
@@ -231,8 +250,9 @@ def test_targets_are_counted_and_checked_over_several_steps_of_the_count(launche
         check(logits, targets(53, 30, ignored=0.4), reduction="mean")
         t = targets(53, 30)
         t[47] = 30   # past the first steps, in the last, partial one
+        cross_entropy(logits, t, backend="triton")
         with pytest.raises(ValueError, match=r"target\[47\] = 30 is not a class index"):
-            cross_entropy(logits, t, backend="triton")
+            wait_for_target_checks()
 
 
 def test_empty_and_torch_backends():

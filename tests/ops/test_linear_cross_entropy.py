@@ -14,7 +14,7 @@ import pytest
 import torch
 from ops_checks import DEVICE, assert_matches_float64, assert_within_twice_torchs_error, outputs_and_grads
 
-from roofline.ops import linear_cross_entropy
+from roofline.ops import linear_cross_entropy, wait_for_target_checks
 from roofline.ops.linear_cross_entropy import linear_cross_entropy_reference
 
 lce_module = importlib.import_module("roofline.ops.linear_cross_entropy")
@@ -108,11 +108,13 @@ def test_gradients_are_scaled_by_the_incoming_one_and_a_second_backward_is_refus
         loss.backward()
 
 
-def test_out_of_range_targets_are_a_clear_error_or_nan_unchecked():
+def test_out_of_range_targets_are_nan_and_a_clear_error_unless_unchecked():
     x, weight, target, _ = inputs(40, 8, 10, ignored=0.0)
     target[33] = 10
-    with pytest.raises(ValueError, match=r"target\[33\] = 10 is not a class index in \[0, 10\)"):
-        linear_cross_entropy(x, weight, target, backend="triton", chunk_rows=16)
+    losses = linear_cross_entropy(x, weight, target, backend="triton", reduction="none", chunk_rows=16)
+    assert torch.isnan(losses[33]) and torch.isfinite(losses[:33]).all() and torch.isfinite(losses[34:]).all()
+    with pytest.raises(ValueError, match=r"target\[33\] = 10 is not a class index in \[0, 10\).*found after"):
+        wait_for_target_checks()   # (a call without a gradient does not wait for the count either)
     losses = linear_cross_entropy(x, weight, target, backend="triton", reduction="none", check_targets=False)
     assert torch.isnan(losses[33]) and torch.isfinite(losses[:33]).all() and torch.isfinite(losses[34:]).all()
     # With a gradient the forward does not wait for the count: the backward raises, before handing gradients on.

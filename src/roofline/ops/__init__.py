@@ -4,6 +4,7 @@ Each op takes backend= ("triton", "torch", "compile", and "cuda" where a CUDA C+
 version exists) so that implementations compare in one table.
 """
 
+from roofline.ops._target_check import wait_for_target_checks
 from roofline.ops.attention import flash_attention
 from roofline.ops.cross_entropy import cross_entropy
 from roofline.ops.gelu import gelu
@@ -17,4 +18,4 @@ from roofline.ops.swiglu import swiglu
 
 __all__ = ["add_rms_norm", "cross_entropy", "flash_attention", "gelu", "int8_linear", "layer_norm", "linear",
            "linear_cross_entropy", "log_softmax", "matmul_ladder", "quantize_int8", "rms_norm", "rope", "softmax",
-           "swiglu"]
+           "swiglu", "wait_for_target_checks"]

@@ -248,7 +248,7 @@ class CrossEntropyPlan:
             self.forward_launch.for_pointers(pointers)(logits, target, out, out if gradient is None else gradient,
                                                        stats, self.rows, self.n, self.ignore_index, self.smoothing)
             if check_targets:
-                self.check(stats, target, grad)
+                self.check(stats, target)
             return out, gradient, stats
         losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
         self.count(target, stats, self.rows, pointers)
@@ -257,7 +257,7 @@ class CrossEntropyPlan:
         # access), and its results are dropped when the check raises.
         self.rows_forward(logits, target, losses, gradient, stats, self.rows, pointers)
         if check_targets:
-            self.check(stats, target, grad)
+            self.check(stats, target)
         if self.reduction == "none":
             return losses, gradient, stats   # fp32: a compiled graph reduces them
         loss = torch.empty((), device=self.device, dtype=self.loss_dtype)
@@ -281,10 +281,10 @@ class CrossEntropyPlan:
         """loss = the sum of losses[:rows], divided by stats[0] for a mean."""
         self.reduce_launch(losses, stats, loss, rows)
 
-    def check(self, stats, target, grad: bool, op: str = "cross_entropy") -> None:
-        """The targets' check (roofline.ops._target_check): read later where a gradient was made (its backward
-        comes), else now."""
-        (target_checks.later if grad else target_checks.now)(op, stats, target, self.n, self.ignore_index)
+    def check(self, stats, target, op: str = "cross_entropy") -> None:
+        """The targets' check (roofline.ops._target_check), read without waiting for the GPU: at the backward or
+        a later call."""
+        target_checks.later(op, stats, target, self.n, self.ignore_index)
 
     def backward(self, gradient: torch.Tensor, dloss: torch.Tensor) -> None:
         """gradient[row] *= dloss[row] (a loss per row) or dloss (a reduced loss), in place."""
@@ -429,10 +429,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
 
     backend: "triton" (the default on CUDA), "torch" (F.cross_entropy; the default on CPU), "compile".
     The loss has the logits' dtype (math in fp32), or fp32 under autocast, as torch's. With backend="triton" the
-    gradient is computed in the forward pass whenever logits requires grad. A target out of range raises ValueError
-    in eager mode: at once without a gradient (a wait for the targets' count), else from the backward, or the next
-    call, without stopping the host (roofline.ops._target_check). Under torch.compile and in a CUDA graph's
-    capture, and with check_targets=False, it gives a nan loss instead.
+    gradient is computed in the forward pass whenever logits requires grad. A target out of range gives its row a
+    nan loss, and in eager mode raises ValueError without stopping the host: from the call's backward, the next
+    call of either loss op, or roofline.ops.wait_for_target_checks() (roofline.ops._target_check). Under
+    torch.compile, in a CUDA graph's capture and with check_targets=False, the nan loss is all.
     """
     key = None
     if not torch.compiler.is_compiling():

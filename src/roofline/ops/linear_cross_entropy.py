@@ -92,7 +92,7 @@ class LinearCrossEntropyPlan:
         # The chunks are queued before the check is read: the GPU goes on from the count without waiting for the host.
         self._chunks(self.ce, x, weight, bias, target, stats, losses, gradients)
         if check_targets:
-            self.ce.check(stats, target, any(self.grads), "linear_cross_entropy")
+            self.ce.check(stats, target, "linear_cross_entropy")
         if self.reduction == "none":
             loss = losses
         else:
@@ -301,9 +301,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     backend: "triton" (the default on CUDA: cuBLAS matmuls over chunks of rows, roofline's cross-entropy kernel),
     "torch" (the expression itself; the default on CPU), "compile" (torch.compile of the expression).
     The loss has x's dtype, or fp32 under autocast (which runs the matmuls in its dtype, as F.linear's). A target
-    out of range raises ValueError in eager mode: from the backward (or the next call) where gradients are made, at
-    once otherwise (roofline.ops._target_check). Under torch.compile, in a CUDA graph's capture and with
-    check_targets=False it gives a nan loss instead. chunk_rows: rows per chunk (default: 256 MB of logits).
+    out of range gives its row a nan loss, and in eager mode raises ValueError without stopping the host: from the
+    backward, the next call of either loss op, or roofline.ops.wait_for_target_checks()
+    (roofline.ops._target_check). Under torch.compile, in a CUDA graph's capture and with check_targets=False,
+    the nan loss is all. chunk_rows: rows per chunk (default: 256 MB of logits).
     """
     backend = choose_backend("linear_cross_entropy", x, backend, BACKENDS, arg="x")
     _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, chunk_rows)
