@@ -77,6 +77,12 @@ class EagerContext:
     def set_materialize_grads(self, value: bool) -> None:
         """Gradients that no loss reached come as None: the node never materializes them."""
 
+    def copy(self) -> "EagerContext":
+        """A context of its own for one backward: the nodes a recorded forward makes share the recorded call's."""
+        ctx = EagerContext(self.plan)
+        ctx.__dict__.update(self.__dict__)
+        return ctx
+
 
 # Why a node's backward could not be recorded, by node name (the latest reason): for the tests and for a user
 # asking why an op's backward still runs in Python.
@@ -96,6 +102,10 @@ def attach(module, node_name: str, node_backward, ctx: EagerContext, args, outpu
     programs = table.get(key)
     if programs is None:
         programs = table[key] = module.Programs()
+    from roofline.ops import _launch   # (imported here: _launch imports the module that imports this one)
+
+    if _launch.recorder is not None:   # a forward being recorded: its replays attach a node of their own
+        _launch.recorder.attach(node_name, programs, node_backward, ctx, args, output)
     module.attach(node_name, programs, node_backward, ctx, args, output, ctx.non_differentiable, ctx.to_save,
                   sequence_nr)
     # The node holds ctx: a tensor left on it whose grad_fn is the node would be a cycle through C++ that Python's
@@ -106,6 +116,7 @@ def attach(module, node_name: str, node_backward, ctx: EagerContext, args, outpu
 def backward(backward_rule, node_name: str, ctx: EagerContext, saved, grads, programs):
     """The node's backward in Python: the op's rule, recorded for later replays where `programs` is given (no
     record for this signature yet, grad mode off, no dispatch mode active)."""
+    ctx = ctx.copy()
     ctx.saved_tensors = saved
     try:
         if programs is None or programs.full():
@@ -120,23 +131,24 @@ def backward(backward_rule, node_name: str, ctx: EagerContext, saved, grads, pro
                 refusals[node_name] = recording.refusal
         return result
     finally:
-        ctx.saved_tensors = ()
+        ctx.saved_tensors = ()   # (no cycle through the node that holds the context it was copied from)
 
 
-# Eager forwards replayed from C++ (ForwardPrograms in eager_node.cpp): off until measured on a GPU
-# (benchmarks/host_overhead.py, with and without it, in one call).
-REPLAY_FORWARDS = os.environ.get("ROOFLINE_FORWARD_REPLAY", "0") == "1"
+# Eager forwards replayed from C++ (ForwardPrograms in eager_node.cpp), the plans' and the entry points': on by
+# default, off with ROOFLINE_FORWARD_REPLAY=0.
+REPLAY_FORWARDS = os.environ.get("ROOFLINE_FORWARD_REPLAY", "1") != "0"
 
 
 def forward(op, plan, args: tuple):
     """plan.forward(*args), replayed from C++ where an earlier call with the same signature (every tensor's
-    layout, every other argument's value) was recorded, else run in Python and recorded for the next calls.
+    layout, every other argument's value, autocast's state) was recorded, else run in Python and recorded for the
+    next calls.
 
     What an eager forward costs on the host beyond its kernels is Python: the plan's method, torch's allocation
     through its Python binding, the launcher's argument parsing. A replay makes the same aten calls through the
     dispatcher and launches the same kernels with cuLaunchKernel, as the backward node's replays do. A call made
-    while the recording would not hold runs in Python and is not recorded: a dispatch mode or autocast active
-    (replays happen without either), another device current than its tensors', a recording in progress.
+    while the recording would not hold runs in Python and is not recorded: a dispatch mode active (replays happen
+    without one), another device current than its tensors', a recording in progress.
     The op's forward must be a function of its signature (no host reads of tensor values, no state kept between
     calls): the ops that check their targets are not replayed."""
     try:
@@ -145,33 +157,112 @@ def forward(op, plan, args: tuple):
         programs = plan.forward_programs = extension().ForwardPrograms()
     output = programs.replay(args)
     if output is None:
-        return _record_forward(op.names(args)[0], programs, plan, args)
+        return _record(op.names(args)[0], programs, lambda: plan.forward(*args), args, ())
     if output is False:
         return plan.forward(*args)
     return output
 
 
-def _record_forward(name: str, programs, plan, args: tuple):
+def _record(name: str, programs, run, args: tuple, keywords: tuple):
+    """run(), recorded into `programs` as the forward of a call with arguments `args` (positional, then the values
+    of the keyword arguments named `keywords`), where the recording holds; else run() alone."""
+    devices = {a.device.index for a in args if isinstance(a, torch.Tensor) and a.is_cuda}
+    device = next(iter(devices)) if devices else -1   # where the kernels launch: the current device's stream
+    if not _recordable(programs, devices, device):
+        return run()
+    recording = Recording(tuple(a if isinstance(a, torch.Tensor) else None for a in args))
+    with recording:
+        output = run()
+    single = isinstance(output, torch.Tensor)
+    program = recording.program((output,) if single else output)
+    if not recording.cold:   # one that compiled or tuned a kernel is recorded next time instead
+        programs.add(program, args, keywords, single, device)
+        if recording.refusal is not None:
+            refusals[name] = recording.refusal
+    return output
+
+
+def _recordable(programs, devices: set, device: int) -> bool:
+    """Whether a forward on these devices can be recorded now: room for another program, no recording in progress,
+    no dispatch mode (a recording is one), its tensors on one device, which is the current one."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     from roofline.ops import _launch
 
-    devices = {a.device.index for a in args if isinstance(a, torch.Tensor) and a.is_cuda}
-    device = next(iter(devices)) if devices else -1   # where the kernels launch: the current device's stream
-    if (programs.full() or _launch.recorder is not None or _get_current_dispatch_mode() is not None
-            or len(devices) > 1 or (device >= 0 and device != torch.cuda.current_device())
-            or torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")):
-        return plan.forward(*args)
-    recording = Recording(tuple(a if isinstance(a, torch.Tensor) else None for a in args))
-    with recording:
-        output = plan.forward(*args)
-    single = isinstance(output, torch.Tensor)
-    program = recording.program((output,) if single else output)
-    if not recording.cold:   # one that compiled or tuned a kernel is recorded next time instead
-        programs.add(program, args, single, device)
-        if recording.refusal is not None:
-            refusals[name] = recording.refusal
-    return output
+    return not (programs.full() or _launch.recorder is not None or _get_current_dispatch_mode() is not None
+                or len(devices) > 1 or (device >= 0 and device != torch.cuda.current_device()))
+
+
+ENTRY_DEVICES = ("cuda",)   # where entry points are recorded (the tests add the CPU, for plans made of torch ops)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)   # not a subclass, which may mean something else
+
+
+def replayed_entry(function):
+    """The entry point `function` of an op (softmax(x, dim, *, backend)), replayed from C++ as a whole: an op's
+    plan-level replay (forward) still runs the entry point's Python, its checks and its look-up of the call's
+    signature, and for a call that wants a gradient its context and node, which cost as much as torch's whole op
+    on a slow host.
+
+    The first call with a signature (every tensor's layout, alignment and whether autograd records it, every other
+    argument's value, keyword arguments by name, autocast's state) on a CUDA device, with backend None or
+    "triton", runs the entry point in Python under a recording; later ones replay what it did: its aten calls
+    through the dispatcher (in the grad mode each was made in), its kernels through cuLaunchKernel, and the
+    attaching of the op's autograd node to their outputs, which then backpropagates as the recorded call's node
+    does. Calls under torch.compile, a dispatch mode, a profiler (the Python path records the op under its name),
+    functorch's transforms or a CUDA graph's capture being recorded, and tensor subclasses, run the entry point in
+    Python, as before. The entry point must be a function of its signature: no host reads of tensor values (the
+    loss ops, which check their targets, are not wrapped), nothing kept between calls but plans."""
+    holder = _EntryPrograms(function)
+
+    @functools.wraps(function)
+    def entry(*args, **kwargs):
+        if not torch.compiler.is_compiling():
+            programs = holder.programs
+            if programs is not None:
+                output = programs.replay(args, kwargs)
+                if output is not None and output is not False:
+                    return output
+                if output is False:
+                    return function(*args, **kwargs)
+            return holder.record(args, kwargs)
+        return function(*args, **kwargs)
+
+    entry.replays = holder
+    return entry
+
+
+class _EntryPrograms:
+    """An entry point's recorded calls (made at its first call that could be recorded), or None."""
+
+    __slots__ = ("function", "programs", "name")
+
+    def __init__(self, function):
+        self.function, self.programs = function, None
+        self.name = f"roofline::{function.__name__}"
+
+    def record(self, args: tuple, kwargs: dict):
+        """The call run in Python, recorded where it can be (see replayed_entry)."""
+        if not self._wanted(args, kwargs):
+            return self.function(*args, **kwargs)
+        if self.programs is None:
+            module = extension()
+            if module is None:
+                return self.function(*args, **kwargs)
+            self.programs = module.ForwardPrograms(entry=True)
+        return _record(self.name, self.programs, lambda: self.function(*args, **kwargs),
+                       (*args, *kwargs.values()), tuple(kwargs))
+
+    @staticmethod
+    def _wanted(args: tuple, kwargs: dict) -> bool:
+        """A call on plain CUDA tensors, with backend None or "triton" (torch's and torch.compile's backends launch
+        what a recording cannot see, or gain nothing), outside a capture and functorch's transforms."""
+        from roofline.ops._common import capturing   # (_common imports this module)
+
+        if not REPLAY_FORWARDS or kwargs.get("backend") not in (None, "triton"):
+            return False
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        return (bool(tensors) and all(type(t) in _PLAIN and t.device.type in ENTRY_DEVICES for t in tensors)
+                and not capturing() and not torch._C._are_functorch_transforms_active())
 
 
 class Recording(TorchDispatchMode):
@@ -185,6 +276,7 @@ class Recording(TorchDispatchMode):
         self.slots = {id(t): i for i, t in enumerate(inputs) if t is not None}
         self.count = len(inputs)
         self.steps: list[tuple] = []
+        self.attached = False   # an op's node was attached (a forward that makes a gradient)
         self.refusal = None if len(self.slots) == len(self.tensors) else "one tensor passed twice"
         self.cold = False   # a launch compiled or autotuned its kernel: what it did (timing runs) is no record
 
@@ -232,7 +324,23 @@ class Recording(TorchDispatchMode):
         for t in results:
             self._add(t)
         overload = "" if func._overloadname == "default" else func._overloadname
-        self.steps.append(("aten", func._schema.name, overload, tuple(args), dict(kwargs), positions))
+        self.steps.append(("aten", func._schema.name, overload, tuple(args), dict(kwargs), positions,
+                           torch.is_grad_enabled()))
+
+    def attach(self, node_name: str, programs, node_backward, ctx: EagerContext, args, output) -> None:
+        """An op's node attached to the outputs of its kernels (_eager_node.attach), with what ctx saves."""
+        self.attached = True
+        if self.refusal is not None:
+            return
+        outputs = output if isinstance(output, tuple) else (output,)
+        slots = {}
+        for group, tensors in (("inputs", args), ("outputs", outputs), ("non_differentiable", ctx.non_differentiable),
+                               ("saved", ctx.to_save)):
+            slots[group] = [-1 if not isinstance(t, torch.Tensor) else self.slots.get(id(t)) for t in tensors]
+            if None in slots[group]:
+                return self.refuse(f"{node_name}: a tensor of its node's {group} the recorded code did not make")
+        self.steps.append(("attach", node_name, programs, node_backward, ctx, slots["inputs"], slots["outputs"],
+                           slots["non_differentiable"], slots["saved"]))
 
     def compiling(self, launch) -> None:
         """A Launch is about to make its first call, which compiles (or autotunes, timing runs of its own)."""
@@ -290,15 +398,14 @@ class Recording(TorchDispatchMode):
             slot = None if g is None else self.slots.get(id(g))
             if g is not None and slot is None:
                 self.refuse("a result the recorded code did not make")
+            if g is not None and g.requires_grad and not self.attached:
+                self.refuse("a result with a gradient not made by an op's node (torch.autograd.Function)")
             results.append(-1 if slot is None else slot)
         builder = module.ProgramBuilder(list(self.inputs))
         if self.refusal is None:
             try:
                 for step in self.steps:
-                    if step[0] == "aten":
-                        builder.aten(*step[1:])
-                    else:
-                        builder.launch(*step[1:])
+                    getattr(builder, step[0])(*step[1:])
             except (RuntimeError, TypeError, ValueError) as exc:
                 self.refuse(f"not replayable: {exc}")
         return builder.finish(results, self.refusal is None)

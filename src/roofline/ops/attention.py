@@ -29,6 +29,7 @@ import torch
 
 from roofline.ops._common import (KernelOp, as_stored, cdiv, choose_backend, interpreting, next_power_of_2, tl,
                                   tma_readable, triton)
+from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, Plans, tensor_key
 
 BACKENDS = ("torch", "triton")
@@ -491,6 +492,7 @@ def _check(q, k, v, causal, scale) -> None:
         raise ValueError(f"flash_attention: scale must be a finite number or None, got {scale!r}")
 
 
+@replayed_entry
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     scale: float | None = None, *, backend: str | None = None) -> torch.Tensor:
     """Attention over (batch, heads, seq, head_dim) tensors, without the seq x seq matrix in memory.

@@ -33,6 +33,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -122,7 +123,36 @@ struct AtenStep {
   torch::jit::Stack arguments;                   // as recorded, every tensor that is a slot replaced at replay
   std::vector<std::pair<size_t, int>> slots;     // (argument position, slot)
   size_t results;                                // how many values the call returns, each a new slot
+  bool grad_mode;                                // autograd's grad mode when it was made (torch.no_grad blocks)
 };
+
+// Python objects a program or a node holds, released under the GIL wherever they die (often an engine thread).
+struct PythonReference {
+  py::object object;
+  explicit PythonReference(py::object o) : object(std::move(o)) {}
+  ~PythonReference() {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      object = py::object();
+    } else {
+      object.release();   // the interpreter is gone: nothing to decrement
+    }
+  }
+};
+
+class Programs;
+
+// A forward's attaching of its op's autograd node (an EagerNode) to the outputs of its kernels: what
+// roofline/ops/_eager_node.py's attach does in Python, by slots. inputs: per argument of the op, its slot or -1
+// (not a tensor, or None): an edge where the tensor requires grad; outputs: per output, its slot or -1.
+struct AttachStep {
+  std::string name;
+  std::shared_ptr<Programs> programs;                     // the node's recorded backwards
+  std::shared_ptr<PythonReference> backward, context;     // its Python backward and the recorded call's context
+  std::vector<int> inputs, outputs, non_differentiable, saved;
+};
+
+void attach_step(const AttachStep& step, const std::vector<at::Tensor>& slots);   // (below, with the node)
 
 struct LaunchArgument {
   char kind;          // 'p' pointer, 'T' TMA descriptor, 'b' i8, 'h' i16, 'i' i32, 'l' i64, 'f' fp32, 'd' fp64,
@@ -174,7 +204,7 @@ struct Layout {
 struct Program {
   std::vector<Layout> inputs;          // the saved tensors', then the gradients' (for matching)
   bool replayable = false;             // false: a signature whose backward always runs in Python
-  std::vector<std::variant<AtenStep, LaunchStep>> steps;
+  std::vector<std::variant<AtenStep, LaunchStep, AttachStep>> steps;
   std::vector<int> results;            // per gradient returned: its slot, or -1 for None
 
   bool matches(const ag::variable_list& saved, const ag::variable_list& grads) const {
@@ -193,8 +223,13 @@ struct Program {
       if (const auto* aten = std::get_if<AtenStep>(&step)) {
         torch::jit::Stack stack = aten->arguments;
         for (const auto& [position, slot] : aten->slots) stack[position] = slots[slot];
-        aten->op.callBoxed(&stack);
+        {
+          at::AutoGradMode grad_mode(aten->grad_mode);
+          aten->op.callBoxed(&stack);
+        }
         for (size_t i = 0; i < aten->results; ++i) slots.push_back(stack[i].toTensor());
+      } else if (const auto* attach = std::get_if<AttachStep>(&step)) {
+        attach_step(*attach, slots);
       } else {
         launch(std::get<LaunchStep>(step), slots);
       }
@@ -283,10 +318,28 @@ class Programs {
 
 // A forward's argument other than a tensor (or None), as a recorded forward holds it: a replay needs the same value.
 struct Constant {
-  char kind = 'x';   // 'b' bool, 'i' int, 'd' float, 's' str; 'x' a type a replay cannot compare (any matches)
+  char kind = 'x';   // 'b' bool, 'i' int, 'd' float, 's' str, 't' a tuple or list of ints (a shape); 'x' a type
+                     // a replay cannot compare (any matches)
   int64_t integer = 0;
   double real = 0.0;
   std::string text;
+  std::vector<int64_t> integers;
+
+  // o's ints, for a tuple or list of ints only (a bool is no int here)
+  static std::optional<std::vector<int64_t>> ints_of(py::handle o) {
+    if (!PyTuple_Check(o.ptr()) && !PyList_Check(o.ptr())) return std::nullopt;
+    PyObject* sequence = o.ptr();
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(sequence);
+    PyObject** items = PySequence_Fast_ITEMS(sequence);
+    std::vector<int64_t> values(static_cast<size_t>(size));
+    for (Py_ssize_t i = 0; i < size; ++i) {
+      if (!PyLong_Check(items[i]) || PyBool_Check(items[i])) return std::nullopt;
+      int overflow = 0;
+      values[i] = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+      if (overflow) return std::nullopt;
+    }
+    return values;
+  }
 
   static Constant of(py::handle o) {
     Constant c;
@@ -303,6 +356,9 @@ struct Constant {
     } else if (PyUnicode_Check(o.ptr())) {
       c.kind = 's';
       c.text = o.cast<std::string>();
+    } else if (auto values = ints_of(o)) {
+      c.kind = 't';
+      c.integers = std::move(*values);
     }
     return c;
   }
@@ -317,58 +373,114 @@ struct Constant {
       }
       case 'd': return PyFloat_Check(o.ptr()) && PyFloat_AS_DOUBLE(o.ptr()) == real;
       case 's': return PyUnicode_Check(o.ptr()) && o.cast<std::string>() == text;
+      case 't': {
+        auto values = ints_of(o);
+        return values && *values == integers;
+      }
       default: return true;   // a program holding such a constant never replays: found, it sends calls to Python
     }
   }
 };
 
-// A recorded forward: for each argument, a tensor slot (a tensor or None: its layout is the program's input of
-// that position) or a constant; the program; and whether the forward returned one tensor or a tuple.
-struct ForwardProgram {
-  std::shared_ptr<Program> program;
-  std::vector<std::optional<Constant>> constants;   // per argument: nullopt for a tensor slot
-  bool single = true;
-  int device = -1;   // the CUDA device its kernels were loaded on (-1: none launched)
+// What a forward's behaviour may depend on beyond its arguments, which a recorded forward holds and a replay must
+// find the same: autocast on CUDA and CPU, and its dtypes (a recording sees the calls autocast made of the op's).
+struct CallState {
+  bool autocast_cuda = false, autocast_cpu = false;
+  at::ScalarType cuda_dtype = at::ScalarType::Undefined, cpu_dtype = at::ScalarType::Undefined;
 
-  // Whether every argument (a tuple's items) matches what was recorded; `tensors` gets the arguments' tensors
-  // (undefined for None and constants).
-  bool match(PyObject* const* args, size_t count, std::vector<at::Tensor>& tensors) const {
-    if (count != constants.size()) return false;
-    tensors.assign(count, at::Tensor());
-    for (size_t i = 0; i < count; ++i) {
-      py::handle o = args[i];
-      if (constants[i]) {
-        if (!constants[i]->equals(o)) return false;
-      } else if (THPVariable_Check(o.ptr())) {
-        tensors[i] = THPVariable_Unpack(o.ptr());
-        if (!program->inputs[i].matches(tensors[i])) return false;
-      } else if (!o.is_none() || program->inputs[i].defined) {
-        return false;
-      }
-    }
-    return true;
+  static CallState now() {
+    CallState state;
+    state.autocast_cuda = at::autocast::is_autocast_enabled(at::kCUDA);
+    state.autocast_cpu = at::autocast::is_autocast_enabled(at::kCPU);
+    if (state.autocast_cuda) state.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    if (state.autocast_cpu) state.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    return state;
+  }
+
+  bool operator==(const CallState& o) const {
+    return autocast_cuda == o.autocast_cuda && autocast_cpu == o.autocast_cpu && cuda_dtype == o.cuda_dtype &&
+           cpu_dtype == o.cpu_dtype;
   }
 };
 
-// The recorded forwards of one op's plan, one per signature (the layouts of its tensors, its other arguments).
+// Tensors a replay must leave to Python: wrappers of another (functorch's batched and gradient wrappers,
+// functionalization, a subclass with a dispatch of its own), whose memory the signature cannot describe.
+const c10::DispatchKeySet kWrapperKeys{c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
+                                       c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize};
+
+// A recorded forward: for each argument (positional, then keyword in the order the call gave them), a tensor slot
+// (a tensor or None: its layout is the program's input of that position) or a constant; the keywords' names; the
+// call state it was recorded in; the program; and whether the forward returned one tensor or a tuple.
+struct ForwardProgram {
+  std::shared_ptr<Program> program;
+  std::vector<std::optional<Constant>> constants;   // per argument: nullopt for a tensor slot
+  std::vector<char> wants_grad;                     // per argument: a tensor autograd records (grad mode on)
+  std::vector<py::object> keywords;                 // the keyword arguments' names, in the call's order
+  CallState state;
+  bool single = true;
+  int device = -1;   // the CUDA device its kernels were loaded on (-1: none launched)
+
+  // Whether every argument matches what was recorded; `tensors` gets the arguments' tensors (undefined for None
+  // and constants).
+  // grad_mode: autograd's, now.
+  bool match(PyObject* const* args, size_t count, PyObject* kwargs, bool grad_mode,
+             std::vector<at::Tensor>& tensors) const {
+    size_t keyword_count = kwargs == nullptr ? 0 : static_cast<size_t>(PyDict_GET_SIZE(kwargs));
+    if (count + keyword_count != constants.size() || keyword_count != keywords.size()) return false;
+    tensors.assign(count + keyword_count, at::Tensor());
+    for (size_t i = 0; i < count; ++i)
+      if (!argument_matches(i, args[i], grad_mode, tensors)) return false;
+    Py_ssize_t position = 0;
+    PyObject *key, *value;
+    for (size_t k = 0; kwargs != nullptr && PyDict_Next(kwargs, &position, &key, &value); ++k) {
+      if (key != keywords[k].ptr() && PyUnicode_Compare(key, keywords[k].ptr()) != 0) return false;
+      if (!argument_matches(count + k, value, grad_mode, tensors)) return false;
+    }
+    return true;
+  }
+
+  bool argument_matches(size_t i, PyObject* o, bool grad_mode, std::vector<at::Tensor>& tensors) const {
+    if (constants[i]) return constants[i]->equals(o);
+    if (THPVariable_CheckExact(o)) {   // a Tensor or a Parameter; a subclass may mean something else
+      tensors[i] = THPVariable_Unpack(o);
+      if (tensors[i].key_set().has_any(kWrapperKeys)) return false;
+      return (grad_mode && tensors[i].requires_grad()) == static_cast<bool>(wants_grad[i]) &&
+             program->inputs[i].matches(tensors[i]);
+    }
+    return o == Py_None && !program->inputs[i].defined;
+  }
+};
+
+// The recorded forwards of one op's plan (or of one entry point of the library), one per signature: the layouts of
+// its tensors, its other arguments, the call state.
 class ForwardPrograms {
  public:
   static constexpr size_t kLimit = 16;
+
+  // entry: the programs of a whole entry point (roofline/ops/_eager_node.py, replayed_entry), which leaves to Python
+  // the calls a profiler sees (Python records those under the op's name).
+  explicit ForwardPrograms(bool entry = false) : entry_(entry) {}
 
   bool full() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return programs_.size() >= kLimit;
   }
 
-  // What the recorder built of a forward called with `args` (on CUDA device `device`, -1 if none), which returned
-  // one tensor (`single`) or a tuple.
-  void add(std::shared_ptr<Program> program, py::handle args, bool single, int device) {
+  // What the recorder built of a forward called with `args` then the keyword arguments named `keywords` (their
+  // values at the end of `args`), on CUDA device `device` (-1 if none), which returned one tensor (`single`) or a
+  // tuple; in the call state of now.
+  void add(std::shared_ptr<Program> program, py::handle args, py::tuple keywords, bool single, int device) {
     auto forward = std::make_shared<ForwardProgram>();
     forward->program = std::move(program);
     forward->single = single;
     forward->device = device;
+    forward->state = CallState::now();
+    for (py::handle name : keywords) forward->keywords.push_back(py::reinterpret_borrow<py::object>(name));
+    bool grad_mode = at::GradMode::is_enabled();
     for (py::handle o : py::reinterpret_borrow<py::sequence>(args)) {
-      if (THPVariable_Check(o.ptr()) || o.is_none()) {
+      bool tensor = THPVariable_Check(o.ptr());
+      forward->wants_grad.push_back(tensor && grad_mode && THPVariable_Unpack(o.ptr()).requires_grad());
+      if (tensor || o.is_none()) {
         forward->constants.emplace_back(std::nullopt);
       } else {
         forward->constants.emplace_back(Constant::of(o));
@@ -379,40 +491,55 @@ class ForwardPrograms {
     if (programs_.size() < kLimit) programs_.push_back(std::move(forward));
   }
 
-  // The forward's output, replayed; None where no program matches `args` (record one); False where the one that
-  // matches cannot replay here (a forward that could not be recorded, another device current, a dispatch mode
-  // or autocast active): run the forward in Python.
-  py::object replay(const py::tuple& args) const {
+  // The forward's output, replayed; None where no program matches the call (record one); False where it must run
+  // in Python: the one that matches cannot replay (a forward that could not be recorded), another device is
+  // current, a dispatch mode is active, or, for an entry point, a profiler is on.
+  py::object replay(const py::tuple& args, const py::object& kwargs) const {
+    // before any tensor is looked at: a dispatch mode's tensors (FakeTensor) have no memory to match
+    if (c10::impl::TorchDispatchModeTLS::stack_len() != 0 || (entry_ && at::hasCallbacks())) {
+      return py::bool_(false);
+    }
     PyObject* const* items = &PyTuple_GET_ITEM(args.ptr(), 0);
     size_t count = static_cast<size_t>(PyTuple_GET_SIZE(args.ptr()));
+    PyObject* keywords = PyDict_Check(kwargs.ptr()) && PyDict_GET_SIZE(kwargs.ptr()) > 0 ? kwargs.ptr() : nullptr;
+    CallState state = CallState::now();
+    bool grad_mode = at::GradMode::is_enabled();
     std::shared_ptr<const ForwardProgram> found;
     std::vector<at::Tensor> tensors;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (const auto& forward : programs_) {
-        if (forward->match(items, count, tensors)) {
+        if (forward->state == state && forward->match(items, count, keywords, grad_mode, tensors)) {
           found = forward;
           break;
         }
       }
     }
     if (!found) return py::none();
-    if (!found->program->replayable || c10::impl::TorchDispatchModeTLS::stack_len() != 0 ||
-        at::autocast::is_autocast_enabled(at::kCUDA) || at::autocast::is_autocast_enabled(at::kCPU)) {
-      return py::bool_(false);
-    }
+    if (!found->program->replayable) return py::bool_(false);
     if (found->device >= 0) {
       const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
       if (cuda->getDevice().index() != found->device) return py::bool_(false);
     }
-    ag::variable_list out = found->program->run(std::move(tensors), {});
+    ++replayed_;
+    ag::variable_list out;
+    {
+      // the recorded calls are those autocast made: replayed as they are, not cast again
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+      out = found->program->run(std::move(tensors), {});
+    }
     if (found->single) return py::cast(out.at(0));
     py::tuple result(out.size());
     for (size_t i = 0; i < out.size(); ++i) result[i] = out[i].defined() ? py::cast(out[i]) : py::none();
     return result;
   }
 
+  // Calls replayed so far (for the tests, and for a user asking whether an op's calls replay).
+  uint64_t replayed() const { return replayed_; }
+
  private:
+  bool entry_;
+  mutable std::atomic<uint64_t> replayed_{0};
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<const ForwardProgram>> programs_;
 };
@@ -428,7 +555,7 @@ class ProgramBuilder {
   // An aten call: op name and overload, its arguments as the recorder saw them, and the positions (in the
   // schema's order) of those that are slots.
   void aten(const std::string& name, const std::string& overload, const py::tuple& args, const py::dict& kwargs,
-            const std::vector<std::pair<size_t, int>>& slots) {
+            const std::vector<std::pair<size_t, int>>& slots, bool grad_mode) {
     auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
     const auto& schema = op.schema();
     // A number passed for a Tensor (x.mul_(3.0)) reaches a dispatch mode as the number; the dispatcher takes
@@ -454,7 +581,7 @@ class ProgramBuilder {
       TORCH_CHECK(position < stack.size(), "roofline: argument position out of range");
       stack[position] = at::Tensor();   // not held by the program: the slot's tensor goes here at replay
     }
-    program_->steps.emplace_back(AtenStep{op, std::move(stack), slots, schema.returns().size()});
+    program_->steps.emplace_back(AtenStep{op, std::move(stack), slots, schema.returns().size(), grad_mode});
   }
 
   void launch(uint64_t function, std::vector<unsigned> grid, unsigned block, unsigned shared,
@@ -500,6 +627,17 @@ class ProgramBuilder {
     program_->steps.emplace_back(std::move(step));
   }
 
+  // An op's node attached to its outputs (see AttachStep), by slots.
+  void attach(const std::string& name, std::shared_ptr<Programs> programs, py::object backward, py::object context,
+              std::vector<int> inputs, std::vector<int> outputs, std::vector<int> non_differentiable,
+              std::vector<int> saved) {
+    program_->steps.emplace_back(AttachStep{name, std::move(programs),
+                                            std::make_shared<PythonReference>(std::move(backward)),
+                                            std::make_shared<PythonReference>(std::move(context)),
+                                            std::move(inputs), std::move(outputs), std::move(non_differentiable),
+                                            std::move(saved)});
+  }
+
   std::shared_ptr<Program> finish(const std::vector<int>& results, bool replayable) {
     program_->results = results;
     program_->replayable = replayable;
@@ -513,25 +651,11 @@ class ProgramBuilder {
 
 // ----------------------------------------------------------------------------------------------- the node
 
-// Python objects a node holds, released under the GIL wherever the node dies (often an engine thread).
-struct PythonReference {
-  py::object object;
-  explicit PythonReference(py::object o) : object(std::move(o)) {}
-  ~PythonReference() {
-    if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;
-      object = py::object();
-    } else {
-      object.release();   // the interpreter is gone: nothing to decrement
-    }
-  }
-};
-
 struct EagerNode : ag::Node {
-  EagerNode(std::string name, std::shared_ptr<Programs> programs, py::object backward, py::object context)
-      : name_(std::move(name)), programs_(std::move(programs)),
-        backward_(std::make_unique<PythonReference>(std::move(backward))),
-        context_(std::make_unique<PythonReference>(std::move(context))) {}
+  EagerNode(std::string name, std::shared_ptr<Programs> programs, std::shared_ptr<PythonReference> backward,
+            std::shared_ptr<PythonReference> context)
+      : name_(std::move(name)), programs_(std::move(programs)), backward_(std::move(backward)),
+        context_(std::move(context)) {}
 
   std::string name() const override { return name_; }
 
@@ -590,7 +714,7 @@ struct EagerNode : ag::Node {
 
   std::string name_;
   std::shared_ptr<Programs> programs_;
-  std::unique_ptr<PythonReference> backward_, context_;
+  std::shared_ptr<PythonReference> backward_, context_;   // shared by the nodes a recorded forward makes
   std::vector<ag::SavedVariable> saved_;
   bool released_ = false;
 };
@@ -611,15 +735,16 @@ std::vector<at::Tensor> tensors_of(py::handle objects) {
   return tensors;
 }
 
-// Makes `outputs` (a tensor, or a tuple with None for absent ones) the results of a new EagerNode whose inputs are
-// the forward's `args` (an edge per argument, none where it is not a tensor), saving `saved`. Outputs in
-// `non_differentiable` get no gradient, as ctx.mark_non_differentiable says in a torch.autograd.Function.
-// sequence_nr: the autograd sequence number the forward's ForwardRecord was given (-1: the node takes the next).
-void attach(const std::string& name, std::shared_ptr<Programs> programs, py::object backward, py::object context,
-            py::handle args, py::handle outputs, py::handle non_differentiable, py::handle saved,
-            int64_t sequence_nr) {
+// Makes `outputs` (undefined for absent ones) the results of a new EagerNode whose inputs are the forward's `inputs`
+// (an edge per argument, none where it is not a tensor), saving `saved`. Outputs in `non_differentiable` get no
+// gradient, as ctx.mark_non_differentiable says in a torch.autograd.Function. sequence_nr: the autograd sequence
+// number the forward's ForwardRecord was given (-1: the node takes the next).
+void attach_node(const std::string& name, std::shared_ptr<Programs> programs, std::shared_ptr<PythonReference> backward,
+                 std::shared_ptr<PythonReference> context, const std::vector<at::Tensor>& inputs,
+                 const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& non_differentiable,
+                 const std::vector<at::Tensor>& saved, int64_t sequence_nr) {
   ag::edge_list edges;
-  for (const auto& t : tensors_of(args)) {
+  for (const auto& t : inputs) {
     edges.push_back(t.defined() && t.requires_grad() ? ag::impl::gradient_edge(t) : ag::Edge());
   }
   auto node = make_node<EagerNode>(name, std::move(programs), std::move(backward), std::move(context));
@@ -630,10 +755,9 @@ void attach(const std::string& name, std::shared_ptr<Programs> programs, py::obj
       if (other.defined() && other.is_same(t)) return true;
     return false;
   };
-  auto excluded = tensors_of(non_differentiable);
   std::vector<at::Tensor> differentiable;
-  for (const auto& output : tensors_of(outputs)) {
-    if (output.defined() && ag::isDifferentiableType(output.scalar_type()) && !among(output, excluded)) {
+  for (const auto& output : outputs) {
+    if (output.defined() && ag::isDifferentiableType(output.scalar_type()) && !among(output, non_differentiable)) {
       auto nr = node->add_input_metadata(output);
       ag::impl::set_gradient_edge(output, ag::Edge(node, nr));
       differentiable.push_back(output);
@@ -643,9 +767,30 @@ void attach(const std::string& name, std::shared_ptr<Programs> programs, py::obj
   }
   // after the outputs have their grad_fn: a saved output holds the node weakly (no reference cycle)
   auto* eager = static_cast<EagerNode*>(node.get());
-  for (const auto& t : tensors_of(saved)) {
+  for (const auto& t : saved) {
     eager->save(t, t.defined() && among(t, differentiable));
   }
+}
+
+// attach_node from Python: args and outputs a tensor or a tuple (None for absent ones).
+void attach(const std::string& name, std::shared_ptr<Programs> programs, py::object backward, py::object context,
+            py::handle args, py::handle outputs, py::handle non_differentiable, py::handle saved,
+            int64_t sequence_nr) {
+  attach_node(name, std::move(programs), std::make_shared<PythonReference>(std::move(backward)),
+              std::make_shared<PythonReference>(std::move(context)), tensors_of(args), tensors_of(outputs),
+              tensors_of(non_differentiable), tensors_of(saved), sequence_nr);
+}
+
+// A recorded forward's AttachStep, replayed over its slots.
+void attach_step(const AttachStep& step, const std::vector<at::Tensor>& slots) {
+  auto of = [&slots](const std::vector<int>& indices) {
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(indices.size());
+    for (int slot : indices) tensors.push_back(slot < 0 ? at::Tensor() : slots[slot]);
+    return tensors;
+  };
+  attach_node(step.name, step.programs, step.backward, step.context, of(step.inputs), of(step.outputs),
+              of(step.non_differentiable), of(step.saved), -1);
 }
 
 // An eager forward as the profiler sees an aten op: a record under the op's own name, with its inputs (their
@@ -692,14 +837,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add", &Programs::add);
   py::class_<Program, std::shared_ptr<Program>>(m, "Program");
   py::class_<ForwardPrograms, std::shared_ptr<ForwardPrograms>>(m, "ForwardPrograms")
-      .def(py::init<>())
+      .def(py::init<bool>(), py::arg("entry") = false)
       .def("full", &ForwardPrograms::full)
       .def("add", &ForwardPrograms::add)
-      .def("replay", &ForwardPrograms::replay);
+      .def("replay", &ForwardPrograms::replay, py::arg("args"), py::arg("kwargs") = py::none())
+      .def("replayed", &ForwardPrograms::replayed);
   py::class_<ProgramBuilder>(m, "ProgramBuilder")
       .def(py::init<const std::vector<std::optional<at::Tensor>>&>())
       .def("aten", &ProgramBuilder::aten)
       .def("launch", &ProgramBuilder::launch)
+      .def("attach", &ProgramBuilder::attach)
       .def("finish", &ProgramBuilder::finish);
   m.def("attach", &attach);
   m.def("reserve_sequence_number", [] { return static_cast<int64_t>(at::sequence_number::get_and_increment()); });

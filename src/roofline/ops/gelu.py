@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from roofline.ops._common import (KernelOp, cdiv, choose_backend, elementwise_block, fast_exp, fast_reciprocal, tl,
                                   triton)
+from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, Plans
 
 APPROXIMATIONS = ("none", "tanh")
@@ -185,6 +186,7 @@ def _check(x, approximate: str, backend: str | None) -> str:
 _calls = Plans("gelu calls")   # the plans of calls as the entry point saw them, checks passed
 
 
+@replayed_entry
 def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str | None = None) -> torch.Tensor:
     """GeLU with the signature of torch.nn.functional.gelu.
 

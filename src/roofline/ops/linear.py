@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from roofline.ops._common import (KernelOp, TMA_ALIGN, as_stored, cdiv, choose_backend, fast_exp, fast_reciprocal,
                                   interpreting, next_power_of_2, sm_count, tl, tma_readable, triton, wants_grad)
+from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, Plans, tensor_key
 from roofline.ops.gelu import _gelu_and_grad
 
@@ -623,6 +624,7 @@ def _check_linear(x, weight, bias, activation, residual) -> None:
         raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
+@replayed_entry
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None,
            residual: torch.Tensor | None = None, *, backend: str | None = None) -> torch.Tensor:
     """activation(x @ weight^T + bias) + residual in one GEMM whose epilogue applies bias, activation and
@@ -787,6 +789,7 @@ _int8_linear = KernelOp(
 _int8_calls = Plans("int8_linear calls")   # the plans of calls as the entry point saw them, checks passed
 
 
+@replayed_entry
 def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
                 *, backend: str | None = None) -> torch.Tensor:
     """x @ dequantize_int8(weight_int8, scale)^T + bias, the weight read as int8 and dequantized in registers.

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from roofline.ops._common import (DTYPES, KernelOp, cdiv, choose_backend, next_power_of_2, rows_per_program, sm_count,
                                   tl, triton, wants_grad)
+from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, Plans, tensor_key
 
 BACKENDS = ("torch", "triton", "compile")
@@ -551,6 +552,7 @@ def _run_plan(plan: NormPlan, x, residual, weight, bias):
     return _norm_rows.eager(plan, grad, x, residual, weight, bias, plan.n, plan.eps, plan.rms, grad)
 
 
+@replayed_entry
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5, *, backend: str | None = None) -> torch.Tensor:
     """layer_norm with torch.nn.functional.layer_norm's signature and meaning.
@@ -578,6 +580,7 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
     return _run(key, x, None, weight, bias, n, float(eps), False)[0]
 
 
+@replayed_entry
 def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None, eps: float | None = None,
              *, backend: str | None = None) -> torch.Tensor:
     """rms_norm with torch.nn.functional.rms_norm's signature and meaning (eps=None: float32's epsilon, which
@@ -604,6 +607,7 @@ def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = No
     return _run(key, x, None, weight, None, n, DEFAULT_RMS_EPS if eps is None else float(eps), True)[0]
 
 
+@replayed_entry
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
                  eps: float | None = None, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual) over the last dimension, in one pass: the pre-norm transformer's

@@ -20,6 +20,7 @@ import functools
 import torch
 
 from roofline.ops._common import DTYPES, KernelOp, choose_backend, next_power_of_2, tl, triton
+from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, Plans, tensor_key
 
 BACKENDS = ("torch", "triton", "compile")
@@ -246,6 +247,7 @@ def _check(q, k, cos, sin) -> None:
             raise ValueError(f"rope: no gradient flows to {name}; pass it detached (it is a fixed table of angles)")
 
 
+@replayed_entry
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
          backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, k) rotated by the angles whose cosines and sines are `cos` and `sin` (rotate-half convention).

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from roofline.ops._common import (KernelOp, cdiv, choose_backend, next_power_of_2, resident_programs, rows_per_program,
                                   tl, triton)
+from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, Plans
 
 BACKENDS = ("torch", "triton", "compile", "cuda")
@@ -296,6 +297,7 @@ def _run(op: str, x, dim, backend: str | None, log: bool) -> torch.Tensor:
     return _triton_softmax(key, x, dim % x.dim(), log)
 
 
+@replayed_entry
 def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None) -> torch.Tensor:
     """softmax with torch.nn.functional.softmax's meaning (dim is required there; here it defaults to the last).
 
@@ -305,6 +307,7 @@ def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None) -> to
     return _run("softmax", x, dim, backend, log=False)
 
 
+@replayed_entry
 def log_softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None) -> torch.Tensor:
     """log_softmax with torch.nn.functional.log_softmax's meaning; see softmax for the backends."""
     return _run("log_softmax", x, dim, backend, log=True)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from roofline.ops._common import KernelOp, cdiv, choose_backend, elementwise_block, tl, triton
+from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, Plans, tensor_key
 
 BACKENDS = ("torch", "triton", "compile")
@@ -155,6 +156,7 @@ def _compiled():
     return torch.compile(swiglu_reference)
 
 
+@replayed_entry
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     """silu(gate) * up, fused. gate and up must match in shape, dtype and device.
 

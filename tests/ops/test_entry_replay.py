@@ -1,0 +1,222 @@
+"""Entry points replayed from C++ as a whole (roofline.ops._eager_node.replayed_entry): a call is recorded at its
+signature's first call and replayed after, with the results and gradients Python would give; whatever the record
+cannot hold (a dispatch mode, a profiler, a subclass, torch.compile, another backend, autograd.Function) runs the
+entry point in Python. The entry points here are made of torch ops, so that they replay on the CPU too; every op's
+own is checked on a GPU."""
+
+import pytest
+import torch
+from ops_checks import DEVICE
+from test_eager_node import Seen, SinePlan, _rule, _save
+from test_launch import CALLS, _run
+
+from roofline import ops
+from roofline.ops import _eager_node
+from roofline.ops._common import KernelOp
+from roofline.ops._eager_node import replayed_entry
+
+RUNS: list[str] = []   # the entry points' runs in Python, by name
+
+
+@replayed_entry
+def scaled_sine(x, factor=3.0, *, shape=None, backend=None):
+    RUNS.append("scaled_sine")
+    y = torch.sin(x) * factor
+    return y if shape is None else y.reshape(shape)
+
+
+@replayed_entry
+def sine_and_product(x, y):
+    RUNS.append("sine_and_product")
+    return torch.sin(x), torch.mm(x, y)
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    """Entry points recorded on this test's device, with nothing recorded yet."""
+    monkeypatch.setattr(_eager_node, "ENTRY_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(_eager_node, "REPLAY_FORWARDS", True)
+    for entry in (scaled_sine, sine_and_product, sine_op):
+        entry.replays.programs = None
+    RUNS.clear()
+
+
+def _x(*shape, dtype=torch.float64):
+    return torch.randn(*shape, dtype=dtype, device=DEVICE)
+
+
+def test_a_recorded_entry_point_replays_without_python_on_fresh_inputs():
+    for _ in range(4):
+        x = _x(5, 7)
+        torch.testing.assert_close(scaled_sine(x), torch.sin(x) * 3.0, rtol=0, atol=0)
+    assert RUNS == ["scaled_sine"] and scaled_sine.replays.programs.replayed() == 3
+    for _ in range(3):
+        x, y = _x(4, 3), _x(3, 6)
+        sine, product = sine_and_product(x, y)
+        torch.testing.assert_close(sine, torch.sin(x), rtol=0, atol=0)
+        torch.testing.assert_close(product, x @ y, rtol=0, atol=0)
+    assert RUNS.count("sine_and_product") == 1
+
+
+def test_each_signature_is_recorded_once():
+    """A layout, dtype, constant, keyword or keyword order of its own is another signature; a shape given as a
+    list or a tuple of the same ints is the same."""
+    calls = [
+        lambda: (_x(5, 7), {}),
+        lambda: (_x(7, 5).t(), {}),                                  # transposed
+        lambda: (_x(5, 7, dtype=torch.float32), {}),                 # another dtype
+        lambda: (_x(5, 7), dict(factor=2.0)),                        # another constant, by keyword
+        lambda: (_x(5, 7), dict(shape=(35,))),                       # a shape
+        lambda: (_x(5, 7), dict(shape=(35,), backend=None)),         # another keyword
+        lambda: (_x(5, 7), dict(backend=None, shape=(35,))),         # the same in another order
+    ]
+    for make in calls:
+        for _ in range(2):
+            x, kwargs = make()
+            y = torch.sin(x) * kwargs.get("factor", 3.0)
+            expected = y if "shape" not in kwargs else y.reshape(kwargs["shape"])
+            torch.testing.assert_close(scaled_sine(x, **kwargs), expected, rtol=0, atol=0)
+    assert len(RUNS) == len(calls)
+    x = _x(5, 7)
+    torch.testing.assert_close(scaled_sine(x, shape=[35]), (torch.sin(x) * 3.0).reshape(35), rtol=0, atol=0)
+    assert len(RUNS) == len(calls)   # [35] is (35,)
+
+
+SINE_PLAN = SinePlan()
+
+
+def _sine_forward(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return SINE_PLAN.forward(x, factor)
+
+
+def _sine_backward(dy: torch.Tensor, x: torch.Tensor, factor: float) -> torch.Tensor:
+    return SINE_PLAN.backward(dy, x, factor)
+
+
+SINE = KernelOp("test_entry_sine", forward=_sine_forward, forward_fake=lambda x, factor: torch.empty_like(x),
+                backward=_sine_backward, backward_fake=lambda dy, x, factor: torch.empty_like(x), setup_context=_save,
+                backward_rule=_rule, plan=lambda x, factor: SINE_PLAN)
+
+
+@replayed_entry
+def sine_op(x, factor=3.0):
+    """An entry point around a KernelOp, as roofline's are: views before the op, its node, a view after."""
+    RUNS.append("sine_op")
+    rows = x.reshape(-1, x.shape[-1])
+    grad = torch.is_grad_enabled() and rows.requires_grad
+    return SINE.eager(SINE_PLAN, grad, rows, factor).view(x.shape)
+
+
+def test_a_call_that_wants_a_gradient_replays_with_the_ops_node():
+    """The record of a call that wants a gradient attaches the op's node to the replayed outputs; the gradient
+    flows through it (its backward replayed too) and through the views around it, to the input."""
+    sine_op.replays.programs = None
+    SINE_PLAN.__dict__.pop("eager_programs", None)
+    backwards = SINE_PLAN.backwards
+    for _ in range(4):
+        x = _x(3, 2, 5).requires_grad_()
+        y = sine_op(x)
+        assert y.grad_fn.name() == "ViewBackward0"
+        assert y.grad_fn.next_functions[0][0].name() == "roofline::test_entry_sine_backward"
+        dy = torch.randn_like(y)
+        (dx,) = torch.autograd.grad(y, x, dy)
+        torch.testing.assert_close(dx, torch.cos(x.detach()) * 3.0 * dy)
+    assert RUNS == ["sine_op"] and sine_op.replays.programs.replayed() == 3
+    assert SINE_PLAN.backwards == backwards + 1   # the first backward, recorded; then replayed by the nodes
+    with torch.no_grad():   # whether autograd records is part of the signature
+        assert sine_op(x).grad_fn is None
+    assert sine_op(x.detach()).grad_fn is None   # the same signature: no gradient wanted
+    assert len(RUNS) == 2
+
+
+def test_a_replayed_node_backpropagates_twice_and_into_a_second_order_gradient():
+    sine_op.replays.programs = None
+    for _ in range(3):
+        x = _x(4, 3).requires_grad_()
+        y = sine_op(x)
+        (dx,) = torch.autograd.grad(y.sum(), x, create_graph=True)   # the node's Python backward, with a graph
+        torch.testing.assert_close(dx, torch.cos(x.detach()) * 3.0)
+        y.sum().backward()
+        torch.testing.assert_close(x.grad, torch.cos(x.detach()) * 3.0)
+    assert len(RUNS) == 1
+
+
+def test_an_entry_point_whose_gradient_comes_from_autograd_function_is_not_replayed():
+    """An op without the node (torch.autograd.Function) attaches nothing a record could hold: its calls that
+    want a gradient run in Python every time."""
+
+    @replayed_entry
+    def through_function(x):
+        RUNS.append("through_function")
+        return torch.sin(x)   # aten's own autograd, seen by no recording
+
+    for _ in range(3):
+        x = _x(3).requires_grad_()
+        (dx,) = torch.autograd.grad(through_function(x).sum(), x)
+        torch.testing.assert_close(dx, torch.cos(x.detach()))
+    assert RUNS == ["through_function"] * 3
+    assert "not made by an op's node" in _eager_node.refusals["roofline::through_function"]
+
+
+def test_dispatch_modes_profilers_and_subclasses_see_the_python_entry_point():
+    x = _x(3, 3)
+    scaled_sine(x)
+    with Seen() as seen:
+        scaled_sine(x)
+    assert "aten.sin.default" in seen.ops and len(RUNS) == 2
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        scaled_sine(x)
+    assert len(RUNS) == 3
+
+    class Marked(torch.Tensor):
+        pass
+
+    marked = x.as_subclass(Marked)
+    for _ in range(2):
+        assert type(scaled_sine(marked)) is Marked   # as torch ops give it
+    assert len(RUNS) == 5
+    scaled_sine(torch.nn.Parameter(x, requires_grad=False))   # a Parameter is a tensor to C++ (weights are)
+    assert len(RUNS) == 5
+
+
+def test_autocast_is_part_of_the_signature():
+    """Under autocast the record holds the calls autocast made (the product in bfloat16), replayed as they are;
+    outside it, the same layouts have a record of their own."""
+    x, y = _x(4, 8, dtype=torch.float32), _x(8, 2, dtype=torch.float32)
+    for _ in range(2):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            sine, product = sine_and_product(x, y)
+            expected = x @ y
+        assert product.dtype == torch.bfloat16 and sine.dtype == torch.float32
+        torch.testing.assert_close(product, expected, rtol=0, atol=0)
+    for _ in range(2):
+        assert sine_and_product(x, y)[1].dtype == torch.float32
+    assert len(RUNS) == 2
+
+
+def test_other_backends_and_torch_compile_run_the_python_entry_point():
+    x = _x(6)
+    for _ in range(2):
+        scaled_sine(x, backend="torch")
+    assert len(RUNS) == 2
+    compiled = torch.compile(lambda t: scaled_sine(t) + 1, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), torch.sin(x) * 3.0 + 1)
+
+
+def test_with_replays_off_every_call_runs_in_python(monkeypatch):
+    monkeypatch.setattr(_eager_node, "REPLAY_FORWARDS", False)
+    for _ in range(3):
+        scaled_sine(_x(2, 2))
+    assert len(RUNS) == 3 and scaled_sine.replays.programs is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(set(CALLS) - {"cross_entropy"}))
+def test_gpu_every_entry_point_replays_with_torchs_results(name):
+    """Each op's entry point, called without a gradient, is recorded at its first warm call (the first compiles)
+    and replayed after, with fresh inputs each time; _run checks every call's outputs against torch's."""
+    entry = getattr(ops, name)
+    for _ in range(4):
+        _run(name, False)
+    assert f"roofline::{name}" not in _eager_node.refusals, _eager_node.refusals.get(f"roofline::{name}")
+    assert entry.replays.programs.replayed() >= 2
