@@ -14,6 +14,7 @@ from roofline import ops
 from roofline.ops import _eager_node
 from roofline.ops._common import KernelOp
 from roofline.ops._eager_node import replayed_entry
+from roofline.ops._launch import clear_plans
 
 RUNS: list[str] = []   # the entry points' runs in Python, by name
 
@@ -201,6 +202,18 @@ def test_other_backends_and_torch_compile_run_the_python_entry_point():
     assert len(RUNS) == 2
     compiled = torch.compile(lambda t: scaled_sine(t) + 1, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x), torch.sin(x) * 3.0 + 1)
+
+
+def test_clearing_the_plans_forgets_the_recorded_calls():
+    """A test or a tuning run that patches a setting and clears the plans gets calls that build plans anew, not
+    replays of the kernels built before."""
+    x = _x(2, 3)
+    scaled_sine(x)
+    scaled_sine(x)
+    clear_plans()
+    assert scaled_sine.replays.programs is None
+    scaled_sine(x)
+    assert len(RUNS) == 2
 
 
 def test_with_replays_off_every_call_runs_in_python(monkeypatch):

@@ -193,6 +193,13 @@ def _recordable(programs, devices: set, device: int) -> bool:
                 or len(devices) > 1 or (device >= 0 and device != torch.cuda.current_device()))
 
 
+def forget_entries() -> None:
+    """Forget every entry point's recorded calls (roofline.ops._launch.clear_plans: the plans they ran were built
+    from settings that may have changed)."""
+    for holder in _EntryPrograms.registry:
+        holder.programs = None
+
+
 ENTRY_DEVICES = ("cuda",)   # where entry points are recorded (the tests add the CPU, for plans made of torch ops)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)   # not a subclass, which may mean something else
 
@@ -235,10 +242,12 @@ class _EntryPrograms:
     """An entry point's recorded calls (made at its first call that could be recorded), or None."""
 
     __slots__ = ("function", "programs", "name")
+    registry: list["_EntryPrograms"] = []
 
     def __init__(self, function):
         self.function, self.programs = function, None
         self.name = f"roofline::{function.__name__}"
+        _EntryPrograms.registry.append(self)
 
     def record(self, args: tuple, kwargs: dict):
         """The call run in Python, recorded where it can be (see replayed_entry)."""

@@ -37,6 +37,7 @@ import warnings
 
 import torch
 
+from roofline.ops import _eager_node
 from roofline.ops._common import interpreting, tma_descriptor, triton
 
 PLAN_LIMIT = 4096   # plans one op keeps; past it the oldest go first (a program whose shapes never repeat)
@@ -70,10 +71,11 @@ def plans_built() -> dict[str, int]:
 
 
 def clear_plans() -> None:
-    """Forget every plan (their kernels stay compiled): after changing a setting that plans were built from,
-    such as a block size a test or a tuning run patches."""
+    """Forget every plan (their kernels stay compiled), and the entry points' recorded calls, which ran plans:
+    after changing a setting that plans were built from, such as a block size a test or a tuning run patches."""
     for plans in Plans.registry:
         plans.clear()
+    _eager_node.forget_entries()
 
 
 def tensor_key(t: torch.Tensor | None):
