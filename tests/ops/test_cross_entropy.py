@@ -334,28 +334,33 @@ def test_gpu_a_cuda_graph_captures_it_with_the_targets_unchecked(rows):
 
 
 @pytest.mark.gpu
-def test_gpu_a_count_in_flight_is_read_after_a_capture_of_forward_and_backward():
+def test_gpu_a_captured_step_writes_no_checks_slot():
     """A whole training step captured as a CUDA graph (the ladder's and models.py's graphs modes) runs the op's
-    backward inside the capture: a count still unread from an eager call before it must not be read there (no
-    event query while capturing), and is read after."""
+    backward, which reads the counts in flight, inside the capture: that reads host memory only. And the graph's
+    counting kernel writes to the plan's own word, never to a slot of the checks: its replays must not overwrite
+    the count of an eager call made between them."""
     logits = torch.randn(64, 1000, device="cuda", requires_grad=True)
     t = targets(64, 1000, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):   # warm-up outside the capture, as torch.cuda.graph asks
         cross_entropy(logits, t).backward()
-        torch.cuda.synchronize()
-        target_checks.poll()         # every count so far read
-        cross_entropy(logits, t)     # a gradient made, no backward: its count stays unread
+        cross_entropy(logits, t)     # a gradient made, no backward: its count stays in flight
     torch.cuda.current_stream().wait_stream(side)
-    assert len(target_checks._pending) == 1
     logits.grad = None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         cross_entropy(logits, t).backward()
-    assert len(target_checks._pending) == 1
     graph.replay()
-    target_checks.poll()
+    bad = t.clone()
+    bad[5] = 1000
+    with torch.no_grad():
+        assert torch.isnan(cross_entropy(logits, bad))
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=r"target\[5\] = 1000 is not a class index"):
+        wait_for_target_checks()
     assert not target_checks._pending and torch.isfinite(logits.grad).all()
 
 

@@ -1,17 +1,22 @@
 """The loss ops' check that every target is a class index or ignore_index, read without stopping the host.
 
-cross_entropy and linear_cross_entropy count the targets out of range on the GPU, in their first kernel (stats[1]).
-Reading that count at once is a host sync. Made in the middle of a training step's forward, it lets the GPU run dry
-while the host launches the backward: on GPT-2's step at 8 x 1024 tokens, the fused head with the check took 32.4
-ms against 29.3 without it (benchmarks/results/h100-ladder.md). Made by a call without a gradient it cost a small
-loss 2.3-3.3x the host time of torch's (benchmarks/results/h100-host.md). So no call waits for it:
+cross_entropy and linear_cross_entropy count the targets out of range on the GPU, in their first kernel. Reading
+that count at once is a host sync. Made in the middle of a training step's forward, it lets the GPU run dry while
+the host launches the backward: on GPT-2's step at 8 x 1024 tokens, the fused head with the check took 32.4 ms
+against 29.3 without it (benchmarks/results/h100-ladder.md). Made by a call without a gradient it cost a small
+loss 2.3-3.3x the host time of torch's (benchmarks/results/h100-host.md). And reading it later through a copy to
+pinned memory and an event still cost a small call 45 us of Python's CUDA calls on our H100 machine's host. So:
 
-- `later` records the count: it goes to pinned host memory behind an event, and `poll` reads it at the first later
-  entry into either op at which the GPU has written it: the call's backward, usually, or a later call. The
+- The kernel that counts writes the count straight into a slot of pinned host memory, which the GPU reaches over
+  the bus (pinned memory is mapped into every device's address space where addresses are unified, as on every
+  64-bit CUDA system): the host sets the slot to -1 before the launch, and the count is there once it is not.
+  A call's check costs a store and a load of host memory.
+- `later` takes a slot for a call's count and hands the kernel its address; `poll` reads, at the next entry into
+  either op, every count that has arrived, oldest first: usually the call's backward, or a later call. The
   ValueError is raised there, before that entry launches anything. Only when all CHECK_SLOTS slots hold counts
-  still unwritten does a call wait, for the oldest. Inside a CUDA graph's capture nothing is read (the ops skip
-  their check there, and poll queries no event): counts in flight are read after it. With the check read later,
-  the fused head's step took 23.1 ms in a later run of the same ladder.
+  still unwritten does a call wait (for the device: the count is written by then). Inside a CUDA graph's capture
+  the ops skip their check (a graph would write the same slot at every replay), and the kernel writes the count
+  to a scratch word on the device instead.
 - `wait` (roofline.ops.wait_for_target_checks) waits for every count in flight and raises for the first bad one:
   for the last call of an evaluation loop, which no later call follows.
 
@@ -27,50 +32,40 @@ from collections import deque
 
 import torch
 
-CHECK_SLOTS = 8   # calls whose counts may be in flight at once
+CHECK_SLOTS = 64   # calls whose counts may be in flight at once
+UNWRITTEN = -1
 
 
 class _Count:
-    __slots__ = ("op", "slot", "event", "stats", "target", "classes", "ignore_index")
+    __slots__ = ("op", "slot", "device", "target", "classes", "ignore_index")
 
-    def __init__(self, op, slot, event, stats, target, classes, ignore_index):
-        # event: reached once the count is in the slot's row of pinned memory; None on the CPU, where stats (the
-        # count itself) is written before the launch returns
-        self.op, self.slot, self.event, self.stats, self.target = op, slot, event, stats, target
+    def __init__(self, op, slot, device, target, classes, ignore_index):
+        self.op, self.slot, self.device, self.target = op, slot, device, target
         self.classes, self.ignore_index = classes, ignore_index
 
 
 class TargetChecks:
-    """Counts in flight, oldest first. Every slot's count lands in one pinned [CHECK_SLOTS, 2] buffer, read through
-    a numpy view of it: the hot path makes no tensor views and calls no tensor methods but the copy."""
+    """Counts in flight, oldest first, each in a slot of one int32 buffer in host memory (pinned where a GPU
+    writes it), read through a numpy view of it: the hot path makes no tensor and calls no CUDA function."""
 
     def __init__(self):
         self._pending: deque[_Count] = deque()
         self._free = list(range(CHECK_SLOTS))
-        self._host = self._rows = self._counts = None   # the pinned buffer, its rows, its numpy view (GPU only)
-        self._events = [None] * CHECK_SLOTS
+        self._host = {}   # pinned (for a GPU) or not: (the buffer, a one-element view per slot, its numpy view)
         self._lock = threading.Lock()   # backwards run on autograd's threads
 
-    def later(self, op: str, stats: torch.Tensor, target: torch.Tensor, classes: int, ignore_index: int) -> None:
-        """Have a later poll raise ValueError if the count in stats finds a target out of range."""
+    def later(self, op: str, device: torch.device, target: torch.Tensor, classes: int,
+              ignore_index: int) -> torch.Tensor:
+        """A slot for the count of a call on `device`, for its counting kernel to write: a later poll raises
+        ValueError if the count finds a target out of range."""
         with self._lock:
             if not self._free:   # every slot in flight: wait for the oldest
                 self._read(self._pending.popleft(), wait=True)
             slot = self._free.pop()
-            event = None
-            if stats.is_cuda:
-                if self._host is None:
-                    self._host = torch.empty(CHECK_SLOTS, 2, dtype=torch.int32, pin_memory=True)
-                    self._rows, self._counts = list(self._host), self._host.numpy()
-                if self._events[slot] is None:
-                    self._events[slot] = torch.cuda.Event()
-                event = self._events[slot]
-                self._rows[slot].copy_(stats, non_blocking=True)
-                index = stats.device.index
-                # behind the copy, on its stream: the current device's, unless stats is on another one
-                event.record(None if index == torch.cuda.current_device() else torch.cuda.current_stream(index))
-            self._pending.append(_Count(op, slot, event, stats if event is None else None, target, classes,
-                                        ignore_index))
+            views, counts = self._buffer(device.type == "cuda")
+            counts[slot] = UNWRITTEN
+            self._pending.append(_Count(op, slot, device, target, classes, ignore_index))
+            return views[slot]
 
     def wait(self) -> None:
         """Wait for every count in flight; raise ValueError for the oldest that found a target out of range."""
@@ -83,22 +78,28 @@ class TargetChecks:
         count written. Costs nothing with none pending."""
         if not self._pending:
             return
-        if self._pending[0].event is not None and torch.cuda.is_current_stream_capturing():
-            return   # no event is queried inside a CUDA graph's capture: the counts are read after it
         with self._lock:
-            while self._pending and (self._pending[0].event is None or self._pending[0].event.query()):
+            while self._pending and self._written(self._pending[0]):
                 self._read(self._pending.popleft(), wait=False)
 
+    def _buffer(self, pinned: bool):
+        found = self._host.get(pinned)
+        if found is None:
+            host = torch.full((CHECK_SLOTS,), UNWRITTEN, dtype=torch.int32, pin_memory=pinned)
+            found = self._host[pinned] = (list(host.split(1)), host.numpy())
+        return found
+
+    def _written(self, count: _Count) -> bool:
+        return self._buffer(count.device.type == "cuda")[1][count.slot] != UNWRITTEN
+
     def _read(self, count: _Count, wait: bool) -> None:
-        """Read a count written (waiting for it if `wait`), free its slot, raise if it found a bad target."""
-        if count.event is None:
-            bad = int(count.stats[1])
-        else:
-            if wait:
-                count.event.synchronize()
-            bad = int(self._counts[count.slot, 1])
+        """Read a count written (waiting for its device if `wait`), free its slot, raise if it found a bad target.
+        A count never written (its launch failed, and said so) is dropped."""
+        if wait and not self._written(count) and count.device.type == "cuda":
+            torch.cuda.synchronize(count.device)
+        bad = int(self._buffer(count.device.type == "cuda")[1][count.slot])
         self._free.append(count.slot)
-        if bad:
+        if bad > 0:
             raise_for_target_out_of_range(count.op, count.target, count.classes, count.ignore_index)
 
 

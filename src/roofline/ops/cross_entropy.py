@@ -64,9 +64,10 @@ def cross_entropy_reference(logits, target, ignore_index=-100, reduction="mean",
 if triton is not None:
 
     @triton.jit
-    def _count_targets(target_ptr, stats_ptr, rows, n, ignore_index, BLOCK: tl.constexpr):
+    def _count_targets(target_ptr, stats_ptr, report_ptr, rows, n, ignore_index, BLOCK: tl.constexpr):
         """stats = (targets that are not ignore_index, those of them outside [0, n)), counted by one program;
-        returns the first."""
+        returns the first. The second goes to report_ptr too, where the host reads it without a copy (a slot of
+        pinned host memory: roofline.ops._target_check), visible there once the store has crossed the bus."""
         offs = tl.arange(0, BLOCK)
         kept = tl.zeros([BLOCK], dtype=tl.int32)
         bad = tl.zeros([BLOCK], dtype=tl.int32)
@@ -76,13 +77,15 @@ if triton is not None:
             kept += counted.to(tl.int32)
             bad += (counted & ((t < 0) | (t >= n))).to(tl.int32)
         kept_total = tl.sum(kept, axis=0)
+        bad_total = tl.sum(bad, axis=0)
         tl.store(stats_ptr, kept_total)
-        tl.store(stats_ptr + 1, tl.sum(bad, axis=0))
+        tl.store(stats_ptr + 1, bad_total)
+        tl.atomic_xchg(report_ptr, bad_total, sem="release", scope="sys")
         return kept_total
 
     @triton.jit
-    def target_stats_kernel(target_ptr, stats_ptr, rows, n, ignore_index, BLOCK: tl.constexpr):
-        _count_targets(target_ptr, stats_ptr, rows, n, ignore_index, BLOCK)
+    def target_stats_kernel(target_ptr, stats_ptr, report_ptr, rows, n, ignore_index, BLOCK: tl.constexpr):
+        _count_targets(target_ptr, stats_ptr, report_ptr, rows, n, ignore_index, BLOCK)
 
     @triton.jit
     def _write_gradient(x_row, grad_row, offs, n, m, log2_scaled_total, target, keep, spread,
@@ -107,7 +110,7 @@ if triton is not None:
             tl.store(grad_row + offs, g, eviction_policy="evict_first")
 
     @triton.jit
-    def cross_entropy_forward_kernel(x_ptr, target_ptr, loss_ptr, grad_ptr, stats_ptr, rows, n,
+    def cross_entropy_forward_kernel(x_ptr, target_ptr, loss_ptr, grad_ptr, stats_ptr, report_ptr, rows, n,
                                      ignore_index, smoothing, GRAD: tl.constexpr, MEAN: tl.constexpr,
                                      SMOOTH: tl.constexpr, ALONE: tl.constexpr, REDUCE: tl.constexpr,
                                      BLOCK: tl.constexpr, STATS_BLOCK: tl.constexpr):
@@ -116,12 +119,12 @@ if triton is not None:
         ignore_index gives a nan loss and gradient row (no access).
 
         ALONE: one program does the whole call, where a small input is bound by the host's launches: it counts
-        the targets into stats first, and with REDUCE sums the rows' losses as it goes (in row order) into
+        the targets into stats (and report_ptr) first, and with REDUCE sums the rows' losses as it goes (in row order) into
         loss_ptr[0], divided by the count for a mean, in loss_ptr's dtype, instead of storing them per row."""
         cols = tl.arange(0, BLOCK)
         whole = n // BLOCK * BLOCK
         if ALONE:
-            kept = _count_targets(target_ptr, stats_ptr, rows, n, ignore_index, STATS_BLOCK)
+            kept = _count_targets(target_ptr, stats_ptr, report_ptr, rows, n, ignore_index, STATS_BLOCK)
         else:
             kept = tl.load(stats_ptr)
         grad_scale = 1.0 / kept.to(tl.float32) if MEAN else 1.0
@@ -233,11 +236,11 @@ class CrossEntropyPlan:
                                         BLOCK=REDUCE_BLOCK)
         self.scale_launches = {}   # by the incoming gradient's stride, which the kernel is specialized on
         self.scale_block = block
+        # where the count of targets out of range goes when no check reads it (under torch.compile, in a capture)
+        self.unread = torch.empty(1, device=device, dtype=torch.int32)
 
     def forward(self, logits, target, ignore_index, reduction, label_smoothing, grad, check_targets):
-        check_targets = check_targets and not capturing(self.device)
-        if check_targets:
-            target_checks.poll()   # earlier calls' targets, before this call launches anything
+        report = self.report(target, check_targets)
         stats = torch.empty(2, device=self.device, dtype=torch.int32)   # (rows counted, targets out of range)
         gradient = torch.empty_like(logits) if grad else None
         pointers = logits.data_ptr() | target.data_ptr()
@@ -246,18 +249,14 @@ class CrossEntropyPlan:
             out = torch.empty((), device=self.device, dtype=self.loss_dtype) if reduced else \
                 torch.empty(self.rows, device=self.device, dtype=torch.float32)
             self.forward_launch.for_pointers(pointers)(logits, target, out, out if gradient is None else gradient,
-                                                       stats, self.rows, self.n, self.ignore_index, self.smoothing)
-            if check_targets:
-                self.check(stats, target)
+                                                       stats, report, self.rows, self.n, self.ignore_index,
+                                                       self.smoothing)
             return out, gradient, stats
         losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
-        self.count(target, stats, self.rows, pointers)
-        # Queued before the check is read, so that the GPU goes from the count to this kernel without waiting for
-        # the host: the kernel is safe with any target (a row whose target is out of range gets nan, with no
-        # access), and its results are dropped when the check raises.
+        self.count(target, stats, report, self.rows, pointers)
+        # The host does not wait for the count: the kernel is safe with any target (a row whose target is out of
+        # range gets nan, with no access), and the check raises at a later entry.
         self.rows_forward(logits, target, losses, gradient, stats, self.rows, pointers)
-        if check_targets:
-            self.check(stats, target)
         if self.reduction == "none":
             return losses, gradient, stats   # fp32: a compiled graph reduces them
         loss = torch.empty((), device=self.device, dtype=self.loss_dtype)
@@ -267,24 +266,31 @@ class CrossEntropyPlan:
     # The three steps of a large input, which linear_cross_entropy also runs over chunks of rows: `rows` may differ
     # from the plan's (at most it, for rows_forward), and `pointers` are the inputs' data pointers or-ed together.
 
-    def count(self, target, stats, rows: int, pointers: int) -> None:
-        """stats = (targets that are not ignore_index, those outside [0, n)) over target[:rows]."""
-        self.stats_launch.for_pointers(pointers)(target, stats, rows, self.n, self.ignore_index)
+    def report(self, target, check_targets: bool, op: str = "cross_entropy") -> torch.Tensor:
+        """Where a call's counting kernel writes its count of targets out of range: a slot that a later entry
+        reads (roofline.ops._target_check), after earlier calls' counts are read (raising before this call
+        launches anything); or, unchecked, a word of the plan's. A CUDA graph's capture goes unchecked: a graph
+        would write the same slot at every replay."""
+        if not check_targets or capturing(self.device):
+            return self.unread
+        target_checks.poll()
+        return target_checks.later(op, self.device, target, self.n, self.ignore_index)
+
+    def count(self, target, stats, report, rows: int, pointers: int) -> None:
+        """stats = (targets that are not ignore_index, those outside [0, n)) over target[:rows], the second to
+        `report` too."""
+        self.stats_launch.for_pointers(pointers)(target, stats, report, rows, self.n, self.ignore_index)
 
     def rows_forward(self, logits, target, losses, gradient, stats, rows: int, pointers: int) -> None:
         """losses[:rows] and, if the plan has one, the gradient (which may be the logits themselves, overwritten),
         divided by stats[0] for a mean."""
         self.forward_launch.for_pointers(pointers)(logits, target, losses, losses if gradient is None else gradient,
-                                                   stats, rows, self.n, self.ignore_index, self.smoothing)
+                                                   stats, self.unread, rows, self.n, self.ignore_index,
+                                                   self.smoothing)   # (the count was made before: none here)
 
     def reduce(self, losses, stats, loss, rows: int) -> None:
         """loss = the sum of losses[:rows], divided by stats[0] for a mean."""
         self.reduce_launch(losses, stats, loss, rows)
-
-    def check(self, stats, target, op: str = "cross_entropy") -> None:
-        """The targets' check (roofline.ops._target_check), read without waiting for the GPU: at the backward or
-        a later call."""
-        target_checks.later(op, stats, target, self.n, self.ignore_index)
 
     def backward(self, gradient: torch.Tensor, dloss: torch.Tensor) -> None:
         """gradient[row] *= dloss[row] (a loss per row) or dloss (a reduced loss), in place."""

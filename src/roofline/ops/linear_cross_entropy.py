@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from roofline.ops._common import KernelOp, choose_backend
 from roofline.ops._launch import Plans
 from roofline.ops._target_check import target_checks
-from roofline.ops.cross_entropy import CrossEntropyPlan, _scale_rows_, capturing, check_loss_arguments
+from roofline.ops.cross_entropy import CrossEntropyPlan, _scale_rows_, check_loss_arguments
 
 BACKENDS = ("torch", "triton", "compile")
 CHUNK_BYTES = 256 << 20   # logits of one chunk of rows: 1024 rows at 128256 classes in bf16
@@ -82,17 +82,12 @@ class LinearCrossEntropyPlan:
 
     def forward(self, x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_w, grad_b,
                 check_targets, chunk_rows):
-        check_targets = check_targets and not capturing(self.device)
-        if check_targets:
-            target_checks.poll()   # earlier calls' targets, before this call launches anything
+        report = self.ce.report(target, check_targets, "linear_cross_entropy")
         stats = torch.empty(2, device=self.device, dtype=torch.int32)   # (rows counted, targets out of range)
         losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
-        self.ce.count(target, stats, self.rows, target.data_ptr())
+        self.ce.count(target, stats, report, self.rows, target.data_ptr())
         gradients = _gradient_buffers(x, weight, bias, self.grads if self.in_forward else (False,) * 3)
-        # The chunks are queued before the check is read: the GPU goes on from the count without waiting for the host.
         self._chunks(self.ce, x, weight, bias, target, stats, losses, gradients)
-        if check_targets:
-            self.ce.check(stats, target, "linear_cross_entropy")
         if self.reduction == "none":
             loss = losses
         else:
@@ -104,7 +99,7 @@ class LinearCrossEntropyPlan:
         """(dx, dW, db) of reduction="none" for the per-row incoming gradient dloss, from the logits recomputed."""
         stats = torch.empty(2, device=self.device, dtype=torch.int32)
         losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
-        self.ce.count(target, stats, self.rows, target.data_ptr())
+        self.ce.count(target, stats, self.ce.unread, self.rows, target.data_ptr())
         gradients = _gradient_buffers(x, weight, bias, self.grads)
         self._chunks(self.ce_backward, x, weight, bias, target, stats, losses, gradients, dloss)
         return _outputs(x, gradients, bias)
