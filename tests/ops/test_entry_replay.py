@@ -1,4 +1,5 @@
-"""Entry points replayed from C++ as a whole (roofline.ops._eager_node.replayed_entry): a call is recorded at its
+"""Entry points replayed from C++ as a whole (roofline.ops._eager_node.entry_replay, which the ops' entry points take
+where ROOFLINE_FORWARD_REPLAY=1): a call is recorded at its
 signature's first call and replayed after, with the results and gradients Python would give; whatever the record
 cannot hold (a dispatch mode, a profiler, a subclass, torch.compile, another backend, autograd.Function) runs the
 entry point in Python. The entry points here are made of torch ops, so that they replay on the CPU too; every op's
@@ -13,20 +14,20 @@ from test_launch import CALLS, _run
 from roofline import ops
 from roofline.ops import _eager_node
 from roofline.ops._common import KernelOp
-from roofline.ops._eager_node import replayed_entry
+from roofline.ops._eager_node import entry_replay
 from roofline.ops._launch import clear_plans
 
 RUNS: list[str] = []   # the entry points' runs in Python, by name
 
 
-@replayed_entry
+@entry_replay
 def scaled_sine(x, factor=3.0, *, shape=None, backend=None):
     RUNS.append("scaled_sine")
     y = torch.sin(x) * factor
     return y if shape is None else y.reshape(shape)
 
 
-@replayed_entry
+@entry_replay
 def sine_and_product(x, y):
     RUNS.append("sine_and_product")
     return torch.sin(x), torch.mm(x, y)
@@ -99,7 +100,7 @@ SINE = KernelOp("test_entry_sine", forward=_sine_forward, forward_fake=lambda x,
                 backward_rule=_rule, plan=lambda x, factor: SINE_PLAN)
 
 
-@replayed_entry
+@entry_replay
 def sine_op(x, factor=3.0):
     """An entry point around a KernelOp, as roofline's are: views before the op, its node, a view after."""
     RUNS.append("sine_op")
@@ -146,7 +147,7 @@ def test_an_entry_point_whose_gradient_comes_from_autograd_function_is_not_repla
     """An op without the node (torch.autograd.Function) attaches nothing a record could hold: its calls that
     want a gradient run in Python every time."""
 
-    @replayed_entry
+    @entry_replay
     def through_function(x):
         RUNS.append("through_function")
         return torch.sin(x)   # aten's own autograd, seen by no recording
@@ -225,11 +226,13 @@ def test_with_replays_off_every_call_runs_in_python(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(set(CALLS) - {"cross_entropy"}))
-def test_gpu_every_entry_point_replays_with_torchs_results(name):
-    """Each op's entry point, called without a gradient, is recorded at its first warm call (the first compiles)
-    and replayed after, with fresh inputs each time; _run checks every call's outputs against torch's."""
-    entry = getattr(ops, name)
-    for _ in range(4):
-        _run(name, False)
+def test_gpu_every_entry_point_replays_with_torchs_results(name, monkeypatch):
+    """Each op's entry point, replayed (as ROOFLINE_FORWARD_REPLAY=1 has it), is recorded at its first warm call
+    (the first compiles) and replayed after, with fresh inputs each time, with and without a gradient; _run checks
+    every call's outputs and gradients against torch's."""
+    entry = entry_replay(getattr(getattr(ops, name), "__wrapped__", getattr(ops, name)))
+    monkeypatch.setattr(ops, name, entry)
+    for grad in (False, True) * 4:
+        _run(name, grad)
     assert f"roofline::{name}" not in _eager_node.refusals, _eager_node.refusals.get(f"roofline::{name}")
-    assert entry.replays.programs.replayed() >= 2
+    assert entry.replays.programs.replayed() >= 4

@@ -134,9 +134,11 @@ def backward(backward_rule, node_name: str, ctx: EagerContext, saved, grads, pro
         ctx.saved_tensors = ()   # (no cycle through the node that holds the context it was copied from)
 
 
-# Eager forwards replayed from C++ (ForwardPrograms in eager_node.cpp), the plans' and the entry points': on by
-# default, off with ROOFLINE_FORWARD_REPLAY=0.
-REPLAY_FORWARDS = os.environ.get("ROOFLINE_FORWARD_REPLAY", "1") != "0"
+# Eager forwards replayed from C++ (ForwardPrograms in eager_node.cpp), the plans' and the entry points': on with
+# ROOFLINE_FORWARD_REPLAY=1. Off by default: on the H100 they cut forwards' host time to 0.39-1.13x torch's
+# (from 1.26-1.54x in Python, benchmarks/results/h100-host.md), but tests/test_patch.py's patched Llama in bf16
+# got wrong gradients with them on (embed_tokens: relative error 1.54; right with them off), not yet explained.
+REPLAY_FORWARDS = os.environ.get("ROOFLINE_FORWARD_REPLAY", "0") == "1"
 
 
 def forward(op, plan, args: tuple):
@@ -205,6 +207,11 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)   # not a subclass, which may mean s
 
 
 def replayed_entry(function):
+    """entry_replay(function) where forwards are replayed (ROOFLINE_FORWARD_REPLAY=1), else function itself."""
+    return entry_replay(function) if REPLAY_FORWARDS else function
+
+
+def entry_replay(function):
     """The entry point `function` of an op (softmax(x, dim, *, backend)), replayed from C++ as a whole: an op's
     plan-level replay (forward) still runs the entry point's Python, its checks and its look-up of the call's
     signature, and for a call that wants a gradient its context and node, which cost as much as torch's whole op
@@ -218,7 +225,10 @@ def replayed_entry(function):
     does. Calls under torch.compile, a dispatch mode, a profiler (the Python path records the op under its name),
     functorch's transforms or a CUDA graph's capture being recorded, and tensor subclasses, run the entry point in
     Python, as before. The entry point must be a function of its signature: no host reads of tensor values (the
-    loss ops, which check their targets, are not wrapped), nothing kept between calls but plans."""
+    loss ops, which check their targets, are not wrapped), nothing kept between calls but plans.
+
+    replayed_entry, the decorator on the ops' entry points, applies it where replays are on (ROOFLINE_FORWARD_REPLAY=1)
+    and leaves the entry point as it is otherwise: no wrapper on the hot path of a program that does not replay."""
     holder = _EntryPrograms(function)
 
     @functools.wraps(function)
@@ -242,7 +252,7 @@ class _EntryPrograms:
     """An entry point's recorded calls (made at its first call that could be recorded), or None."""
 
     __slots__ = ("function", "programs", "name")
-    registry: list["_EntryPrograms"] = []
+    registry: list["_EntryPrograms"] = []   # every wrapped entry point's (clear_plans forgets their programs)
 
     def __init__(self, function):
         self.function, self.programs = function, None
@@ -250,7 +260,7 @@ class _EntryPrograms:
         _EntryPrograms.registry.append(self)
 
     def record(self, args: tuple, kwargs: dict):
-        """The call run in Python, recorded where it can be (see replayed_entry)."""
+        """The call run in Python, recorded where it can be (see entry_replay)."""
         if not self._wanted(args, kwargs):
             return self.function(*args, **kwargs)
         if self.programs is None:

@@ -457,7 +457,7 @@ class ForwardPrograms {
  public:
   static constexpr size_t kLimit = 16;
 
-  // entry: the programs of a whole entry point (roofline/ops/_eager_node.py, replayed_entry), which leaves to Python
+  // entry: the programs of a whole entry point (roofline/ops/_eager_node.py, entry_replay), which leaves to Python
   // the calls a profiler sees (Python records those under the op's name).
   explicit ForwardPrograms(bool entry = false) : entry_(entry) {}
 
