@@ -135,9 +135,9 @@ def backward(backward_rule, node_name: str, ctx: EagerContext, saved, grads, pro
 
 
 # Eager forwards replayed from C++ (ForwardPrograms in eager_node.cpp), the plans' and the entry points': on with
-# ROOFLINE_FORWARD_REPLAY=1. Off by default: on the H100 they cut forwards' host time to 0.39-1.13x torch's
-# (from 1.26-1.54x in Python, benchmarks/results/h100-host.md), but tests/test_patch.py's patched Llama in bf16
-# got wrong gradients with them on (embed_tokens: relative error 1.54; right with them off), not yet explained.
+# ROOFLINE_FORWARD_REPLAY=1. Off by default: on the H100 they cut forwards' host time to 0.12-1.13x torch's
+# (0.20-1.54x in Python, benchmarks/results/h100-host.md), but tests/test_patch.py's patched Llama in bf16 got
+# wrong gradients with them on (embed_tokens: relative error 1.54; right with them off), not yet explained.
 REPLAY_FORWARDS = os.environ.get("ROOFLINE_FORWARD_REPLAY", "0") == "1"
 
 
@@ -227,8 +227,9 @@ def entry_replay(function):
     Python, as before. The entry point must be a function of its signature: no host reads of tensor values (the
     loss ops, which check their targets, are not wrapped), nothing kept between calls but plans.
 
-    replayed_entry, the decorator on the ops' entry points, applies it where replays are on (ROOFLINE_FORWARD_REPLAY=1)
-    and leaves the entry point as it is otherwise: no wrapper on the hot path of a program that does not replay."""
+    replayed_entry, the decorator on the ops' entry points, applies it where replays are on
+    (ROOFLINE_FORWARD_REPLAY=1) and leaves the entry point as it is otherwise: no wrapper on the hot path of a
+    program that does not replay."""
     holder = _EntryPrograms(function)
 
     @functools.wraps(function)
