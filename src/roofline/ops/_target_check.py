@@ -37,11 +37,15 @@ UNWRITTEN = -1
 
 
 class _Count:
-    __slots__ = ("op", "slot", "device", "target", "classes", "ignore_index")
+    __slots__ = ("op", "slot", "counts", "device", "target", "classes", "ignore_index")
 
-    def __init__(self, op, slot, device, target, classes, ignore_index):
-        self.op, self.slot, self.device, self.target = op, slot, device, target
+    def __init__(self, op, slot, counts, device, target, classes, ignore_index):
+        # counts: the numpy view of the buffer whose element `slot` the kernel writes
+        self.op, self.slot, self.counts, self.device, self.target = op, slot, counts, device, target
         self.classes, self.ignore_index = classes, ignore_index
+
+    def written(self) -> bool:
+        return self.counts[self.slot] != UNWRITTEN
 
 
 class TargetChecks:
@@ -51,7 +55,7 @@ class TargetChecks:
     def __init__(self):
         self._pending: deque[_Count] = deque()
         self._free = list(range(CHECK_SLOTS))
-        self._host = {}   # pinned (for a GPU) or not: (the buffer, a one-element view per slot, its numpy view)
+        self._host = {}   # pinned (for a GPU) or not: (a one-element view per slot, a numpy view of the buffer)
         self._lock = threading.Lock()   # backwards run on autograd's threads
 
     def later(self, op: str, device: torch.device, target: torch.Tensor, classes: int,
@@ -64,7 +68,7 @@ class TargetChecks:
             slot = self._free.pop()
             views, counts = self._buffer(device.type == "cuda")
             counts[slot] = UNWRITTEN
-            self._pending.append(_Count(op, slot, device, target, classes, ignore_index))
+            self._pending.append(_Count(op, slot, counts, device, target, classes, ignore_index))
             return views[slot]
 
     def wait(self) -> None:
@@ -79,7 +83,7 @@ class TargetChecks:
         if not self._pending:
             return
         with self._lock:
-            while self._pending and self._written(self._pending[0]):
+            while self._pending and self._pending[0].written():
                 self._read(self._pending.popleft(), wait=False)
 
     def _buffer(self, pinned: bool):
@@ -89,15 +93,12 @@ class TargetChecks:
             found = self._host[pinned] = (list(host.split(1)), host.numpy())
         return found
 
-    def _written(self, count: _Count) -> bool:
-        return self._buffer(count.device.type == "cuda")[1][count.slot] != UNWRITTEN
-
     def _read(self, count: _Count, wait: bool) -> None:
         """Read a count written (waiting for its device if `wait`), free its slot, raise if it found a bad target.
         A count never written (its launch failed, and said so) is dropped."""
-        if wait and not self._written(count) and count.device.type == "cuda":
+        if wait and not count.written() and count.device.type == "cuda":
             torch.cuda.synchronize(count.device)
-        bad = int(self._buffer(count.device.type == "cuda")[1][count.slot])
+        bad = int(count.counts[count.slot])
         self._free.append(count.slot)
         if bad > 0:
             raise_for_target_out_of_range(count.op, count.target, count.classes, count.ignore_index)

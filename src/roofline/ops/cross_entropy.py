@@ -119,8 +119,9 @@ if triton is not None:
         ignore_index gives a nan loss and gradient row (no access).
 
         ALONE: one program does the whole call, where a small input is bound by the host's launches: it counts
-        the targets into stats (and report_ptr) first, and with REDUCE sums the rows' losses as it goes (in row order) into
-        loss_ptr[0], divided by the count for a mean, in loss_ptr's dtype, instead of storing them per row."""
+        the targets into stats (and report_ptr) first, and with REDUCE sums the rows' losses as it goes (in row
+        order) into loss_ptr[0], divided by the count for a mean, in loss_ptr's dtype, instead of storing them per
+        row."""
         cols = tl.arange(0, BLOCK)
         whole = n // BLOCK * BLOCK
         if ALONE:

@@ -325,20 +325,20 @@ struct Constant {
   std::string text;
   std::vector<int64_t> integers;
 
-  // o's ints, for a tuple or list of ints only (a bool is no int here)
-  static std::optional<std::vector<int64_t>> ints_of(py::handle o) {
-    if (!PyTuple_Check(o.ptr()) && !PyList_Check(o.ptr())) return std::nullopt;
-    PyObject* sequence = o.ptr();
-    Py_ssize_t size = PySequence_Fast_GET_SIZE(sequence);
-    PyObject** items = PySequence_Fast_ITEMS(sequence);
-    std::vector<int64_t> values(static_cast<size_t>(size));
+  // Whether o is a tuple or list of ints (a bool is no int here), each handed to visit(index, value), which may
+  // stop the walk by returning false. No allocation: a replay compares a shape on every call.
+  template <class Visit>
+  static bool each_int(py::handle o, Visit&& visit) {
+    if (!PyTuple_Check(o.ptr()) && !PyList_Check(o.ptr())) return false;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(o.ptr());
+    PyObject** items = PySequence_Fast_ITEMS(o.ptr());
     for (Py_ssize_t i = 0; i < size; ++i) {
-      if (!PyLong_Check(items[i]) || PyBool_Check(items[i])) return std::nullopt;
+      if (!PyLong_Check(items[i]) || PyBool_Check(items[i])) return false;
       int overflow = 0;
-      values[i] = PyLong_AsLongLongAndOverflow(items[i], &overflow);
-      if (overflow) return std::nullopt;
+      int64_t value = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+      if (overflow || !visit(static_cast<size_t>(i), value)) return false;
     }
-    return values;
+    return true;
   }
 
   static Constant of(py::handle o) {
@@ -356,9 +356,8 @@ struct Constant {
     } else if (PyUnicode_Check(o.ptr())) {
       c.kind = 's';
       c.text = o.cast<std::string>();
-    } else if (auto values = ints_of(o)) {
+    } else if (each_int(o, [&c](size_t, int64_t value) { c.integers.push_back(value); return true; })) {
       c.kind = 't';
-      c.integers = std::move(*values);
     }
     return c;
   }
@@ -373,10 +372,10 @@ struct Constant {
       }
       case 'd': return PyFloat_Check(o.ptr()) && PyFloat_AS_DOUBLE(o.ptr()) == real;
       case 's': return PyUnicode_Check(o.ptr()) && o.cast<std::string>() == text;
-      case 't': {
-        auto values = ints_of(o);
-        return values && *values == integers;
-      }
+      case 't':
+        return (PyTuple_Check(o.ptr()) || PyList_Check(o.ptr())) &&
+               static_cast<size_t>(PySequence_Fast_GET_SIZE(o.ptr())) == integers.size() &&
+               each_int(o, [this](size_t i, int64_t value) { return value == integers[i]; });
       default: return true;   // a program holding such a constant never replays: found, it sends calls to Python
     }
   }
@@ -420,9 +419,8 @@ struct ForwardProgram {
   bool single = true;
   int device = -1;   // the CUDA device its kernels were loaded on (-1: none launched)
 
-  // Whether every argument matches what was recorded; `tensors` gets the arguments' tensors (undefined for None
-  // and constants).
-  // grad_mode: autograd's, now.
+  // Whether every argument matches what was recorded, autograd's grad mode being grad_mode; `tensors` gets the
+  // arguments' tensors (undefined for None and constants).
   bool match(PyObject* const* args, size_t count, PyObject* kwargs, bool grad_mode,
              std::vector<at::Tensor>& tensors) const {
     size_t keyword_count = kwargs == nullptr ? 0 : static_cast<size_t>(PyDict_GET_SIZE(kwargs));
