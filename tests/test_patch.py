@@ -319,6 +319,22 @@ def test_router_measures_forward_and_backward_apart():
     assert sorted(row["signature"] for row in r.report()) == ["[4] fp32 (forward)", "[4] fp32 (forward+backward)"]
 
 
+def test_router_measures_with_gradients_laid_out_as_the_outputs():
+    # a transposed output's gradient arrives transposed in a program; a measurement that differs leaves torch's
+    # caches (cuDNN attention's backward graph) holding a layout the program never uses
+    seen = []
+
+    def transposed(x):
+        y = (x * 2).t()
+        y.register_hook(lambda g: seen.append(g.stride()))
+        return y
+
+    r = routing.Router(timer=Timer(1.0, 2.0), persist=False)
+    x = torch.randn(6, 4, requires_grad=True)
+    r.call("double", _never, transposed, lambda t: (t + t).t(), x)
+    assert seen and all(stride == (1, 4) for stride in seen)
+
+
 def test_router_decides_under_autocast_apart():
     timer = Timer(1.0, 2.0)
     r = routing.Router(timer=timer, persist=False)
@@ -471,6 +487,32 @@ def test_gpu_patched_llama_in_bf16_is_measured_and_matches():
     for row in rows:   # every call decided by a measurement, or by the check that came before it
         assert (row["ours_us"] > 0 and row["torch_us"] > 0) if row["ours_us"] is not None else \
             row["why"].startswith("differs from torch on a random input"), row
+
+
+@pytest.mark.gpu
+def test_gpu_measuring_attention_leaves_torchs_cudnn_gradients_right():
+    # torch 2.11 keeps cuDNN attention's backward graph under q's, k's and v's layouts only, not the gradient's:
+    # the router's measurement once ran it with a contiguous gradient, and the program's own backward, whose
+    # gradient arrives laid out as the (transposed) output, then reused that graph: wrong gradients, silently
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, T, H, KV, D = 4, 128, 8, 2, 64
+    q, k, v = (torch.randn(B, T, h, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+               for h in (H, KV, KV))
+    project = torch.randn(H * D, H * D, device="cuda", dtype=torch.bfloat16) / H
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        routing.Router(timer=Timer(1.0, 2.0), persist=False).call(
+            "attention", patching.why_not_flash, patching._flash, TORCH_SDPA, q, k, v, is_causal=True,
+            enable_gqa=True)
+        y = TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True)   # as the model calls it, after the measurement
+        loss = (y.transpose(1, 2).reshape(B, T, H * D) @ project).float().square().mean()
+        grads = torch.autograd.grad(loss, (q, k, v))
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    y = F.scaled_dot_product_attention(*exact, is_causal=True, enable_gqa=True)
+    loss = (y.transpose(1, 2).reshape(B, T, H * D) @ project.double()).square().mean()
+    for name, got, want in zip("qkv", grads, torch.autograd.grad(loss, exact)):
+        error = ((got.double() - want).norm() / want.norm()).item()
+        assert error < 2e-2, f"d{name}: relative error {error:.3g}"
 
 
 def _trained_under_autocast(models, vocab: int, shape) -> list[torch.Tensor]:

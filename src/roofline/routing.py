@@ -263,8 +263,12 @@ def _runner(fn, inputs, kwargs, grad: bool):
         nonlocal cotangents
         outputs = forward()
         if cotangents is None:
+            # Laid out as the outputs, as a program's gradients usually arrive (the op after reads an output as
+            # it is laid out). Contiguous ones once broke the gradients of the program measured: torch 2.11 keeps
+            # cuDNN attention's backward graph under q's, k's and v's layouts only, so a transposed output's
+            # program then ran the graph built for a contiguous gradient on its own (silently wrong gradients).
             generator = torch.Generator(outputs[0].device).manual_seed(0)
-            cotangents = [torch.randn(o.shape, dtype=o.dtype, device=o.device, generator=generator) for o in outputs]
+            cotangents = [torch.empty_like(o).normal_(generator=generator) for o in outputs]
         return outputs, torch.autograd.grad(outputs, wrt, cotangents)
     return forward_backward
 

@@ -136,8 +136,7 @@ def backward(backward_rule, node_name: str, ctx: EagerContext, saved, grads, pro
 
 # Eager forwards replayed from C++ (ForwardPrograms in eager_node.cpp), the plans' and the entry points': on with
 # ROOFLINE_FORWARD_REPLAY=1. Off by default: on the H100 they cut forwards' host time to 0.12-1.13x torch's
-# (0.20-1.54x in Python, benchmarks/results/h100-host.md), but tests/test_patch.py's patched Llama in bf16 got
-# wrong gradients with them on (embed_tokens: relative error 1.54; right with them off), not yet explained.
+# (0.20-1.54x in Python), but whole models measured no faster with them (benchmarks/results/h100-host.md).
 REPLAY_FORWARDS = os.environ.get("ROOFLINE_FORWARD_REPLAY", "0") == "1"
 
 
