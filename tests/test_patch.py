@@ -1,6 +1,7 @@
 """roofline.patch (what it catches, swaps and leaves, on small blocks and on the Llama-style example model) and
 roofline.routing.Router (measured decisions, checks before a swap, the decisions' cache)."""
 
+import functools
 import math
 import sys
 import time
@@ -312,16 +313,38 @@ def test_router_measures_forward_and_backward_apart():
     timer = Timer(1.0, 2.0)
     r = routing.Router(timer=timer, persist=False)
     x = torch.randn(4, requires_grad=True)
+    r.call("double", _never, _twice, _doubled, x).sum().backward()   # torch's: the gradient's layout, seen
     r.call("double", _never, _twice, _doubled, x)
     with torch.no_grad():
         r.call("double", _never, _twice, _doubled, x)
     assert timer.calls == 2
-    assert sorted(row["signature"] for row in r.report()) == ["[4] fp32 (forward)", "[4] fp32 (forward+backward)"]
+    rows = r.report()
+    assert sorted(row["signature"] for row in rows if row["why"] != routing.AWAITING) == [
+        "[4] fp32 (forward)", "[4] fp32 (forward+backward)"]
 
 
-def test_router_measures_with_gradients_laid_out_as_the_outputs():
-    # a transposed output's gradient arrives transposed in a program; a measurement that differs leaves torch's
-    # caches (cuDNN attention's backward graph) holding a layout the program never uses
+def test_router_measures_with_gradients_laid_out_as_the_programs_arrive():
+    # torch serves the first call that wants a gradient; its backward shows the layout the program's gradient has
+    # (here transposed, the output contiguous), and the measurement's backward takes it: a measured layout the
+    # program never uses leaves torch's caches (cuDNN attention's backward graph) holding it
+    seen = []
+
+    def doubled(x):
+        y = x * 2
+        y.register_hook(lambda g: seen.append(g.stride()))
+        return y
+
+    timer = Timer(1.0, 2.0)
+    r = routing.Router(timer=timer, persist=False)
+    x = torch.randn(6, 4, requires_grad=True)
+    for _ in range(2):
+        r.call("double", _never, doubled, _doubled, x).t().contiguous().square().sum().backward()
+    assert timer.calls == 1 and seen and set(seen) == {(1, 6)}
+
+
+def test_router_measures_a_signature_whose_backward_never_comes_with_gradients_laid_out_as_its_outputs(
+        monkeypatch):
+    monkeypatch.setattr(routing, "AWAIT_CALLS", 3)
     seen = []
 
     def transposed(x):
@@ -329,10 +352,14 @@ def test_router_measures_with_gradients_laid_out_as_the_outputs():
         y.register_hook(lambda g: seen.append(g.stride()))
         return y
 
-    r = routing.Router(timer=Timer(1.0, 2.0), persist=False)
+    timer = Timer(1.0, 2.0)
+    r = routing.Router(timer=timer, persist=False)
     x = torch.randn(6, 4, requires_grad=True)
-    r.call("double", _never, transposed, lambda t: (t + t).t(), x)
-    assert seen and all(stride == (1, 4) for stride in seen)
+    for _ in range(4):
+        r.call("double", _never, transposed, lambda t: (t + t).t(), x)
+    assert timer.calls == 1 and seen and set(seen) == {(1, 4)}
+    [awaiting] = [row for row in r.report() if row["why"] == routing.AWAITING]
+    assert awaiting["calls"] == 3
 
 
 def test_router_decides_under_autocast_apart():
@@ -473,10 +500,14 @@ def test_gpu_patched_llama_in_bf16_is_measured_and_matches():
                          intermediate_size=1408)
     model, reference = twins(lambda: Llama(config), torch.bfloat16)
     report = roofline.patch(model)
-    idx = torch.randint(0, config.vocab_size, (4, 128), device="cuda")
-    losses = [m(idx).float().square().mean() for m in (model, reference)]
-    for loss in losses:
-        loss.backward()
+    # torch serves the first step's calls, whose backward shows the gradients' layouts; the second's are measured
+    for _ in range(2):
+        idx = torch.randint(0, config.vocab_size, (4, 128), device="cuda")
+        for m in (model, reference):
+            m.zero_grad(set_to_none=True)
+        losses = [m(idx).float().square().mean() for m in (model, reference)]
+        for loss in losses:
+            loss.backward()
     # bf16 through two layers: compared as norms (an elementwise rule trips on near-zero sums of many terms)
     assert abs(losses[0].item() - losses[1].item()) <= 1e-2 * losses[1].item()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
@@ -484,33 +515,43 @@ def test_gpu_patched_llama_in_bf16_is_measured_and_matches():
         assert error < 5e-2, f"{name}: relative error {error:.3g}"
     rows = router(model).report()
     assert {row["op"] for row in rows} == {"rms_norm", "swiglu", "rope", "attention"}, str(report)
-    for row in rows:   # every call decided by a measurement, or by the check that came before it
+    for row in rows:   # every call decided by a measurement, or by the check that came before it, or awaiting
         assert (row["ours_us"] > 0 and row["torch_us"] > 0) if row["ours_us"] is not None else \
-            row["why"].startswith("differs from torch on a random input"), row
+            row["why"] == routing.AWAITING or row["why"].startswith("differs from torch on a random input"), row
+    assert any(row["ours_us"] is not None for row in rows)
 
 
 @pytest.mark.gpu
-def test_gpu_measuring_attention_leaves_torchs_cudnn_gradients_right():
+@pytest.mark.parametrize("heads_outer", [False, True])
+def test_gpu_measuring_attention_leaves_torchs_cudnn_gradients_right(heads_outer):
     # torch 2.11 keeps cuDNN attention's backward graph under q's, k's and v's layouts only, not the gradient's:
-    # the router's measurement once ran it with a contiguous gradient, and the program's own backward, whose
-    # gradient arrives laid out as the (transposed) output, then reused that graph: wrong gradients, silently
+    # a measurement whose gradient is laid out otherwise than the program's leaves the program's own backward a
+    # graph built for the other layout (silently wrong gradients). The program's gradient here arrives laid out as
+    # the output (q from a projection, seen as (batch, heads, seq, dim)), or not (q contiguous in that order, the
+    # output then copied by .transpose(1, 2).reshape).
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     B, T, H, KV, D = 4, 128, 8, 2, 64
-    q, k, v = (torch.randn(B, T, h, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
-               for h in (H, KV, KV))
+    shape = (lambda h: (B, h, T, D)) if heads_outer else (lambda h: (B, T, h, D))
+    q, k, v = (torch.randn(*shape(h), device="cuda", dtype=torch.bfloat16) for h in (H, KV, KV))
+    q, k, v = (t if heads_outer else t.transpose(1, 2) for t in (q, k, v))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
     project = torch.randn(H * D, H * D, device="cuda", dtype=torch.bfloat16) / H
+    r = routing.Router(timer=Timer(1.0, 2.0), persist=False)
+
+    def gradients(attention, dtype=torch.bfloat16):
+        inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        y = attention(*inputs, is_causal=True, enable_gqa=True)
+        loss = (y.transpose(1, 2).reshape(B, T, H * D) @ project.to(dtype)).double().square().mean()
+        return torch.autograd.grad(loss, inputs)
+
+    routed = functools.partial(r.call, "attention", patching.why_not_flash, patching._flash, TORCH_SDPA)
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        routing.Router(timer=Timer(1.0, 2.0), persist=False).call(
-            "attention", patching.why_not_flash, patching._flash, TORCH_SDPA, q, k, v, is_causal=True,
-            enable_gqa=True)
-        y = TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True)   # as the model calls it, after the measurement
-        loss = (y.transpose(1, 2).reshape(B, T, H * D) @ project).float().square().mean()
-        grads = torch.autograd.grad(loss, (q, k, v))
-    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    y = F.scaled_dot_product_attention(*exact, is_causal=True, enable_gqa=True)
-    loss = (y.transpose(1, 2).reshape(B, T, H * D) @ project.double()).square().mean()
-    for name, got, want in zip("qkv", grads, torch.autograd.grad(loss, exact)):
+        gradients(routed)   # torch serves; its backward shows the gradient's layout
+        gradients(routed)   # measured (torch's side forward and backward), then served by roofline
+        grads = gradients(TORCH_SDPA)   # torch's own, after the measurement
+    assert [row["served_by"] for row in r.report() if row["ours_us"] is not None] == ["roofline"]
+    for name, got, want in zip("qkv", grads, gradients(F.scaled_dot_product_attention, torch.float64)):
         error = ((got.double() - want).norm() / want.norm()).item()
         assert error < 2e-2, f"d{name}: relative error {error:.3g}"
 

@@ -17,6 +17,13 @@ users who have measured themselves). Whatever the policy, a call is left to torc
     decided);
   - when roofline's result differs from torch's on a random input of the call's signature.
 
+A signature that wants a gradient is measured with gradients laid out as the program's arrive: torch serves its
+calls until a backward has passed through one of them (hooks on the outputs see the gradients' strides), or for
+AWAIT_CALLS calls if none does. A measurement's backward with a layout the program never uses is not harmless:
+torch 2.11 keeps cuDNN attention's backward graph under q's, k's and v's layouts only, and a graph built for the
+measurement's gradient then served the program's own, differently laid out one (silently wrong gradients;
+benchmarks/sdpa_gradient_layout.py).
+
 Deciding costs host time on every call (a few microseconds: the signature's key and its look-up), which a
 host-bound program (a decode step in eager mode) pays in full. So patch gives each place it catches calls a
 Route, and a route whose first SETTLE_CALLS calls torch served, every one, settles: it is taken out, and later
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import statistics
 import time
 
@@ -40,11 +48,34 @@ POLICIES = ("faster", "always")
 MEASURED_PER_OP = 32  # signatures measured per op and router; a program of ever new shapes leaves the rest to torch
 DECISIONS_KEPT = 4096  # signatures kept per router
 SETTLE_CALLS = 8     # decided calls after which a route that torch served throughout is taken out (Route)
+AWAIT_CALLS = 64     # calls torch serves while no backward has shown a signature's gradient layouts (then: as outputs)
 MARGIN = 0.97        # roofline must take at most this fraction of torch's time: a tie goes to torch
 ROUNDS = 7           # alternating rounds of back-to-back calls; the median round counts
 ROUND_S = 2e-3       # host and GPU time per round and implementation, about
 CACHE = "routes.json"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # relative error, as a norm
+
+
+class _Awaited:
+    """A signature that wants a gradient, awaiting the layouts of the gradients the program's backward passes to its
+    outputs: hooks on the outputs of the calls torch serves meanwhile record their strides."""
+
+    __slots__ = ("strides", "calls")
+
+    def __init__(self):
+        self.strides: list | None = None   # per output, the strides its gradient came with (None: no gradient)
+        self.calls = 0
+
+    def watch(self, output) -> None:
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        strides = [None] * len(outputs)
+        for i, o in enumerate(outputs):
+            if isinstance(o, torch.Tensor) and o.requires_grad:
+                o.register_hook(functools.partial(self._seen, strides, i))
+
+    def _seen(self, strides: list, i: int, grad: torch.Tensor) -> None:
+        strides[i] = grad.stride()
+        self.strides = strides
 
 
 @dataclasses.dataclass
@@ -72,6 +103,7 @@ class Router:
         self.policy = policy
         self.decisions: dict[tuple, Decision] = {}
         self.measured: collections.Counter[str] = collections.Counter()   # signatures measured, by op
+        self._awaited: dict[tuple, _Awaited] = {}   # signatures awaiting their gradients' layouts
         self._timer = timer or time_as_eager
         self._persist = persist
 
@@ -91,7 +123,11 @@ class Router:
         if decision is None:
             decision = self._decide(key, why_not, ours, theirs, args, kwargs)
             if decision is None:   # no measurement possible now: torch serves, and a later call decides
-                return theirs(*args, **kwargs), None
+                output = theirs(*args, **kwargs)
+                awaited = self._awaited.get(key)
+                if awaited is not None:
+                    awaited.watch(output)
+                return output, None
         if decision.ours and not decision.calls:
             return self._first_call(decision, ours, theirs, args, kwargs), decision
         decision.calls += 1
@@ -135,8 +171,17 @@ class Router:
             if cached is not None:
                 decision = Decision(**{**cached, "why": cached["why"] + " (measured by an earlier run)", "calls": 0})
             else:
+                awaited = self._awaited.get(key) if grad else None
+                if grad and (awaited is None or (awaited.strides is None and awaited.calls < AWAIT_CALLS)):
+                    if awaited is None:
+                        awaited = self._awaited[key] = _Awaited()
+                    awaited.calls += 1
+                    self._note(op, AWAITING).calls += 1
+                    return None
+                self._awaited.pop(key, None)
                 self.measured[op] += 1
-                decision = self._measure(ours, theirs, args, kwargs, grad, signature)
+                strides = None if awaited is None else awaited.strides
+                decision = self._measure(ours, theirs, args, kwargs, grad, signature, strides)
                 if self._persist and decision.ours_us is not None:
                     _store(cache_key, args, decision)
         if len(self.decisions) < DECISIONS_KEPT:
@@ -149,9 +194,9 @@ class Router:
         """The decision that counts calls of op not kept under a signature of their own."""
         return self.decisions.setdefault((op, why), Decision(ours, why))
 
-    def _measure(self, ours, theirs, args, kwargs, grad: bool, signature: str) -> Decision:
+    def _measure(self, ours, theirs, args, kwargs, grad: bool, signature: str, strides=None) -> Decision:
         inputs = [_random_like(a) for a in args]
-        run_ours, run_theirs = (_runner(fn, inputs, kwargs, grad) for fn in (ours, theirs))
+        run_ours, run_theirs = (_runner(fn, inputs, kwargs, grad, strides) for fn in (ours, theirs))
         expected = run_theirs()
         try:
             got = run_ours()
@@ -202,6 +247,8 @@ class Route:
 CAPTURING = ("first seen during CUDA graph capture, where nothing can be measured: torch serves it until a call "
              "outside capture decides")
 TOO_MANY = f"more than {MEASURED_PER_OP} signatures measured for this op: left to torch unmeasured"
+AWAITING = ("wants a gradient: torch serves it until a backward shows the layouts its gradients arrive in, which "
+            "the measurement then uses")
 
 
 def _key(op: str, args, kwargs) -> tuple:
@@ -247,9 +294,10 @@ def _random_like(a):
     return out.requires_grad_(a.requires_grad)
 
 
-def _runner(fn, inputs, kwargs, grad: bool):
+def _runner(fn, inputs, kwargs, grad: bool, strides=None):
     """A callable making one call as the program makes it and returning (outputs, gradients): the forward, and
-    with grad the backward too (a random cotangent, the gradients of every input that requires one)."""
+    with grad the backward too (random cotangents laid out with `strides`, per output, as the program's gradients
+    arrived, else as the outputs; the gradients of every input that requires one)."""
     def forward():
         outputs = fn(*inputs, **kwargs)
         return outputs if isinstance(outputs, tuple) else (outputs,)
@@ -263,14 +311,23 @@ def _runner(fn, inputs, kwargs, grad: bool):
         nonlocal cotangents
         outputs = forward()
         if cotangents is None:
-            # Laid out as the outputs, as a program's gradients usually arrive (the op after reads an output as
-            # it is laid out). Contiguous ones once broke the gradients of the program measured: torch 2.11 keeps
-            # cuDNN attention's backward graph under q's, k's and v's layouts only, so a transposed output's
-            # program then ran the graph built for a contiguous gradient on its own (silently wrong gradients).
             generator = torch.Generator(outputs[0].device).manual_seed(0)
-            cotangents = [torch.empty_like(o).normal_(generator=generator) for o in outputs]
+            cotangents = [_cotangent(o, None if strides is None else strides[i], generator)
+                          for i, o in enumerate(outputs)]
         return outputs, torch.autograd.grad(outputs, wrt, cotangents)
     return forward_backward
+
+
+def _cotangent(output: torch.Tensor, strides, generator) -> torch.Tensor:
+    """A random gradient for `output`, laid out with `strides` where given (and non-overlapping: an expanded
+    gradient cannot be filled in place), else as the output, as a program's gradients usually arrive."""
+    if strides is not None and len(strides) == output.dim():
+        try:
+            return torch.empty_strided(output.shape, strides, dtype=output.dtype,
+                                       device=output.device).normal_(generator=generator)
+        except RuntimeError:
+            pass
+    return torch.empty_like(output).normal_(generator=generator)
 
 
 def _mismatch(got, expected) -> str | None:
