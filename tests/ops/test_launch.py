@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from ops_checks import DEVICE
 
 from roofline import ops
-from roofline.ops import _launch
+from roofline.ops import _eager_node, _launch
 from roofline.ops.norm import add_rms_norm_reference
 from roofline.ops.rope import rope_reference
 
@@ -198,3 +198,39 @@ def _launch_objects(value, depth=0):
     elif depth < 3 and type(value).__name__.endswith("Plan"):
         for item in vars(value).values():
             yield from _launch_objects(item, depth + 1)
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((torch.zeros(2), 3), ValueError, "argument 0 of a kernel launch on cuda:0 is a tensor on cpu"),
+    (("x", 3), TypeError, "argument 0 of a kernel launch must be a tensor, got str"),
+    ((None, "y"), TypeError, "cannot be interpreted as an integer"),
+    ((None,), TypeError, "the kernel takes 2 arguments, got 1"),
+])
+def test_a_launch_from_cpp_refuses_what_the_kernel_cannot_take(args, error, match):
+    # (ROOFLINE_NATIVE_LAUNCH=1) checked before the driver is reached: a CPU tensor's address would fault on the GPU
+    module = _eager_node.extension()
+    spec = module.python_launch(0, [1, 1, 1], 128, 0, "pi", 0)
+    with pytest.raises(error, match=match):
+        module.launch(spec, *args)
+    with pytest.raises(RuntimeError, match="kinds 'pbhilfd-'"):
+        module.python_launch(0, [1, 1, 1], 128, 0, "pT", 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_gpu_launches_from_cpp_give_torchs_results(name, monkeypatch):
+    """With ROOFLINE_NATIVE_LAUNCH=1, every launch without a tensor descriptor goes through roofline's C++, and
+    three calls on fresh inputs give torch's results."""
+    monkeypatch.setattr(_launch, "NATIVE_LAUNCH", True)
+    _launch.clear_plans()   # plans built before would keep Triton's launcher
+    try:
+        for _ in range(3):
+            _run(name, grad=True)
+        launches = [launch for plans in _launch.Plans.registry for plan in plans.values()
+                    for launch in _launch_objects(plan) if launch.run != launch._first]
+        native = [launch for launch in launches if getattr(launch.run, "func", None) is _eager_node.extension().launch]
+        plain = [launch for launch in launches if launch.native is not None
+                 and all(spec is None for spec in launch.native[5])]
+        assert native == plain, [launch.kernel for launch in plain if launch not in native]
+    finally:
+        _launch.clear_plans()

@@ -16,7 +16,10 @@ What replaces it:
 - `Launch` is one kernel of a plan. Its first call goes through Triton's JIT as usual (compiling or
   autotuning); later calls hand the arguments to the C launcher Triton generated for that compiled kernel,
   as Inductor's generated launchers do: grid, stream, function handle and metadata fixed, nothing bound or
-  hashed.
+  hashed. With ROOFLINE_NATIVE_LAUNCH=1, a kernel that takes no tensor descriptor is launched by roofline's own
+  C++ (eager_node.cpp's `launch`: cuLaunchKernel with the kinds of its arguments fixed), skipping what Triton's
+  launcher does on every call (a format string parsed over every argument, the metadata unpacked, the driver
+  asked about every pointer). Off by default until measured on the GPU machine.
 
 Specialization: Triton compiles a kernel for the values of its integer arguments (1, multiples of 16) and for
 whether each pointer is 16-byte aligned. A plan's key fixes every integer a kernel takes. Pointers change from
@@ -31,7 +34,9 @@ same, so the tests check which plans are built.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import os
 import types
 import warnings
 
@@ -39,6 +44,8 @@ import torch
 
 from roofline.ops import _eager_node
 from roofline.ops._common import interpreting, tma_descriptor, triton
+
+NATIVE_LAUNCH = os.environ.get("ROOFLINE_NATIVE_LAUNCH", "0") == "1"   # see the module's docstring
 
 PLAN_LIMIT = 4096   # plans one op keeps; past it the oldest go first (a program whose shapes never repeat)
 
@@ -168,7 +175,19 @@ class Launch:
                 self.native_refusal = reason
                 warnings.warn(f"roofline: {self.kernel} launches through Triton's JIT on every call ({reason})",
                               RuntimeWarning, stacklevel=2)
-        self.run = run or self.jit
+        self.run = (NATIVE_LAUNCH and run is not None and self._native_run()) or run or self.jit
+
+    def _native_run(self):
+        """A launch of the compiled kernel from roofline's C++ (eager_node.cpp's `launch`), or None where it takes a
+        tensor descriptor (encoded per call: Triton's launcher does that) or the extension is not built."""
+        if self.native is None or any(spec is not None for spec in self.native[5]):
+            return None
+        module = _eager_node.extension()
+        if module is None:
+            return None
+        function, grid, block, shared, kinds, _ = self.native
+        return functools.partial(module.launch, module.python_launch(function, grid, block, shared, "".join(kinds),
+                                                                     self.device))
 
     def _grid_of(self, jit_args) -> tuple[int, int, int]:
         grid = self.grid

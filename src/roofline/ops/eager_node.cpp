@@ -113,6 +113,30 @@ void encode(const Descriptor& d, void* address, TensorMap* map) {
   TORCH_CHECK(status == 0, "roofline: cuTensorMapEncodeTiled failed with CUDA driver error ", status);
 }
 
+// A number argument of `kind` ('b' i8, 'h' i16, 'i' i32, 'l' i64, 'f' fp32, 'd' fp64) written as cuLaunchKernel
+// reads it: its bytes at the start of `value` (8 bytes).
+void pack_number(char kind, int64_t integer, double real, void* value) {
+  switch (kind) {
+    case 'b': { int8_t v = static_cast<int8_t>(integer); std::memcpy(value, &v, 1); break; }
+    case 'h': { int16_t v = static_cast<int16_t>(integer); std::memcpy(value, &v, 2); break; }
+    case 'i': { int32_t v = static_cast<int32_t>(integer); std::memcpy(value, &v, 4); break; }
+    case 'l': std::memcpy(value, &integer, 8); break;
+    case 'f': { float v = static_cast<float>(real); std::memcpy(value, &v, 4); break; }
+    case 'd': std::memcpy(value, &real, 8); break;
+    default:
+      TORCH_CHECK(false, "roofline: unknown launch argument kind ", kind);
+  }
+}
+
+// cuLaunchKernel on the current CUDA device's current stream, one-dimensional blocks of `block` threads.
+void launch_on_current_stream(void* function, const unsigned grid[3], unsigned block, unsigned shared,
+                              void** params) {
+  const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  void* stream = cuda->getStream(cuda->getDevice()).native_handle();
+  int status = launch_kernel()(function, grid[0], grid[1], grid[2], block, 1, 1, shared, stream, params, nullptr);
+  TORCH_CHECK(status == 0, "roofline: cuLaunchKernel failed with CUDA driver error ", status);
+}
+
 // ----------------------------------------------------------------------------------------------- programs
 
 // What a recorded backward computes with: slot i is saved tensor i, then gradient i, then each result of a
@@ -265,25 +289,15 @@ struct Program {
           value = &maps[m++];
           break;
         }
-        case 'b': { int8_t v = static_cast<int8_t>(argument.integer); std::memcpy(value, &v, 1); break; }
-        case 'h': { int16_t v = static_cast<int16_t>(argument.integer); std::memcpy(value, &v, 2); break; }
-        case 'i': { int32_t v = static_cast<int32_t>(argument.integer); std::memcpy(value, &v, 4); break; }
-        case 'l': std::memcpy(value, &argument.integer, 8); break;
-        case 'f': { float v = static_cast<float>(argument.real); std::memcpy(value, &v, 4); break; }
-        case 'd': std::memcpy(value, &argument.real, 8); break;
         default:
-          TORCH_CHECK(false, "roofline: unknown launch argument kind ", argument.kind);
+          pack_number(argument.kind, argument.integer, argument.real, value);
       }
       params.push_back(value);
       ++n;
     }
     params.push_back(&values[n]);
     params.push_back(&values[n + 1]);
-    const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-    void* stream = cuda->getStream(cuda->getDevice()).native_handle();
-    int status = launch_kernel()(step.function, step.grid[0], step.grid[1], step.grid[2], step.block, 1, 1,
-                                 step.shared, stream, params.data(), nullptr);
-    TORCH_CHECK(status == 0, "roofline: cuLaunchKernel failed with CUDA driver error ", status);
+    launch_on_current_stream(step.function, step.grid, step.block, step.shared, params.data());
   }
 };
 
@@ -826,6 +840,133 @@ class ForwardRecord {
   at::RecordFunction record_;
 };
 
+// ----------------------------------------------------------------------------------------------- launches from Python
+
+// A compiled kernel that roofline/ops/_launch.py's Launch calls through cuLaunchKernel itself, where the kernel takes
+// no tensor descriptor. Triton's generated launcher does more on each call: it parses a format string over all its
+// arguments, unpacks the kernel's metadata and asks the driver about every pointer (cuPointerGetAttribute). A
+// plan fixes all but the arguments' values, once.
+struct PythonLaunch {
+  void* function;
+  unsigned grid[3];
+  unsigned block, shared;
+  std::string kinds;   // per runtime argument: 'p' a pointer (a tensor, an int or None), a number's kind, '-' none
+  c10::DeviceIndex device;
+};
+
+constexpr const char* kPythonLaunch = "roofline.PythonLaunch";
+constexpr size_t kMaxArguments = 64;
+
+// The pointer argument `o` (argument `i` of the kernel): a tensor the kernel's device can reach (on that device, or
+// pinned host memory), an address, or None. False with a Python error set otherwise.
+bool pointer_of(PyObject* o, size_t i, c10::DeviceIndex device, uint64_t* pointer) {
+  *pointer = 0;
+  if (THPVariable_Check(o)) {
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (t.is_cuda() ? t.device().index() != device : !t.is_pinned()) {
+      PyErr_Format(PyExc_ValueError, "roofline: argument %zu of a kernel launch on cuda:%d is a tensor on %s%s",
+                   i, static_cast<int>(device), t.device().str().c_str(), t.is_cuda() ? "" : " (not pinned)");
+      return false;
+    }
+    *pointer = reinterpret_cast<uint64_t>(t.data_ptr());
+  } else if (PyLong_Check(o)) {
+    *pointer = PyLong_AsUnsignedLongLong(o);
+    if (PyErr_Occurred()) return false;
+  } else if (o != Py_None) {
+    PyErr_Format(PyExc_TypeError, "roofline: argument %zu of a kernel launch must be a tensor, got %s", i,
+                 Py_TYPE(o)->tp_name);
+    return false;
+  }
+  return true;
+}
+
+// launch(spec, *args): the kernel of `spec` (python_launch) on its grid with these runtime arguments, on the current
+// stream of its device. METH_FASTCALL: the arguments come as an array, with no tuple made.
+PyObject* launch_from_python(PyObject*, PyObject* const* args, Py_ssize_t count) {
+  try {
+    const auto* spec = count > 0 ? static_cast<const PythonLaunch*>(PyCapsule_GetPointer(args[0], kPythonLaunch))
+                                 : nullptr;
+    if (spec == nullptr) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "roofline: launch(spec, *args) takes a spec first");
+      return nullptr;
+    }
+    const size_t arguments = static_cast<size_t>(count - 1);
+    if (arguments != spec->kinds.size()) {
+      PyErr_Format(PyExc_TypeError, "roofline: the kernel takes %zu arguments, got %zu", spec->kinds.size(),
+                   arguments);
+      return nullptr;
+    }
+    if (static_cast<uint64_t>(spec->grid[0]) * spec->grid[1] * spec->grid[2] == 0) Py_RETURN_NONE;   // as Triton
+    uint64_t values[kMaxArguments + 2] = {};   // + Triton's two scratch pointers (null)
+    void* params[kMaxArguments + 2];
+    size_t n = 0;
+    for (size_t i = 0; i < arguments; ++i) {
+      const char kind = spec->kinds[i];
+      PyObject* o = args[i + 1];
+      if (kind == '-') continue;
+      if (kind == 'p') {
+        uint64_t pointer;
+        if (!pointer_of(o, i, spec->device, &pointer)) return nullptr;
+        std::memcpy(&values[n], &pointer, 8);
+      } else if (kind == 'f' || kind == 'd') {
+        double real = PyFloat_AsDouble(o);
+        if (real == -1.0 && PyErr_Occurred()) return nullptr;
+        pack_number(kind, 0, real, &values[n]);
+      } else {
+        long long integer = PyLong_AsLongLong(o);
+        if (integer == -1 && PyErr_Occurred()) return nullptr;
+        pack_number(kind, integer, 0.0, &values[n]);
+      }
+      params[n] = &values[n];
+      ++n;
+    }
+    params[n] = &values[n];
+    params[n + 1] = &values[n + 1];
+    const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    const c10::Device current = cuda->getDevice();
+    if (current.index() == spec->device) {
+      launch_on_current_stream(spec->function, spec->grid, spec->block, spec->shared, params);
+    } else {   // the kernel is loaded in its device's context: launched there
+      cuda->setDevice(c10::Device(c10::DeviceType::CUDA, spec->device));
+      try {
+        launch_on_current_stream(spec->function, spec->grid, spec->block, spec->shared, params);
+      } catch (...) {
+        cuda->setDevice(current);
+        throw;
+      }
+      cuda->setDevice(current);
+    }
+    Py_RETURN_NONE;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyMethodDef launch_method = {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(
+                                           &launch_from_python)),
+                             METH_FASTCALL, "launch(spec, *args): a compiled kernel launched with cuLaunchKernel"};
+
+// The spec `launch` takes: a compiled kernel (its CUfunction), grid, threads a block, shared memory bytes and its
+// runtime arguments' kinds ('p', 'b', 'h', 'i', 'l', 'f', 'd', '-'), on CUDA device `device`.
+py::object python_launch(uint64_t function, std::vector<unsigned> grid, unsigned block, unsigned shared,
+                         const std::string& kinds, int device) {
+  TORCH_CHECK(grid.size() == 3 && kinds.size() <= kMaxArguments &&
+                  kinds.find_first_not_of("pbhilfd-") == std::string::npos,
+              "roofline: python_launch takes a grid of 3 and at most ", kMaxArguments,
+              " arguments of kinds 'pbhilfd-', got kinds '", kinds, "'");
+  auto* spec = new PythonLaunch{reinterpret_cast<void*>(function), {grid[0], grid[1], grid[2]}, block, shared,
+                                kinds, static_cast<c10::DeviceIndex>(device)};
+  PyObject* capsule = PyCapsule_New(spec, kPythonLaunch, [](PyObject* o) {
+    delete static_cast<PythonLaunch*>(PyCapsule_GetPointer(o, kPythonLaunch));
+  });
+  if (capsule == nullptr) {
+    delete spec;
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(capsule);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -847,6 +988,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("attach", &ProgramBuilder::attach)
       .def("finish", &ProgramBuilder::finish);
   m.def("attach", &attach);
+  m.def("python_launch", &python_launch);
+  m.add_object("launch", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&launch_method, nullptr, nullptr)));
   m.def("reserve_sequence_number", [] { return static_cast<int64_t>(at::sequence_number::get_and_increment()); });
   py::class_<ForwardRecord>(m, "ForwardRecord")
       .def(py::init<const std::string&, py::handle, int64_t>())
