@@ -312,7 +312,7 @@ def _runner(fn, inputs, kwargs, grad: bool, strides=None):
         outputs = forward()
         if cotangents is None:
             generator = torch.Generator(outputs[0].device).manual_seed(0)
-            cotangents = [_cotangent(o, None if strides is None else strides[i], generator)
+            cotangents = [_cotangent(o, strides[i] if strides is not None and i < len(strides) else None, generator)
                           for i, o in enumerate(outputs)]
         return outputs, torch.autograd.grad(outputs, wrt, cotangents)
     return forward_backward
