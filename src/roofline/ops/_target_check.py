@@ -61,14 +61,18 @@ class TargetChecks:
     def later(self, op: str, device: torch.device, target: torch.Tensor, classes: int,
               ignore_index: int) -> torch.Tensor:
         """A slot for the count of a call on `device`, for its counting kernel to write: a later poll raises
-        ValueError if the count finds a target out of range."""
+        ValueError if the count finds a target out of range. The counts written by now are read first (as poll
+        reads them, under the same lock): an earlier call's bad target raises before this call launches."""
         with self._lock:
+            pending = self._pending
+            while pending and pending[0].counts[pending[0].slot] != UNWRITTEN:
+                self._read(pending.popleft(), wait=False)
             if not self._free:   # every slot in flight: wait for the oldest
-                self._read(self._pending.popleft(), wait=True)
+                self._read(pending.popleft(), wait=True)
             slot = self._free.pop()
             views, counts = self._buffer(device.type == "cuda")
             counts[slot] = UNWRITTEN
-            self._pending.append(_Count(op, slot, counts, device, target, classes, ignore_index))
+            pending.append(_Count(op, slot, counts, device, target, classes, ignore_index))
             return views[slot]
 
     def wait(self) -> None:

@@ -274,7 +274,6 @@ class CrossEntropyPlan:
         would write the same slot at every replay."""
         if not check_targets or capturing(self.device):
             return self.unread
-        target_checks.poll()
         return target_checks.later(op, self.device, target, self.n, self.ignore_index)
 
     def count(self, target, stats, report, rows: int, pointers: int) -> None:
