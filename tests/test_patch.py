@@ -323,17 +323,22 @@ def test_router_measures_forward_and_backward_apart():
         "[4] fp32 (forward)", "[4] fp32 (forward+backward)"]
 
 
+def _watched(fn):
+    """fn, calling which records the strides of every gradient its output gets; and that record."""
+    seen = []
+
+    def watched(x):
+        y = fn(x)
+        y.register_hook(lambda g: seen.append(g.stride()))
+        return y
+    return watched, seen
+
+
 def test_router_measures_with_gradients_laid_out_as_the_programs_arrive():
     # torch serves the first call that wants a gradient; its backward shows the layout the program's gradient has
     # (here transposed, the output contiguous), and the measurement's backward takes it: a measured layout the
     # program never uses leaves torch's caches (cuDNN attention's backward graph) holding it
-    seen = []
-
-    def doubled(x):
-        y = x * 2
-        y.register_hook(lambda g: seen.append(g.stride()))
-        return y
-
+    doubled, seen = _watched(_twice)
     timer = Timer(1.0, 2.0)
     r = routing.Router(timer=timer, persist=False)
     x = torch.randn(6, 4, requires_grad=True)
@@ -345,13 +350,7 @@ def test_router_measures_with_gradients_laid_out_as_the_programs_arrive():
 def test_router_measures_a_signature_whose_backward_never_comes_with_gradients_laid_out_as_its_outputs(
         monkeypatch):
     monkeypatch.setattr(routing, "AWAIT_CALLS", 3)
-    seen = []
-
-    def transposed(x):
-        y = (x * 2).t()
-        y.register_hook(lambda g: seen.append(g.stride()))
-        return y
-
+    transposed, seen = _watched(lambda x: (x * 2).t())
     timer = Timer(1.0, 2.0)
     r = routing.Router(timer=timer, persist=False)
     x = torch.randn(6, 4, requires_grad=True)

@@ -64,15 +64,13 @@ class TargetChecks:
         ValueError if the count finds a target out of range. The counts written by now are read first (as poll
         reads them, under the same lock): an earlier call's bad target raises before this call launches."""
         with self._lock:
-            pending = self._pending
-            while pending and pending[0].counts[pending[0].slot] != UNWRITTEN:
-                self._read(pending.popleft(), wait=False)
+            self._read_written()
             if not self._free:   # every slot in flight: wait for the oldest
-                self._read(pending.popleft(), wait=True)
+                self._read(self._pending.popleft(), wait=True)
             slot = self._free.pop()
             views, counts = self._buffer(device.type == "cuda")
             counts[slot] = UNWRITTEN
-            pending.append(_Count(op, slot, counts, device, target, classes, ignore_index))
+            self._pending.append(_Count(op, slot, counts, device, target, classes, ignore_index))
             return views[slot]
 
     def wait(self) -> None:
@@ -87,8 +85,13 @@ class TargetChecks:
         if not self._pending:
             return
         with self._lock:
-            while self._pending and self._pending[0].written():
-                self._read(self._pending.popleft(), wait=False)
+            self._read_written()
+
+    def _read_written(self) -> None:
+        """Read the counts written so far, oldest first (under the lock)."""
+        pending = self._pending
+        while pending and pending[0].written():
+            self._read(pending.popleft(), wait=False)
 
     def _buffer(self, pinned: bool):
         found = self._host.get(pinned)
