@@ -309,6 +309,28 @@ def test_router_serves_each_signature_by_what_it_measured(times, ours):
     assert timer.calls == 2
 
 
+def test_router_measures_roofline_through_a_route_and_torch_as_called_unpatched(monkeypatch):
+    # a patched program reaches roofline's op through its route and the router's look-up (a key built per call),
+    # which torch's unpatched call never pays: the measurement must charge it to roofline's side
+    keys = []
+    built = routing._key
+    monkeypatch.setattr(routing, "_key", lambda *a: keys.append(a[0]) or built(*a))
+    during = {}
+
+    def timer(run_ours, run_theirs, device):
+        for name, run in (("ours", run_ours), ("torch", run_theirs)):
+            before = len(keys)
+            run()
+            during[name] = len(keys) - before
+        return 1.0, 2.0
+
+    r = routing.Router(timer=timer, persist=False)
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(r.call("double", _never, _twice, _doubled, x), x * 2)
+    assert during == {"ours": 1, "torch": 0}
+    assert r.report()[0]["served_by"] == "roofline"
+
+
 def test_router_measures_forward_and_backward_apart():
     timer = Timer(1.0, 2.0)
     r = routing.Router(timer=timer, persist=False)

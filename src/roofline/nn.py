@@ -116,10 +116,19 @@ class Int8Linear(nn.Module):
                 f"{groups}{fused}")
 
 
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
 def _int8_linear(x, weight_int8, scale, bias):
-    bias = None if bias is None else bias.to(x.dtype)
-    if (x.is_cuda or interpreting()) and x.dtype in (torch.float16, torch.bfloat16):
-        return ops.int8_linear(x, weight_int8, scale, bias, backend="triton")
+    # A decode step calls this once per layer, host-bound: no call made that changes nothing (bias.to of its own
+    # dtype) and no backend named where the default is the one wanted (a keyword the forward's replay must match)
+    if bias is not None and bias.dtype != x.dtype:
+        bias = bias.to(x.dtype)
+    if x.dtype in _KERNEL_DTYPES:
+        if x.is_cuda:
+            return ops.int8_linear(x, weight_int8, scale, bias)   # Triton's, the default on CUDA
+        if interpreting():
+            return ops.int8_linear(x, weight_int8, scale, bias, backend="triton")
     return ops.int8_linear(x, weight_int8, scale, bias, backend="torch")
 
 

@@ -197,7 +197,7 @@ class KernelOp:
                  plan, backward_mutates: tuple[str, ...] = (), eager_node: bool = True, public_name=None,
                  replay_forward: bool = True):
         self.plan = plan   # plan(*forward args): the plan that runs them
-        # eager forwards replayed from C++ (_eager_node.forward) where ROOFLINE_FORWARD_REPLAY=1; not for a
+        # eager forwards replayed from C++ (_eager_node.forward) unless ROOFLINE_FORWARD_REPLAY=0; not for a
         # forward with effects beyond its outputs (the loss ops' check of their targets)
         self.replay_forward = replay_forward and _eager_node.REPLAY_FORWARDS
         self.forward_op = torch.library.custom_op(f"roofline::{name}", forward, mutates_args=())

@@ -134,10 +134,11 @@ def backward(backward_rule, node_name: str, ctx: EagerContext, saved, grads, pro
         ctx.saved_tensors = ()   # (no cycle through the node that holds the context it was copied from)
 
 
-# Eager forwards replayed from C++ (ForwardPrograms in eager_node.cpp), the plans' and the entry points': on with
-# ROOFLINE_FORWARD_REPLAY=1. Off by default: on the H100 they cut forwards' host time to 0.12-1.13x torch's
-# (0.20-1.54x in Python), but whole models measured no faster with them (benchmarks/results/h100-host.md).
-REPLAY_FORWARDS = os.environ.get("ROOFLINE_FORWARD_REPLAY", "0") == "1"
+# Eager forwards replayed from C++ (ForwardPrograms in eager_node.cpp), the plans' and the entry points'; off with
+# ROOFLINE_FORWARD_REPLAY=0. On the H100 they cut forwards' host time to 0.12-1.13x torch's (0.20-1.54x in Python),
+# and a patched int8 Llama's eager decoding went from 1.27-1.31x to 1.42-1.47x bf16 eager (processes alternating;
+# benchmarks/results/h100-host.md, "2026-11-25, defaults").
+REPLAY_FORWARDS = os.environ.get("ROOFLINE_FORWARD_REPLAY", "1") == "1"
 
 
 def forward(op, plan, args: tuple):
@@ -206,7 +207,7 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)   # not a subclass, which may mean s
 
 
 def replayed_entry(function):
-    """entry_replay(function) where forwards are replayed (ROOFLINE_FORWARD_REPLAY=1), else function itself."""
+    """entry_replay(function) where forwards are replayed (the default), else function itself."""
     return entry_replay(function) if REPLAY_FORWARDS else function
 
 
@@ -226,8 +227,8 @@ def entry_replay(function):
     Python, as before. The entry point must be a function of its signature: no host reads of tensor values (the
     loss ops, which check their targets, are not wrapped), nothing kept between calls but plans.
 
-    replayed_entry, the decorator on the ops' entry points, applies it where replays are on
-    (ROOFLINE_FORWARD_REPLAY=1) and leaves the entry point as it is otherwise: no wrapper on the hot path of a
+    replayed_entry, the decorator on the ops' entry points, applies it where replays are on (unless
+    ROOFLINE_FORWARD_REPLAY=0) and leaves the entry point as it is otherwise: no wrapper on the hot path of a
     program that does not replay."""
     holder = _EntryPrograms(function)
 
