@@ -250,8 +250,9 @@ class Route:
 def _as_routed(op: str, ours, theirs, inputs, kwargs) -> Route:
     """ours, as a patched program's calls reach it: through a route and a router's look-up of the call's decision
     (the signature's key, built on every call). That host time is paid on top of roofline's op, and torch's
-    unpatched call does not pay it: at GPT-2's decode shapes it took roofline's layer_norm, 1.34x faster than
-    torch's as an op, to a patched module 1.15x slower than the unpatched one (benchmarks/results/h100-host.md)."""
+    unpatched call does not pay it: at GPT-2's decode shape roofline's layer_norm measured 1.34x faster than
+    torch's as an op, and the patched module 1.15-1.38x slower than the unpatched one
+    (benchmarks/results/h100-models.md, "2026-11-25, defaults")."""
     probe = Router("always", persist=False)
     probe.decisions[_key(op, inputs, kwargs)] = Decision(True, "being measured")
     return Route(probe, op, _nothing_against, ours, theirs, "(measurement)")
