@@ -78,7 +78,7 @@ def test_one_row_and_int32_targets_and_strided_logits(block, launches):
 
 
 class _LaunchCounter:
-    """Stands in for a recorder (roofline.ops._launch.recorder), which every launch tells."""
+    """Stands in for a recorder (roofline.ops._launch.recording.recorder), which every launch tells."""
 
     def __init__(self):
         self.kernels = []
@@ -99,7 +99,7 @@ def test_a_small_input_takes_one_launch_and_a_large_one_three(reduction, monkeyp
 
     logits, t = torch.randn(6, 64, device=DEVICE, requires_grad=True), targets(6, 64)
     counter = _LaunchCounter()
-    monkeypatch.setattr(_launch, "recorder", counter)
+    monkeypatch.setattr(_launch.recording, "recorder", counter)
     cross_entropy(logits, t, reduction=reduction, backend="triton")
     assert counter.kernels == ["cross_entropy_forward_kernel"]
     counter.kernels.clear()

@@ -2,6 +2,8 @@
 signature cannot hold (a misaligned pointer, a bool for an int) still gets the right result or the right
 error; launches go straight to the compiled kernel on a GPU."""
 
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -151,6 +153,27 @@ def test_a_misaligned_input_after_an_aligned_one(name):
     assert shifted.data_ptr() % 16 != 0 and shifted.stride() == x.stride()
     for o, r in zip(_outputs(ours(shifted, *args[1:])), _outputs(reference(shifted, *args[1:]))):
         torch.testing.assert_close(o.float(), r.float(), **TOL)
+
+
+def test_a_recording_is_told_only_of_its_own_threads_launches():
+    # a program whose threads call ops at once (a server): one thread's launches are no part of the call another
+    # thread is recording, which would otherwise replay them (or be refused for them)
+    x = _randn(5, 33)
+    ops.gelu(x, "tanh", backend="triton")   # compiled (or interpreted) once, before the recording
+    told = []
+    recorder = type("Recorder", (), dict(compiling=lambda self, launch: told.append("compiling"),
+                                         launch=lambda self, launch, args: told.append("launch"),
+                                         refuse=lambda self, reason: told.append(reason)))()
+    _launch.recording.recorder = recorder
+    try:
+        other = threading.Thread(target=lambda: ops.gelu(_randn(5, 33), "tanh", backend="triton"))
+        other.start()
+        other.join()
+        assert told == []
+        ops.gelu(x, "tanh", backend="triton")   # this thread's own launch is told
+        assert told
+    finally:
+        _launch.recording.recorder = None
 
 
 def test_every_kernel_takes_its_constexprs_last():

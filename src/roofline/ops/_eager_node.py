@@ -104,8 +104,9 @@ def attach(module, node_name: str, node_backward, ctx: EagerContext, args, outpu
         programs = table[key] = module.Programs()
     from roofline.ops import _launch   # (imported here: _launch imports the module that imports this one)
 
-    if _launch.recorder is not None:   # a forward being recorded: its replays attach a node of their own
-        _launch.recorder.attach(node_name, programs, node_backward, ctx, args, output)
+    recorder = _launch.recording.recorder
+    if recorder is not None:   # a forward being recorded: its replays attach a node of their own
+        recorder.attach(node_name, programs, node_backward, ctx, args, output)
     module.attach(node_name, programs, node_backward, ctx, args, output, ctx.non_differentiable, ctx.to_save,
                   sequence_nr)
     # The node holds ctx: a tensor left on it whose grad_fn is the node would be a cycle through C++ that Python's
@@ -191,7 +192,7 @@ def _recordable(programs, devices: set, device: int) -> bool:
 
     from roofline.ops import _launch
 
-    return not (programs.full() or _launch.recorder is not None or _get_current_dispatch_mode() is not None
+    return not (programs.full() or _launch.recording.recorder is not None or _get_current_dispatch_mode() is not None
                 or len(devices) > 1 or (device >= 0 and device != torch.cuda.current_device()))
 
 
@@ -287,7 +288,7 @@ class _EntryPrograms:
 
 class Recording(TorchDispatchMode):
     """Records a backward's (or a forward's) aten calls (as a dispatch mode) and its kernel launches (Launch
-    reports them to _launch.recorder), then builds the C++ program that replays them."""
+    reports them to _launch.recording.recorder, on its thread), then builds the C++ program that replays them."""
 
     def __init__(self, inputs: tuple):
         super().__init__()
@@ -303,13 +304,13 @@ class Recording(TorchDispatchMode):
     def __enter__(self):
         from roofline.ops import _launch   # (imported here: _launch imports the module that imports this one)
 
-        _launch.recorder = self
+        _launch.recording.recorder = self
         return super().__enter__()
 
     def __exit__(self, *exc):
         from roofline.ops import _launch
 
-        _launch.recorder = None
+        _launch.recording.recorder = None
         return super().__exit__(*exc)
 
     def refuse(self, reason: str) -> None:
