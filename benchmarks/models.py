@@ -30,7 +30,11 @@ Every mode starts from the same weights and sees the same tokens: generation fee
 greedy decoding step costs, less one argmax. Checked: training losses within 1% of eager's at the first 3 steps
 compared (later ones reported); generation logits within a relative error (norm) of 3% of eager's, 15% for
 int8. Times: CUDA events between consecutive steps with no synchronization in between (host time shows wherever
-the GPU waits for it); the median step, and the speedup over eager with a 95% bootstrap interval. Memory
+the GPU waits for it); the median step, and the speedup over eager with a 95% interval. Generation's is paired
+by turn: each turn's ratio of medians, the speedup their median and the interval the sign test's over turns
+(roofline.bench.stats.speedup_ci with rounds), as the host's speed drifts from turn to turn by more than an
+interval over independent samples shows (a GPT-2 decode step's rounds spread from 4.0 to 7.0 ms on the H100
+machine); with fewer turns than the test needs, and for training, a bootstrap of the samples. Memory
 (torch.cuda's peak allocated), training: over the timed steps ("peak GiB"; under CUDA graphs the capture's, whose
 memory the graph keeps), and over what came before them ("warm-up": compiling, capturing, patch measuring its
 routes); generation: the memory the mode holds once ready ("held GiB": weights, KV cache, a graph's tensors).
@@ -53,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import roofline  # noqa: E402
 from roofline import routing  # noqa: E402
-from roofline.bench.stats import speedup_ci  # noqa: E402
+from roofline.bench.stats import min_rounds, speedup_ci  # noqa: E402
 from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 from examples.models.llama import Llama, LlamaConfig  # noqa: E402
 from roofline.bench.steps import CAPTURE_WARMUP, StepTimer, capture  # noqa: E402
@@ -233,6 +237,7 @@ class Decoding:
         self.setup_s = time.perf_counter() - start
         self.held_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else None
         self.logits, self.samples, self.done = [], [], 0
+        self.turns: list[int] = []   # samples taken in each turn, in order
 
     def decode(self, n: int) -> None:
         timer = StepTimer(self.device)
@@ -245,11 +250,14 @@ class Decoding:
                 self.logits.append(self.run().clone())
                 self.done += 1
                 timer.mark()
-        self.samples += timer.samples_ms()
+        samples = timer.samples_ms()
+        self.samples += samples
+        self.turns.append(len(samples))
 
     def row(self, name: str) -> dict:
         median = statistics.median(self.samples)
-        return dict(model=name, mode=self.mode, batch=self.batch, samples_ms=self.samples, median_ms=median,
+        return dict(model=name, mode=self.mode, batch=self.batch, samples_ms=self.samples, turns=self.turns,
+                    median_ms=median,
                     tokens_per_s=self.batch / median * 1e3, held_gib=self.held_gib, warmup_s=self.setup_s,
                     logits=torch.stack(self.logits).float(), **_patch_fields(self.patched))
 
@@ -304,8 +312,10 @@ def _speedups(rows: list[dict], against: str, column: str) -> None:
         if base is None or len(row["samples_ms"]) < 2:
             row[column] = None
             continue
-        s = speedup_ci(base["samples_ms"], row["samples_ms"])
-        row[column] = dict(ratio=s.ratio, low=s.low, high=s.high)
+        turns = base.get("turns"), row.get("turns")
+        paired = None not in turns and len(turns[0]) == len(turns[1]) >= min_rounds(0.95)
+        s = speedup_ci(base["samples_ms"], row["samples_ms"], rounds=turns if paired else None)
+        row[column] = dict(ratio=s.ratio, low=s.low, high=s.high, paired=paired)
 
 
 def _x(s: dict | None) -> str:

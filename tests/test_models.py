@@ -93,6 +93,20 @@ def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
     assert "| patch-all |" in (tmp_path / "models.md").read_text()
 
 
+def test_generation_speedups_are_paired_by_turn():
+    # the host's speed drifts from turn to turn (here 10 then 20 ms a step, and back); each turn both modes decode,
+    # the candidate 10% faster in every one: paired by turn, the interval is as tight as that; over the samples
+    # as if independent, it spans the drift
+    eager = [10.0] * 4 + [20.0] * 4
+    rows = [dict(mode="eager", samples_ms=eager * 4, turns=[4] * 8),
+            dict(mode="int8", samples_ms=[t / 1.1 for t in eager * 4], turns=[4] * 8),
+            dict(mode="patch", samples_ms=[t / 1.1 for t in eager * 4])]   # no turns: training's rows
+    benchmark._speedups(rows, "eager", "vs_eager")
+    paired, unpaired = rows[1]["vs_eager"], rows[2]["vs_eager"]
+    assert paired["paired"] and paired["low"] == pytest.approx(1.1) and paired["high"] == pytest.approx(1.1)
+    assert not unpaired["paired"] and unpaired["high"] - unpaired["low"] > 0.5
+
+
 def test_models_benchmark_knows_the_modes_that_need_a_gpu():
     assert benchmark.needs_gpu(["eager", "graphs+patch", "compile"], ["int8+graphs", "compile", "patch"]) == \
         ["compile", "graphs+patch", "int8+graphs"]
