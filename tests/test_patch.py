@@ -331,6 +331,30 @@ def test_router_measures_roofline_through_a_route_and_torch_as_called_unpatched(
     assert r.report()[0]["served_by"] == "roofline"
 
 
+def test_a_calls_key_is_the_same_from_cpp_and_from_python(monkeypatch):
+    # the key is built in C++ where the extension is (on every routed call), in Python where it cannot be built:
+    # both must give the same keys (a cached decision is found under either), telling the same calls apart
+    w = torch.randn(8)
+    x = torch.randn(4, 8)
+    calls = [((x, [8], w, None, 1e-5), {}), ((torch.randn(4, 8), (8,), w, None, 1e-5), {}),   # the same
+             ((x.t().contiguous().t(), [8], w, None, 1e-5), {}),                            # strides
+             ((x.double(), [8], w, None, 1e-5), {}), ((x, [8], w, None, 1e-6), {}),          # dtype, a value
+             ((x.requires_grad_(False).clone().requires_grad_(), [8], w, None, 1e-5), {}),   # a gradient wanted
+             ((x, [8], w), dict(bias=None, eps=1e-5)), ((x, [8], w), dict(eps=1e-5, bias=None)),   # keyword order
+             ((x[:, :4], [4], w[:4], None, 1e-5), {})]
+    from_cpp = [routing._key("layer_norm", args, kwargs) for args, kwargs in calls]
+    with torch.no_grad():   # no gradient wanted: the key says so
+        from_cpp.append(routing._key("layer_norm", *calls[5]))
+    monkeypatch.setattr(routing._eager_node, "extension", lambda: None)
+    from_python = [routing._key("layer_norm", args, kwargs) for args, kwargs in calls]
+    with torch.no_grad():
+        from_python.append(routing._key("layer_norm", *calls[5]))
+    assert type(from_cpp[0][3]) is tuple and type(from_python[0][3]) is torch.Size   # (each build ran)
+    assert from_cpp == from_python and [hash(k) for k in from_cpp] == [hash(k) for k in from_python]
+    same = [[a == b for b in from_cpp] for a in from_cpp]
+    assert same[0][1] and not any(same[0][2:-1]) and same[0][-1] and not same[6][7]
+
+
 def test_router_measures_forward_and_backward_apart():
     timer = Timer(1.0, 2.0)
     r = routing.Router(timer=timer, persist=False)

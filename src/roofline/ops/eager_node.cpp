@@ -19,6 +19,8 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
@@ -947,6 +949,106 @@ PyMethodDef launch_method = {"launch", reinterpret_cast<PyCFunction>(reinterpret
                                            &launch_from_python)),
                              METH_FASTCALL, "launch(spec, *args): a compiled kernel launched with cuLaunchKernel"};
 
+// ----------------------------------------------------------------------------------------------- routes' keys
+
+// A tuple of `values`' items, each an int (a tensor's sizes or strides), or nullptr with a Python error set.
+PyObject* int_tuple(c10::IntArrayRef values) {
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
+  if (tuple == nullptr) return nullptr;
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyObject* item = PyLong_FromLongLong(values[i]);
+    if (item == nullptr) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), item);
+  }
+  return tuple;
+}
+
+// Appends what a route's key holds of one argument to `key` (a list): a tensor's sizes, strides, dtype and device
+// (and whether it requires grad, into `grad`), a list as a tuple, anything else as it is. False on a Python error.
+bool append_to_key(PyObject* key, PyObject* value, bool* grad) {
+  PyObject* items[4] = {nullptr, nullptr, nullptr, nullptr};
+  size_t count = 1;
+  if (THPVariable_Check(value)) {
+    const at::Tensor& t = THPVariable_Unpack(value);
+    *grad = *grad || t.requires_grad();
+    PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+    Py_INCREF(dtype);
+    if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {   // (symbolic ints: as Python gives them)
+      items[0] = PyObject_GetAttrString(value, "shape");
+      items[1] = PyObject_CallMethod(value, "stride", nullptr);
+    } else {
+      items[0] = int_tuple(t.sizes());
+      items[1] = int_tuple(t.strides());
+    }
+    items[2] = dtype;
+    items[3] = THPDevice_New(t.device());
+    count = 4;
+  } else if (PyList_Check(value)) {
+    items[0] = PyList_AsTuple(value);
+  } else {
+    Py_INCREF(value);
+    items[0] = value;
+  }
+  bool ok = true;
+  for (size_t i = 0; i < count; ++i) ok = ok && items[i] != nullptr && PyList_Append(key, items[i]) == 0;
+  for (size_t i = 0; i < count; ++i) Py_XDECREF(items[i]);
+  return ok;
+}
+
+// route_key(op, args, kwargs, autocast): roofline/routing.py's _key built in C++, where a patched program pays it on
+// every call: (op, whether a gradient is wanted, autocast, then per argument, positional then keyword, a tensor's
+// sizes, strides, dtype and device, or a list as a tuple, or the value; then the keywords' names, if any).
+PyObject* route_key_of(PyObject* const* args, Py_ssize_t count) {
+  if (count != 4 || !(PyTuple_Check(args[1]) || PyList_Check(args[1])) ||
+      !(args[2] == Py_None || PyDict_Check(args[2]))) {
+    PyErr_SetString(PyExc_TypeError,
+                    "roofline: route_key(op, args: tuple | list, kwargs: dict | None, autocast: bool)");
+    return nullptr;
+  }
+  PyObject* key = PyList_New(0);
+  if (key == nullptr) return nullptr;
+  bool grad = false;
+  bool ok = PyList_Append(key, args[0]) == 0 && PyList_Append(key, Py_False) == 0 &&
+            PyList_Append(key, args[3]) == 0;
+  for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(args[1]); ++i) {   // a tuple or a list
+    ok = append_to_key(key, PySequence_Fast_GET_ITEM(args[1], i), &grad);
+  }
+  if (ok && args[2] != Py_None && PyDict_GET_SIZE(args[2]) > 0) {
+    PyObject *name, *value;
+    Py_ssize_t position = 0;
+    while (ok && PyDict_Next(args[2], &position, &name, &value)) ok = append_to_key(key, value, &grad);
+    PyObject* names = ok ? PySequence_Tuple(args[2]) : nullptr;
+    ok = names != nullptr && PyList_Append(key, names) == 0;
+    Py_XDECREF(names);
+  }
+  if (!ok) {
+    Py_DECREF(key);
+    return nullptr;
+  }
+  PyObject* wanted = grad && at::GradMode::is_enabled() ? Py_True : Py_False;
+  Py_INCREF(wanted);
+  PyList_SetItem(key, 1, wanted);   // steals wanted, releases the False it replaces
+  PyObject* tuple = PyList_AsTuple(key);
+  Py_DECREF(key);
+  return tuple;
+}
+
+PyObject* route_key(PyObject*, PyObject* const* args, Py_ssize_t count) {
+  try {
+    return route_key_of(args, count);
+  } catch (const std::exception& e) {   // (a C++ error must not cross into Python's C API)
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyMethodDef route_key_method = {"route_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(
+                                                 &route_key)),
+                                METH_FASTCALL, "route_key(op, args, kwargs, autocast): a route's key for a call"};
+
 // The spec `launch` takes: a compiled kernel (its CUfunction), grid, threads a block, shared memory bytes and its
 // runtime arguments' kinds ('p', 'b', 'h', 'i', 'l', 'f', 'd', '-'), on CUDA device `device`.
 py::object python_launch(uint64_t function, std::vector<unsigned> grid, unsigned block, unsigned shared,
@@ -990,6 +1092,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attach", &attach);
   m.def("python_launch", &python_launch);
   m.add_object("launch", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&launch_method, nullptr, nullptr)));
+  m.add_object("route_key",
+               py::reinterpret_steal<py::object>(PyCFunction_NewEx(&route_key_method, nullptr, nullptr)));
   m.def("reserve_sequence_number", [] { return static_cast<int64_t>(at::sequence_number::get_and_increment()); });
   py::class_<ForwardRecord>(m, "ForwardRecord")
       .def(py::init<const std::string&, py::handle, int64_t>())
