@@ -5,7 +5,7 @@ torch 2.11 caches cuDNN attention's backward graph under q's, k's and v's shapes
 A program whose gradient arrives laid out as the output (y.transpose(1, 2).reshape(...) after attention, as model
 code writes it) gets the graph built for whatever gradient came first with the same q, k, v layouts. patch's
 router once measured with a contiguous gradient and so broke the gradients of the model it measured; it now
-measures with gradients laid out as the outputs (roofline/routing.py).
+measures with the gradient layouts the program's own backward showed (roofline/routing.py).
 
 Each case runs in a fresh process (the cache lives as long as the process): the program's call alone, after a
 call with a contiguous gradient, and after one with a gradient laid out as the output. It prints the program's
