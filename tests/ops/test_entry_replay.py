@@ -33,12 +33,23 @@ def sine_and_product(x, y):
     return torch.sin(x), torch.mm(x, y)
 
 
+@entry_replay
+def sines_into_new_memory(x):
+    """Each kind of allocation a replay makes by the allocator directly, then filled."""
+    RUNS.append("sines_into_new_memory")
+    like = torch.sin(x, out=torch.empty_like(x))
+    fresh = torch.cos(x, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
+    new = torch.sin(x.flatten(), out=x.new_empty(x.numel()))
+    strided = torch.empty_strided((x.shape[1], x.shape[0]), (1, x.shape[1]), dtype=x.dtype, device=x.device)
+    return like, fresh, new, torch.cos(x.t(), out=strided)
+
+
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
     """Entry points recorded on this test's device, with nothing recorded yet."""
     monkeypatch.setattr(_eager_node, "ENTRY_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(_eager_node, "REPLAY_FORWARDS", True)
-    for entry in (scaled_sine, sine_and_product, sine_op):
+    for entry in (scaled_sine, sine_and_product, sine_op, sines_into_new_memory):
         entry.replays.programs = None
     RUNS.clear()
 
@@ -58,6 +69,60 @@ def test_a_recorded_entry_point_replays_without_python_on_fresh_inputs():
         torch.testing.assert_close(sine, torch.sin(x), rtol=0, atol=0)
         torch.testing.assert_close(product, x @ y, rtol=0, atol=0)
     assert RUNS.count("sine_and_product") == 1
+
+
+def test_past_its_limit_an_entry_point_forgets_the_signature_unused_the_longest():
+    """A process that has called an op with many signatures (another model's, every prefill length) still replays
+    the signatures it calls now: the least recently used one makes room, and comes back by being recorded again."""
+    scaled_sine(_x(1, 3))
+    limit = scaled_sine.replays.programs.limit
+    shapes = [(rows, 3) for rows in range(1, limit + 6)]
+    for shape in shapes[1:]:
+        scaled_sine(_x(*shape))
+    assert RUNS.count("scaled_sine") == limit + 5 and scaled_sine.replays.programs.size() == limit
+    replayed = scaled_sine.replays.programs.replayed()
+    for shape in reversed(shapes[5:]):   # the last `limit` recorded: each replayed, none recorded again
+        x = _x(*shape)
+        torch.testing.assert_close(scaled_sine(x), torch.sin(x) * 3.0, rtol=0, atol=0)
+    assert RUNS.count("scaled_sine") == limit + 5
+    assert scaled_sine.replays.programs.replayed() == replayed + limit
+    x = _x(*shapes[0])   # forgotten: recorded again, in place of the one unused the longest (the last shape)
+    torch.testing.assert_close(scaled_sine(x), torch.sin(x) * 3.0, rtol=0, atol=0)
+    scaled_sine(_x(*shapes[0]))
+    assert RUNS.count("scaled_sine") == limit + 6
+    scaled_sine(_x(*shapes[-1]))
+    assert RUNS.count("scaled_sine") == limit + 7 and scaled_sine.replays.programs.size() == limit
+
+
+def test_replayed_allocations_have_the_recorded_layouts_and_honour_the_deterministic_fill():
+    """torch.empty, empty_like, new_empty and empty_strided are made by the allocator directly at replay: with the
+    layouts the Python call gives (empty_like keeps a transposed input's strides), fresh memory at each call, and
+    the NaN fill of torch.use_deterministic_algorithms where that is on (the recorded call runs then)."""
+    for x in (_x(6, 5), _x(5, 6).t()):
+        outputs = []
+        for _ in range(3):
+            outputs.append(sines_into_new_memory(x))
+            for got, python in zip(outputs[-1], sines_into_new_memory.__wrapped__(x)):   # as Python makes them
+                torch.testing.assert_close(got, python, rtol=0, atol=0)
+                assert got.stride() == python.stride() and got.dtype == x.dtype and got.device == x.device
+        pointers = {t.data_ptr() for out in outputs for t in out}
+        assert len(pointers) == 4 * len(outputs)   # nothing shared between calls
+    assert RUNS.count("sines_into_new_memory") == 2 + 6   # recorded once per layout, and the Python references
+    assert sines_into_new_memory.replays.programs.replayed() == 4
+
+    @entry_replay
+    def uninitialized(x):
+        return torch.empty_like(x)
+
+    x = _x(4, 4)
+    uninitialized(x)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert uninitialized(x).isnan().all()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert uninitialized.replays.programs.replayed() == 1
 
 
 def test_each_signature_is_recorded_once():
@@ -236,3 +301,27 @@ def test_gpu_every_entry_point_replays_with_torchs_results(name, monkeypatch):
         _run(name, grad)
     assert f"roofline::{name}" not in _eager_node.refusals, _eager_node.refusals.get(f"roofline::{name}")
     assert entry.replays.programs.replayed() >= 4
+
+
+@pytest.mark.gpu
+def test_gpu_replayed_allocations_come_from_torchs_caching_allocator():
+    """What a replay allocates directly is torch's CUDA memory as torch.empty makes it: counted by the caching
+    allocator while it lives, given back when it dies, on the stream of the call."""
+    x = torch.randn(1024, 1024, device="cuda")
+    sines_into_new_memory(x)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    outputs = sines_into_new_memory(x)
+    assert sines_into_new_memory.replays.programs.replayed() == 1
+    assert torch.cuda.memory_allocated() - before == 4 * x.numel() * x.element_size()
+    for got, python in zip(outputs, sines_into_new_memory.__wrapped__(x)):
+        torch.testing.assert_close(got, python, rtol=0, atol=0)
+    del outputs, got, python
+    assert torch.cuda.memory_allocated() == before
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        y = torch.randn(1024, 1024, device="cuda")
+        outputs = sines_into_new_memory(y)
+        torch.testing.assert_close(outputs[0], torch.sin(y), rtol=0, atol=0)
+    stream.synchronize()
+    assert sines_into_new_memory.replays.programs.replayed() == 2

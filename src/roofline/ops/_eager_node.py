@@ -171,7 +171,7 @@ def _record(name: str, programs, run, args: tuple, keywords: tuple):
     of the keyword arguments named `keywords`), where the recording holds; else run() alone."""
     devices = {a.device.index for a in args if isinstance(a, torch.Tensor) and a.is_cuda}
     device = next(iter(devices)) if devices else -1   # where the kernels launch: the current device's stream
-    if not _recordable(programs, devices, device):
+    if not _recordable(devices, device):
         return run()
     recording = Recording(tuple(a if isinstance(a, torch.Tensor) else None for a in args))
     with recording:
@@ -185,14 +185,15 @@ def _record(name: str, programs, run, args: tuple, keywords: tuple):
     return output
 
 
-def _recordable(programs, devices: set, device: int) -> bool:
-    """Whether a forward on these devices can be recorded now: room for another program, no recording in progress,
-    no dispatch mode (a recording is one), its tensors on one device, which is the current one."""
+def _recordable(devices: set, device: int) -> bool:
+    """Whether a forward on these devices can be recorded now: no recording in progress, no dispatch mode (a
+    recording is one), its tensors on one device, which is the current one. (There is always room: past its
+    limit a ForwardPrograms forgets the signature unused the longest.)"""
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     from roofline.ops import _launch
 
-    return not (programs.full() or _launch.recording.recorder is not None or _get_current_dispatch_mode() is not None
+    return not (_launch.recording.recorder is not None or _get_current_dispatch_mode() is not None
                 or len(devices) > 1 or (device >= 0 and device != torch.cuda.current_device()))
 
 
@@ -286,6 +287,13 @@ class _EntryPrograms:
                 and not capturing() and not torch._C._are_functorch_transforms_active())
 
 
+# Calls that only allocate: the layout of what they make is fixed by the signature a program is recorded for
+# (AllocationStep in eager_node.cpp)
+_ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
+                torch.ops.aten.empty_strided.default, torch.ops.aten.new_empty.default,
+                torch.ops.aten.new_empty_strided.default}
+
+
 class Recording(TorchDispatchMode):
     """Records a backward's (or a forward's) aten calls (as a dispatch mode) and its kernel launches (Launch
     reports them to _launch.recording.recorder, on its thread), then builds the C++ program that replays them."""
@@ -345,8 +353,12 @@ class Recording(TorchDispatchMode):
         for t in results:
             self._add(t)
         overload = "" if func._overloadname == "default" else func._overloadname
-        self.steps.append(("aten", func._schema.name, overload, tuple(args), dict(kwargs), positions,
-                           torch.is_grad_enabled()))
+        step = (func._schema.name, overload, tuple(args), dict(kwargs), positions, torch.is_grad_enabled())
+        if func in _ALLOCATIONS and out.device.type in ("cuda", "cpu") and not out.is_pinned() \
+                and not out.requires_grad:
+            self.steps.append(("allocate", *step, out))   # made by the allocator directly at replay
+        else:
+            self.steps.append(("aten", *step))
 
     def attach(self, node_name: str, programs, node_backward, ctx: EagerContext, args, output) -> None:
         """An op's node attached to the outputs of its kernels (_eager_node.attach), with what ctx saves."""

@@ -24,6 +24,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/SequenceNumber.h>
@@ -35,6 +36,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -150,6 +152,46 @@ struct AtenStep {
   std::vector<std::pair<size_t, int>> slots;     // (argument position, slot)
   size_t results;                                // how many values the call returns, each a new slot
   bool grad_mode;                                // autograd's grad mode when it was made (torch.no_grad blocks)
+
+  // Appends the call's results to slots.
+  void run(std::vector<at::Tensor>& slots) const {
+    torch::jit::Stack stack = arguments;
+    for (const auto& [position, slot] : this->slots) stack[position] = slots[slot];
+    {
+      at::AutoGradMode guard(grad_mode);
+      op.callBoxed(&stack);
+    }
+    for (size_t i = 0; i < results; ++i) slots.push_back(stack[i].toTensor());
+  }
+};
+
+// An allocation (torch.empty, empty_like, new_empty, empty_strided) whose result's layout the signature fixes:
+// made by the device's allocator directly, as torch's own kernels make their outputs. Through the dispatcher,
+// boxed, torch.empty_like cost a replay 1.3 us on the H100 machine's host, a fifth of a small op's time; torch's
+// gelu, which a replayed gelu is compared with, pays no such call for its output. The recorded call runs instead
+// where the direct path would skip something the dispatcher does: a profiler's record of the op, the NaN fill of
+// torch.use_deterministic_algorithms(fill_uninitialized_memory), another current device than the recorded one.
+struct AllocationStep {
+  AtenStep call;
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+  at::Device device;
+
+  void run(std::vector<at::Tensor>& slots) const {
+    auto& context = at::globalContext();
+    bool deterministic_fill = context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory();
+    if (at::hasCallbacks() || deterministic_fill || (device.is_cuda() && current_cuda_device() != device.index())) {
+      call.run(slots);
+      return;
+    }
+    c10::DispatchKeySet keys(device.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU);
+    slots.push_back(at::Tensor(
+        at::detail::empty_strided_generic(sizes, strides, c10::GetAllocator(device.type()), keys, dtype)));
+  }
+
+  static c10::DeviceIndex current_cuda_device() {
+    return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index();
+  }
 };
 
 // Python objects a program or a node holds, released under the GIL wherever they die (often an engine thread).
@@ -230,7 +272,7 @@ struct Layout {
 struct Program {
   std::vector<Layout> inputs;          // the saved tensors', then the gradients' (for matching)
   bool replayable = false;             // false: a signature whose backward always runs in Python
-  std::vector<std::variant<AtenStep, LaunchStep, AttachStep>> steps;
+  std::vector<std::variant<AtenStep, AllocationStep, LaunchStep, AttachStep>> steps;
   std::vector<int> results;            // per gradient returned: its slot, or -1 for None
 
   bool matches(const ag::variable_list& saved, const ag::variable_list& grads) const {
@@ -247,13 +289,9 @@ struct Program {
     slots.insert(slots.end(), grads.begin(), grads.end());
     for (const auto& step : steps) {
       if (const auto* aten = std::get_if<AtenStep>(&step)) {
-        torch::jit::Stack stack = aten->arguments;
-        for (const auto& [position, slot] : aten->slots) stack[position] = slots[slot];
-        {
-          at::AutoGradMode grad_mode(aten->grad_mode);
-          aten->op.callBoxed(&stack);
-        }
-        for (size_t i = 0; i < aten->results; ++i) slots.push_back(stack[i].toTensor());
+        aten->run(slots);
+      } else if (const auto* allocation = std::get_if<AllocationStep>(&step)) {
+        allocation->run(slots);
       } else if (const auto* attach = std::get_if<AttachStep>(&step)) {
         attach_step(*attach, slots);
       } else {
@@ -466,18 +504,23 @@ struct ForwardProgram {
 };
 
 // The recorded forwards of one op's plan (or of one entry point of the library), one per signature: the layouts of
-// its tensors, its other arguments, the call state.
+// its tensors, its other arguments, the call state. The most recently used first: a replay's search meets the
+// signatures a program is calling now before the others, and past kLimit a new signature takes the place of the
+// one unused the longest. (It was the first 16 forever: a process that had decoded with one model then ran every
+// int8_linear call of the next one through Python, the replay's search and a recording's checks included; the
+// second model's int8 decoding measured 0.88-0.97x bf16 eager where the first's was 1.15x, on the H100.)
 class ForwardPrograms {
  public:
-  static constexpr size_t kLimit = 16;
+  static constexpr size_t kLimit = 64;
 
   // entry: the programs of a whole entry point (roofline/ops/_eager_node.py, entry_replay), which leaves to Python
   // the calls a profiler sees (Python records those under the op's name).
   explicit ForwardPrograms(bool entry = false) : entry_(entry) {}
 
-  bool full() const {
+  // The signatures held (at most kLimit).
+  size_t size() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return programs_.size() >= kLimit;
+    return programs_.size();
   }
 
   // What the recorder built of a forward called with `args` then the keyword arguments named `keywords` (their
@@ -502,7 +545,8 @@ class ForwardPrograms {
       }
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    if (programs_.size() < kLimit) programs_.push_back(std::move(forward));
+    if (programs_.size() >= kLimit) programs_.pop_back();
+    programs_.insert(programs_.begin(), std::move(forward));
   }
 
   // The forward's output, replayed; None where no program matches the call (record one); False where it must run
@@ -522,9 +566,10 @@ class ForwardPrograms {
     std::vector<at::Tensor> tensors;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (const auto& forward : programs_) {
-        if (forward->state == state && forward->match(items, count, keywords, grad_mode, tensors)) {
-          found = forward;
+      for (auto it = programs_.begin(); it != programs_.end(); ++it) {
+        if ((*it)->state == state && (*it)->match(items, count, keywords, grad_mode, tensors)) {
+          found = *it;
+          std::rotate(programs_.begin(), it, it + 1);   // to the front
           break;
         }
       }
@@ -555,7 +600,7 @@ class ForwardPrograms {
   bool entry_;
   mutable std::atomic<uint64_t> replayed_{0};
   mutable std::mutex mutex_;
-  std::vector<std::shared_ptr<const ForwardProgram>> programs_;
+  mutable std::vector<std::shared_ptr<const ForwardProgram>> programs_;   // most recently used first
 };
 
 // Builds a Program from what the Python recorder saw.
@@ -570,32 +615,15 @@ class ProgramBuilder {
   // schema's order) of those that are slots.
   void aten(const std::string& name, const std::string& overload, const py::tuple& args, const py::dict& kwargs,
             const std::vector<std::pair<size_t, int>>& slots, bool grad_mode) {
-    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
-    const auto& schema = op.schema();
-    // A number passed for a Tensor (x.mul_(3.0)) reaches a dispatch mode as the number; the dispatcher takes
-    // it as a wrapped-number tensor, which type promotion treats as a Python scalar.
-    py::list values(args);
-    for (size_t i = 0; i < values.size() && i < schema.arguments().size(); ++i) {
-      if (schema.arguments()[i].type()->kind() != c10::TypeKind::TensorType) continue;
-      py::handle v = values[i];
-      std::optional<at::Scalar> number;
-      if (py::isinstance<py::bool_>(v)) number = at::Scalar(v.cast<bool>());
-      else if (py::isinstance<py::int_>(v)) number = at::Scalar(v.cast<int64_t>());
-      else if (py::isinstance<py::float_>(v)) number = at::Scalar(v.cast<double>());
-      if (number) {
-        at::Tensor wrapped = c10::scalar_to_tensor(*number);
-        wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
-        values[i] = py::cast(wrapped);
-      }
-    }
-    py::kwargs keywords = py::reinterpret_borrow<py::kwargs>(kwargs);
-    auto stack = torch::jit::createStackForSchema(schema, torch::jit::tuple_slice(py::tuple(values)), keywords,
-                                                  std::nullopt);
-    for (const auto& [position, slot] : slots) {
-      TORCH_CHECK(position < stack.size(), "roofline: argument position out of range");
-      stack[position] = at::Tensor();   // not held by the program: the slot's tensor goes here at replay
-    }
-    program_->steps.emplace_back(AtenStep{op, std::move(stack), slots, schema.returns().size(), grad_mode});
+    program_->steps.emplace_back(call(name, overload, args, kwargs, slots, grad_mode));
+  }
+
+  // An allocation that made `result` (see AllocationStep): the call as aten records it, and the result's layout.
+  void allocate(const std::string& name, const std::string& overload, const py::tuple& args, const py::dict& kwargs,
+                const std::vector<std::pair<size_t, int>>& slots, bool grad_mode, const at::Tensor& result) {
+    program_->steps.emplace_back(AllocationStep{call(name, overload, args, kwargs, slots, grad_mode),
+                                                result.sizes().vec(), result.strides().vec(), result.scalar_type(),
+                                                result.device()});
   }
 
   void launch(uint64_t function, std::vector<unsigned> grid, unsigned block, unsigned shared,
@@ -660,6 +688,37 @@ class ProgramBuilder {
   }
 
  private:
+  // The aten call op.overload(*args, **kwargs) as a step, the arguments at `slots` left to fill at replay.
+  static AtenStep call(const std::string& name, const std::string& overload, const py::tuple& args,
+                       const py::dict& kwargs, const std::vector<std::pair<size_t, int>>& slots, bool grad_mode) {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    const auto& schema = op.schema();
+    // A number passed for a Tensor (x.mul_(3.0)) reaches a dispatch mode as the number; the dispatcher takes
+    // it as a wrapped-number tensor, which type promotion treats as a Python scalar.
+    py::list values(args);
+    for (size_t i = 0; i < values.size() && i < schema.arguments().size(); ++i) {
+      if (schema.arguments()[i].type()->kind() != c10::TypeKind::TensorType) continue;
+      py::handle v = values[i];
+      std::optional<at::Scalar> number;
+      if (py::isinstance<py::bool_>(v)) number = at::Scalar(v.cast<bool>());
+      else if (py::isinstance<py::int_>(v)) number = at::Scalar(v.cast<int64_t>());
+      else if (py::isinstance<py::float_>(v)) number = at::Scalar(v.cast<double>());
+      if (number) {
+        at::Tensor wrapped = c10::scalar_to_tensor(*number);
+        wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
+        values[i] = py::cast(wrapped);
+      }
+    }
+    py::kwargs keywords = py::reinterpret_borrow<py::kwargs>(kwargs);
+    auto stack = torch::jit::createStackForSchema(schema, torch::jit::tuple_slice(py::tuple(values)), keywords,
+                                                  std::nullopt);
+    for (const auto& [position, slot] : slots) {
+      TORCH_CHECK(position < stack.size(), "roofline: argument position out of range");
+      stack[position] = at::Tensor();   // not held by the program: the slot's tensor goes here at replay
+    }
+    return AtenStep{op, std::move(stack), slots, schema.returns().size(), grad_mode};
+  }
+
   std::shared_ptr<Program> program_;
 };
 
@@ -1079,13 +1138,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Program, std::shared_ptr<Program>>(m, "Program");
   py::class_<ForwardPrograms, std::shared_ptr<ForwardPrograms>>(m, "ForwardPrograms")
       .def(py::init<bool>(), py::arg("entry") = false)
-      .def("full", &ForwardPrograms::full)
+      .def_readonly_static("limit", &ForwardPrograms::kLimit)
+      .def("size", &ForwardPrograms::size)
       .def("add", &ForwardPrograms::add)
       .def("replay", &ForwardPrograms::replay, py::arg("args"), py::arg("kwargs") = py::none())
       .def("replayed", &ForwardPrograms::replayed);
   py::class_<ProgramBuilder>(m, "ProgramBuilder")
       .def(py::init<const std::vector<std::optional<at::Tensor>>&>())
       .def("aten", &ProgramBuilder::aten)
+      .def("allocate", &ProgramBuilder::allocate)
       .def("launch", &ProgramBuilder::launch)
       .def("attach", &ProgramBuilder::attach)
       .def("finish", &ProgramBuilder::finish);
