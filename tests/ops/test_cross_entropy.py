@@ -38,9 +38,19 @@ def check(logits, target, backend="triton", **options):
 
 
 block = block_size_fixture(ce_module, "BLOCK", [ce_module.BLOCK, 16], ["wide-blocks", "many-blocks"])
-# A small input is done in one launch by one program (counts, losses, gradient, reduction); ALONE_BYTES = 0 sends
-# the same inputs through the three launches of a large one (count, persistent forward, reduction).
-launches = block_size_fixture(ce_module, "ALONE_BYTES", [ce_module.ALONE_BYTES, 0], ["one-launch", "three-launches"])
+# A small input is done in one launch by one program (counts, losses, gradient, reduction), a mid-sized one in one
+# launch of many programs (each counting, the last to finish reducing), a large one in three launches (count,
+# persistent forward, reduction): (ALONE_BYTES, SPREAD_BYTES) that send these small inputs each way.
+LAUNCHES = {"one-program": (ce_module.ALONE_BYTES, 0), "one-launch": (0, ce_module.SPREAD_BYTES),
+            "three-launches": (0, 0)}
+
+
+@pytest.fixture(params=list(LAUNCHES))
+def launches(request, monkeypatch):
+    alone, spread = LAUNCHES[request.param]
+    monkeypatch.setattr(ce_module, "ALONE_BYTES", alone)
+    monkeypatch.setattr(ce_module, "SPREAD_BYTES", spread)
+    return request.param
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
@@ -54,10 +64,31 @@ def test_matches_float64_reference(shape, dtype, reduction, smoothing, block):
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_the_launches_of_a_large_input_match_float64_too(reduction, smoothing, block, monkeypatch):
-    monkeypatch.setattr(ce_module, "ALONE_BYTES", 0)   # count, persistent forward, reduction
+@pytest.mark.parametrize("spread", [True, False], ids=["one-launch", "three-launches"])
+def test_the_launches_of_larger_inputs_match_float64_too(reduction, smoothing, spread, block, monkeypatch):
+    monkeypatch.setattr(ce_module, "ALONE_BYTES", 0)
+    monkeypatch.setattr(ce_module, "SPREAD_BYTES", ce_module.SPREAD_BYTES if spread else 0)
     logits = torch.randn(7, 50, device=DEVICE, dtype=torch.bfloat16) * 3
     check(logits, targets(7, 50), reduction=reduction, label_smoothing=smoothing)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_one_launch_of_many_programs_reduces_at_every_call_as_the_three_launches_do(reduction, monkeypatch):
+    """Its last program sums the losses and sets the stream's ticket back to 0 for the next call; the sum runs in
+    the order of the reduction launch's, so both give the same bits."""
+    logits, t = torch.randn(37, 60, device=DEVICE) * 3, targets(37, 60)
+    spread = ce_module.SPREAD_BYTES
+    monkeypatch.setattr(ce_module, "ALONE_BYTES", 0)
+    monkeypatch.setattr(ce_module, "SPREAD_BYTES", 0)
+    three = cross_entropy(logits, t, reduction=reduction, backend="triton")
+    monkeypatch.setattr(ce_module, "SPREAD_BYTES", spread)
+    from roofline.ops._launch import clear_plans
+    clear_plans()
+    for _ in range(3):
+        torch.testing.assert_close(cross_entropy(logits, t, reduction=reduction, backend="triton"), three,
+                                   rtol=0, atol=0)
+    [plan] = [p for p in ce_module._plans.values() if p.spread]
+    assert [int(ticket) for ticket in plan.tickets.values()] == [0]
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -94,20 +125,26 @@ class _LaunchCounter:
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_a_small_input_takes_one_launch_and_a_large_one_three(reduction, monkeypatch):
+def test_a_small_or_mid_sized_input_takes_one_launch_and_a_large_one_three(reduction, monkeypatch):
     from roofline.ops import _launch
 
     logits, t = torch.randn(6, 64, device=DEVICE, requires_grad=True), targets(6, 64)
+    size = logits.numel() * logits.element_size()
     counter = _LaunchCounter()
     monkeypatch.setattr(_launch.recording, "recorder", counter)
-    cross_entropy(logits, t, reduction=reduction, backend="triton")
-    assert counter.kernels == ["cross_entropy_forward_kernel"]
-    counter.kernels.clear()
-    monkeypatch.setattr(ce_module, "ALONE_BYTES", logits.numel() * logits.element_size() - 1)
-    _launch.clear_plans()
-    cross_entropy(logits, t, reduction=reduction, backend="triton")
-    expected = ["target_stats_kernel", "cross_entropy_forward_kernel"]
-    assert counter.kernels == expected + (["reduce_losses_kernel"] if reduction == "mean" else [])
+    for alone, spread, mode in ((size, size, "alone"), (size - 1, size, "spread"), (size - 1, size - 1, "three")):
+        monkeypatch.setattr(ce_module, "ALONE_BYTES", alone)
+        monkeypatch.setattr(ce_module, "SPREAD_BYTES", spread)
+        _launch.clear_plans()
+        counter.kernels.clear()
+        cross_entropy(logits, t, reduction=reduction, backend="triton")
+        [plan] = ce_module._plans.values()
+        assert (plan.alone, plan.spread) == (mode == "alone", mode == "spread")
+        if mode != "three":
+            assert counter.kernels == ["cross_entropy_forward_kernel"]
+        else:
+            expected = ["target_stats_kernel", "cross_entropy_forward_kernel"]
+            assert counter.kernels == expected + (["reduce_losses_kernel"] if reduction == "mean" else [])
 
 
 def test_backward_scales_only_the_rows_whose_incoming_gradient_is_not_one(launches):
@@ -317,7 +354,7 @@ def test_gpu_compiled_gradients(compiler, reduction):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [8, 4096], ids=["one-launch", "three-launches"])
+@pytest.mark.parametrize("rows", [8, 256, 4096], ids=["one-program", "one-launch", "three-launches"])
 def test_gpu_a_cuda_graph_captures_it_with_the_targets_unchecked(rows):
     logits, t = torch.randn(rows, 5000, device="cuda"), targets(rows, 5000, device="cuda")
     expected = cross_entropy(logits, t)
@@ -329,8 +366,30 @@ def test_gpu_a_cuda_graph_captures_it_with_the_targets_unchecked(rows):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):   # the check's host sync would end the capture with an error
         loss = cross_entropy(logits, t)
-    graph.replay()
-    torch.testing.assert_close(loss, expected)
+    for _ in range(3):   # a spread launch's ticket is back at 0 after each replay
+        loss.fill_(float("nan"))
+        graph.replay()
+        torch.testing.assert_close(loss, expected)
+
+
+@pytest.mark.gpu
+def test_gpu_one_launch_of_many_programs_keeps_a_ticket_per_stream():
+    """Calls on two streams at once each count on their own stream's ticket."""
+    logits, t = torch.randn(256, 5000, device="cuda"), targets(256, 5000, device="cuda")
+    expected = cross_entropy_reference(logits, t)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    losses = []
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    for _ in range(20):
+        for stream in streams:
+            with torch.cuda.stream(stream):
+                losses.append(cross_entropy(logits, t))
+    torch.cuda.synchronize()
+    for loss in losses:
+        torch.testing.assert_close(loss, expected)
+    [plan] = [p for p in ce_module._plans.values() if p.spread]
+    assert len(plan.tickets) == 2 and all(int(ticket) == 0 for ticket in plan.tickets.values())
 
 
 @pytest.mark.gpu

@@ -45,11 +45,18 @@ REDUCTIONS = ("mean", "sum", "none")
 BLOCK = 16384           # elements of a row per step
 PROGRAMS_PER_SM = 1     # resident rows per SM: more would push the second pass's reads out of L2
 NUM_WARPS = 32
-STATS_BLOCK = 1024      # targets per step of the one-program count
-# Logits up to this size are done by one program in one launch (counts, losses, gradient, reduction): there the
-# host's launches, not the GPU, set the pace (three launches cost ~25 us of host time on our H100 machine, and
-# one SM goes through 256 KB in a few microseconds).
+STATS_BLOCK = 1024      # targets per step of a program's count, and losses per step of a program's sum
+# Logits up to this size are done by one program in one launch (counts, losses, gradient, reduction), larger ones
+# up to SPREAD_BYTES by one launch of many programs (SPREAD: each counts the targets itself, the last to finish
+# sums the losses), larger still by three launches (count, rows, sum), whose host time the GPU's then hides (and
+# the counting would be repeated by every program over ever more targets). On our H100 machine, forwards of
+# [rows, 32768] bf16 logits called back to back, us a call (torch's in the same rounds): 256 KB one program 16.4
+# (14.8), one launch 20.2 (14.7), three 31.8 (15.6); 512 KB 23.4 (16.2), 29.2 (19.5), 33.5 (16.3); 1 MB 43.2
+# (14.6), 19.6 (14.4), 31.0 (14.5): one program streams about 24 GB/s. 16 MB: one launch 22.3 (20.8), three 33.0
+# (19.5) (benchmarks/results/h100-host.md, "2026-11-26").
 ALONE_BYTES = 1 << 18
+SPREAD_BYTES = 1 << 25
+SPREAD_ROWS = 16384   # ...and rows up to this: every program of a spread launch reads every target (128 KB of int64)
 
 
 # --------------------------------------------------------------------------- reference
@@ -64,10 +71,8 @@ def cross_entropy_reference(logits, target, ignore_index=-100, reduction="mean",
 if triton is not None:
 
     @triton.jit
-    def _count_targets(target_ptr, stats_ptr, report_ptr, rows, n, ignore_index, BLOCK: tl.constexpr):
-        """stats = (targets that are not ignore_index, those of them outside [0, n)), counted by one program;
-        returns the first. The second goes to report_ptr too, where the host reads it without a copy (a slot of
-        pinned host memory: roofline.ops._target_check), visible there once the store has crossed the bus."""
+    def _count_targets(target_ptr, rows, n, ignore_index, BLOCK: tl.constexpr):
+        """(targets that are not ignore_index, those of them outside [0, n)), counted by one program."""
         offs = tl.arange(0, BLOCK)
         kept = tl.zeros([BLOCK], dtype=tl.int32)
         bad = tl.zeros([BLOCK], dtype=tl.int32)
@@ -76,16 +81,30 @@ if triton is not None:
             counted = t != ignore_index
             kept += counted.to(tl.int32)
             bad += (counted & ((t < 0) | (t >= n))).to(tl.int32)
-        kept_total = tl.sum(kept, axis=0)
-        bad_total = tl.sum(bad, axis=0)
-        tl.store(stats_ptr, kept_total)
-        tl.store(stats_ptr + 1, bad_total)
-        tl.atomic_xchg(report_ptr, bad_total, sem="release", scope="sys")
-        return kept_total
+        return tl.sum(kept, axis=0), tl.sum(bad, axis=0)
+
+    @triton.jit
+    def _write_counts(stats_ptr, report_ptr, kept, bad):
+        """stats = (kept, bad); bad to report_ptr too, where the host reads it without a copy (a slot of pinned
+        host memory: roofline.ops._target_check), visible there once the store has crossed the bus."""
+        tl.store(stats_ptr, kept)
+        tl.store(stats_ptr + 1, bad)
+        tl.atomic_xchg(report_ptr, bad, sem="release", scope="sys")
 
     @triton.jit
     def target_stats_kernel(target_ptr, stats_ptr, report_ptr, rows, n, ignore_index, BLOCK: tl.constexpr):
-        _count_targets(target_ptr, stats_ptr, report_ptr, rows, n, ignore_index, BLOCK)
+        kept, bad = _count_targets(target_ptr, rows, n, ignore_index, BLOCK)
+        _write_counts(stats_ptr, report_ptr, kept, bad)
+
+    @triton.jit
+    def _sum_losses(loss_ptr, rows, BLOCK: tl.constexpr):
+        """The sum of loss_ptr[:rows] (fp32), in a fixed order: the same bits from either launch that reduces.
+        Read past L1 (.cg), where the other programs' losses are."""
+        offs = tl.arange(0, BLOCK)
+        total = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, rows, BLOCK):
+            total += tl.load(loss_ptr + start + offs, mask=start + offs < rows, other=0.0, cache_modifier=".cg")
+        return tl.sum(total, axis=0)
 
     @triton.jit
     def _write_gradient(x_row, grad_row, offs, n, m, log2_scaled_total, target, keep, spread,
@@ -110,10 +129,11 @@ if triton is not None:
             tl.store(grad_row + offs, g, eviction_policy="evict_first")
 
     @triton.jit
-    def cross_entropy_forward_kernel(x_ptr, target_ptr, loss_ptr, grad_ptr, stats_ptr, report_ptr, rows, n,
-                                     ignore_index, smoothing, GRAD: tl.constexpr, MEAN: tl.constexpr,
-                                     SMOOTH: tl.constexpr, ALONE: tl.constexpr, REDUCE: tl.constexpr,
-                                     BLOCK: tl.constexpr, STATS_BLOCK: tl.constexpr):
+    def cross_entropy_forward_kernel(x_ptr, target_ptr, loss_ptr, grad_ptr, stats_ptr, report_ptr, out_ptr,
+                                     ticket_ptr, rows, n, ignore_index, smoothing, GRAD: tl.constexpr,
+                                     MEAN: tl.constexpr, SMOOTH: tl.constexpr, ALONE: tl.constexpr,
+                                     SPREAD: tl.constexpr, REDUCE: tl.constexpr, BLOCK: tl.constexpr,
+                                     STATS_BLOCK: tl.constexpr):
         """Per row: the loss (fp32) and, if GRAD, d loss / d x into grad (x's dtype; it may be x itself),
         divided by the number of rows counted (stats[0]) if MEAN. A target outside [0, n) that is not
         ignore_index gives a nan loss and gradient row (no access).
@@ -121,11 +141,18 @@ if triton is not None:
         ALONE: one program does the whole call, where a small input is bound by the host's launches: it counts
         the targets into stats (and report_ptr) first, and with REDUCE sums the rows' losses as it goes (in row
         order) into loss_ptr[0], divided by the count for a mean, in loss_ptr's dtype, instead of storing them per
-        row."""
+        row.
+
+        SPREAD: the whole call in one launch of many programs: each counts the targets itself (program 0 writes
+        the counts), and with REDUCE the program that takes the last ticket (ticket_ptr, an int32 that is 0
+        before the launch and again after it) sums the stored losses into out_ptr[0], as reduce_losses_kernel
+        would. Otherwise the counts come from target_stats_kernel's launch, in stats."""
         cols = tl.arange(0, BLOCK)
         whole = n // BLOCK * BLOCK
-        if ALONE:
-            kept = _count_targets(target_ptr, stats_ptr, report_ptr, rows, n, ignore_index, STATS_BLOCK)
+        if ALONE or SPREAD:
+            kept, bad = _count_targets(target_ptr, rows, n, ignore_index, STATS_BLOCK)
+            if tl.program_id(0) == 0:
+                _write_counts(stats_ptr, report_ptr, kept, bad)
         else:
             kept = tl.load(stats_ptr)
         grad_scale = 1.0 / kept.to(tl.float32) if MEAN else 1.0
@@ -171,14 +198,22 @@ if triton is not None:
                         else:
                             _write_gradient(x_row, grad_row, start + cols, n, m, log2_scaled_total, target_col,
                                             keep, spread, False, False)
-            if REDUCE:
+            if REDUCE and ALONE:
                 loss_sum += loss
             else:
                 tl.store(loss_ptr + row, loss)
-        if REDUCE:
+        if REDUCE and ALONE:
             if MEAN:
                 loss_sum = tl.div_rn(loss_sum, kept.to(tl.float32))
             tl.store(loss_ptr, converted(loss_sum, loss_ptr.dtype.element_ty))
+        if REDUCE and SPREAD:
+            tl.debug_barrier()   # every thread's losses are stored before the ticket releases them
+            if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+                total = _sum_losses(loss_ptr, rows, STATS_BLOCK)
+                if MEAN:
+                    total = tl.div_rn(total, kept.to(tl.float32))
+                tl.store(out_ptr, converted(total, out_ptr.dtype.element_ty))
+                tl.atomic_xchg(ticket_ptr, 0)   # for the stream's next call
 
     @triton.jit
     def scale_rows_kernel(grad_ptr, dloss_ptr, dloss_stride, n, BLOCK: tl.constexpr):
@@ -197,17 +232,11 @@ if triton is not None:
     def reduce_losses_kernel(loss_ptr, stats_ptr, out_ptr, rows, MEAN: tl.constexpr, BLOCK: tl.constexpr):
         """out = the sum of the rows' losses, divided by the rows counted (stats[0]) for a mean, in out's dtype:
         one program, the rows in a fixed order (deterministic), one launch where torch would take three."""
-        offs = tl.arange(0, BLOCK)
-        total = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, rows, BLOCK):
-            total += tl.load(loss_ptr + start + offs, mask=start + offs < rows, other=0.0)
-        result = tl.sum(total, axis=0)
+        result = _sum_losses(loss_ptr, rows, BLOCK)
         if MEAN:
             result = tl.div_rn(result, tl.load(stats_ptr).to(tl.float32))
         tl.store(out_ptr, converted(result, out_ptr.dtype.element_ty))
 
-
-REDUCE_BLOCK = 1024   # losses per step of the one-program reduction
 
 
 class CrossEntropyPlan:
@@ -218,23 +247,28 @@ class CrossEntropyPlan:
     (when asked) and the targets' counts; the backward scales that gradient in place by the incoming one."""
 
     def __init__(self, rows: int, n: int, ignore_index: int, reduction: str, smoothing: float, grad: bool,
-                 device: torch.device, loss_dtype: torch.dtype, alone: bool = False):
+                 device: torch.device, loss_dtype: torch.dtype, alone: bool = False, spread: bool = False):
         self.rows, self.n, self.ignore_index, self.smoothing = rows, n, ignore_index, smoothing
         self.reduction, self.device, self.loss_dtype, self.alone = reduction, device, loss_dtype, alone
+        self.spread = spread and not alone
         self.index = index = device.index if device.type == "cuda" else -1
         block = min(BLOCK, next_power_of_2(n))
         settings = dict(GRAD=grad, MEAN=reduction == "mean", SMOOTH=smoothing > 0, BLOCK=block,
                         STATS_BLOCK=STATS_BLOCK, num_warps=NUM_WARPS)
-        if alone:   # one launch: counts, losses, gradient and the reduction
-            self.forward_launch = Launch(cross_entropy_forward_kernel, (1,), index, ALONE=True,
+        programs = (resident_programs(rows, device, PROGRAMS_PER_SM),)
+        if alone:   # one launch of one program: counts, losses, gradient and the reduction
+            self.forward_launch = Launch(cross_entropy_forward_kernel, (1,), index, ALONE=True, SPREAD=False,
                                          REDUCE=reduction != "none", **settings)
+        elif self.spread:   # one launch of many programs
+            self.forward_launch = Launch(cross_entropy_forward_kernel, programs, index, ALONE=False, SPREAD=True,
+                                         REDUCE=reduction != "none", **settings)
+            self.tickets = {}   # by stream (see _ticket)
         else:
             self.stats_launch = Launch(target_stats_kernel, (1,), index, BLOCK=STATS_BLOCK)
-            self.forward_launch = Launch(
-                cross_entropy_forward_kernel, (resident_programs(rows, device, PROGRAMS_PER_SM),), index,
-                ALONE=False, REDUCE=False, **settings)
+            self.forward_launch = Launch(cross_entropy_forward_kernel, programs, index, ALONE=False, SPREAD=False,
+                                         REDUCE=False, **settings)
             self.reduce_launch = Launch(reduce_losses_kernel, (1,), index, MEAN=reduction == "mean",
-                                        BLOCK=REDUCE_BLOCK)
+                                        BLOCK=STATS_BLOCK)
         self.scale_launches = {}   # by the incoming gradient's stride, which the kernel is specialized on
         self.scale_block = block
         # where the count of targets out of range goes when no check reads it (under torch.compile, in a capture)
@@ -243,8 +277,8 @@ class CrossEntropyPlan:
         # by nobody, so it goes to the plan's words instead of a tensor allocated per call (an allocation from
         # Python costs 2-3.5 us on our H100 machine's host). Calls that leave the reduction to a compiled graph, or
         # that count in a launch of their own, need their own.
-        self.unread_stats = torch.empty(2, device=device, dtype=torch.int32) if alone and reduction != "none" \
-            else None
+        self.unread_stats = torch.empty(2, device=device, dtype=torch.int32) \
+            if (alone or self.spread) and reduction != "none" else None
 
     def forward(self, logits, target, ignore_index, reduction, label_smoothing, grad, check_targets):
         report = self.report(target, check_targets)
@@ -253,13 +287,15 @@ class CrossEntropyPlan:
             stats = torch.empty(2, device=self.device, dtype=torch.int32)
         gradient = torch.empty_like(logits) if grad else None
         pointers = logits.data_ptr() | target.data_ptr()
-        if self.alone:
-            reduced = self.reduction != "none"
-            out = torch.empty((), device=self.device, dtype=self.loss_dtype) if reduced else \
-                torch.empty(self.rows, device=self.device, dtype=torch.float32)
-            self.forward_launch.for_pointers(pointers)(logits, target, out, out if gradient is None else gradient,
-                                                       stats, report, self.rows, self.n, self.ignore_index,
-                                                       self.smoothing)
+        reduced = self.reduction != "none"
+        if self.alone or self.spread:
+            losses = torch.empty(self.rows, device=self.device, dtype=torch.float32) \
+                if self.spread or not reduced else None
+            out = torch.empty((), device=self.device, dtype=self.loss_dtype) if reduced else losses
+            ticket = self._ticket() if self.spread and reduced else stats   # (stats: a word never read)
+            self.forward_launch.for_pointers(pointers)(
+                logits, target, out if losses is None else losses, out if gradient is None else gradient, stats,
+                report, out, ticket, self.rows, self.n, self.ignore_index, self.smoothing)
             return out, gradient, stats
         losses = torch.empty(self.rows, device=self.device, dtype=torch.float32)
         self.count(target, stats, report, self.rows, pointers)
@@ -271,6 +307,18 @@ class CrossEntropyPlan:
         loss = torch.empty((), device=self.device, dtype=self.loss_dtype)
         self.reduce(losses, stats, loss, self.rows)
         return loss, gradient, stats
+
+    def _ticket(self) -> torch.Tensor:
+        """The int32 that a spread launch's programs count themselves off on, 0 before the launch (its last
+        program sets it back): one per stream, whose calls run one after another; a fresh one in a CUDA graph's
+        capture (zeroed at every replay, in the graph's own memory)."""
+        if capturing(self.device):
+            return torch.zeros(1, device=self.device, dtype=torch.int32)
+        stream = torch._C._cuda_getCurrentStream(self.index)[0] if self.device.type == "cuda" else 0
+        ticket = self.tickets.get(stream)
+        if ticket is None:
+            ticket = self.tickets[stream] = torch.zeros(1, device=self.device, dtype=torch.int32)
+        return ticket
 
     # The three steps of a large input, which linear_cross_entropy also runs over chunks of rows: `rows` may differ
     # from the plan's (at most it, for rows_forward), and `pointers` are the inputs' data pointers or-ed together.
@@ -293,8 +341,8 @@ class CrossEntropyPlan:
         """losses[:rows] and, if the plan has one, the gradient (which may be the logits themselves, overwritten),
         divided by stats[0] for a mean."""
         self.forward_launch.for_pointers(pointers)(logits, target, losses, losses if gradient is None else gradient,
-                                                   stats, self.unread, rows, self.n, self.ignore_index,
-                                                   self.smoothing)   # (the count was made before: none here)
+                                                   stats, self.unread, losses, stats, rows, self.n,
+                                                   self.ignore_index, self.smoothing)   # (counted before: none here)
 
     def reduce(self, losses, stats, loss, rows: int) -> None:
         """loss = the sum of losses[:rows], divided by stats[0] for a mean."""
@@ -321,9 +369,10 @@ def _plan(logits, target, ignore_index, reduction, label_smoothing, grad, check_
            loss_dtype)
     plan = _plans.get(key)
     if plan is None:
+        size = logits.numel() * logits.element_size()
         plan = _plans.add(key, CrossEntropyPlan(rows, n, ignore_index, reduction, label_smoothing, grad,
-                                                logits.device, loss_dtype,
-                                                alone=logits.numel() * logits.element_size() <= ALONE_BYTES))
+                                                logits.device, loss_dtype, alone=size <= ALONE_BYTES,
+                                                spread=size <= SPREAD_BYTES and rows <= SPREAD_ROWS))
     return plan
 
 
