@@ -10,6 +10,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import decode_ab  # noqa: E402  (benchmarks/decode_ab.py)
 import models as benchmark  # noqa: E402  (benchmarks/models.py)
 
 
@@ -105,6 +106,22 @@ def test_generation_speedups_are_paired_by_turn():
     paired, unpaired = rows[1]["vs_eager"], rows[2]["vs_eager"]
     assert paired["paired"] and paired["low"] == pytest.approx(1.1) and paired["high"] == pytest.approx(1.1)
     assert not unpaired["paired"] and unpaired["high"] - unpaired["low"] > 0.5
+
+
+def test_decode_ab_times_the_modes_in_rounds_and_each_call_inside_the_model(tmp_path):
+    modes = ["eager", "patch-without-layer_norm,gelu"]   # (int8 runs its kernel through the interpreter here: slow)
+    code = decode_ab.main([str(tmp_path), "--tiny", "--model", "gpt2", "--modes", *modes, "--rounds", "2",
+                           "--tokens", "2", "--warmup", "1"])
+    assert code == 0
+    result = json.loads((tmp_path / "decode_ab.json").read_text())
+    assert list(result["rounds"]) == modes and result["rounds"]["eager"]["speedup"] == 1.0
+    assert all(r["ms"] > 0 and len(r["rounds_ms"]) == 2 for r in result["rounds"].values())
+    tokens = 2 * 2   # the timed rounds' tokens: 2 layers, each with 4 linears and 2 norms, then the head and a norm
+    host = result["host_us"]
+    for mode in modes:
+        assert host[mode]["Linear"]["calls"] == 9 * tokens
+        assert host[mode]["LayerNorm"]["calls"] == 5 * tokens and host[mode]["CausalSelfAttention"]["calls"] == 2 * tokens
+        assert all(v["us"] > 0 for v in host[mode].values())
 
 
 def test_models_benchmark_knows_the_modes_that_need_a_gpu():
