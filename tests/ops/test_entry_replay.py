@@ -94,6 +94,27 @@ def test_past_its_limit_an_entry_point_forgets_the_signature_unused_the_longest(
     assert RUNS.count("scaled_sine") == limit + 7 and scaled_sine.replays.programs.size() == limit
 
 
+def test_recording_stops_once_recordings_are_wasted():
+    """Calls of ever new shapes (each prefill length) would be recorded, at several times a call's cost, and never
+    replayed: once waste_limit recordings were forgotten unused, new signatures run in Python unrecorded, and the
+    signatures recorded keep replaying."""
+    scaled_sine(_x(1, 3))
+    programs = scaled_sine.replays.programs
+    limit, waste = programs.limit, programs.waste_limit
+    for rows in range(2, limit + waste + 1):   # each once: past the limit, each evicts one never replayed
+        assert not programs.full()
+        scaled_sine(_x(rows, 3))
+    assert programs.full() and programs.size() == limit
+    runs, replayed = len(RUNS), programs.replayed()
+    x = _x(limit + waste + 1, 3)
+    for _ in range(2):   # a new signature: Python both times, not recorded
+        torch.testing.assert_close(scaled_sine(x), torch.sin(x) * 3.0, rtol=0, atol=0)
+    assert len(RUNS) == runs + 2 and programs.size() == limit
+    y = _x(limit + waste, 3)   # the last one recorded still replays
+    torch.testing.assert_close(scaled_sine(y), torch.sin(y) * 3.0, rtol=0, atol=0)
+    assert len(RUNS) == runs + 2 and programs.replayed() == replayed + 1
+
+
 def test_replayed_allocations_have_the_recorded_layouts_and_honour_the_deterministic_fill():
     """torch.empty, empty_like, new_empty and empty_strided are made by the allocator directly at replay: with the
     layouts the Python call gives (empty_like keeps a transposed input's strides), fresh memory at each call, and

@@ -171,7 +171,7 @@ def _record(name: str, programs, run, args: tuple, keywords: tuple):
     of the keyword arguments named `keywords`), where the recording holds; else run() alone."""
     devices = {a.device.index for a in args if isinstance(a, torch.Tensor) and a.is_cuda}
     device = next(iter(devices)) if devices else -1   # where the kernels launch: the current device's stream
-    if not _recordable(devices, device):
+    if not _recordable(programs, devices, device):
         return run()
     recording = Recording(tuple(a if isinstance(a, torch.Tensor) else None for a in args))
     with recording:
@@ -185,15 +185,15 @@ def _record(name: str, programs, run, args: tuple, keywords: tuple):
     return output
 
 
-def _recordable(devices: set, device: int) -> bool:
-    """Whether a forward on these devices can be recorded now: no recording in progress, no dispatch mode (a
-    recording is one), its tensors on one device, which is the current one. (There is always room: past its
-    limit a ForwardPrograms forgets the signature unused the longest.)"""
+def _recordable(programs, devices: set, device: int) -> bool:
+    """Whether a forward on these devices can be recorded now: recording has not stopped for its programs (too
+    many recordings wasted: eager_node.cpp's ForwardPrograms), no recording in progress, no dispatch mode (a
+    recording is one), its tensors on one device, which is the current one."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     from roofline.ops import _launch
 
-    return not (_launch.recording.recorder is not None or _get_current_dispatch_mode() is not None
+    return not (programs.full() or _launch.recording.recorder is not None or _get_current_dispatch_mode() is not None
                 or len(devices) > 1 or (device >= 0 and device != torch.cuda.current_device()))
 
 

@@ -472,6 +472,7 @@ struct ForwardProgram {
   CallState state;
   bool single = true;
   int device = -1;   // the CUDA device its kernels were loaded on (-1: none launched)
+  mutable uint64_t hits = 0;   // calls it matched (under its ForwardPrograms' lock)
 
   // Whether every argument matches what was recorded, autograd's grad mode being grad_mode; `tensors` gets the
   // arguments' tensors (undefined for None and constants).
@@ -509,9 +510,14 @@ struct ForwardProgram {
 // one unused the longest. (It was the first 16 forever: a process that had decoded with one model then ran every
 // int8_linear call of the next one through Python, the replay's search and a recording's checks included; the
 // second model's int8 decoding measured 0.88-0.97x bf16 eager where the first's was 1.15x, on the H100.)
+// Recording costs a call several times its Python run (a dispatch mode sees every aten call), so it stops once
+// kWasteLimit recordings were wasted: a program that cannot replay, or one forgotten without having matched a
+// call. Calls of ever new shapes (every prefill length, or the interpreter's launches in the CPU tests, which
+// cannot replay) then run in Python, as the programs recorded keep replaying.
 class ForwardPrograms {
  public:
   static constexpr size_t kLimit = 64;
+  static constexpr size_t kWasteLimit = 16;
 
   // entry: the programs of a whole entry point (roofline/ops/_eager_node.py, entry_replay), which leaves to Python
   // the calls a profiler sees (Python records those under the op's name).
@@ -521,6 +527,12 @@ class ForwardPrograms {
   size_t size() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return programs_.size();
+  }
+
+  // Whether recording has stopped (see kWasteLimit).
+  bool full() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return wasted_ >= kWasteLimit;
   }
 
   // What the recorder built of a forward called with `args` then the keyword arguments named `keywords` (their
@@ -545,7 +557,11 @@ class ForwardPrograms {
       }
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    if (programs_.size() >= kLimit) programs_.pop_back();
+    if (!forward->program->replayable) ++wasted_;
+    if (programs_.size() >= kLimit) {
+      if (programs_.back()->hits == 0 && programs_.back()->program->replayable) ++wasted_;
+      programs_.pop_back();
+    }
     programs_.insert(programs_.begin(), std::move(forward));
   }
 
@@ -569,6 +585,7 @@ class ForwardPrograms {
       for (auto it = programs_.begin(); it != programs_.end(); ++it) {
         if ((*it)->state == state && (*it)->match(items, count, keywords, grad_mode, tensors)) {
           found = *it;
+          ++found->hits;
           std::rotate(programs_.begin(), it, it + 1);   // to the front
           break;
         }
@@ -601,6 +618,7 @@ class ForwardPrograms {
   mutable std::atomic<uint64_t> replayed_{0};
   mutable std::mutex mutex_;
   mutable std::vector<std::shared_ptr<const ForwardProgram>> programs_;   // most recently used first
+  size_t wasted_ = 0;   // recordings that could not replay, or were forgotten unused
 };
 
 // Builds a Program from what the Python recorder saw.
@@ -1139,7 +1157,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<ForwardPrograms, std::shared_ptr<ForwardPrograms>>(m, "ForwardPrograms")
       .def(py::init<bool>(), py::arg("entry") = false)
       .def_readonly_static("limit", &ForwardPrograms::kLimit)
+      .def_readonly_static("waste_limit", &ForwardPrograms::kWasteLimit)
       .def("size", &ForwardPrograms::size)
+      .def("full", &ForwardPrograms::full)
       .def("add", &ForwardPrograms::add)
       .def("replay", &ForwardPrograms::replay, py::arg("args"), py::arg("kwargs") = py::none())
       .def("replayed", &ForwardPrograms::replayed);
