@@ -88,7 +88,7 @@ def test_one_launch_of_many_programs_reduces_at_every_call_as_the_three_launches
         torch.testing.assert_close(cross_entropy(logits, t, reduction=reduction, backend="triton"), three,
                                    rtol=0, atol=0)
     [plan] = [p for p in ce_module._plans.values() if p.spread]
-    assert [int(ticket) for ticket in plan.tickets.values()] == [0]
+    assert [int(ticket) for ticket, _ in plan.scratch.values()] == [0]
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -389,7 +389,7 @@ def test_gpu_one_launch_of_many_programs_keeps_a_ticket_per_stream():
     for loss in losses:
         torch.testing.assert_close(loss, expected)
     [plan] = [p for p in ce_module._plans.values() if p.spread]
-    assert len(plan.tickets) == 2 and all(int(ticket) == 0 for ticket in plan.tickets.values())
+    assert len(plan.scratch) == 2 and all(int(ticket) == 0 for ticket, _ in plan.scratch.values())
 
 
 @pytest.mark.gpu

@@ -262,7 +262,7 @@ class CrossEntropyPlan:
         elif self.spread:   # one launch of many programs
             self.forward_launch = Launch(cross_entropy_forward_kernel, programs, index, ALONE=False, SPREAD=True,
                                          REDUCE=reduction != "none", **settings)
-            self.tickets = {}   # by stream (see _ticket)
+            self.scratch = {}   # by stream (see _scratch)
         else:
             self.stats_launch = Launch(target_stats_kernel, (1,), index, BLOCK=STATS_BLOCK)
             self.forward_launch = Launch(cross_entropy_forward_kernel, programs, index, ALONE=False, SPREAD=False,
@@ -289,10 +289,12 @@ class CrossEntropyPlan:
         pointers = logits.data_ptr() | target.data_ptr()
         reduced = self.reduction != "none"
         if self.alone or self.spread:
-            losses = torch.empty(self.rows, device=self.device, dtype=torch.float32) \
-                if self.spread or not reduced else None
+            if self.spread and reduced:
+                ticket, losses = self._scratch()
+            else:   # (stats: a word never read; the losses are the output, or stay in registers)
+                ticket, losses = stats, None if reduced else torch.empty(self.rows, device=self.device,
+                                                                         dtype=torch.float32)
             out = torch.empty((), device=self.device, dtype=self.loss_dtype) if reduced else losses
-            ticket = self._ticket() if self.spread and reduced else stats   # (stats: a word never read)
             self.forward_launch.for_pointers(pointers)(
                 logits, target, out if losses is None else losses, out if gradient is None else gradient, stats,
                 report, out, ticket, self.rows, self.n, self.ignore_index, self.smoothing)
@@ -308,17 +310,21 @@ class CrossEntropyPlan:
         self.reduce(losses, stats, loss, self.rows)
         return loss, gradient, stats
 
-    def _ticket(self) -> torch.Tensor:
-        """The int32 that a spread launch's programs count themselves off on, 0 before the launch (its last
-        program sets it back): one per stream, whose calls run one after another; a fresh one in a CUDA graph's
-        capture (zeroed at every replay, in the graph's own memory)."""
+    def _scratch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a spread launch that reduces works in: the int32 its programs count themselves off on, 0 before the
+        launch (its last program sets it back), and the rows' losses, which that program sums. One pair per stream,
+        whose calls run one after another (an allocation from Python costs a call 2-3.5 us on our H100 machine's
+        host, a sixth of torch's whole loss); a fresh pair in a CUDA graph's capture (the ticket zeroed at every
+        replay, in the graph's own memory)."""
         if capturing(self.device):
-            return torch.zeros(1, device=self.device, dtype=torch.int32)
+            return (torch.zeros(1, device=self.device, dtype=torch.int32),
+                    torch.empty(self.rows, device=self.device, dtype=torch.float32))
         stream = torch._C._cuda_getCurrentStream(self.index)[0] if self.device.type == "cuda" else 0
-        ticket = self.tickets.get(stream)
-        if ticket is None:
-            ticket = self.tickets[stream] = torch.zeros(1, device=self.device, dtype=torch.int32)
-        return ticket
+        found = self.scratch.get(stream)
+        if found is None:
+            found = self.scratch[stream] = (torch.zeros(1, device=self.device, dtype=torch.int32),
+                                            torch.empty(self.rows, device=self.device, dtype=torch.float32))
+        return found
 
     # The three steps of a large input, which linear_cross_entropy also runs over chunks of rows: `rows` may differ
     # from the plan's (at most it, for rows_forward), and `pointers` are the inputs' data pointers or-ed together.
