@@ -12,7 +12,7 @@ and programmatic dependent launch (PDL: the next kernel's programs start before 
     mode0 no PDL;  mode1 start the dependents at once, wait, then load;  mode2 start them, load W's first tile,
     then wait (W never depends on the kernel before);  mode3 load the tile, wait, never start them early.
 
-    python benchmarks/gemv_probe.py OUT.json [--no-sweep]
+    python benchmarks/gemv_probe.py OUT.json [--no-sweep | --chain-configs]
 
 Results: benchmarks/results/h100-models.md (int8 GEMV section) and h100-gemv-probe.json.
 """
@@ -160,13 +160,81 @@ def chain(layer, variant, interleaved, best) -> float:
     return replay_us(calls)
 
 
+def library_pick(n, k) -> tuple:
+    """(BLOCK_N, BLOCK_K, warps) that int8_linear's autotuner picks for one row at N x K (timed alone)."""
+    x, q, s, _ = operands(n, k)
+    lin.int8_linear(x, q, s)
+    torch.cuda.synchronize()
+    config = next(c for key, c in lin.int8_gemv_kernel.cache.items() if tuple(key[:2]) == (n, k))
+    return config.kwargs["BLOCK_N"], config.kwargs["BLOCK_K"], config.num_warps
+
+
+def forced(x, q, s, y, config):
+    """The library's GEMV kernel launched with this config, past its autotuner."""
+    bn, bk, warps = config
+    n, k = q.shape
+    return lambda: lin.int8_gemv_kernel.fn[(triton.cdiv(n, bn),)](
+        x, q, s, None, y, n, k, q.stride(0), HAS_BIAS=False, UPCAST=False, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=warps, num_stages=1)
+
+
+def picked_chain(picks) -> float:
+    """The fused step's matmuls, interleaved as the step runs them, each shape at picks[(n, k)]: us a replay."""
+    calls = []
+    for n, k, torch_before in [item for _ in range(LAYERS) for item in FUSED] + [HEAD]:
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        if torch_before:
+            source = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+            calls.append(lambda source=source, x=x: torch.mul(source, 1.0, out=x))
+        q = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8)
+        s = torch.rand(n, device="cuda") * 0.01
+        calls.append(forced(x, q, s, torch.empty(1, n, device="cuda", dtype=torch.bfloat16), picks[(n, k)]))
+    return replay_us(calls)
+
+
+def chain_configs() -> dict:
+    """Each shape's config chosen in the chain instead of alone: the library's picks, then each shape's every
+    config (the library's and the sweep's) with the others at their picks, then the chain-best picks against the
+    library's, alternating."""
+    shapes = sorted({(n, k) for n, k, _ in FUSED + [HEAD]})
+    picks = {shape: library_pick(*shape) for shape in shapes}
+    candidates = sorted({(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps) for c in lin.INT8_GEMV}
+                        | set(configs()))
+    result = dict(library_picks={f"{n}x{k}": list(c) for (n, k), c in picks.items()}, per_shape={})
+    best = dict(picks)
+    for n, k in shapes:
+        times = {}
+        for config in candidates:
+            if config[1] > max(256, triton.next_power_of_2(k)):
+                continue
+            times[config] = picked_chain({**picks, (n, k): config})
+        best[(n, k)] = min(times, key=times.get)
+        result["per_shape"][f"{n}x{k}"] = {str(c): round(t, 1) for c, t in sorted(times.items(), key=lambda i: i[1])}
+        print(f"{n}x{k}: library {picks[(n, k)]} {times.get(picks[(n, k)], float('nan')):.1f} us, best {best[(n, k)]} "
+              f"{times[best[(n, k)]]:.1f} us", flush=True)
+    result["chain_picks"] = {f"{n}x{k}": list(c) for (n, k), c in best.items()}
+    result["library"], result["chain_best"] = [], []
+    for _ in range(4):   # alternating: the host's and the GPU's drift falls on both
+        result["library"].append(picked_chain(picks))
+        result["chain_best"].append(picked_chain(best))
+    print("library picks", [round(t, 1) for t in result["library"]], "chain picks",
+          [round(t, 1) for t in result["chain_best"]], "us", flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out")
     parser.add_argument("--no-sweep", action="store_true", help="chains only, each conversion at its best config "
                         "of the last sweep (the 'best' of benchmarks/results/h100-gemv-probe.json)")
+    parser.add_argument("--chain-configs", action="store_true", help="only: each shape's config chosen in the "
+                        "fused, interleaved chain against the autotuner's pick alone (chain_configs)")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.chain_configs:
+        with open(args.out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), **chain_configs()), f, indent=1)
+        return
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   shapes=[], chains={})
     if args.no_sweep:
