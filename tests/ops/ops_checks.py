@@ -1,11 +1,17 @@
 """The check every op test makes: outputs and gradients against the same op in float64 on the same values."""
 
 import contextlib
+import math
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
 from roofline.ops._launch import clear_plans
+
+# The property tests' shapes: 1-3 dimensions of 1-40, at most 1000 elements. Under the interpreter a draw costs in
+# proportion to its programs: uncapped (up to 64,000 elements) the norms' sweep took 7.3 minutes of CI's 20.
+SHAPES = st.lists(st.integers(1, 40), min_size=1, max_size=3).filter(lambda shape: math.prod(shape) <= 1000)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -43,12 +49,16 @@ def block_size_fixture(module, name: str, values, ids):
     return fixture
 
 
-def assert_matches_float64(ours, reference, *args, grad_atol_scale=1.0, out_atol_scale=1.0):
+def assert_matches_float64(ours, reference, *args, grad_atol_scale=1.0, out_atol_scale=1.0, or_twice_torchs=False):
     """Run ours(*args) and reference(*args upcast to float64) and compare every output, then, with a random
     cotangent for each output, every gradient of the floating-point tensor arguments.
 
     The tolerance of each comparison is that of the least precise dtype among the one compared and the
-    arguments' (an fp32 weight's gradient computed from bf16 activations is as good as bf16); a gradient's atol is multiplied by grad_atol_scale (gradients that sum over a row grow with it).
+    arguments' (an fp32 weight's gradient computed from bf16 activations is as good as bf16); a gradient's atol is
+    multiplied by grad_atol_scale (gradients that sum over a row grow with it). or_twice_torchs: an output or a
+    gradient outside that tolerance still passes within twice the error of the reference run in the arguments' own
+    dtypes (torch's op), for draws the tolerance cannot know are ill-conditioned (a layer_norm row of 2 elements
+    close together: the output and dx divide by their tiny deviation, and torch's fp32 misses the tolerance too).
     Returns our outputs.
     """
     leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
@@ -62,10 +72,19 @@ def assert_matches_float64(ours, reference, *args, grad_atol_scale=1.0, out_atol
 
     outs, ref_outs = as_tuple(ours(*leaves)), as_tuple(reference(*ref_leaves))
     assert len(outs) == len(ref_outs)
-    for out, ref in zip(outs, ref_outs):
+    torch_leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                    else a for a in args] if or_twice_torchs else None
+    torch_outs = as_tuple(reference(*torch_leaves)) if or_twice_torchs else None
+    for k, (out, ref) in enumerate(zip(outs, ref_outs)):
         assert out.shape == ref.shape and out.device == ref.device, (out.shape, ref.shape)
         rtol, atol = tolerance(out.dtype)
-        torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol * out_atol_scale, equal_nan=True)
+        try:
+            torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol * out_atol_scale, equal_nan=True)
+        except AssertionError:
+            if not or_twice_torchs:
+                raise
+            assert_within_twice_torchs_error((f"output {k}",), [out.detach()], [ref.detach()],
+                                             [torch_outs[k].detach()], out.dtype)
     grads_of = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor) and a.requires_grad]
     differentiable = [(o, r) for o, r in zip(outs, ref_outs) if o.requires_grad]
     if not grads_of or not differentiable or not any(o.numel() for o, _ in differentiable):
@@ -75,15 +94,27 @@ def assert_matches_float64(ours, reference, *args, grad_atol_scale=1.0, out_atol
                                      allow_unused=True)
     ref_grads = torch.autograd.grad([r for _, r in differentiable], [ref_leaves[i] for i in grads_of],
                                     [c.double() for c in cotangents], allow_unused=True)
-    for i, g, ref in zip(grads_of, ours_grads, ref_grads):
+    torch_grads = None
+    if or_twice_torchs:
+        torch_differentiable = [t for t, o in zip(torch_outs, outs) if o.requires_grad]
+        torch_grads = torch.autograd.grad(torch_differentiable, [torch_leaves[i] for i in grads_of],
+                                          [c.to(t.dtype) for c, t in zip(cotangents, torch_differentiable)],
+                                          allow_unused=True)
+    for k, (i, g, ref) in enumerate(zip(grads_of, ours_grads, ref_grads)):
         assert (g is None) == (ref is None), f"argument {i}: gradient {'missing' if g is None else 'unexpected'}"
         if g is None:
             continue
         assert g.dtype == leaves[i].dtype and g.shape == leaves[i].shape, f"argument {i}"
         rtol, atol = tolerance(g.dtype)
-        torch.testing.assert_close(g.double(), ref, rtol=rtol, atol=atol * grad_atol_scale, equal_nan=True,
-                                   msg=lambda m, i=i: f"gradient of argument {i}: {m}")
+        try:
+            torch.testing.assert_close(g.double(), ref, rtol=rtol, atol=atol * grad_atol_scale, equal_nan=True,
+                                       msg=lambda m, i=i: f"gradient of argument {i}: {m}")
+        except AssertionError:
+            if torch_grads is None:
+                raise
+            assert_within_twice_torchs_error((f"gradient of argument {i}",), [g], [ref], [torch_grads[k]], g.dtype)
     return outs if len(outs) > 1 else outs[0]
+
 
 
 def outputs_and_grads(fn, tensors, dout, dtype=None):

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_checks import DEVICE, DTYPES, as_tuple, assert_matches_float64, block_size_fixture, patched
+from ops_checks import DEVICE, DTYPES, SHAPES, as_tuple, assert_matches_float64, block_size_fixture, patched
 
 import roofline.ops.norm as norm_module
 from roofline.ops import add_rms_norm, layer_norm, rms_norm
@@ -57,13 +57,14 @@ def inputs(op, shape, dtype, weight=True, bias=True, param_dtype=None, device=DE
     return x, torch.randn(shape, device=device, dtype=dtype), w
 
 
-def check(op, *args, backend="triton", eps=None):
+def check(op, *args, backend="triton", eps=None, or_twice_torchs=False):
     rows = max(1, args[0].numel() // max(1, args[0].shape[-1]))
     scale = math.sqrt(max(rows, args[0].shape[-1]))       # dw, db sum over rows; dx over a row
     if eps is None and op != "layer_norm":   # the float64 reference would take float64's epsilon
         eps = torch.finfo(torch.float32).eps
     extra = () if eps is None else (eps,)
-    return assert_matches_float64(partial(OURS[op], backend), REFERENCES[op], *args, *extra, grad_atol_scale=scale)
+    return assert_matches_float64(partial(OURS[op], backend), REFERENCES[op], *args, *extra, grad_atol_scale=scale,
+                                  or_twice_torchs=or_twice_torchs)
 
 
 max_block = block_size_fixture(norm_module, "MAX_BLOCK", [norm_module.MAX_BLOCK, 64], ["one-block", "looped"])
@@ -168,7 +169,7 @@ def test_torch_backend_and_default_on_cpu(op):
 @settings(max_examples=30, deadline=None)
 @given(
     op=st.sampled_from(sorted(OURS)),
-    shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    shape=SHAPES,
     dtype=st.sampled_from(DTYPES),
     transpose=st.booleans(),
     with_weight=st.booleans(),
@@ -179,8 +180,19 @@ def test_property_any_shape_dtype_and_stride(op, shape, dtype, transpose, with_w
     args = list(inputs(op, shape, dtype, weight=with_weight, bias=with_weight))
     if transpose and args[0].dim() >= 2:
         args[0] = args[0].transpose(0, -1).contiguous().transpose(0, -1)   # same shape, column-major
-    with patched(norm_module, "MAX_BLOCK", block):
-        check(op, *args)
+    with patched(norm_module, "MAX_BLOCK", block):   # any draw: an ill-conditioned one is held to torch's own error
+        check(op, *args, or_twice_torchs=True)
+
+
+def test_an_ill_conditioned_layer_norm_gradient_is_held_to_twice_torchs_error():
+    """A CI draw of the property test: rows of 2 elements in fp32, no weight. Where two elements are close, the
+    output and dx divide by their tiny deviation, and both torch's fp32 and ours miss the fixed tolerance (in CI,
+    ours by 5.1e-4 where 2.5e-4 was allowed); ours is held to twice torch's error there."""
+    torch.manual_seed(21)
+    x = torch.randn(25, 25, 2) * 2 + 0.5
+    with pytest.raises(AssertionError, match="not close"):
+        check("layer_norm", x, None, None)
+    check("layer_norm", x, None, None, or_twice_torchs=True)
 
 
 X = torch.randn(4, 8)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_checks import block_size_fixture, patched
+from ops_checks import SHAPES, block_size_fixture, patched
 
 from roofline.ops import log_softmax, softmax
 from roofline.ops.softmax import softmax_by_hand
@@ -106,7 +106,7 @@ def test_by_hand_version_and_default_backend():
 
 @settings(max_examples=25, deadline=None)
 @given(
-    shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    shape=SHAPES,
     dtype=st.sampled_from(DTYPES),
     op=st.sampled_from(sorted(OPS)),
     data=st.data(),

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_checks import DEVICE, DTYPES, assert_matches_float64
+from ops_checks import DEVICE, DTYPES, SHAPES, assert_matches_float64
 
 from roofline.ops import swiglu
 from roofline.ops.swiglu import _as_rows, swiglu_reference
@@ -67,7 +67,7 @@ def test_empty_and_torch_backends():
 
 
 @settings(max_examples=30, deadline=None)
-@given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3), dtype=st.sampled_from(DTYPES),
+@given(shape=SHAPES, dtype=st.sampled_from(DTYPES),
        transpose=st.booleans(), scale=st.sampled_from([0.1, 1.0, 30.0]))
 @pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_property_any_shape_dtype_and_stride(shape, dtype, transpose, scale):
