@@ -123,6 +123,9 @@ class _LaunchCounter:
     def refuse(self, reason):
         pass
 
+    def host(self, function, args):
+        return function(*args)
+
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_a_small_or_mid_sized_input_takes_one_launch_and_a_large_one_three(reduction, monkeypatch):
@@ -421,6 +424,34 @@ def test_gpu_a_captured_step_writes_no_checks_slot():
     with pytest.raises(ValueError, match=r"target\[5\] = 1000 is not a class index"):
         wait_for_target_checks()
     assert not target_checks._pending and torch.isfinite(logits.grad).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [8, 256, 4096], ids=["one-program", "one-launch", "three-launches"])
+def test_gpu_replayed_forwards_check_their_targets_at_every_call(rows):
+    """Forwards without a gradient replay from C++ after their signature's first call. The check's slot and a
+    spread launch's scratch are host steps, taken anew by each replay: a bad target among replayed calls gives its
+    call a nan loss and makes the next call raise, and the stream's ticket is back at 0 after every call."""
+    logits, t = torch.randn(rows, 5000, device="cuda"), targets(rows, 5000, device="cuda")
+    expected = cross_entropy_reference(logits, t)
+    for _ in range(2):   # the first compiles its kernels (timing runs are no record), the second is recorded
+        cross_entropy(logits, t)
+    replayed = cross_entropy.replays.programs.replayed()
+    assert replayed == 0
+    for _ in range(CHECK_SLOTS + 5):   # more calls than slots: each replay frees the slots of counts written
+        torch.testing.assert_close(cross_entropy(logits, t), expected)
+    assert cross_entropy.replays.programs.replayed() == replayed + CHECK_SLOTS + 5
+    bad = t.clone()
+    bad[rows // 2] = 5000
+    assert torch.isnan(cross_entropy(logits, bad))   # replayed too; reading the loss waits for the count
+    with pytest.raises(ValueError, match=rf"target\[{rows // 2}\] = 5000 is not a class index.*found after"):
+        cross_entropy(logits, t)
+    assert cross_entropy.replays.programs.replayed() == replayed + CHECK_SLOTS + 7
+    torch.testing.assert_close(cross_entropy(logits, t), expected)
+    wait_for_target_checks()
+    assert not target_checks._pending and len(target_checks._free) == CHECK_SLOTS
+    spread = [p for p in ce_module._plans.values() if p.spread]
+    assert all(int(ticket) == 0 for plan in spread for ticket, _ in plan.scratch.values())
 
 
 @pytest.mark.gpu

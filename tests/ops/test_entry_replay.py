@@ -44,14 +44,37 @@ def sines_into_new_memory(x):
     return like, fresh, new, torch.cos(x.t(), out=strided)
 
 
+TICKETS: list[tuple] = []   # the host step's calls: (the tensor it was given, the constant)
+ISSUED = torch.zeros(1, dtype=torch.float64)   # advanced by the host step's own aten call
+
+
+def next_ticket(x, step):
+    """Host-side state a replay must consult at every call, as the loss ops' check of their targets does: a count
+    kept in Python, raising past a limit, and aten calls of its own, which the program must not replay (an add_
+    replayed as well would advance ISSUED twice a call)."""
+    TICKETS.append((x, step))
+    if len(TICKETS) * step > 10:
+        raise ValueError("out of tickets")
+    ISSUED.add_(step)
+    return ISSUED.to(x.device, copy=True)
+
+
+@entry_replay
+def ticketed_sine(x, step=1):
+    RUNS.append("ticketed_sine")
+    return torch.sin(x) + _eager_node.host_step(next_ticket, x, step)
+
+
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
     """Entry points recorded on this test's device, with nothing recorded yet."""
     monkeypatch.setattr(_eager_node, "ENTRY_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(_eager_node, "REPLAY_FORWARDS", True)
-    for entry in (scaled_sine, sine_and_product, sine_op, sines_into_new_memory):
+    for entry in (scaled_sine, sine_and_product, sine_op, sines_into_new_memory, ticketed_sine):
         entry.replays.programs = None
     RUNS.clear()
+    TICKETS.clear()
+    ISSUED.zero_()
 
 
 def _x(*shape, dtype=torch.float64):
@@ -113,6 +136,20 @@ def test_recording_stops_once_recordings_are_wasted():
     y = _x(limit + waste, 3)   # the last one recorded still replays
     torch.testing.assert_close(scaled_sine(y), torch.sin(y) * 3.0, rtol=0, atol=0)
     assert len(RUNS) == runs + 2 and programs.replayed() == replayed + 1
+
+
+def test_a_host_step_runs_again_at_every_replay_with_that_calls_tensors():
+    """host_step's function is called by each replay (with the call's own tensor, and the recorded constant), its
+    result taken fresh; its own aten calls are not part of the program; an exception it raises stops the replay."""
+    x, y = _x(5), _x(5)
+    torch.testing.assert_close(ticketed_sine(x, 2), torch.sin(x) + 2, rtol=0, atol=0)   # recorded
+    for expected, t in ((4, y), (6, x), (8, y), (10, x)):   # replayed: a new ticket each call
+        torch.testing.assert_close(ticketed_sine(t, 2), torch.sin(t) + expected, rtol=0, atol=0)
+        assert TICKETS[-1][0] is t and TICKETS[-1][1] == 2
+    assert RUNS == ["ticketed_sine"] and ticketed_sine.replays.programs.replayed() == 4
+    with pytest.raises(ValueError, match="out of tickets"):
+        ticketed_sine(x, 2)
+    assert RUNS == ["ticketed_sine"] and len(TICKETS) == 6
 
 
 def test_replayed_allocations_have_the_recorded_layouts_and_honour_the_deterministic_fill():

@@ -153,7 +153,7 @@ def forward(op, plan, args: tuple):
     while the recording would not hold runs in Python and is not recorded: a dispatch mode active (replays happen
     without one), another device current than its tensors', a recording in progress.
     The op's forward must be a function of its signature (no host reads of tensor values, no state kept between
-    calls): the ops that check their targets are not replayed."""
+    calls), except for what it does through host_step, which a replay calls again."""
     try:
         programs = plan.forward_programs
     except AttributeError:
@@ -197,6 +197,20 @@ def _recordable(programs, devices: set, device: int) -> bool:
                 or len(devices) > 1 or (device >= 0 and device != torch.cuda.current_device()))
 
 
+def host_step(function, *args):
+    """function(*args), host-side work of a forward whose result its signature does not fix (a slot for the
+    targets' count, queued for a later check; a scratch buffer chosen by the current stream). Where the forward is
+    being recorded, its program calls function again at each replay, with that call's tensors (the arguments that
+    are the forward's tensors go by slot, the others as they are now) and takes its result (a tensor, or a tuple
+    of tensors) as new tensors. function's own aten calls are not recorded: they are its business at each call."""
+    from roofline.ops import _launch
+
+    recorder = _launch.recording.recorder
+    if recorder is None:
+        return function(*args)
+    return recorder.host(function, args)
+
+
 def forget_entries() -> None:
     """Forget every entry point's recorded calls (roofline.ops._launch.clear_plans: the plans they ran were built
     from settings that may have changed)."""
@@ -226,8 +240,9 @@ def entry_replay(function):
     attaching of the op's autograd node to their outputs, which then backpropagates as the recorded call's node
     does. Calls under torch.compile, a dispatch mode, a profiler (the Python path records the op under its name),
     functorch's transforms or a CUDA graph's capture being recorded, and tensor subclasses, run the entry point in
-    Python, as before. The entry point must be a function of its signature: no host reads of tensor values (the
-    loss ops, which check their targets, are not wrapped), nothing kept between calls but plans.
+    Python, as before. The entry point must be a function of its signature: no host reads of tensor values,
+    nothing kept between calls but plans, except through host_step (cross_entropy's check of its targets), which a
+    replay calls again.
 
     replayed_entry, the decorator on the ops' entry points, applies it where replays are on (unless
     ROOFLINE_FORWARD_REPLAY=0) and leaves the entry point as it is otherwise: no wrapper on the hot path of a
@@ -308,6 +323,7 @@ class Recording(TorchDispatchMode):
         self.attached = False   # an op's node was attached (a forward that makes a gradient)
         self.refusal = None if len(self.slots) == len(self.tensors) else "one tensor passed twice"
         self.cold = False   # a launch compiled or autotuned its kernel: what it did (timing runs) is no record
+        self.paused = False   # in a host step, whose aten calls are its own
 
     def __enter__(self):
         from roofline.ops import _launch   # (imported here: _launch imports the module that imports this one)
@@ -328,8 +344,30 @@ class Recording(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.refusal is None:
+        if self.refusal is None and not self.paused:
             self._aten(func, args, kwargs, out)
+        return out
+
+    def host(self, function, args: tuple):
+        """function(*args) as a host step (host_step): called now, and again at each replay."""
+        self.paused = True
+        try:
+            out = function(*args)
+        finally:
+            self.paused = False
+        if self.refusal is None:
+            results = out if isinstance(out, tuple) else (out,)
+            if not all(isinstance(t, torch.Tensor) for t in results):
+                self.refuse(f"host step {function} returns {type(out).__name__}")
+                return out
+            slots = [-1 if not isinstance(a, torch.Tensor) else self._slot(a) for a in args]
+            if None in slots:
+                self.refuse(f"host step {function} takes a tensor the recorded code did not make")
+                return out
+            for t in results:
+                self._add(t)
+            self.steps.append(("host", function, slots, [a if s < 0 else None for a, s in zip(args, slots)],
+                               len(results)))
         return out
 
     def _aten(self, func, args, kwargs, out) -> None:

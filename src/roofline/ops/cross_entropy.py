@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from roofline.ops._common import (KernelOp, choose_backend, converted, next_power_of_2, resident_programs, tl,
                                   triton)
+from roofline.ops._eager_node import host_step, replayed_entry
 from roofline.ops._launch import Launch, Plans, tensor_key
 from roofline.ops._target_check import target_checks
 from roofline.ops.softmax import LOG2E, _row_max_and_sum
@@ -281,7 +282,8 @@ class CrossEntropyPlan:
             if (alone or self.spread) and reduction != "none" else None
 
     def forward(self, logits, target, ignore_index, reduction, label_smoothing, grad, check_targets):
-        report = self.report(target, check_targets)
+        # (host steps: a replay of the entry point takes the check's slot and the scratch anew at each call)
+        report = host_step(self.report, target, check_targets)
         stats = self.unread_stats   # (rows counted, targets out of range)
         if stats is None:
             stats = torch.empty(2, device=self.device, dtype=torch.int32)
@@ -290,7 +292,7 @@ class CrossEntropyPlan:
         reduced = self.reduction != "none"
         if self.alone or self.spread:
             if self.spread and reduced:
-                ticket, losses = self._scratch()
+                ticket, losses = host_step(self._scratch)
             else:   # (stats: a word never read; the losses are the output, or stay in registers)
                 ticket, losses = stats, None if reduced else torch.empty(self.rows, device=self.device,
                                                                          dtype=torch.float32)
@@ -438,7 +440,7 @@ _cross_entropy_rows = KernelOp(
     backward_fake=lambda grad, dloss: None, backward_mutates=("grad",), setup_context=_keep_gradient,
     backward_rule=_backward_rule, plan=_plan, public_name=lambda args: "cross_entropy",
     eager_node=False,   # its backward hands on the buffer held on ctx (see _keep_gradient): autograd.Function
-    replay_forward=False)   # its forward checks the targets (_target_check), reading and raising on the host
+    replay_forward=False)   # the entry point's replays serve its forwards (host steps check the targets)
 _calls = Plans("cross_entropy calls")   # the plans of calls as the entry point saw them, checks passed
 
 
@@ -490,6 +492,7 @@ def capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+@replayed_entry
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0, *, backend: str | None = None,
                   check_targets: bool = True) -> torch.Tensor:

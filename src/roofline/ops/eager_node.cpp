@@ -222,6 +222,34 @@ struct AttachStep {
 
 void attach_step(const AttachStep& step, const std::vector<at::Tensor>& slots);   // (below, with the node)
 
+// A call back into Python that a recorded forward makes again at each replay: host-side work whose result is not
+// fixed by the call's signature. The loss ops' check of their targets takes a slot of pinned memory for the count
+// and queues it, reading (and raising for) the counts written since; a launch's scratch is chosen by the current
+// stream. Arguments: slots, or constants; results (a tensor, or a tuple of them): new slots.
+struct HostStep {
+  std::shared_ptr<PythonReference> function;
+  std::vector<int> slots;                                      // per argument: its slot, or -1 for a constant
+  std::vector<std::shared_ptr<PythonReference>> constants;     // per argument: the constant (null for a slot)
+  size_t results;
+
+  void run(std::vector<at::Tensor>& slots_) const {
+    py::gil_scoped_acquire gil;
+    py::tuple args(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i)
+      args[i] = slots[i] >= 0 ? py::cast(slots_[slots[i]]) : constants[i]->object;
+    py::object out = function->object(*args);   // a Python exception propagates: the replay stops here
+    if (THPVariable_Check(out.ptr())) {
+      TORCH_CHECK(results == 1, "roofline: a host step returned one tensor where it was recorded with ", results);
+      slots_.push_back(THPVariable_Unpack(out.ptr()));
+      return;
+    }
+    py::tuple tensors = py::reinterpret_borrow<py::tuple>(out);
+    TORCH_CHECK(tensors.size() == results, "roofline: a host step returned ", tensors.size(), " tensors, not ",
+                results);
+    for (py::handle t : tensors) slots_.push_back(THPVariable_Unpack(t.ptr()));
+  }
+};
+
 struct LaunchArgument {
   char kind;          // 'p' pointer, 'T' TMA descriptor, 'b' i8, 'h' i16, 'i' i32, 'l' i64, 'f' fp32, 'd' fp64,
                       // '-' not passed
@@ -272,7 +300,7 @@ struct Layout {
 struct Program {
   std::vector<Layout> inputs;          // the saved tensors', then the gradients' (for matching)
   bool replayable = false;             // false: a signature whose backward always runs in Python
-  std::vector<std::variant<AtenStep, AllocationStep, LaunchStep, AttachStep>> steps;
+  std::vector<std::variant<AtenStep, AllocationStep, LaunchStep, AttachStep, HostStep>> steps;
   std::vector<int> results;            // per gradient returned: its slot, or -1 for None
 
   bool matches(const ag::variable_list& saved, const ag::variable_list& grads) const {
@@ -294,6 +322,8 @@ struct Program {
         allocation->run(slots);
       } else if (const auto* attach = std::get_if<AttachStep>(&step)) {
         attach_step(*attach, slots);
+      } else if (const auto* host = std::get_if<HostStep>(&step)) {
+        host->run(slots);
       } else {
         launch(std::get<LaunchStep>(step), slots);
       }
@@ -698,6 +728,16 @@ class ProgramBuilder {
                                             std::move(saved)});
   }
 
+  // A call back into Python (see HostStep): per argument its slot or -1, and its constant (None for a slot).
+  void host(py::object function, std::vector<int> slots, const py::list& constants, size_t results) {
+    TORCH_CHECK(constants.size() == slots.size(), "roofline: malformed host step record");
+    HostStep step{std::make_shared<PythonReference>(std::move(function)), std::move(slots), {}, results};
+    for (size_t i = 0; i < step.slots.size(); ++i)
+      step.constants.push_back(step.slots[i] >= 0 ? nullptr
+                                                  : std::make_shared<PythonReference>(constants[i].cast<py::object>()));
+    program_->steps.emplace_back(std::move(step));
+  }
+
   std::shared_ptr<Program> finish(const std::vector<int>& results, bool replayable) {
     program_->results = results;
     program_->replayable = replayable;
@@ -942,7 +982,10 @@ bool pointer_of(PyObject* o, size_t i, c10::DeviceIndex device, uint64_t* pointe
   *pointer = 0;
   if (THPVariable_Check(o)) {
     const at::Tensor& t = THPVariable_Unpack(o);
-    if (t.is_cuda() ? t.device().index() != device : !t.is_pinned()) {
+    // (pinned asked of the context, not by Tensor::is_pinned: that goes through the dispatcher, where a recording's
+    // dispatch mode would see it)
+    if (t.is_cuda() ? t.device().index() != device
+                    : !at::globalContext().isPinnedPtr(t.storage().data(), c10::DeviceType::CUDA)) {
       PyErr_Format(PyExc_ValueError, "roofline: argument %zu of a kernel launch on cuda:%d is a tensor on %s%s",
                    i, static_cast<int>(device), t.device().str().c_str(), t.is_cuda() ? "" : " (not pinned)");
       return false;
@@ -1169,6 +1212,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("allocate", &ProgramBuilder::allocate)
       .def("launch", &ProgramBuilder::launch)
       .def("attach", &ProgramBuilder::attach)
+      .def("host", &ProgramBuilder::host)
       .def("finish", &ProgramBuilder::finish);
   m.def("attach", &attach);
   m.def("python_launch", &python_launch);
