@@ -65,12 +65,27 @@ def ticketed_sine(x, step=1):
     return torch.sin(x) + _eager_node.host_step(next_ticket, x, step)
 
 
+BROKEN = [None]   # what halves hands back instead of its two tensors
+
+
+def halves(x):
+    """Two tensors, as recorded; at a replay with BROKEN set, not what was recorded."""
+    return {"none": None, "one": x.clone(), "list": [x, x], "numbers": (1, 2)}.get(BROKEN[0], (x * 0.5, x * 0.5))
+
+
+@entry_replay
+def halves_summed(x):
+    RUNS.append("halves_summed")
+    a, b = _eager_node.host_step(halves, x)
+    return a + b
+
+
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
     """Entry points recorded on this test's device, with nothing recorded yet."""
     monkeypatch.setattr(_eager_node, "ENTRY_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(_eager_node, "REPLAY_FORWARDS", True)
-    for entry in (scaled_sine, sine_and_product, sine_op, sines_into_new_memory, ticketed_sine):
+    for entry in (scaled_sine, sine_and_product, sine_op, sines_into_new_memory, ticketed_sine, halves_summed):
         entry.replays.programs = None
     RUNS.clear()
     TICKETS.clear()
@@ -150,6 +165,21 @@ def test_a_host_step_runs_again_at_every_replay_with_that_calls_tensors():
     with pytest.raises(ValueError, match="out of tickets"):
         ticketed_sine(x, 2)
     assert RUNS == ["ticketed_sine"] and len(TICKETS) == 6
+
+
+def test_a_host_step_returning_other_than_it_was_recorded_with_raises():
+    """A replay checks what a host step hands back (a clear error, never a crash on a non-tensor)."""
+    x = _x(4)
+    for _ in range(3):
+        torch.testing.assert_close(halves_summed(x), x, rtol=0, atol=0)
+    assert halves_summed.replays.programs.replayed() == 2
+    try:
+        for kind in ("none", "one", "list", "numbers"):
+            BROKEN[0] = kind
+            with pytest.raises(RuntimeError, match="a host step returned"):
+                halves_summed(x)
+    finally:
+        BROKEN[0] = None
 
 
 def test_replayed_allocations_have_the_recorded_layouts_and_honour_the_deterministic_fill():

@@ -243,10 +243,12 @@ struct HostStep {
       slots_.push_back(THPVariable_Unpack(out.ptr()));
       return;
     }
-    py::tuple tensors = py::reinterpret_borrow<py::tuple>(out);
-    TORCH_CHECK(tensors.size() == results, "roofline: a host step returned ", tensors.size(), " tensors, not ",
-                results);
-    for (py::handle t : tensors) slots_.push_back(THPVariable_Unpack(t.ptr()));
+    TORCH_CHECK(PyTuple_Check(out.ptr()) && static_cast<size_t>(PyTuple_GET_SIZE(out.ptr())) == results,
+                "roofline: a host step returned other than the ", results, " tensors it was recorded with");
+    for (py::handle t : py::reinterpret_borrow<py::tuple>(out)) {
+      TORCH_CHECK(THPVariable_Check(t.ptr()), "roofline: a host step returned a non-tensor");
+      slots_.push_back(THPVariable_Unpack(t.ptr()));
+    }
   }
 };
 
