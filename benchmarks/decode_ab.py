@@ -60,17 +60,8 @@ def _decoding(name: str, mode: str, args) -> models.Decoding:
     if not mode.startswith(WITHOUT):
         return models.Decoding(name, mode, 1, args)
     off = mode[len(WITHOUT):].split(",")
-    patch = models._patch
-    models._patch = lambda model, _mode: roofline.patch(model, **{op: False for op in off})
-    try:
-        return models.Decoding(name, "patch", 1, args)
-    finally:
-        models._patch = patch
-
-
-def _model(decoding: models.Decoding) -> nn.Module:
-    return next(cell.cell_contents for cell in decoding.run.__closure__
-                if isinstance(cell.cell_contents, nn.Module))
+    return models.Decoding(name, "patch", 1, args,
+                           patch=lambda model, _mode: roofline.patch(model, **{op: False for op in off}))
 
 
 def _rounds(decodings: dict, rounds: int, tokens: int) -> dict:
@@ -93,7 +84,7 @@ def _time_calls(decodings: dict, classes: tuple, rounds: int, tokens: int) -> di
     """Host us a call of each timed class, per mode, over `rounds` more rounds with the timers in place."""
     totals = {mode: defaultdict(lambda: [0, 0]) for mode in decodings}
     for mode, d in decodings.items():
-        for parent in list(_model(d).modules()):
+        for parent in list(d.model.modules()):
             for child_name, child in list(parent.named_children()):
                 if type(child).__name__ in classes:
                     parent._modules[child_name] = _Timed(child, totals[mode][type(child).__name__])

@@ -152,6 +152,8 @@ def chain(layer, variant, interleaved, best) -> float:
         y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
         if variant == "int8_linear":
             calls.append(lambda x=x, q=q, s=s: lin.int8_linear(x, q, s))
+        elif variant == "picked":   # the library's kernel at best[(n, k)], a (BLOCK_N, BLOCK_K, warps)
+            calls.append(forced(x, q, s, y, best[(n, k)]))
         elif variant.startswith("mode"):
             calls.append(launcher(x, q, s, y, best[(n, k)]["magic"], 0, int(variant[-1])))
         else:
@@ -180,16 +182,7 @@ def forced(x, q, s, y, config):
 
 def picked_chain(picks) -> float:
     """The fused step's matmuls, interleaved as the step runs them, each shape at picks[(n, k)]: us a replay."""
-    calls = []
-    for n, k, torch_before in [item for _ in range(LAYERS) for item in FUSED] + [HEAD]:
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        if torch_before:
-            source = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-            calls.append(lambda source=source, x=x: torch.mul(source, 1.0, out=x))
-        q = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8)
-        s = torch.rand(n, device="cuda") * 0.01
-        calls.append(forced(x, q, s, torch.empty(1, n, device="cuda", dtype=torch.bfloat16), picks[(n, k)]))
-    return replay_us(calls)
+    return chain(FUSED, "picked", True, picks)
 
 
 def chain_configs() -> dict:

@@ -202,15 +202,17 @@ def _check_losses(rows: list[dict]) -> None:
 class Decoding:
     """One mode's generation, made ready (the model built, patched, quantized, compiled or captured as the mode
     says, the prompt prefilled, warm-up steps run), then decoded a few tokens at a time, in turns with the other
-    modes: decode(n) runs its next n tokens, each timed."""
+    modes: decode(n) runs its next n tokens, each timed. patch(model, mode) patches it (_patch: as the mode
+    says)."""
 
-    def __init__(self, name: str, mode: str, batch: int, args):
+    def __init__(self, name: str, mode: str, batch: int, args, patch=None):
         self.mode, self.batch, self.device = mode, batch, args.device
         cuda = self.device.type == "cuda"
         before = torch.cuda.memory_allocated() if cuda else 0
         start = time.perf_counter()
         model = build(name, args.tiny, self.device).to(torch.bfloat16).eval()
-        self.patched = _patch(model, mode)   # first: patch finds SwiGLU MLPs by their nn.Linear children
+        self.model = model
+        self.patched = (patch or _patch)(model, mode)   # first: patch finds SwiGLU MLPs by their nn.Linear children
         if mode.startswith("int8"):
             roofline.quantize_int8_weight_only(model)
         self.prompt = prompt = _sizes(args.tiny)["prompt"]

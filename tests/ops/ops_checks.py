@@ -49,6 +49,12 @@ def block_size_fixture(module, name: str, values, ids):
     return fixture
 
 
+def _grad_leaves(args):
+    """args with each floating-point tensor replaced by a fresh leaf copy that requires grad."""
+    return [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in args]
+
+
 def assert_matches_float64(ours, reference, *args, grad_atol_scale=1.0, out_atol_scale=1.0, or_twice_torchs=False):
     """Run ours(*args) and reference(*args upcast to float64) and compare every output, then, with a random
     cotangent for each output, every gradient of the floating-point tensor arguments.
@@ -61,8 +67,7 @@ def assert_matches_float64(ours, reference, *args, grad_atol_scale=1.0, out_atol
     close together: the output and dx divide by their tiny deviation, and torch's fp32 misses the tolerance too).
     Returns our outputs.
     """
-    leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-              for a in args]
+    leaves = _grad_leaves(args)
     ref_leaves = [a.detach().double().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
                   else a for a in leaves]
     arg_dtypes = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
@@ -72,8 +77,7 @@ def assert_matches_float64(ours, reference, *args, grad_atol_scale=1.0, out_atol
 
     outs, ref_outs = as_tuple(ours(*leaves)), as_tuple(reference(*ref_leaves))
     assert len(outs) == len(ref_outs)
-    torch_leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                    else a for a in args] if or_twice_torchs else None
+    torch_leaves = _grad_leaves(args) if or_twice_torchs else None
     torch_outs = as_tuple(reference(*torch_leaves)) if or_twice_torchs else None
     for k, (out, ref) in enumerate(zip(outs, ref_outs)):
         assert out.shape == ref.shape and out.device == ref.device, (out.shape, ref.shape)

@@ -319,14 +319,16 @@ class CrossEntropyPlan:
         host, a sixth of torch's whole loss); a fresh pair in a CUDA graph's capture (the ticket zeroed at every
         replay, in the graph's own memory)."""
         if capturing(self.device):
-            return (torch.zeros(1, device=self.device, dtype=torch.int32),
-                    torch.empty(self.rows, device=self.device, dtype=torch.float32))
+            return self._new_scratch()
         stream = torch._C._cuda_getCurrentStream(self.index)[0] if self.device.type == "cuda" else 0
         found = self.scratch.get(stream)
         if found is None:
-            found = self.scratch[stream] = (torch.zeros(1, device=self.device, dtype=torch.int32),
-                                            torch.empty(self.rows, device=self.device, dtype=torch.float32))
+            found = self.scratch[stream] = self._new_scratch()
         return found
+
+    def _new_scratch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.zeros(1, device=self.device, dtype=torch.int32),
+                torch.empty(self.rows, device=self.device, dtype=torch.float32))
 
     # The three steps of a large input, which linear_cross_entropy also runs over chunks of rows: `rows` may differ
     # from the plan's (at most it, for rows_forward), and `pointers` are the inputs' data pointers or-ed together.
