@@ -126,6 +126,9 @@ class _LaunchCounter:
     def host(self, function, args):
         return function(*args)
 
+    def attach(self, *node):
+        pass
+
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_a_small_or_mid_sized_input_takes_one_launch_and_a_large_one_three(reduction, monkeypatch):
@@ -160,10 +163,33 @@ def test_backward_scales_only_the_rows_whose_incoming_gradient_is_not_one(launch
     torch.testing.assert_close(logits.grad.double(), ref.grad, rtol=1e-5, atol=1e-6)
 
 
-def test_a_second_backward_through_the_same_forward_is_refused():
-    logits = torch.randn(4, 20, device=DEVICE, requires_grad=True)
-    loss = cross_entropy(logits, targets(4, 20, ignored=0), backend="triton")
-    loss.backward(retain_graph=True)
+@pytest.mark.parametrize("node", [True, False], ids=["C++ node", "autograd.Function"])
+def test_the_forwards_gradient_becomes_logits_grad_without_a_copy_and_only_once(node, monkeypatch):
+    """The gradient buffer the forward wrote is handed on: autograd moves it into logits.grad (it would copy one
+    that the node still held), and a second backward through the same forward is refused, through the C++ node
+    and through the autograd.Function used where that node cannot be built."""
+    from roofline.ops import _eager_node, _launch
+
+    if not node:
+        monkeypatch.setattr(_eager_node, "extension", lambda: None)
+    written = []
+    forward = ce_module.CrossEntropyPlan.forward
+
+    def noting_the_buffer(plan, *args):
+        out = forward(plan, *args)
+        written.append(out[1].data_ptr())
+        return out
+
+    monkeypatch.setattr(ce_module.CrossEntropyPlan, "forward", noting_the_buffer)
+    _launch.clear_plans()   # (no replay of an earlier test's call, which would not run the plan's Python)
+    logits, t = torch.randn(4, 20, device=DEVICE, requires_grad=True), targets(4, 20, ignored=0)
+    loss = cross_entropy(logits, t, backend="triton")
+    assert type(loss.grad_fn).__name__ == ("CppFunction" if node else "cross_entropy_rows_eagerBackward")
+    (loss * 2).backward(retain_graph=True)
+    assert logits.grad.data_ptr() == written[-1]
+    ref = logits.detach().double().requires_grad_()
+    (cross_entropy_reference(ref, t) * 2).backward()
+    torch.testing.assert_close(logits.grad.double(), ref.grad, rtol=1e-5, atol=1e-6)
     with pytest.raises(RuntimeError, match="second backward through the same forward"):
         loss.backward()
 
@@ -468,9 +494,57 @@ def test_gpu_compile_backend_and_peak_memory_is_one_gradient_buffer():
     logits = torch.randn(2048, 32000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     t = targets(2048, 32000, device="cuda")
     check(logits, t, backend="compile")
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    cross_entropy(logits, t, backend="triton").backward()
-    extra = torch.cuda.max_memory_allocated() - before
-    assert extra <= logits.numel() * logits.element_size() + (1 << 20), extra
+    ref = logits.detach().float().requires_grad_()
+    cross_entropy_reference(ref, t).backward()
+    for _ in range(5):   # compiled, recorded, then replayed from C++ (forward and backward)
+        logits.grad = None
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        cross_entropy(logits, t, backend="triton").backward()
+        extra = torch.cuda.max_memory_allocated() - before
+        assert extra <= logits.numel() * logits.element_size() + (1 << 20), extra
+        torch.testing.assert_close(logits.grad.float(), ref.grad, atol=2e-6, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [8, 256, 4096], ids=["one-program", "one-launch", "three-launches"])
+def test_gpu_forward_and_backward_replay_from_cpp(rows, monkeypatch):
+    """With a gradient, the whole call replays from C++ after its signature's first calls, in every launch mode:
+    the entry point's forward and the node's backward, no Python of either. Fresh logits at each call give the
+    float64 loss and gradient."""
+    from roofline.ops import _launch
+
+    _launch.clear_plans()
+    backwards = []
+    backward = ce_module.CrossEntropyPlan.backward
+    monkeypatch.setattr(ce_module.CrossEntropyPlan, "backward",
+                        lambda plan, *args: backwards.append(1) or backward(plan, *args))
+    t = targets(rows, 5000, device="cuda")
+    dloss = torch.tensor(1.5, device="cuda")
+    for _ in range(5):
+        logits = torch.randn(rows, 5000, device="cuda", requires_grad=True)
+        loss = cross_entropy(logits, t)
+        (grad,) = torch.autograd.grad(loss, logits, dloss)
+        ref = logits.detach().double().requires_grad_()
+        want = cross_entropy_reference(ref, t)
+        want.backward(dloss.double())
+        torch.testing.assert_close(loss.double(), want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grad.double(), ref.grad, rtol=1e-4, atol=1e-6 / rows)
+    assert cross_entropy.replays.programs.replayed() >= 3
+    assert len(backwards) <= 2   # the first call's (compiling) and the recorded one
+
+
+@pytest.mark.gpu
+def test_gpu_a_replayed_backward_raises_for_its_calls_bad_target():
+    logits = torch.randn(300, 5000, device="cuda", requires_grad=True)
+    t = targets(300, 5000, device="cuda")
+    for _ in range(3):   # the third forward and backward are replays
+        cross_entropy(logits, t).backward()
+    bad = t.clone()
+    bad[123] = -7
+    loss = cross_entropy(logits, bad)
+    torch.cuda.synchronize()   # the count is written: the backward's check reads it
+    with pytest.raises(ValueError, match=r"target\[123\] = -7 is not a class index"):
+        loss.backward()
+    assert not target_checks._pending

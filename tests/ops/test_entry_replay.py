@@ -85,7 +85,8 @@ def fresh(monkeypatch):
     """Entry points recorded on this test's device, with nothing recorded yet."""
     monkeypatch.setattr(_eager_node, "ENTRY_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(_eager_node, "REPLAY_FORWARDS", True)
-    for entry in (scaled_sine, sine_and_product, sine_op, sines_into_new_memory, ticketed_sine, halves_summed):
+    for entry in (scaled_sine, sine_and_product, sine_op, sines_into_new_memory, ticketed_sine, halves_summed,
+                  sine_beside_a_held_word):
         entry.replays.programs = None
     RUNS.clear()
     TICKETS.clear()
@@ -282,6 +283,51 @@ def test_a_call_that_wants_a_gradient_replays_with_the_ops_node():
         assert sine_op(x).grad_fn is None
     assert sine_op(x.detach()).grad_fn is None   # the same signature: no gradient wanted
     assert len(RUNS) == 2
+
+
+class SineAndWordPlan(SinePlan):
+    """Its forward hands back a word it holds beside the result, marked non-differentiable: the same tensor at every
+    call, as cross_entropy's unread counts are."""
+
+    def __init__(self):
+        super().__init__()
+        self.word = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+
+    def forward(self, x, factor):
+        return super().forward(x, factor), self.word
+
+
+WORD_PLAN = SineAndWordPlan()
+
+
+def _word_forward(x: torch.Tensor, factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return WORD_PLAN.forward(x, factor)
+
+
+def _save_and_mark_the_word(ctx, inputs, output):
+    _save(ctx, inputs, output)
+    ctx.mark_non_differentiable(output[1])
+
+
+WORD_SINE = KernelOp("test_entry_word_sine", forward=_word_forward,
+                     forward_fake=lambda x, factor: (torch.empty_like(x), x.new_empty(2, dtype=torch.int32)),
+                     backward=_sine_backward, backward_fake=lambda dy, x, factor: torch.empty_like(x),
+                     setup_context=_save_and_mark_the_word, backward_rule=_rule, plan=lambda x, factor: WORD_PLAN)
+
+
+@entry_replay
+def sine_beside_a_held_word(x, factor=3.0):
+    RUNS.append("sine_beside_a_held_word")
+    return WORD_SINE.eager(WORD_PLAN, torch.is_grad_enabled() and x.requires_grad, x, factor)[0]
+
+
+def test_a_call_whose_node_has_an_output_the_plan_holds_replays():
+    for _ in range(4):
+        x = _x(3, 4).requires_grad_()
+        dy = torch.randn(3, 4, dtype=torch.float64, device=DEVICE)
+        (dx,) = torch.autograd.grad(sine_beside_a_held_word(x), x, dy)
+        torch.testing.assert_close(dx, torch.cos(x.detach()) * 3.0 * dy)
+    assert RUNS == ["sine_beside_a_held_word"] and sine_beside_a_held_word.replays.programs.replayed() == 3
 
 
 def test_a_replayed_node_backpropagates_twice_and_into_a_second_order_gradient():

@@ -169,6 +169,37 @@ def wants_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def hand_on_later(ctx, *tensors) -> None:
+    """Keep buffers the forward wrote (the loss ops' gradients, computed while the logits were on chip) that the
+    backward hands on as gradients, scaled in place: autograd moves a gradient into .grad only where nothing else
+    holds it, and copies it otherwise (2 GB for [8192 x 128256] bf16 logits).
+
+    Eager, through the C++ node: saved, and let go of as its backward starts (EagerContext.hand_on). Through a
+    torch.autograd.Function (no C++ node): held on ctx, not saved (a saved tensor is still referenced as the
+    backward returns), which handed_on takes off. Under compile: saved, since the compiled graph keeps only saved
+    tensors alive (one held on ctx was freed, and its memory reused, before the backward read it). Mark them
+    non-differentiable too: held on ctx they then make no reference cycle through the graph."""
+    if ctx.in_graph:
+        ctx.save_for_backward(*tensors)
+    elif isinstance(ctx, _eager_node.EagerContext):
+        ctx.hand_on(*tensors)
+    else:
+        ctx.handed_on = tensors
+
+
+def handed_on(ctx, op: str) -> tuple:
+    """What hand_on_later kept, for the backward; only once in eager mode."""
+    if ctx.in_graph or isinstance(ctx, _eager_node.EagerContext):
+        return ctx.saved_tensors   # (the C++ node raises for a second backward itself)
+    tensors = getattr(ctx, "handed_on", None)
+    if tensors is None:
+        raise RuntimeError(f"{op}(backend='triton') computed its gradient during the forward pass and hands that "
+                           "buffer on: a second backward through the same forward (retain_graph=True) is not "
+                           "supported; use backend='torch' for that")
+    del ctx.handed_on
+    return tensors
+
+
 class KernelOp:
     """A forward implementation and its backward, differentiable, and visible to torch.compile as one op.
 
@@ -177,7 +208,7 @@ class KernelOp:
     eager mode, `eager(plan, grad, *args)` runs plan.forward(*args) straight away when no gradient is wanted.
     Otherwise it attaches a C++ autograd node to the outputs (roofline.ops._eager_node), whose backward calls
     plan.backward through the backward rule the first time a signature is seen and replays what it did
-    afterwards, without Python. Where that node cannot be built, or `eager_node=False`, the call goes through a
+    afterwards, without Python. Where that node cannot be built, the call goes through a
     torch.autograd.Function entered at torch's C entry point (Function.apply's Python wrapper costs ~12 us a
     call on a 2-core host, more than a torch op). torch.library's Python dispatch costs ~100 us a call on our
     H100 machine's host: eager calls never take it.
@@ -194,7 +225,7 @@ class KernelOp:
     """
 
     def __init__(self, name, *, forward, forward_fake, backward, backward_fake, setup_context, backward_rule,
-                 plan, backward_mutates: tuple[str, ...] = (), eager_node: bool = True, public_name=None,
+                 plan, backward_mutates: tuple[str, ...] = (), public_name=None,
                  replay_forward: bool = True):
         self.plan = plan   # plan(*forward args): the plan that runs them
         # eager forwards replayed from C++ (_eager_node.forward) unless ROOFLINE_FORWARD_REPLAY=0; not for a
@@ -214,7 +245,6 @@ class KernelOp:
         self.node_name = f"roofline::{name}_backward"
         self._public_name = public_name or (lambda args: name)
         self._names: dict[str, tuple[str, str]] = {}   # public name -> (forward record's, backward node's)
-        self.eager_node = eager_node
         self._setup_context = setup_context
         self._node_backward = functools.partial(_eager_node.backward, backward_rule, self.node_name)
 
@@ -252,7 +282,7 @@ class KernelOp:
             return self._forward(plan, args)
         if torch._C._are_functorch_transforms_active():
             return self._eager.apply(plan, *args)
-        node = _eager_node.extension() if self.eager_node else None
+        node = _eager_node.extension()
         if node is None:
             return self._apply(plan, *args)
         return self._eager_with_node(node, plan, args, sequence_nr)
@@ -285,7 +315,7 @@ class KernelOp:
         if extension is None:   # no compiler: the record, unlinked
             with torch._C._profiler._RecordFunctionFast(record_name, [a for a in args if isinstance(a, torch.Tensor)]):
                 return self._eager_call(plan, grad, args, -1)
-        with_node = grad and self.eager_node and not torch._C._are_functorch_transforms_active()
+        with_node = grad and not torch._C._are_functorch_transforms_active()
         sequence_nr = extension.reserve_sequence_number() if with_node else -1
         record = extension.ForwardRecord(record_name, args, sequence_nr)
         try:

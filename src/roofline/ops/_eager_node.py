@@ -62,14 +62,20 @@ class EagerContext:
     """What an op's setup_context and backward rule get in place of autograd's ctx in eager mode. The attributes
     the forward sets (in __dict__) key the recorded backwards, with the plan."""
 
-    __slots__ = ("plan", "to_save", "non_differentiable", "saved_tensors", "__dict__")
+    __slots__ = ("plan", "to_save", "non_differentiable", "saved_tensors", "once", "__dict__")
     in_graph = False
 
     def __init__(self, plan):
-        self.plan, self.to_save, self.non_differentiable = plan, (), ()
+        self.plan, self.to_save, self.non_differentiable, self.once = plan, (), (), False
 
     def save_for_backward(self, *tensors):
         self.to_save = tensors
+
+    def hand_on(self, *tensors):
+        """Save tensors that the backward hands on as gradients (buffers the forward wrote): the node lets go of
+        them as its backward starts, so that autograd moves them into .grad rather than copying them, and runs
+        once (a second backward through the same forward raises)."""
+        self.to_save, self.once = tensors, True
 
     def mark_non_differentiable(self, *tensors):
         self.non_differentiable = tensors
@@ -80,6 +86,7 @@ class EagerContext:
     def copy(self) -> "EagerContext":
         """A context of its own for one backward: the nodes a recorded forward makes share the recorded call's."""
         ctx = EagerContext(self.plan)
+        ctx.once = self.once
         ctx.__dict__.update(self.__dict__)
         return ctx
 
@@ -108,7 +115,7 @@ def attach(module, node_name: str, node_backward, ctx: EagerContext, args, outpu
     if recorder is not None:   # a forward being recorded: its replays attach a node of their own
         recorder.attach(node_name, programs, node_backward, ctx, args, output)
     module.attach(node_name, programs, node_backward, ctx, args, output, ctx.non_differentiable, ctx.to_save,
-                  sequence_nr)
+                  ctx.once, sequence_nr)
     # The node holds ctx: a tensor left on it whose grad_fn is the node would be a cycle through C++ that Python's
     # collector cannot see (every saved activation of a training step, leaked)
     ctx.to_save = ctx.non_differentiable = ()
@@ -404,14 +411,20 @@ class Recording(TorchDispatchMode):
         if self.refusal is not None:
             return
         outputs = output if isinstance(output, tuple) else (output,)
+        # An output marked non-differentiable that the recorded code did not make (a word the plan holds, such as
+        # cross_entropy's unread counts) is the same tensor at every call: the node needs to know only that it gets
+        # no gradient, which an absent output (-1) tells it too.
+        held = {id(t) for t in ctx.non_differentiable if id(t) not in self.slots}
         slots = {}
         for group, tensors in (("inputs", args), ("outputs", outputs), ("non_differentiable", ctx.non_differentiable),
                                ("saved", ctx.to_save)):
-            slots[group] = [-1 if not isinstance(t, torch.Tensor) else self.slots.get(id(t)) for t in tensors]
+            slots[group] = [-1 if not isinstance(t, torch.Tensor) or (group in ("outputs", "non_differentiable")
+                                                                       and id(t) in held)
+                            else self.slots.get(id(t)) for t in tensors]
             if None in slots[group]:
                 return self.refuse(f"{node_name}: a tensor of its node's {group} the recorded code did not make")
         self.steps.append(("attach", node_name, programs, node_backward, ctx, slots["inputs"], slots["outputs"],
-                           slots["non_differentiable"], slots["saved"]))
+                           slots["non_differentiable"], slots["saved"], ctx.once))
 
     def compiling(self, launch) -> None:
         """A Launch is about to make its first call, which compiles (or autotunes, timing runs of its own)."""

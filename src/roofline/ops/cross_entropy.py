@@ -26,11 +26,11 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import (KernelOp, choose_backend, converted, next_power_of_2, resident_programs, tl,
-                                  triton)
+from roofline.ops._common import (KernelOp, choose_backend, converted, hand_on_later, handed_on, next_power_of_2,
+                                  resident_programs, tl, triton)
 from roofline.ops._eager_node import host_step, replayed_entry
 from roofline.ops._launch import Launch, Plans, tensor_key
-from roofline.ops._target_check import target_checks
+from roofline.ops._target_check import poll_targets, target_checks
 from roofline.ops.softmax import LOG2E, _row_max_and_sum
 
 BACKENDS = ("torch", "triton", "compile")
@@ -408,16 +408,8 @@ def _scale_rows_(grad: torch.Tensor, dloss: torch.Tensor) -> None:
 
 
 def _keep_gradient(ctx, inputs, output):
-    # In eager mode the buffer is held on ctx, not saved for backward, so that the backward can let go of it:
-    # autograd then moves it into logits.grad instead of copying it (a saved tensor is still referenced, so it
-    # would copy). Marked non-differentiable, so holding it makes no reference cycle through the graph. Under
-    # compile it must be saved: the compiled graph keeps only saved tensors alive (one held on ctx was freed,
-    # and its memory reused, before the backward read it: zero gradients on the GPU).
     ctx.mark_non_differentiable(*(t for t in output[1:] if t is not None))
-    if ctx.in_graph:
-        ctx.save_for_backward(output[1])
-    else:
-        ctx.gradient = output[1]
+    hand_on_later(ctx, output[1])
 
 
 def _backward_rule(ctx, scale_rows_, dloss, _, __):
@@ -426,13 +418,8 @@ def _backward_rule(ctx, scale_rows_, dloss, _, __):
         (gradient,) = ctx.saved_tensors
         scale = dloss if dloss.dim() else dloss.expand(gradient.shape[0])
         return (gradient * scale.to(gradient.dtype)[:, None], None, None, None, None, None, None)
-    target_checks.poll()   # this call's targets, most likely: raised before the gradient is handed on
-    gradient = getattr(ctx, "gradient", None)
-    if gradient is None:
-        raise RuntimeError("cross_entropy(backend='triton') wrote its gradient during the forward pass and "
-                           "hands that buffer on: a second backward through the same forward "
-                           "(retain_graph=True) is not supported; use backend='torch' for that")
-    del ctx.gradient
+    host_step(poll_targets)   # this call's targets, most likely: raised before the gradient is handed on
+    (gradient,) = handed_on(ctx, "cross_entropy")
     scale_rows_(gradient, dloss)
     return gradient, None, None, None, None, None, None
 
@@ -441,7 +428,6 @@ _cross_entropy_rows = KernelOp(
     "cross_entropy_rows", forward=_forward, forward_fake=_forward_fake, backward=_scale_rows_,
     backward_fake=lambda grad, dloss: None, backward_mutates=("grad",), setup_context=_keep_gradient,
     backward_rule=_backward_rule, plan=_plan, public_name=lambda args: "cross_entropy",
-    eager_node=False,   # its backward hands on the buffer held on ctx (see _keep_gradient): autograd.Function
     replay_forward=False)   # the entry point's replays serve its forwards (host steps check the targets)
 _calls = Plans("cross_entropy calls")   # the plans of calls as the entry point saw them, checks passed
 

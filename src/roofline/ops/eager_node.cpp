@@ -218,6 +218,7 @@ struct AttachStep {
   std::shared_ptr<Programs> programs;                     // the node's recorded backwards
   std::shared_ptr<PythonReference> backward, context;     // its Python backward and the recorded call's context
   std::vector<int> inputs, outputs, non_differentiable, saved;
+  bool once;                                              // the node hands its saved tensors on (EagerNode)
 };
 
 void attach_step(const AttachStep& step, const std::vector<at::Tensor>& slots);   // (below, with the node)
@@ -722,12 +723,12 @@ class ProgramBuilder {
   // An op's node attached to its outputs (see AttachStep), by slots.
   void attach(const std::string& name, std::shared_ptr<Programs> programs, py::object backward, py::object context,
               std::vector<int> inputs, std::vector<int> outputs, std::vector<int> non_differentiable,
-              std::vector<int> saved) {
+              std::vector<int> saved, bool once) {
     program_->steps.emplace_back(AttachStep{name, std::move(programs),
                                             std::make_shared<PythonReference>(std::move(backward)),
                                             std::make_shared<PythonReference>(std::move(context)),
                                             std::move(inputs), std::move(outputs), std::move(non_differentiable),
-                                            std::move(saved)});
+                                            std::move(saved), once});
   }
 
   // A call back into Python (see HostStep): per argument its slot or -1, and its constant (None for a slot).
@@ -784,11 +785,15 @@ class ProgramBuilder {
 
 // ----------------------------------------------------------------------------------------------- the node
 
+// An eager call's autograd node. `once`: its backward hands on, as gradients, tensors it saved (cross_entropy's
+// gradient buffer, written by the forward and scaled in place): it lets go of them as it starts, so that autograd
+// moves them into .grad instead of copying them (it copies a gradient something else still holds), and it runs
+// only once.
 struct EagerNode : ag::Node {
   EagerNode(std::string name, std::shared_ptr<Programs> programs, std::shared_ptr<PythonReference> backward,
-            std::shared_ptr<PythonReference> context)
+            std::shared_ptr<PythonReference> context, bool once)
       : name_(std::move(name)), programs_(std::move(programs)), backward_(std::move(backward)),
-        context_(std::move(context)) {}
+        context_(std::move(context)), once_(once) {}
 
   std::string name() const override { return name_; }
 
@@ -796,18 +801,30 @@ struct EagerNode : ag::Node {
 
   ag::variable_list apply(ag::variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!released_ || !once_, "roofline: ", name_, " hands on as gradients the buffers its forward wrote, "
+                "and so runs once: a second backward through the same forward (retain_graph=True) is not "
+                "supported; use backend='torch' for that");
     TORCH_CHECK(!released_, "roofline: ", name_, " was already run and its saved tensors freed; call backward "
                 "with retain_graph=True to run it twice");
     ag::variable_list saved;
     saved.reserve(saved_.size());
     for (const auto& s : saved_) saved.push_back(s.unpack(pointer_to(this)));
+    if (once_) {
+      for (auto& s : saved_) s.reset_data();
+      released_ = true;
+    }
     // grad mode on (create_graph=True) or a dispatch mode active: the Python backward, which they can see
     bool plain = !at::GradMode::is_enabled() && c10::impl::TorchDispatchModeTLS::stack_len() == 0;
     auto program = plain ? programs_->find(saved, grads) : nullptr;
     if (program && program->replayable) {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-      return program->run(std::move(saved), grads);
+      try {
+        return program->run(std::move(saved), grads);
+      } catch (py::error_already_set& e) {   // from a host step (the targets' check raising)
+        py::gil_scoped_acquire gil;
+        throw_as_python_error(e);
+      }
     }
     return run_python(saved, grads, plain && !program);
   }
@@ -834,11 +851,17 @@ struct EagerNode : ag::Node {
                   " gradients for ", num_outputs(), " inputs");
       return out;
     } catch (py::error_already_set& e) {
-      e.restore();
-      python_error error;
-      error.persist();
-      throw error;
+      throw_as_python_error(e);
     }
+  }
+
+  // A Python exception raised on an engine thread, as autograd hands it back to the caller: as itself (a
+  // ValueError stays a ValueError). Holds the GIL.
+  [[noreturn]] static void throw_as_python_error(py::error_already_set& e) {
+    e.restore();
+    python_error error;
+    error.persist();
+    throw error;
   }
 
   static py::object optional_tensor(const at::Tensor& t) {
@@ -849,6 +872,7 @@ struct EagerNode : ag::Node {
   std::shared_ptr<Programs> programs_;
   std::shared_ptr<PythonReference> backward_, context_;   // shared by the nodes a recorded forward makes
   std::vector<ag::SavedVariable> saved_;
+  bool once_;
   bool released_ = false;
 };
 
@@ -875,12 +899,12 @@ std::vector<at::Tensor> tensors_of(py::handle objects) {
 void attach_node(const std::string& name, std::shared_ptr<Programs> programs, std::shared_ptr<PythonReference> backward,
                  std::shared_ptr<PythonReference> context, const std::vector<at::Tensor>& inputs,
                  const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& non_differentiable,
-                 const std::vector<at::Tensor>& saved, int64_t sequence_nr) {
+                 const std::vector<at::Tensor>& saved, bool once, int64_t sequence_nr) {
   ag::edge_list edges;
   for (const auto& t : inputs) {
     edges.push_back(t.defined() && t.requires_grad() ? ag::impl::gradient_edge(t) : ag::Edge());
   }
-  auto node = make_node<EagerNode>(name, std::move(programs), std::move(backward), std::move(context));
+  auto node = make_node<EagerNode>(name, std::move(programs), std::move(backward), std::move(context), once);
   if (sequence_nr >= 0) node->set_sequence_nr(static_cast<uint64_t>(sequence_nr));
   node->set_next_edges(std::move(edges));
   auto among = [](const at::Tensor& t, const std::vector<at::Tensor>& tensors) {
@@ -907,11 +931,11 @@ void attach_node(const std::string& name, std::shared_ptr<Programs> programs, st
 
 // attach_node from Python: args and outputs a tensor or a tuple (None for absent ones).
 void attach(const std::string& name, std::shared_ptr<Programs> programs, py::object backward, py::object context,
-            py::handle args, py::handle outputs, py::handle non_differentiable, py::handle saved,
+            py::handle args, py::handle outputs, py::handle non_differentiable, py::handle saved, bool once,
             int64_t sequence_nr) {
   attach_node(name, std::move(programs), std::make_shared<PythonReference>(std::move(backward)),
               std::make_shared<PythonReference>(std::move(context)), tensors_of(args), tensors_of(outputs),
-              tensors_of(non_differentiable), tensors_of(saved), sequence_nr);
+              tensors_of(non_differentiable), tensors_of(saved), once, sequence_nr);
 }
 
 // A recorded forward's AttachStep, replayed over its slots.
@@ -923,7 +947,7 @@ void attach_step(const AttachStep& step, const std::vector<at::Tensor>& slots) {
     return tensors;
   };
   attach_node(step.name, step.programs, step.backward, step.context, of(step.inputs), of(step.outputs),
-              of(step.non_differentiable), of(step.saved), -1);
+              of(step.non_differentiable), of(step.saved), step.once, -1);
 }
 
 // An eager forward as the profiler sees an aten op: a record under the op's own name, with its inputs (their

@@ -29,9 +29,10 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend
+from roofline.ops._common import KernelOp, choose_backend, hand_on_later, handed_on
+from roofline.ops._eager_node import host_step
 from roofline.ops._launch import Plans
-from roofline.ops._target_check import target_checks
+from roofline.ops._target_check import poll_targets
 from roofline.ops.cross_entropy import CrossEntropyPlan, _scale_rows_, check_loss_arguments
 
 BACKENDS = ("torch", "triton", "compile")
@@ -107,7 +108,9 @@ class LinearCrossEntropyPlan:
     def _chunks(self, ce, x, weight, bias, target, stats, losses, gradients, dloss=None):
         """Per chunk of rows: the logits, the losses, and where `gradients` holds buffers, the logits' gradient in
         their place (scaled by dloss's rows if given) and its products into those buffers."""
-        with torch.autocast(self.device.type, enabled=False):   # the inputs come in the dtype to multiply in
+        # The inputs come in the dtype to multiply in; and the matmuls are the op's kernels, which autograd must not
+        # record (the eager node's forward runs in grad mode, as the op's caller does).
+        with torch.autocast(self.device.type, enabled=False), torch.no_grad():
             self._each_chunk(ce, x, weight, bias, target, stats, losses, gradients, dloss)
 
     def _each_chunk(self, ce, x, weight, bias, target, stats, losses, gradients, dloss):
@@ -220,18 +223,13 @@ def _setup_context(ctx, inputs, output):
         ctx.save_for_backward(x, weight, bias, target)
         ctx.options = ignore_index, smoothing, grad_x, grad_w, grad_b, chunk_rows
         return
-    # As cross_entropy's gradient (see its _keep_gradient): held on ctx in eager mode, so that the backward lets go
-    # of the buffers and autograd moves them into .grad instead of copying them; saved under compile.
     ctx.mark_non_differentiable(*output[1:])
-    if ctx.in_graph:
-        ctx.save_for_backward(*output[1:])
-    else:
-        ctx.gradients = output[1:]
+    hand_on_later(ctx, *output[1:])
 
 
 def _backward_rule(ctx, scale_, dloss, *_):
     if not ctx.in_graph:
-        target_checks.poll()   # this call's targets, most likely: raised before the gradients are handed on
+        host_step(poll_targets)   # this call's targets, most likely: raised before the gradients are handed on
     if ctx.reduction == "none":
         x, weight, bias, target = ctx.saved_tensors
         if ctx.in_graph:
@@ -241,12 +239,7 @@ def _backward_rule(ctx, scale_, dloss, *_):
     elif ctx.in_graph:
         gradients = tuple(g * dloss.to(g.dtype) for g in ctx.saved_tensors)
     else:
-        gradients = getattr(ctx, "gradients", None)
-        if gradients is None:
-            raise RuntimeError("linear_cross_entropy computed its gradients during the forward pass and hands them "
-                               "on: a second backward through the same forward (retain_graph=True) is not "
-                               "supported; use backend='torch' for that")
-        del ctx.gradients
+        gradients = handed_on(ctx, "linear_cross_entropy")
         scale_(*gradients, dloss)
     return (*(g if wanted else None for g, wanted in zip(gradients, ctx.wanted)),) + (None,) * 9
 
@@ -254,7 +247,7 @@ def _backward_rule(ctx, scale_, dloss, *_):
 _linear_cross_entropy = KernelOp(
     "linear_cross_entropy", forward=_forward, forward_fake=_forward_fake, backward=_scale_gradients_,
     backward_fake=lambda dx, dw, db, dloss: None, backward_mutates=("dx", "dw", "db"),
-    setup_context=_setup_context, backward_rule=_backward_rule, plan=_plan, eager_node=False,
+    setup_context=_setup_context, backward_rule=_backward_rule, plan=_plan,
     replay_forward=False)   # its forward checks the targets (_target_check), reading and raising on the host
 
 
