@@ -326,6 +326,7 @@ def replayed(monkeypatch):
     monkeypatch.setattr(REPLAYED, "replay_forward", True)
     REPLAYED_PLAN.forwards = 0
     REPLAYED_PLAN.__dict__.pop("forward_programs", None)
+    REPLAYED_PLAN.__dict__.pop("forward_replay", None)
     return REPLAYED, REPLAYED_PLAN
 
 

@@ -236,6 +236,9 @@ def test_each_signature_is_recorded_once():
     x = _x(5, 7)
     torch.testing.assert_close(scaled_sine(x, shape=[35]), (torch.sin(x) * 3.0).reshape(35), rtol=0, atol=0)
     assert len(RUNS) == len(calls)   # [35] is (35,)
+    scaled_sine(x, backend="triton")
+    scaled_sine(x, backend="".join(["tri", "ton"]))   # an equal str, another object: the same signature
+    assert len(RUNS) == len(calls) + 1
 
 
 SINE_PLAN = SinePlan()

@@ -162,12 +162,13 @@ def forward(op, plan, args: tuple):
     The op's forward must be a function of its signature (no host reads of tensor values, no state kept between
     calls), except for what it does through host_step, which a replay calls again."""
     try:
-        programs = plan.forward_programs
+        replay = plan.forward_replay
     except AttributeError:
-        programs = plan.forward_programs = extension().ForwardPrograms()
-    output = programs.replay(args)
+        plan.forward_programs = extension().ForwardPrograms()
+        replay = plan.forward_replay = plan.forward_programs.replayer()
+    output = replay(args, None)
     if output is None:
-        return _record(op.names(args)[0], programs, lambda: plan.forward(*args), args, ())
+        return _record(op.names(args)[0], plan.forward_programs, lambda: plan.forward(*args), args, ())
     if output is False:
         return plan.forward(*args)
     return output
@@ -258,10 +259,10 @@ def entry_replay(function):
 
     @functools.wraps(function)
     def entry(*args, **kwargs):
-        if not torch.compiler.is_compiling():
-            programs = holder.programs
-            if programs is not None:
-                output = programs.replay(args, kwargs)
+        if not _is_compiling():
+            replay = holder.replay
+            if replay is not None:
+                output = replay(args, kwargs)
                 if output is not None and output is not False:
                     return output
                 if output is False:
@@ -273,16 +274,31 @@ def entry_replay(function):
     return entry
 
 
-class _EntryPrograms:
-    """An entry point's recorded calls (made at its first call that could be recorded), or None."""
+# torch.compiler.is_compiling, one global read away (an entry point asks at every call); torch.compile's tracer
+# knows the function itself, by whatever name it is called.
+_is_compiling = torch.compiler.is_compiling
 
-    __slots__ = ("function", "programs", "name")
+
+class _EntryPrograms:
+    """An entry point's recorded calls (made at its first call that could be recorded), or None; and their replay
+    (ForwardPrograms.replayer), or None."""
+
+    __slots__ = ("function", "_programs", "replay", "name")
     registry: list["_EntryPrograms"] = []   # every wrapped entry point's (clear_plans forgets their programs)
 
     def __init__(self, function):
         self.function, self.programs = function, None
         self.name = f"roofline::{function.__name__}"
         _EntryPrograms.registry.append(self)
+
+    @property
+    def programs(self):
+        return self._programs
+
+    @programs.setter
+    def programs(self, programs) -> None:
+        self._programs = programs
+        self.replay = None if programs is None else programs.replayer()
 
     def record(self, args: tuple, kwargs: dict):
         """The call run in Python, recorded where it can be (see entry_replay)."""
