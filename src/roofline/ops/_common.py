@@ -188,8 +188,8 @@ def hand_on_later(ctx, *tensors) -> None:
 
 
 def handed_on(ctx, op: str) -> tuple:
-    """What hand_on_later kept, for the backward; only once in eager mode."""
-    if ctx.in_graph or isinstance(ctx, _eager_node.EagerContext):
+    """What hand_on_later kept, for an eager backward (under compile the rule reads ctx.saved_tensors); only once."""
+    if isinstance(ctx, _eager_node.EagerContext):
         return ctx.saved_tensors   # (the C++ node raises for a second backward itself)
     tensors = getattr(ctx, "handed_on", None)
     if tensors is None:
