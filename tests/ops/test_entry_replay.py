@@ -110,6 +110,15 @@ def test_a_recorded_entry_point_replays_without_python_on_fresh_inputs():
     assert RUNS.count("sine_and_product") == 1
 
 
+def test_the_replay_builtin_refuses_what_is_not_a_call():
+    scaled_sine(_x(2, 3))
+    replay = scaled_sine.replays.replay
+    assert replay((_x(9, 9),), None) is None   # a signature never recorded: record one
+    for args in (([_x(2, 3)], {}), ((_x(2, 3),), [])):
+        with pytest.raises(TypeError, match=r"replay\(args: tuple, kwargs: dict \| None\)"):
+            replay(*args)
+
+
 def test_past_its_limit_an_entry_point_forgets_the_signature_unused_the_longest():
     """A process that has called an op with many signatures (another model's, every prefill length) still replays
     the signatures it calls now: the least recently used one makes room, and comes back by being recorded again."""
