@@ -16,8 +16,8 @@ import pytest
 import torch
 from ops_checks import DEVICE, DTYPES, assert_within_twice_torchs_error, outputs_and_grads, patched
 
-from roofline.ops.linear import (ACTIVATIONS, int8_linear, int8_linear_reference, linear, linear_reference,
-                                 quantize_int8)
+from roofline.ops.linear import (ACTIVATIONS, dequantize_int8, int8_linear, int8_linear_reference, linear,
+                                 linear_reference, quantize_int8)
 
 linear_module = importlib.import_module("roofline.ops.linear")
 
@@ -252,13 +252,20 @@ def test_grouped_scales_are_each_groups_largest_weight():
         scale.repeat_interleave(64, dim=1) / 2 + 1e-7).all()
 
 
-def test_int8_linear_gradient_of_x():
-    weight = torch.randn(24, 32, device=DEVICE) / 6
-    q, scale = quantize_int8(weight)
-    x = torch.randn(5, 32, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
-    int8_linear(x, q, scale, backend="triton").sum().backward()
-    expected = (q.double() * scale.double()[:, None]).sum(0)
-    torch.testing.assert_close(x.grad.double(), expected.expand(5, 32), rtol=1.6e-2, atol=1e-2)
+@pytest.mark.parametrize("group_size", [None, 64], ids=["per-channel", "groups-of-64"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [(5,), (2, 3)], ids=["2-D", "3-D"])
+def test_int8_linear_gradient_of_x(group_size, dtype, rows):
+    """dX = dY dequantize(W) against float64, for a random dY: per-channel scales take (dY * scale) W, groups the
+    dequantized weight."""
+    weight = torch.randn(24, 128, device=DEVICE) / 6
+    q, scale = quantize_int8(weight, group_size)
+    x = torch.randn(*rows, 128, device=DEVICE, dtype=dtype, requires_grad=True)
+    dy = torch.randn(*rows, 24, device=DEVICE, dtype=dtype)
+    (dx,) = torch.autograd.grad(int8_linear(x, q, scale, backend="triton"), x, dy)
+    expected = dy.double() @ dequantize_int8(q, scale.double())
+    assert dx.dtype == dtype and dx.shape == x.shape
+    torch.testing.assert_close(dx.double(), expected, rtol=2e-2, atol=2e-2)
 
 
 def heavy_tailed(n, k, device=DEVICE):

@@ -508,4 +508,4 @@ class Recording(TorchDispatchMode):
                     getattr(builder, step[0])(*step[1:])
             except (RuntimeError, TypeError, ValueError) as exc:
                 self.refuse(f"not replayable: {exc}")
-        return builder.finish(results, self.refusal is None)
+        return builder.finish(results, self.refusal is None, self.count)

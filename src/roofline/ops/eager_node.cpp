@@ -33,6 +33,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/SmallVector.h>
 
 #include <dlfcn.h>
 
@@ -42,6 +43,7 @@
 #include <mutex>
 #include <optional>
 #include <type_traits>
+#include <unordered_set>
 
 namespace py = pybind11;
 namespace ag = torch::autograd;
@@ -212,11 +214,20 @@ struct PythonReference {
 
 class Programs;
 
+// An op's node name, kept for the life of the process: a node refers to it instead of copying it (a name longer
+// than std::string's inline buffer would cost every node an allocation). Ops are few, and so are their names.
+const std::string* interned(const std::string& name) {
+  static std::mutex mutex;
+  static std::unordered_set<std::string> names;   // nodes never move: the pointers stay valid
+  std::lock_guard<std::mutex> lock(mutex);
+  return &*names.insert(name).first;
+}
+
 // A forward's attaching of its op's autograd node (an EagerNode) to the outputs of its kernels: what
 // roofline/ops/_eager_node.py's attach does in Python, by slots. inputs: per argument of the op, its slot or -1
 // (not a tensor, or None): an edge where the tensor requires grad; outputs: per output, its slot or -1.
 struct AttachStep {
-  std::string name;
+  const std::string* name;                                // interned
   std::shared_ptr<Programs> programs;                     // the node's recorded backwards
   std::shared_ptr<PythonReference> backward, context;     // its Python backward and the recorded call's context
   std::vector<int> inputs, outputs, non_differentiable, saved;
@@ -307,6 +318,7 @@ struct Program {
   bool replayable = false;             // false: a signature whose backward always runs in Python
   std::vector<std::variant<AtenStep, AllocationStep, LaunchStep, AttachStep, HostStep>> steps;
   std::vector<int> results;            // per gradient returned: its slot, or -1 for None
+  size_t slot_count = 0;               // the slots a run fills in all (reserved at its start: no reallocation)
 
   bool matches(const ag::variable_list& saved, const ag::variable_list& grads) const {
     if (inputs.size() != saved.size() + grads.size()) return false;
@@ -319,6 +331,7 @@ struct Program {
 
   ag::variable_list run(ag::variable_list slots, const ag::variable_list& grads) const {
     // slots: the saved tensors, then the gradients, then each aten call's results
+    slots.reserve(slot_count);
     slots.insert(slots.end(), grads.begin(), grads.end());
     for (const auto& step : steps) {
       if (const auto* aten = std::get_if<AtenStep>(&step)) {
@@ -765,7 +778,7 @@ class ProgramBuilder {
   void attach(const std::string& name, std::shared_ptr<Programs> programs, py::object backward, py::object context,
               std::vector<int> inputs, std::vector<int> outputs, std::vector<int> non_differentiable,
               std::vector<int> saved, bool once) {
-    program_->steps.emplace_back(AttachStep{name, std::move(programs),
+    program_->steps.emplace_back(AttachStep{interned(name), std::move(programs),
                                             std::make_shared<PythonReference>(std::move(backward)),
                                             std::make_shared<PythonReference>(std::move(context)),
                                             std::move(inputs), std::move(outputs), std::move(non_differentiable),
@@ -782,8 +795,9 @@ class ProgramBuilder {
     program_->steps.emplace_back(std::move(step));
   }
 
-  std::shared_ptr<Program> finish(const std::vector<int>& results, bool replayable) {
+  std::shared_ptr<Program> finish(const std::vector<int>& results, bool replayable, size_t slot_count) {
     program_->results = results;
+    program_->slot_count = slot_count;
     program_->replayable = replayable;
     if (!replayable) program_->steps.clear();
     return program_;
@@ -831,21 +845,22 @@ class ProgramBuilder {
 // moves them into .grad instead of copying them (it copies a gradient something else still holds), and it runs
 // only once.
 struct EagerNode : ag::Node {
-  EagerNode(std::string name, std::shared_ptr<Programs> programs, std::shared_ptr<PythonReference> backward,
+  EagerNode(const std::string* name, std::shared_ptr<Programs> programs, std::shared_ptr<PythonReference> backward,
             std::shared_ptr<PythonReference> context, bool once)
-      : name_(std::move(name)), programs_(std::move(programs)), backward_(std::move(backward)),
+      : name_(name), programs_(std::move(programs)), backward_(std::move(backward)),
         context_(std::move(context)), once_(once) {}
 
-  std::string name() const override { return name_; }
+  std::string name() const override { return *name_; }
 
+  void reserve(size_t saved) { saved_.reserve(saved); }
   void save(const at::Tensor& tensor, bool is_output) { saved_.emplace_back(tensor, is_output); }
 
   ag::variable_list apply(ag::variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    TORCH_CHECK(!released_ || !once_, "roofline: ", name_, " hands on as gradients the buffers its forward wrote, "
+    TORCH_CHECK(!released_ || !once_, "roofline: ", *name_, " hands on as gradients the buffers its forward wrote, "
                 "and so runs once: a second backward through the same forward (retain_graph=True) is not "
                 "supported; use backend='torch' for that");
-    TORCH_CHECK(!released_, "roofline: ", name_, " was already run and its saved tensors freed; call backward "
+    TORCH_CHECK(!released_, "roofline: ", *name_, " was already run and its saved tensors freed; call backward "
                 "with retain_graph=True to run it twice");
     ag::variable_list saved;
     saved.reserve(saved_.size());
@@ -888,7 +903,7 @@ struct EagerNode : ag::Node {
       py::object result = backward_->object(context_->object, saved_tuple, grads_tuple, programs);
       ag::variable_list out;
       for (py::handle g : result) out.push_back(g.is_none() ? at::Tensor() : g.cast<at::Tensor>());
-      TORCH_CHECK(out.size() == num_outputs(), "roofline: ", name_, " returned ", out.size(),
+      TORCH_CHECK(out.size() == num_outputs(), "roofline: ", *name_, " returned ", out.size(),
                   " gradients for ", num_outputs(), " inputs");
       return out;
     } catch (py::error_already_set& e) {
@@ -909,7 +924,7 @@ struct EagerNode : ag::Node {
     return t.defined() ? py::cast(t) : py::none();
   }
 
-  std::string name_;
+  const std::string* name_;   // interned
   std::shared_ptr<Programs> programs_;
   std::shared_ptr<PythonReference> backward_, context_;   // shared by the nodes a recorded forward makes
   std::vector<ag::SavedVariable> saved_;
@@ -937,23 +952,24 @@ std::vector<at::Tensor> tensors_of(py::handle objects) {
 // (an edge per argument, none where it is not a tensor), saving `saved`. Outputs in `non_differentiable` get no
 // gradient, as ctx.mark_non_differentiable says in a torch.autograd.Function. sequence_nr: the autograd sequence
 // number the forward's ForwardRecord was given (-1: the node takes the next).
-void attach_node(const std::string& name, std::shared_ptr<Programs> programs, std::shared_ptr<PythonReference> backward,
-                 std::shared_ptr<PythonReference> context, const std::vector<at::Tensor>& inputs,
-                 const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& non_differentiable,
-                 const std::vector<at::Tensor>& saved, bool once, int64_t sequence_nr) {
+void attach_node(const std::string* name, std::shared_ptr<Programs> programs, std::shared_ptr<PythonReference> backward,
+                 std::shared_ptr<PythonReference> context, at::ArrayRef<at::Tensor> inputs,
+                 at::ArrayRef<at::Tensor> outputs, at::ArrayRef<at::Tensor> non_differentiable,
+                 at::ArrayRef<at::Tensor> saved, bool once, int64_t sequence_nr) {
   ag::edge_list edges;
+  edges.reserve(inputs.size());
   for (const auto& t : inputs) {
     edges.push_back(t.defined() && t.requires_grad() ? ag::impl::gradient_edge(t) : ag::Edge());
   }
   auto node = make_node<EagerNode>(name, std::move(programs), std::move(backward), std::move(context), once);
   if (sequence_nr >= 0) node->set_sequence_nr(static_cast<uint64_t>(sequence_nr));
   node->set_next_edges(std::move(edges));
-  auto among = [](const at::Tensor& t, const std::vector<at::Tensor>& tensors) {
+  auto among = [](const at::Tensor& t, at::ArrayRef<at::Tensor> tensors) {
     for (const auto& other : tensors)
       if (other.defined() && other.is_same(t)) return true;
     return false;
   };
-  std::vector<at::Tensor> differentiable;
+  c10::SmallVector<at::Tensor, 4> differentiable;
   for (const auto& output : outputs) {
     if (output.defined() && ag::isDifferentiableType(output.scalar_type()) && !among(output, non_differentiable)) {
       auto nr = node->add_input_metadata(output);
@@ -965,6 +981,7 @@ void attach_node(const std::string& name, std::shared_ptr<Programs> programs, st
   }
   // after the outputs have their grad_fn: a saved output holds the node weakly (no reference cycle)
   auto* eager = static_cast<EagerNode*>(node.get());
+  eager->reserve(saved.size());
   for (const auto& t : saved) {
     eager->save(t, t.defined() && among(t, differentiable));
   }
@@ -974,21 +991,25 @@ void attach_node(const std::string& name, std::shared_ptr<Programs> programs, st
 void attach(const std::string& name, std::shared_ptr<Programs> programs, py::object backward, py::object context,
             py::handle args, py::handle outputs, py::handle non_differentiable, py::handle saved, bool once,
             int64_t sequence_nr) {
-  attach_node(name, std::move(programs), std::make_shared<PythonReference>(std::move(backward)),
+  attach_node(interned(name), std::move(programs), std::make_shared<PythonReference>(std::move(backward)),
               std::make_shared<PythonReference>(std::move(context)), tensors_of(args), tensors_of(outputs),
               tensors_of(non_differentiable), tensors_of(saved), once, sequence_nr);
 }
 
-// A recorded forward's AttachStep, replayed over its slots.
+// A recorded forward's AttachStep, replayed over its slots (in small vectors: a replay allocates nothing for
+// them).
 void attach_step(const AttachStep& step, const std::vector<at::Tensor>& slots) {
-  auto of = [&slots](const std::vector<int>& indices) {
-    std::vector<at::Tensor> tensors;
-    tensors.reserve(indices.size());
+  using Tensors = c10::SmallVector<at::Tensor, 4>;
+  auto fill = [&slots](const std::vector<int>& indices, Tensors& tensors) {
     for (int slot : indices) tensors.push_back(slot < 0 ? at::Tensor() : slots[slot]);
-    return tensors;
   };
-  attach_node(step.name, step.programs, step.backward, step.context, of(step.inputs), of(step.outputs),
-              of(step.non_differentiable), of(step.saved), step.once, -1);
+  Tensors inputs, outputs, non_differentiable, saved;
+  fill(step.inputs, inputs);
+  fill(step.outputs, outputs);
+  fill(step.non_differentiable, non_differentiable);
+  fill(step.saved, saved);
+  attach_node(step.name, step.programs, step.backward, step.context, inputs, outputs, non_differentiable, saved,
+              step.once, -1);
 }
 
 // An eager forward as the profiler sees an aten op: a record under the op's own name, with its inputs (their
