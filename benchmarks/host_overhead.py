@@ -1,6 +1,6 @@
 """Host time per eager call: roofline's ops against the torch ops they replace, side by side in one run.
 
-    python benchmarks/host_overhead.py OUT_DIR [--calls 2000] [--rounds 5] [--before FILE] [--no-sizes]
+    python benchmarks/host_overhead.py OUT_DIR [--calls 1200] [--rounds 9] [--before FILE] [--no-sizes]
 
 An op called from eager Python costs host time on every call, and where the GPU work is small the program
 waits for the host. Three tables:
@@ -12,8 +12,13 @@ waits for the host. Three tables:
           from host-bound to GPU-bound. The target is roofline at most 1.0x torch on every row.
   launch  a trivial Triton kernel through `kernel[grid](...)` and through roofline's Launch, torch's `x + 1`.
 
-Providers alternate in rounds (ours, torch, ours, torch, ...) and the median over rounds is reported, so that a
-drift of the host's speed falls on both. Every roofline op is checked against its torch op first, and the
+Providers alternate in rounds (ours, torch, ours, torch, ...), so that a drift of the host's speed falls on both;
+each round gives one ratio, roofline's time over torch's. A row reports each provider's median time, the median of
+the per-round ratios and its 95% interval (the sign test's over rounds, as roofline.bench.compare pairs them; 9
+rounds by default, 6 at least). A forward+backward is mostly autograd's engine handing work to its device thread,
+whose time swings by 10% from round to round on the H100 host: a ratio of 1.02 whose interval holds 1.0 says no
+more than that the two cost the same. A row counts against a target only where its whole interval lies beyond
+it. Every roofline op is checked against its torch op first, and the
 plans built while timing are counted: a call with a signature seen before must build none. --before FILE adds
 the roofline column of an earlier run's JSON (another checkout, same machine) beside this one.
 Writes OUT_DIR/host_overhead.{json,md}.
@@ -34,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from roofline import ops
+from roofline.bench.stats import median_ci, min_rounds
 
 try:
     from roofline.ops import _launch
@@ -161,7 +167,7 @@ def _per_call_us(fn, calls: int) -> float:
 
 
 def _side_by_side(fns: dict, calls: int, rounds: int) -> dict:
-    """{name: median us per call} over `rounds` rounds, the providers alternating within each round."""
+    """{name: [us per call, one per round]} over `rounds` rounds, the providers alternating within each round."""
     for fn in fns.values():   # warm-up: compilation, autotuning, plans, the allocator's cache
         for _ in range(20):
             fn()
@@ -169,7 +175,23 @@ def _side_by_side(fns: dict, calls: int, rounds: int) -> dict:
     for _ in range(rounds):
         for name, fn in fns.items():
             samples[name].append(_per_call_us(fn, calls))
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return samples
+
+
+def compared(samples: dict) -> dict:
+    """A row's numbers from _side_by_side's samples of roofline and torch: each one's median us per call, the
+    median of the per-round ratios (roofline / torch) and its 95% interval (sign test over rounds), and the
+    rounds themselves."""
+    ours, theirs = samples["roofline"], samples["torch"]
+    low, ratio, high = median_ci([a / b for a, b in zip(ours, theirs)])
+    return dict(roofline_us=statistics.median(ours), torch_us=statistics.median(theirs), ratio=ratio,
+                ratio_low=low, ratio_high=high, roofline_rounds_us=list(ours), torch_rounds_us=list(theirs))
+
+
+def beyond(rows: list[dict], target: float) -> list[dict]:
+    """The rows whose whole interval lies over `target`: roofline costs more than it there, as far as the run
+    can tell."""
+    return [r for r in rows if r["ratio_low"] > target]
 
 
 def _check(case: Case, args) -> None:
@@ -196,12 +218,11 @@ def host_table(calls: int, rounds: int) -> list[dict]:
             for fn in fns.values():
                 fn()
             before = _plans()
-            us = _side_by_side(fns, calls, rounds)
+            row = compared(_side_by_side(fns, calls, rounds))
             rows.append(dict(op=case.name, pass_="forward+backward" if grad else "forward", shape=list(case.tiny),
-                             roofline_us=us["roofline"], torch_us=us["torch"], ratio=us["roofline"] / us["torch"],
-                             plans_built_while_timing=None if before is None else _plans() - before))
-            print(f"{case.name:42s} {rows[-1]['pass_']:17s} roofline {us['roofline']:7.1f} us  torch "
-                  f"{us['torch']:7.1f} us  {rows[-1]['ratio']:.2f}x", flush=True)
+                             **row, plans_built_while_timing=None if before is None else _plans() - before))
+            print(f"{case.name:42s} {rows[-1]['pass_']:17s} roofline {row['roofline_us']:7.1f} us  torch "
+                  f"{row['torch_us']:7.1f} us  {_ratio(row)}", flush=True)
     return rows
 
 
@@ -218,12 +239,11 @@ def sizes_table(calls: int, rounds: int) -> list[dict]:
                 if grad:
                     fns = {name: _forward_backward(fn.func, fn.args, _cotangents) for name, fn in fns.items()}
                 n = max(20, min(calls, int(calls * (1 << 14) / elements)))   # fewer calls of the larger sizes
-                us = _side_by_side(fns, n, rounds)
+                row = compared(_side_by_side(fns, n, rounds))
                 rows.append(dict(op=case.name, pass_="forward+backward" if grad else "forward", shape=list(shape),
-                                 elements=elements, roofline_us=us["roofline"], torch_us=us["torch"],
-                                 ratio=us["roofline"] / us["torch"]))
+                                 elements=elements, **row))
                 print(f"{case.name:42s} 2^{elements.bit_length() - 1:<3d}{rows[-1]['pass_']:17s} roofline "
-                      f"{us['roofline']:9.1f} us  torch {us['torch']:9.1f} us  {rows[-1]['ratio']:.2f}x", flush=True)
+                      f"{row['roofline_us']:9.1f} us  torch {row['torch_us']:9.1f} us  {_ratio(row)}", flush=True)
     return rows
 
 
@@ -252,7 +272,7 @@ def launch_table(calls: int, rounds: int) -> list[dict]:
         fns["Liger-Kernel rms_norm [8 x 512] bf16"] = lambda: liger.liger_rms_norm(xs, w, EPS)
     except ImportError:
         print("Liger-Kernel is not installed here: its rows are left out")
-    us = _side_by_side(fns, calls, rounds)
+    us = {name: statistics.median(s) for name, s in _side_by_side(fns, calls, rounds).items()}
     for name, t in us.items():
         print(f"{name:55s} {t:7.2f} us")
     return [dict(call=name, us=t) for name, t in us.items()]
@@ -260,33 +280,54 @@ def launch_table(calls: int, rounds: int) -> list[dict]:
 
 # --------------------------------------------------------------------------- report
 
+def _ratio(row: dict) -> str:
+    return f"{row['ratio']:.2f} ({row['ratio_low']:.2f}-{row['ratio_high']:.2f})"
+
+
+def _verdict(rows: list[dict], target: float) -> list[str]:
+    """The lines under a table: how many rows lie over the target as far as the run can tell, and which."""
+    over = beyond(rows, target)
+    lines = [f"Rows whose whole 95% interval lies over {target}: **{len(over)} of {len(rows)}**"
+             + ("." if not over else ":")]
+    lines += [f"- {r['op']}, {r['pass_']}" + (f", 2^{r['elements'].bit_length() - 1}" if "elements" in r else "")
+              + f": {_ratio(r)}" for r in over]
+    point = [r for r in rows if r["ratio"] > target and r not in over]
+    if point:
+        lines.append(f"- Over {target} by the median alone, their interval holding it: {len(point)}.")
+    return ["", *lines]
+
+
 def markdown(result: dict, before: dict | None) -> str:
     env = result["environment"]
     lines = [f"# Host time per eager call ({env['gpu']})", "",
              f"{env['date']}; torch {env['torch']}, triton {env['triton']}, Python {env['python']}; "
-             f"`{env['command']}`. Median over {env['rounds']} rounds of back-to-back calls, providers alternating.",
-             ""]
+             f"`{env['command']}`. {env['rounds']} rounds of back-to-back calls, providers alternating: each "
+             "provider's median time, and the median of the per-round ratios with its 95% interval (sign test "
+             "over rounds).", ""]
     earlier = {(r["op"], r["pass_"]): r["roofline_us"] for r in (before or {}).get("host", [])}
     lines += ["## Tiny inputs: host time per call (target: roofline / torch <= 1.5)", ""]
-    head = "| op | pass | shape | roofline (us) | torch (us) | roofline / torch | plans built while timing |"
+    head = ("| op | pass | shape | roofline (us) | torch (us) | roofline / torch (95% interval) | plans built while "
+            "timing |")
     if earlier:
         head += " roofline before (us) |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for r in result["host"]:
         line = (f"| {r['op']} | {r['pass_']} | {'x'.join(map(str, r['shape']))} | {r['roofline_us']:.1f} | "
-                f"{r['torch_us']:.1f} | {r['ratio']:.2f} | {r['plans_built_while_timing']} |")
+                f"{r['torch_us']:.1f} | {_ratio(r)} | {r['plans_built_while_timing']} |")
         if earlier:
             old = earlier.get((r["op"], r["pass_"]))
             line += f" {old:.1f} |" if old is not None else " |"
         lines.append(line)
+    lines += _verdict(result["host"], 1.5)
     if result.get("sizes"):
         lines += ["", "## Back-to-back eager calls by size: time per call (target: roofline / torch <= 1.0)", "",
-                  "| op | pass | elements | shape | roofline (us) | torch (us) | roofline / torch |",
+                  "| op | pass | elements | shape | roofline (us) | torch (us) | roofline / torch (95% interval) |",
                   "|---|---|---|---|---|---|---|"]
         for r in result["sizes"]:
             lines.append(f"| {r['op']} | {r['pass_']} | 2^{r['elements'].bit_length() - 1} | "
                          f"{'x'.join(map(str, r['shape']))} | {r['roofline_us']:.1f} | {r['torch_us']:.1f} | "
-                         f"{r['ratio']:.2f} |")
+                         f"{_ratio(r)} |")
+        lines += _verdict(result["sizes"], 1.0)
     lines += ["", "## Launching a trivial kernel", "", "| call | us per call |", "|---|---|"]
     lines += [f"| {r['call']} | {r['us']:.2f} |" for r in result["launch"]]
     return "\n".join(lines) + "\n"
@@ -295,11 +336,13 @@ def markdown(result: dict, before: dict | None) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--calls", type=int, default=2000, help="back-to-back calls per round")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=1200, help="back-to-back calls per round")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds (at least 6, for the ratios' intervals)")
     parser.add_argument("--before", type=Path, help="an earlier run's host_overhead.json, for a 'before' column")
     parser.add_argument("--no-sizes", action="store_true", help="skip the sweep by size")
     args = parser.parse_args(argv)
+    if args.rounds < min_rounds(0.95):
+        parser.error(f"--rounds: at least {min_rounds(0.95)} for a 95% interval of the ratios, got {args.rounds}")
     if not torch.cuda.is_available():
         print("host_overhead needs a CUDA GPU", file=sys.stderr)
         return 2
