@@ -18,6 +18,7 @@ from ops_checks import DEVICE, DTYPES, SHAPES, as_tuple, assert_matches_float64,
 
 import roofline.ops.norm as norm_module
 from roofline.ops import add_rms_norm, layer_norm, rms_norm
+from roofline.ops._launch import clear_plans
 from roofline.ops.norm import add_rms_norm_reference
 
 
@@ -75,6 +76,17 @@ max_block = block_size_fixture(norm_module, "MAX_BLOCK", [norm_module.MAX_BLOCK,
 @pytest.mark.parametrize("shape", [(1,), (7,), (3, 1), (5, 123), (2, 3, 257), (4, 1000)])
 def test_matches_float64_reference(shape, dtype, op, max_block):
     check(op, *inputs(op, shape, dtype))
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_one_row_group_stores_the_parameter_gradients_itself(rows):
+    """A backward whose rows fit one row group sums dw and db whole, in one launch and no scratch; more rows sum
+    partial rows in a second launch. Both against float64 (the shapes above run both paths too)."""
+    clear_plans()
+    x, w, b = inputs("layer_norm", (rows, 300), torch.float32)
+    check("layer_norm", x, w, b)
+    (plan,) = norm_module._plans.values()
+    assert (plan.parts == 0) == (rows == 1) and (plan.groups == 1) == (rows == 1)
 
 
 @pytest.mark.parametrize("op", OURS)

@@ -209,16 +209,16 @@ if triton is not None:
         tl.store(c2_ptr + row, tl.sum(c2, axis=0) / n)
 
     @triton.jit
-    def norm_backward_kernel(x_ptr, dy_ptr, dres_ptr, w_ptr, stats_ptr, c_ptr, dx_ptr, parts_ptr, rows, n,
-                             RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DRES: tl.constexpr,
-                             BLOCK: tl.constexpr, SINGLE: tl.constexpr, PREFETCH: tl.constexpr):
-        """Program (column block, row group): dx for its rows and columns; partial dw, db for its columns, to
-        row `group` of parts_ptr [HAS_W + HAS_B, groups, n] (dw's first). PREFETCH: the next row's loads are
-        issued before this row is reduced, so that they are in flight meanwhile (registers for a second row)."""
+    def norm_backward_kernel(x_ptr, dy_ptr, dres_ptr, w_ptr, stats_ptr, c_ptr, dx_ptr, parts_ptr, dw_ptr, db_ptr,
+                             rows, n, RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                             HAS_DRES: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
+                             PREFETCH: tl.constexpr, DIRECT: tl.constexpr):
+        """Program (column block, row group): dx for its rows and columns; dw, db for its columns: partial sums to
+        row `group` of parts_ptr [HAS_W + HAS_B, groups, n] (dw's first), or, with one row group (DIRECT), the
+        sums themselves to dw_ptr and db_ptr in their dtypes. PREFETCH: the next row's loads are issued before
+        this row is reduced, so that they are in flight meanwhile (registers for a second row)."""
         mean_ptr, rstd_ptr, c1_ptr, c2_ptr = stats_ptr, stats_ptr + rows, c_ptr, c_ptr + rows
         col_block, group, groups = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
-        dw_ptr = parts_ptr
-        db_ptr = parts_ptr + groups * n if HAS_W else parts_ptr
         offs = col_block * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) if HAS_W else 1.0
@@ -249,10 +249,16 @@ if triton is not None:
             tl.store(dx_ptr + start_of_row + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
             dw += dy * xhat
             db += dy
-        if HAS_W:
-            tl.store(dw_ptr + group * n + offs, dw, mask=mask)
-        if HAS_B:
-            tl.store(db_ptr + group * n + offs, db, mask=mask)
+        if DIRECT:
+            if HAS_W:
+                tl.store(dw_ptr + offs, dw.to(dw_ptr.dtype.element_ty), mask=mask)
+            if HAS_B:
+                tl.store(db_ptr + offs, db.to(db_ptr.dtype.element_ty), mask=mask)
+        else:
+            if HAS_W:
+                tl.store(parts_ptr + group * n + offs, dw, mask=mask)
+            if HAS_B:
+                tl.store(parts_ptr + (groups * n if HAS_W else 0) + group * n + offs, db, mask=mask)
 
     @triton.jit
     def norm_parameter_grads_kernel(parts_ptr, dw_ptr, db_ptr, groups, n, HAS_W: tl.constexpr,
@@ -341,12 +347,16 @@ class NormPlan:
         self.single, self.groups = n <= block, groups
         self.row_means_launch = Launch(norm_row_means_kernel, (rows,), index, RMS=rms, HAS_W=has_weight,
                                        BLOCK=block, num_warps=warps)
+        # One row group (a few rows, or columns enough to fill the GPU) sums dw and db whole: the kernel stores
+        # them itself, and the partial sums' buffer and the second launch are not needed (on the H100 host each
+        # costs a few us of a tiny forward+backward's ~100).
+        direct = groups == 1
         backward = dict(RMS=rms, HAS_W=has_weight, HAS_B=has_bias, BLOCK=block, SINGLE=self.single,
-                        PREFETCH=block <= BACKWARD_PREFETCH_BLOCK, num_warps=warps)
+                        PREFETCH=block <= BACKWARD_PREFETCH_BLOCK, DIRECT=direct, num_warps=warps)
         grid = (cdiv(n, block), groups)
         self.backward_launch = {dres: Launch(norm_backward_kernel, grid, index, HAS_DRES=dres, **backward)
                                 for dres in (False, True)}
-        self.parts = (has_weight + has_bias) * groups * n
+        self.parts = 0 if direct else (has_weight + has_bias) * groups * n
         g, b = PARAMETER_GRADS_BLOCK
         self.parameter_grads_launch = Launch(norm_parameter_grads_kernel, (cdiv(n, b),), index, HAS_W=has_weight,
                                              HAS_B=has_bias, BLOCK_G=g, BLOCK_N=b)
@@ -391,7 +401,7 @@ class NormPlan:
             self.row_means_launch.for_pointers(pointers)(x, dy, w, stats, means, self.rows, self.n)
         self.backward_launch[dresidual is not None].for_pointers(pointers)(
             x, dy, x if dresidual is None else dresidual, w, stats, means, dx, dx if parts is None else parts,
-            self.rows, self.n)
+            dx if dw is None else dw, dx if db is None else db, self.rows, self.n)
         if parts is not None:
             self.parameter_grads_launch(parts, parts if dw is None else dw, parts if db is None else db,
                                         self.groups, self.n)
