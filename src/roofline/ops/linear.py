@@ -566,7 +566,9 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: torch.
     """(dx, dweight, dbias) for x of any leading shape (its rows against dy's)."""
     dz = _activation_backward(dy, z, activation) if activation else dy
     rows = dz if dz.dim() == 2 else dz.reshape(-1, dz.shape[-1])
-    db = rows.sum(0, dtype=torch.float32).to(dz.dtype) if bias_grad else dz.new_empty(0)
+    # torch's reductions accumulate half-precision sums in fp32 and round once: one kernel, as torch's own
+    # backward of a bias takes it
+    db = rows.sum(0) if bias_grad else dz.new_empty(0)
     return dz @ weight, rows.t() @ (x if x.dim() == 2 else x.reshape(-1, x.shape[-1])), db
 
 
