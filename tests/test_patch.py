@@ -291,8 +291,9 @@ class Timer:
         return self.times
 
 
-@pytest.mark.parametrize("times, ours", [((10.0, 20.0), True), ((20.0, 10.0), False), ((9.9, 10.0), False),
-                                         ((12.0, 15.0), False)])   # faster in the loop, not by IN_PROGRAM_US
+# the last two: faster in the loop, not by IN_PROGRAM_US (the second, Llama's decode SwiGLU as measured on the H100)
+@pytest.mark.parametrize("times, ours", [((10.0, 25.0), True), ((20.0, 10.0), False), ((9.9, 10.0), False),
+                                         ((12.0, 15.0), False), ((9.6, 15.9), False)])
 def test_router_serves_each_signature_by_what_it_measured(times, ours):
     timer = Timer(*times)
     r = routing.Router(timer=timer, persist=False)
@@ -307,7 +308,7 @@ def test_router_serves_each_signature_by_what_it_measured(times, ours):
     assert row["served_by"] == ("roofline" if ours else "torch") and row["calls"] == 3
     assert (row["ours_us"], row["torch_us"]) == times and row["signature"] == "[5, 3] fp32 (forward)"
     if times == (12.0, 15.0):
-        assert row["why"] == ("1.25x faster than torch in a loop, by less than the 5 us a routed call costs more "
+        assert row["why"] == ("1.25x faster than torch in a loop, by less than the 10 us a routed call costs more "
                               "in a program")
     r.call("double", _never, mine, torchs, torch.randn(5, 4))   # a new signature: measured again
     assert timer.calls == 2
@@ -326,7 +327,7 @@ def test_router_measures_roofline_through_a_route_and_torch_as_called_unpatched(
             before = len(keys)
             run()
             during[name] = len(keys) - before
-        return 10.0, 20.0
+        return 10.0, 25.0
 
     r = routing.Router(timer=timer, persist=False)
     x = torch.randn(5, 3)
@@ -360,7 +361,7 @@ def test_a_calls_key_is_the_same_from_cpp_and_from_python(monkeypatch):
 
 
 def test_router_measures_forward_and_backward_apart():
-    timer = Timer(10.0, 20.0)
+    timer = Timer(10.0, 25.0)
     r = routing.Router(timer=timer, persist=False)
     x = torch.randn(4, requires_grad=True)
     r.call("double", _never, _twice, _doubled, x).sum().backward()   # torch's: the gradient's layout, seen
@@ -389,7 +390,7 @@ def test_router_measures_with_gradients_laid_out_as_the_programs_arrive():
     # (here transposed, the output contiguous), and the measurement's backward takes it: a measured layout the
     # program never uses leaves torch's caches (cuDNN attention's backward graph) holding it
     doubled, seen = _watched(_twice)
-    timer = Timer(10.0, 20.0)
+    timer = Timer(10.0, 25.0)
     r = routing.Router(timer=timer, persist=False)
     x = torch.randn(6, 4, requires_grad=True)
     for _ in range(2):
@@ -401,7 +402,7 @@ def test_router_measures_a_signature_whose_backward_never_comes_with_gradients_l
         monkeypatch):
     monkeypatch.setattr(routing, "AWAIT_CALLS", 3)
     transposed, seen = _watched(lambda x: (x * 2).t())
-    timer = Timer(10.0, 20.0)
+    timer = Timer(10.0, 25.0)
     r = routing.Router(timer=timer, persist=False)
     x = torch.randn(6, 4, requires_grad=True)
     for _ in range(4):
@@ -412,7 +413,7 @@ def test_router_measures_a_signature_whose_backward_never_comes_with_gradients_l
 
 
 def test_router_decides_under_autocast_apart():
-    timer = Timer(10.0, 20.0)
+    timer = Timer(10.0, 25.0)
     r = routing.Router(timer=timer, persist=False)
     x = torch.randn(4, 8)
     r.call("double", _never, _twice, _doubled, x)
@@ -422,7 +423,7 @@ def test_router_decides_under_autocast_apart():
 
 
 def test_router_checks_roofline_against_torch_before_serving():
-    timer = Timer(10.0, 20.0)
+    timer = Timer(10.0, 25.0)
     r = routing.Router(timer=timer, persist=False)
     x = torch.randn(6)
     torch.testing.assert_close(r.call("wrong", _never, lambda t: t * 2 + 1e-2, _doubled, x), x * 2)
@@ -434,7 +435,7 @@ def test_router_checks_roofline_against_torch_before_serving():
 
 
 def test_router_leaves_to_torch_a_result_laid_out_otherwise():
-    r = routing.Router(timer=Timer(10.0, 20.0), persist=False)
+    r = routing.Router(timer=Timer(10.0, 25.0), persist=False)
     x = torch.randn(4, 6).t()                    # torch's x * 2 keeps this transposed layout
     r.call("double", _never, lambda t: (t * 2).contiguous(), _twice, x)
     [row] = r.report()
@@ -443,7 +444,7 @@ def test_router_leaves_to_torch_a_result_laid_out_otherwise():
 
 
 def test_router_counts_why_roofline_cannot_serve():
-    r = routing.Router(timer=Timer(10.0, 20.0), persist=False)
+    r = routing.Router(timer=Timer(10.0, 25.0), persist=False)
     for _ in range(2):
         r.call("double", lambda x: "not today", _twice, _doubled, torch.randn(3))
     assert r.report() == [dict(op="double", signature="[3] fp32 (forward)", calls=2, served_by="torch",
@@ -480,7 +481,7 @@ def test_router_always_serves_what_roofline_can():
     assert r.report()[0]["served_by"] == "roofline" and r._timer.calls == 0
 
 
-@pytest.mark.parametrize("times, settles", [((20.0, 10.0), True), ((10.0, 20.0), False)])
+@pytest.mark.parametrize("times, settles", [((20.0, 10.0), True), ((10.0, 25.0), False)])
 def test_a_route_that_torch_served_throughout_settles(times, settles):
     settled = []
     r = routing.Router(timer=Timer(*times), persist=False)
@@ -586,7 +587,7 @@ def test_gpu_measuring_attention_leaves_torchs_cudnn_gradients_right(heads_outer
     q, k, v = (t if heads_outer else t.transpose(1, 2) for t in (q, k, v))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     project = torch.randn(H * D, H * D, device="cuda", dtype=torch.bfloat16) / H
-    r = routing.Router(timer=Timer(10.0, 20.0), persist=False)
+    r = routing.Router(timer=Timer(10.0, 25.0), persist=False)
 
     def gradients(attention, dtype=torch.bfloat16):
         inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
