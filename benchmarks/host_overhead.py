@@ -291,7 +291,7 @@ def _verdict(rows: list[dict], target: float) -> list[str]:
              + ("." if not over else ":")]
     lines += [f"- {r['op']}, {r['pass_']}" + (f", 2^{r['elements'].bit_length() - 1}" if "elements" in r else "")
               + f": {_ratio(r)}" for r in over]
-    point = [r for r in rows if r["ratio"] > target and r not in over]
+    point = [r for r in rows if r["ratio"] > target >= r["ratio_low"]]
     if point:
         lines.append(f"- Over {target} by the median alone, their interval holding it: {len(point)}.")
     return ["", *lines]
