@@ -84,7 +84,62 @@ def test_module_paths_and_steps(script):
     assert modules["Net.fc"].forward_us > 0 and modules["Net.fc"].backward_us > 0
     assert modules["Net"].total_us >= modules["Net.fc"].total_us + modules["Net.head"].total_us
     # Five optimizer steps, two skipped: the window holds the other three (torch's step ranges).
-    assert prof.steps == 5 and report.timeline.steps >= 3
+    assert prof.steps == 5 and report.steps == 3
+
+
+def _recorded(length: int, skip: int, active: int | None) -> int:
+    """The steps a window of `skip` and `active` holds of a program that runs `length` steps."""
+    return len([i for i in range(skip, length) if active is None or i < skip + active])
+
+
+def _profile_steps(length: int, skip: int, active: int | None):
+    """A loop of `length` steps, each one mm of its own shape, then a tail (a cumsum) after the last mark."""
+    a = torch.randn(8, 8)
+    with roofline.profile(skip=skip, active=active) as prof:
+        for _ in range(length):
+            a @ a
+            prof.step()
+        a.cumsum(0)
+    return prof
+
+
+def _check_window(prof, length: int, skip: int, active: int | None) -> None:
+    expected = _recorded(length, skip, active)
+    if length < skip:
+        assert not prof.recorded
+        return
+    report = prof.report
+    names = [o.name for o in report.trace.ops]
+    assert report.steps == expected and report.to_dict()["totals"]["steps"] == expected
+    assert names.count("aten::mm") == expected   # the steps' own work: no more, no less
+    if expected:
+        assert "aten::cumsum" not in names and report.trace.tail_us >= 0   # the tail after the last step is no step
+        assert report.timeline.step_us * expected <= report.timeline.window_us * 1.001
+
+
+@pytest.mark.parametrize("length, skip, active", [(10, 3, None), (7, 5, None), (7, 3, None), (5, 0, None),
+                                                  (6, 2, 3), (4, 2, 5), (3, 3, None), (0, 0, None)])
+def test_the_window_counts_the_steps_it_holds(length, skip, active):
+    """The issue's cases: 10 steps with skip 3 hold 7 (reported 8), 7 with skip 5 hold 2 (reported 3)."""
+    _check_window(_profile_steps(length, skip, active), length, skip, active)
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("active", [None, 1, 2, 4])
+@pytest.mark.parametrize("skip", [0, 1, 2, 3, 5, 8])
+@pytest.mark.parametrize("length", [1, 2, 4, 7])
+def test_every_window_counts_the_steps_it_holds(length, skip, active):
+    _check_window(_profile_steps(length, skip, active), length, skip, active)
+
+
+def test_a_program_s_tail_after_its_last_optimizer_step_is_no_step(tmp_path):
+    """Through run_program and optimizer.step(), as `roofline profile` counts steps."""
+    path = tmp_path / "tail.py"
+    path.write_text(TRAIN + "torch.randn(16).cumsum(0)\n")
+    prof, status, _ = run_program(str(path), ["7"], skip=3)
+    names = [o.name for o in prof.report.trace.ops]
+    assert status == 0 and prof.report.steps == 4 and names.count("aten::addmm") == 2 * 4
+    assert "aten::cumsum" not in names
 
 
 def test_trace_carries_roofline_facts(script, tmp_path):

@@ -222,14 +222,15 @@ class _LineMarks:
 
 
 def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None,
-              optimizers: list | None = None) -> dict:
+              optimizers: list | None = None, window_steps: int | None = None) -> dict:
     """What the analysis needs to know about this process: how to tell the user's code from libraries,
-    the user call stacks that the line marks refer to, the steps timed outside the window, and what each
-    optimizer updates (costs.ParameterSet)."""
+    the user call stacks that the line marks refer to, the steps timed outside the window, what each
+    optimizer updates (costs.ParameterSet), and how many whole steps the window recorded (trace.load leaves
+    out the work after the last of them: a program's tail is no step)."""
     return {"version": 1, "cwd": os.getcwd(), "argv": sys.argv[:],
             "sys_path": [p or os.getcwd() for p in sys.path], "library_roots": _library_roots(),
             "stacks": stacks or [], "unprofiled_steps": unprofiled_steps or {"wall_ms": [], "gpu_ms": []},
-            "optimizers": optimizers or []}
+            "optimizers": optimizers or [], "window_steps": window_steps}
 
 
 def _parameter_facts(optimizer) -> dict:
@@ -330,12 +331,13 @@ def _teardown_cupti_at_stop() -> None:
 
 
 def _schedule(skip: int, active: int | None):
-    """torch.profiler's schedule for 'skip `skip` steps, then record `active` (None: all the rest)'."""
-    if skip == 0 and active is None:
-        return None
+    """torch.profiler's schedule for 'skip `skip` steps, then record `active` (None: all the rest)'. There is
+    always one, so that the trace marks each recorded step's range (ProfilerStep#N)."""
     forever = 1 << 62
-    if skip == 0:
-        return torch.profiler.schedule(wait=0, warmup=0, active=active, repeat=1)
+    if skip == 0:   # recording from the start: no step to warm up in (torch warns of that; nothing to do about it)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*warmup.*")
+            return torch.profiler.schedule(wait=0, warmup=0, active=active or forever, repeat=1)
     # The step before recording starts is a warm-up, so that the profiler's start-up cost falls outside.
     return torch.profiler.schedule(skip_first=skip - 1, wait=0, warmup=1, active=active or forever, repeat=1)
 
@@ -363,6 +365,7 @@ class Profiler:
             trace = Path(self._own_dir.name) / "trace.json"
         self.trace_path = Path(trace)
         self.steps = 0
+        self.window_steps = 0            # the whole steps recorded (the warm-up step is not)
         self.marked_by_program = False   # set by the module-level step(); see _optimizer_steps
         self._report = None
         self._torch = None
@@ -383,6 +386,11 @@ class Profiler:
         if self.skip == 0:
             return 0, math.inf if self.active is None else self.active - 1
         return self.skip - 1, math.inf if self.active is None else self.skip - 1 + self.active
+
+    def _records(self, step: int) -> bool:
+        """Whether step `step` (0-based) is recorded: in the window, and not the profiler's warm-up step."""
+        first, last = self.window
+        return first + (self.skip > 0) <= step <= last
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         # Registered for the whole run: a step hook that came and went at the window's edges would change
@@ -427,7 +435,7 @@ class Profiler:
             raw = Path(tmp) / "torch.json"
             prof.export_chrome_trace(str(raw))
             _with_metadata(raw, self.trace_path, run_facts(lines.table() if lines else None, self.clock.facts(),
-                                                           list(self._optimizers.values())))
+                                                           list(self._optimizers.values()), self.window_steps))
         self._exported = True
 
     def __enter__(self) -> "Profiler":
@@ -441,7 +449,7 @@ class Profiler:
             warnings.filterwarnings("ignore", message=".*warmup.*")
             self._torch = torch.profiler.profile(
                 activities=self._activities(), schedule=schedule,
-                on_trace_ready=self._on_trace_ready if schedule else None,
+                on_trace_ready=self._on_trace_ready,
                 record_shapes=self.shapes, profile_memory=self.memory,
                 with_stack=self.python_stack, with_modules=self.python_stack, experimental_config=config)
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -460,6 +468,7 @@ class Profiler:
         ended = self.steps
         self.clock.boundary(ended)   # first, so that none of the profiler's work falls in a timed step
         self.steps += 1
+        self.window_steps += self._records(ended)
         if ended == self.window[1]:
             self._hooks_off()
         if self.steps == self.skip:
@@ -482,7 +491,7 @@ class Profiler:
             self._hooks_off()
             self._optimizer_hook.remove()
             _active = self._previous
-        if self._trace_ready or _schedule(self.skip, self.active) is None:
+        if self._trace_ready:
             self._export(self._torch)
         return False
 
@@ -502,7 +511,7 @@ class Profiler:
             if not self._exported:
                 raise RuntimeError(f"nothing was recorded: skip={self.skip} steps were to be left out, "
                                    f"but only {self.steps} were marked with step()")
-            self._report = analyze(self.trace_path, steps=self.steps)
+            self._report = analyze(self.trace_path)
         return self._report
 
     def run(self, fn, *args, **kwargs):

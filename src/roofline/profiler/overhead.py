@@ -84,6 +84,10 @@ def measure(trace: Trace, tl: Timeline) -> Overhead | None:
                     busy_step_ms=busy_step_ms, idle_scale=scale)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def sentence(totals: dict, gpu: bool) -> str | None:
     """The profiler's cost in words, from a report's totals (its JSON form): what the terminal and HTML say."""
     u = totals.get("unprofiled")
@@ -93,8 +97,8 @@ def sentence(totals: dict, gpu: bool) -> str | None:
         return ("The profiler's own overhead is in these numbers: no step ran outside the recorded window to time "
                 "the program without it (skip 3 or more steps, or record fewer steps than the program runs).")
     clock = u["clock"] + (f"; the host's pace {u['wall_step_ms']:.2f} ms" if u["clock"] == "CUDA events" else "")
-    said = (f"Without the profiler a step took {u['step_ms']:.2f} ms (median of {u['steps_timed']} steps timed "
-            f"outside the window, {clock}) against {u['profiled_step_ms']:.2f} ms recorded: the profiler "
+    said = (f"Without the profiler a step took {u['step_ms']:.2f} ms (median of {_count(u['steps_timed'], 'step')} "
+            f"timed outside the window, {clock}) against {u['profiled_step_ms']:.2f} ms recorded: the profiler "
             f"stretched steps {u['inflation']:.2f}x.")
     if gpu:
         said += (f" Unprofiled, the GPU idles {u['idle_step_ms']:.2f} ms a step ({u['idle_ms']:.1f} ms over the "

@@ -61,15 +61,14 @@ class Report:
     timeline: timeline.Timeline
     ops: list
     findings: list = field(default_factory=list)
-    python_steps: int = 0
     overhead: Overhead | None = None   # the program timed outside the window, if it was
     host: list[HostLine] = field(default_factory=list)   # host time by line, as recorded
     ncu: NcuRun | None = None     # Nsight Compute's counters for the top kernels, where asked for (--ncu)
 
     @property
     def steps(self) -> int:
-        """Steps in the window: the profiler's step ranges, else the steps the program marked."""
-        return self.timeline.steps or self.python_steps
+        """Whole steps in the window: the profiler's step ranges (trace.load leaves out a partial last one)."""
+        return self.timeline.steps
 
     def host_ms_per_step(self, us: float) -> float:
         """Host time of the window (us, as recorded) as ms a step of the program without the profiler (the whole
@@ -253,7 +252,7 @@ def device_of(trace: Trace) -> tuple[dict, costs.Peaks]:
     return info, costs.Peaks.from_ceilings(c)
 
 
-def analyze(source, steps: int = 0, peaks: costs.Peaks | None = None) -> Report:
+def analyze(source, peaks: costs.Peaks | None = None) -> Report:
     """Run every analysis over a trace (a Trace, or the path of a torch.profiler JSON trace).
 
     peaks: the ceilings to place ops against; by default those of the trace's device (see device_of).
@@ -272,7 +271,7 @@ def analyze(source, steps: int = 0, peaks: costs.Peaks | None = None) -> Report:
     tl = timeline.analyze(trace, resolver)
     report = Report(trace=trace, device=info, peaks=peaks, attribution=attr,
                     kernels=kernels.kernel_table(trace), memory=kernels.memory_table(trace),
-                    timeline=tl, ops=costs.op_table(trace, attr, peaks), python_steps=steps,
+                    timeline=tl, ops=costs.op_table(trace, attr, peaks),
                     overhead=measure_overhead(trace, tl), host=host_lines(trace, resolver))
     report.findings = findings.find(report)
     return report

@@ -119,6 +119,7 @@ class Trace:
     path: str | None = None
     start: float = 0.0
     end: float = 0.0
+    tail_us: float = 0.0          # host time after the window's last whole step, left out (see keep_whole_steps)
 
     @property
     def kernels(self) -> list[GpuEvent]:
@@ -350,8 +351,41 @@ def load(path: str | Path) -> Trace:
     with _open_stream(path) as stream:
         for event in iter_events(stream, trace.meta, source=str(path)):
             _add(trace, event)
+    keep_whole_steps(trace)
     link(trace)
     return trace
+
+
+def keep_whole_steps(trace: Trace) -> None:
+    """Leave out what ran after the window's last whole step.
+
+    A window that runs to the program's end (no `active` count, or a program shorter than it) closes at exit, so
+    torch's last step range holds the program's tail, after its last step mark: no step, and per-step figures
+    would count it as one. capture writes how many whole steps it recorded ("window_steps"); the ranges before
+    the last are those. Host events that start after the last whole step are dropped, and GPU work with them
+    (GPU work launched within the steps stays, wherever it ran). Traces without that fact are left as they are.
+    """
+    n = (trace.meta.get("roofline") or {}).get("window_steps")
+    if not isinstance(n, int) or isinstance(n, bool) or len(trace.steps) <= n:
+        return
+    trace.steps.sort()
+    partial, trace.steps = trace.steps[n:], trace.steps[:n] if n else []
+    if not n:
+        return   # no whole step: the window is the region, not steps
+    cut = trace.steps[-1][1]
+    trace.tail_us = max(end for _, end in partial) - cut
+    trace.ops = [o for o in trace.ops if o.ts < cut]
+    trace.frames = [f for f in trace.frames if f.ts < cut]
+    kept = [r for r in trace.runtime if r.ts < cut]
+    launched = {r.correlation for r in trace.runtime if r.correlation >= 0}
+    kept_launches = {r.correlation for r in kept if r.correlation >= 0}
+    trace.runtime = kept
+    trace.gpu = [g for g in trace.gpu
+                 if g.correlation in kept_launches or (g.correlation not in launched and g.ts < cut)]
+    trace.syncs = [y for y in trace.syncs if y.ts < cut]
+    for times, ids in trace.marks.values():
+        keep = [k for k, t in enumerate(times) if t < cut]
+        times[:], ids[:] = [times[k] for k in keep], [ids[k] for k in keep]
 
 
 # ----------------------------------------------------------------------- linking
