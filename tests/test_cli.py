@@ -177,6 +177,21 @@ def test_profile_with_too_few_steps_says_so(program):
     assert result.exit_code == 2 and "nothing was recorded" in flat(result.output)
 
 
+def test_a_failed_program_is_reported_first_with_its_status_and_error(program):
+    """Before the report (or the 'nothing was recorded' that follows an early failure): the exit status, the steps
+    it ran, and the tail of its error, without roofline's or runpy's frames."""
+    result = runner.invoke(app, ["profile", str(program), "boom"])
+    text = flat(result.output)
+    said = f"{program} exited with status 1 after 0 steps: ValueError: the program failed: boom"
+    assert result.exit_code == 1 and said in text and text.index(said) < text.index("top lines by op time")
+    traceback = result.output.split("Traceback")[1].split("ValueError")[0]
+    assert "runpy" not in traceback and 'line 9, in <module>' in traceback
+    early = runner.invoke(app, ["profile", "--skip", "2", str(program), "early"])
+    text = flat(early.output)
+    assert early.exit_code == 1 and text.index("exited with status 1") < text.index("nothing was recorded")
+    assert "the program ended after 0" in text
+
+
 def test_analyze_rejects_a_file_that_is_not_a_trace(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

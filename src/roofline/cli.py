@@ -190,8 +190,8 @@ def _show_report(report, json_path: Optional[Path], html_path: Optional[Path], t
         console.print(f"[dim]HTML report written to {html_path}[/dim]")
 
 
-def _add_ncu(report, target: str, args: list[str], module: bool, count: int) -> None:
-    """Nsight Compute's counters for the `count` kernels with the most time, attached to the report."""
+def _add_ncu(report, target: str, args: list[str], module: bool, count: int, skip: int, steps: int | None) -> None:
+    """Nsight Compute's counters for the heaviest launches of the `count` kernels with the most time."""
     from roofline.profiler import ncu
 
     if report.attribution.device != "cuda":
@@ -201,9 +201,10 @@ def _add_ncu(report, target: str, args: list[str], module: bool, count: int) -> 
     if binary is None:
         err.print("roofline: --ncu: Nsight Compute (ncu) is not installed here")
         return
-    top = [(k.full_name, k.count) for k in report.kernels[:count]]
-    err.print(f"running Nsight Compute on {len(top)} kernels (the program once per kernel)...")
-    report.ncu = ncu.measure(ncu.program_argv(target, args, module), top, binary)
+    launches = [launch for k in report.kernels[:count] for launch in ncu.heaviest_launches(report.trace, k.full_name)]
+    err.print(f"running Nsight Compute on {len(launches)} launches of the top {count} kernels "
+              "(the program once per launch)...")
+    report.ncu = ncu.measure(ncu.window_argv(target, args, module, skip, steps), launches, binary)
 
 
 def _verify(report) -> None:
@@ -216,13 +217,31 @@ def _verify(report) -> None:
     verify.verify(report, progress=lambda f: err.print(f"[dim]  {f.id}: {f.title}[/dim]"))
 
 
+def _program_failed(target: str, status: int, error: BaseException | None, steps: int) -> None:
+    """The program's own failure, said before anything of roofline's: its exit status, the steps it ran, and the
+    tail of its error (the report that follows covers what ran before it)."""
+    said = f"roofline: {target} exited with status {status} after {steps} step{'s' * (steps != 1)}"
+    if error is None:
+        err.print(said, markup=False, highlight=False)
+        return
+    lines = _program_traceback(error).rstrip("\n").splitlines()
+    err.print(f"{said}: {lines[-1]}", markup=False, highlight=False)
+    tail = lines[-_TRACEBACK_TAIL:]
+    if len(lines) > len(tail):
+        tail = [f"  ... ({len(lines) - len(tail)} lines of the traceback above)"] + tail
+    err.print("\n".join(tail), markup=False, highlight=False)
+
+
+_TRACEBACK_TAIL = 16   # lines of the program's traceback shown: its innermost frames and the error
+
+
 def _program_traceback(error: BaseException) -> str:
     """The program's traceback as Python would print it, without roofline's and runpy's frames above it."""
     import traceback
 
     tb = error.__traceback__
     while tb is not None and ("roofline" + "/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
-                              or tb.tb_frame.f_code.co_filename.endswith("runpy.py")):
+                              or tb.tb_frame.f_code.co_filename.endswith(("runpy.py", "<frozen runpy>"))):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(error), error, tb))
 
@@ -267,11 +286,12 @@ def profile(
     except FileNotFoundError as exc:
         err.print(f"roofline: {exc}")
         raise typer.Exit(2)
-    if error is not None:
-        err.print(_program_traceback(error), end="", markup=False, highlight=False)
+    if status or error is not None:
+        _program_failed(target, status, error, prof.steps)
     if not prof.recorded:
         err.print(f"roofline: nothing was recorded: --skip {skip} steps were to be left out, but the program "
-                  f"marked only {prof.steps} (optimizer.step() or roofline.profiler.step() calls)")
+                  f"{'ended after' if status else 'marked only'} {prof.steps} (optimizer.step() or "
+                  "roofline.profiler.step() calls)")
         raise typer.Exit(status or 2)
     try:
         report = prof.report
@@ -282,7 +302,7 @@ def profile(
         err.print("roofline: nothing to analyze: the program ran no PyTorch operations in the profiled window")
         raise typer.Exit(status or 2)
     if ncu:
-        _add_ncu(report, target, list(args or []), module, ncu)
+        _add_ncu(report, target, list(args or []), module, ncu, skip, steps)
     if verify:
         _verify(report)
     _show_report(report, json_path, html_path, top)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from roofline.profiler.costs import OpRow, ParameterSet, Peaks, cost, display_name
+from roofline.profiler.costs import OpRow, ParameterSet, Peaks, cost, display_name, roofline_cell
 from roofline.profiler.report import analyze
 from roofline.profiler.trace import Op
 
@@ -189,8 +189,27 @@ def test_roofline_ops_under_torch_compile_take_their_public_names_and_costs():
     assert display_name(eager) == "roofline::layer_norm_backward"
 
 
-def test_views_cost_nothing_and_unknown_ops_get_the_default():
-    assert cost(op("view", [[4, 4], []], [F32, "ScalarList"])) is None
+@pytest.mark.parametrize("name, shapes, dtypes", [
+    ("view", [[4, 4], []], [F32, "ScalarList"]), ("resolve_conj", [[4096, 4096]], [F32]),
+    ("resolve_neg", [[4096, 4096]], [F32]), ("as_strided_", [[64, 64], [], [], []], [F32, "", "", ""]),
+    ("alias", [[128]], [F32]), ("_neg_view", [[128]], [F32]), ("unflatten", [[8, 64], [], []], [F32, "", ""])])
+def test_views_and_metadata_ops_cost_nothing(name, shapes, dtypes):
+    """resolve_conj and as_strided_ were charged bytes as elementwise ops and plotted at 183% of the roofline."""
+    found = cost(op(name, shapes, dtypes))
+    assert (found.flops, found.bytes, found.rule) == (0.0, 0.0, "view")
+
+
+def test_a_view_s_row_has_no_place_on_the_roofline(tmp_path):
+    b = TraceBuilder()
+    b.op("aten::resolve_conj", 0.0, 30.0, shapes=[[4096, 4096]], dtypes=[F32])
+    b.kernel("void at::native::vectorized_elementwise_kernel<4, CopyFunctor>(int)", 20.0, 5.0, launch_ts=10.0)
+    (row,) = [o for o in analyze(b.write(tmp_path / "t.json"), peaks=PEAKS).ops if o.name == "aten::resolve_conj"]
+    assert row.rule == "view" and (row.flops, row.bytes) == (0.0, 0.0)
+    assert row.pct_of_roofline is None and row.bound is None and row.headroom_us is None
+    assert roofline_cell(row.rule, row.pct_of_roofline, str) == "view"
+
+
+def test_unknown_ops_get_the_default():
     weird = cost(op("some_custom_op", [[10, 10]], [F32]))
     assert weird.rule == "default" and weird.bytes == 2 * 400
 

@@ -570,12 +570,8 @@ def _as_main(argv: list[str], path_entry: str | None):
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
-def run_program(target: str, args: list[str], *, module: bool = False, **options):
-    """Run a script (or with module=True a module) as __main__ under the profiler.
-
-    Returns (profiler, status, error): the program's exit status, and the exception
-    it ended with (None for a clean exit). The report covers what ran either way.
-    """
+def _program(target: str, args: list[str], module: bool):
+    """(argv, sys.path entry, body): how `python script.py args` (or `python -m module args`) runs the target."""
     if module:
         import importlib.util
 
@@ -585,23 +581,86 @@ def run_program(target: str, args: list[str], *, module: bool = False, **options
             raise FileNotFoundError(f"cannot find module {target!r}: {exc}") from None
         if found is None:
             raise FileNotFoundError(f"no module named {target!r}")
-        argv, entry = [found.origin or target, *args], os.getcwd()
-        body = lambda: runpy.run_module(target, run_name="__main__", alter_sys=True)  # noqa: E731
-    else:
-        path = Path(target)
-        if not path.is_file():
-            raise FileNotFoundError(f"no such file: {target}")
-        argv, entry = [str(path), *args], str(path.resolve().parent)
-        body = lambda: runpy.run_path(str(path), run_name="__main__")  # noqa: E731
-    prof = Profiler(**options)
+        return ([found.origin or target, *args], os.getcwd(),
+                lambda: runpy.run_module(target, run_name="__main__", alter_sys=True))
+    path = Path(target)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {target}")
+    return [str(path), *args], str(path.resolve().parent), lambda: runpy.run_path(str(path), run_name="__main__")
+
+
+def _run_marked(recorder, target: str, args: list[str], module: bool):
+    """Run the target as __main__ inside `recorder` (a Profiler or a CudaProfilerRange), its steps marked by
+    optimizer.step() or roofline.profiler.step(). Returns (status, error): the program's exit status, and the
+    exception it ended with (None for a clean exit)."""
+    argv, entry, body = _program(target, args, module)
     status, error = 0, None
-    with _as_main(argv, entry), _optimizer_steps(prof):
-        with prof:
+    with _as_main(argv, entry), _optimizer_steps(recorder):
+        with recorder:
             try:
                 body()
             except BaseException as exc:  # the program's own ending, reported after the profile
                 status, error = _exit_status(exc), None if isinstance(exc, SystemExit) else exc
-    return prof, status, error
+    return status, error
+
+
+def run_program(target: str, args: list[str], *, module: bool = False, **options):
+    """Run a script (or with module=True a module) as __main__ under the profiler.
+
+    Returns (profiler, status, error): the program's exit status, and the exception
+    it ended with (None for a clean exit). The report covers what ran either way.
+    """
+    prof = Profiler(**options)
+    return (prof, *_run_marked(prof, target, args, module))
+
+
+class CudaProfilerRange:
+    """The steps a Profiler(skip=, active=) records, marked for Nsight Compute instead of recorded:
+    cudaProfilerStart where the recording would start, cudaProfilerStop where it would end. Under
+    `ncu --profile-from-start off`, the launches ncu counts are then the trace's, in the trace's order, and a
+    launch the profile timed can be named by its ordinal (profiler.ncu)."""
+
+    def __init__(self, skip: int, active: int | None, start=None, stop=None):
+        self.skip, self.active = skip, active
+        self.steps = 0
+        self.marked_by_program = False
+        self.started = self.stopped = 0
+        self._start = start or torch.cuda.profiler.start
+        self._stop = stop or torch.cuda.profiler.stop
+        self._on = False
+        self._previous = None
+
+    def _switch(self, on: bool) -> None:
+        if on != self._on:
+            _sync_if_cuda()   # the launches before the switch run, and are counted, on their side of it
+            (self._start if on else self._stop)()
+            self._on = on
+
+    def __enter__(self) -> "CudaProfilerRange":
+        global _active
+        self._previous, _active = _active, self
+        if self.skip == 0:
+            self._switch(True)
+        return self
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps == self.skip:
+            self._switch(True)
+        if self.active is not None and self.steps == self.skip + self.active:
+            self._switch(False)
+
+    def __exit__(self, *exc):
+        global _active
+        self._switch(False)
+        _active = self._previous
+        return False
+
+
+def run_window(target: str, args: list[str], *, module: bool = False, skip: int = 0, active: int | None = None):
+    """Run the program with its recorded window marked by a CudaProfilerRange (see profiler.ncu); returns
+    (status, error) as run_program does."""
+    return _run_marked(CudaProfilerRange(skip, active), target, args, module)
 
 
 @contextlib.contextmanager

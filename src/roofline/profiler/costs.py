@@ -18,6 +18,15 @@ from roofline.ops.traffic import PASSES, unit_inputs
 from roofline.profiler.trace import Op
 
 NO_COST_MODEL = "no cost model"   # what the tables say of an op whose FLOPs and bytes the trace does not give
+VIEW = "view"     # the rule of a view or metadata op: it costs nothing, and has no place on the roofline
+
+
+def roofline_cell(rule: str | None, pct: float | None, percent) -> str:
+    """The "of roofline" cell of an op: its fraction (through `percent`), "view" for a view or metadata op (it costs
+    nothing), or NO_COST_MODEL."""
+    if rule is None:
+        return NO_COST_MODEL
+    return VIEW if rule == VIEW else percent(pct)
 
 # Element sizes by the profiler's "Input type" strings.
 ITEMSIZE = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
@@ -419,10 +428,15 @@ def _elementwise(op: Op, a: _Args, rule: str = "elementwise") -> Cost | None:
     return Cost(float(n), reads + (0 if inplace else n * out_size), rule)
 
 
-_VIEWS = {"view", "reshape", "_reshape_alias", "_unsafe_view", "t", "transpose", "permute", "expand", "as_strided",
-          "detach", "detach_", "alias", "slice", "select", "unsqueeze", "squeeze", "narrow", "split", "chunk",
-          "unbind", "empty", "empty_like", "empty_strided", "resize_", "lift_fresh", "contiguous", "item",
-          "_local_scalar_dense", "result_type", "broadcast_tensors", "view_as", "expand_as", "numpy_T"}
+# Views, metadata and allocation: no data moved by the op itself (a copy it needs runs as an op of its own under it).
+_VIEWS = {"view", "reshape", "_reshape_alias", "_unsafe_view", "t", "t_", "transpose", "transpose_", "permute",
+          "expand", "as_strided", "as_strided_", "detach", "detach_", "alias", "slice", "select", "unsqueeze",
+          "unsqueeze_", "squeeze", "squeeze_", "narrow", "split", "split_with_sizes", "tensor_split", "chunk",
+          "unbind", "diagonal", "movedim", "moveaxis", "swapaxes", "swapdims", "flatten", "unflatten", "unfold",
+          "empty", "empty_like", "empty_strided", "resize_", "set_", "lift_fresh", "contiguous", "item",
+          "_local_scalar_dense", "result_type", "broadcast_tensors", "view_as", "expand_as", "numpy_T",
+          "resolve_conj", "resolve_neg", "conj", "_conj", "_neg_view", "view_as_real", "view_as_complex", "real",
+          "imag", "indices", "values", "_indices", "_values", "is_same_size", "_has_compatible_shallow_copy_type"}
 _REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "norm", "linalg_vector_norm",
                "var", "std", "var_mean", "std_mean", "logsumexp", "prod", "all", "any", "count_nonzero", "_foreach_norm"}
 _RULES = [
@@ -496,8 +510,10 @@ def cost(op: Op, params: ParameterSet | None = None, forward: Op | None = None) 
         backward = public.endswith("_backward")
         source = forward if backward else op
         return _roofline(public.removesuffix("_backward"), _Args(source), backward) if source else None
-    if name in _VIEWS or op.annotation:
+    if op.annotation:
         return None
+    if name in _VIEWS:
+        return Cost(0.0, 0.0, VIEW, note="a view or metadata op: it moves no data")
     a = _Args(op, params)
     if name in _REDUCTIONS:
         return _reduction(op, a)
@@ -592,7 +608,7 @@ class OpRow:
     @property
     def roofline_us(self) -> float | None:
         """The time the op's work takes at the ceilings: max(FLOPs / peak, bytes / bandwidth)."""
-        if self.rule is None or (not self.peak_tflops and not self.peak_gbps):
+        if self.rule in (None, VIEW) or (not self.peak_tflops and not self.peak_gbps):
             return None
         compute = self.flops / (self.peak_tflops * 1e6) if self.peak_tflops else 0.0
         memory = self.bytes / (self.peak_gbps * 1e3) if self.peak_gbps else 0.0
@@ -600,7 +616,7 @@ class OpRow:
 
     @property
     def bound(self) -> str | None:
-        if self.rule is None or not self.peak_tflops or not self.peak_gbps:
+        if self.rule in (None, VIEW) or not self.peak_tflops or not self.peak_gbps:
             return None
         ridge = self.peak_tflops * 1e12 / (self.peak_gbps * 1e9)
         if (self.intensity or 0.0) >= ridge:
@@ -639,7 +655,7 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
     params = ParameterSet.from_facts(trace.meta.get("roofline") or {})
 
     def composite(op_index: int, own: Cost | None) -> bool:
-        rules = {c.rule for child in children.get(op_index, ()) if (c := cost(child, params)) is not None}
+        rules = {c.rule for child in children.get(op_index, ()) if (c := cost(child, params)) is not None} - {VIEW}
         return own is not None and (own.rule in rules or (own.rule == "default" and bool(rules - {"default"})))
 
     rows: dict[tuple, OpRow] = {}

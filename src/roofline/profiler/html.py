@@ -13,9 +13,9 @@ import json
 import math
 from html import escape
 
-from roofline.profiler.costs import NO_COST_MODEL
+from roofline.profiler.costs import roofline_cell
 from roofline.profiler.kernels import CATEGORIES
-from roofline.profiler.ncu import COLUMNS as NCU_COLUMNS
+from roofline.profiler.ncu import COLUMNS as NCU_COLUMNS, row_note
 from roofline.profiler.overhead import sentence as overhead_sentence
 
 # Colour per kernel category (busy) and per idle cause; the same in the legend and the chart.
@@ -337,7 +337,7 @@ def _tables(d: dict, top: int) -> str:
     ms_unit = "GPU ms" if d.get("timeline") else "ms"
     lines = [{**r, "where": _where(r)} for r in d["lines"][:top]]
     ops = [{**o, "shapes_text": _shapes(o["shapes"]), "where": _where(o),
-            "pct": (o["pct_of_roofline"], _pct(o["pct_of_roofline"]) if o["rule"] else NO_COST_MODEL)}
+            "pct": (o["pct_of_roofline"], roofline_cell(o["rule"], o["pct_of_roofline"], _pct))}
            for o in d["ops"][:top]]
     kernels = [{**k, "avg_us": k["avg_ms"] * 1e3, "share": (k["share"], _pct(k["share"]))} for k in d["kernels"][:top]]
     memory = [{**m, "memory": f"{m['source']} -> {m['destination']}", "mb": m["bytes"] / 1e6} for m in d["memory_ops"]]
@@ -368,10 +368,11 @@ def _tables(d: dict, top: int) -> str:
         "<h2>Memory operations</h2>",
         _table([("kind", "kind"), ("memory", "memory"), ("count", "count:n"), ("MB", "mb:n"), ("ms", "total_ms:n"),
                 ("GB/s", "gbps:n")], memory, "memory"),
-        *([f"<h2>Nsight Compute: the top kernels</h2><p class='note'>One launch of each, {d['ncu']['seconds']:,.0f} s "
-           "of ncu runs (the program run again per kernel).</p>",
-           _table([("kernel", "name"), *((header, f"{key}:n") for header, key, _ in NCU_COLUMNS), ("note", "error")],
-                  d["ncu"]["kernels"], "ncu")] if d.get("ncu") else []),
+        *([f"<h2>Nsight Compute: the top kernels</h2><p class='note'>The heaviest launches of each (by grid and "
+           f"block), {d['ncu']['seconds']:,.0f} s of ncu runs (the program run again per launch).</p>",
+           _table([("kernel", "name"), *((header, f"{key}:n") for header, key, _ in NCU_COLUMNS),
+                   ("launch; note", "said")], [{**k, "said": row_note(k)} for k in d["ncu"]["kernels"]], "ncu")]
+          if d.get("ncu") else []),
         "<h2>Host synchronizations</h2>",
         _table([("call", "call"), ("line", "where"), ("count", "count:n"), ("host wait ms", "wait_ms:n"),
                 ("GPU idle after ms", "idle_ms:n"), ("saved without it ms", "gain_ms:n")], syncs, "syncs"),

@@ -66,8 +66,8 @@ def _skip_balanced(text: str, i: int, open_: str, close: str) -> int:
     return i
 
 
-def short_name(name: str, limit: int = 90) -> str:
-    """A readable kernel name: no return type, namespaces or argument list; the telling template argument kept."""
+def _split_function(name: str) -> tuple[str, str]:
+    """(the function's own name, the text from its template arguments or argument list on) of a demangled name."""
     text = name.strip()
     if text.startswith("void "):
         text = text[5:]
@@ -81,7 +81,20 @@ def short_name(name: str, limit: int = 90) -> str:
             break
         head.append(text[i])
         i += 1
-    base = "".join(head).rsplit("::", 1)[-1].strip() or text[:limit]
+    return "".join(head).rsplit("::", 1)[-1].strip(), text[i:]
+
+
+def function_name(name: str) -> str:
+    """The kernel's function name alone: no return type, namespaces, template arguments or argument list (what
+    Nsight Compute matches with --kernel-name-base function). Launches of one template share it."""
+    return _split_function(name)[0] or name.strip()
+
+
+def short_name(name: str, limit: int = 90) -> str:
+    """A readable kernel name: no return type, namespaces or argument list; the telling template argument kept."""
+    base, text = _split_function(name)
+    base = base or name.strip()[:limit]
+    i = 0
     detail = ""
     if i < len(text) and text[i] == "<":
         end = _skip_balanced(text, i, "<", ">")

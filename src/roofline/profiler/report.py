@@ -31,7 +31,10 @@ JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
     host_scale          unprofiled host pace / recorded (1: unknown)
     findings[]          {id, severity, title, message, evidence, location: {file, line}, est_gain_ms}
     ncu                 null, or {seconds, kernels[]: {name, occupancy_pct, dram_pct, sm_pct, l2_hit_pct, registers,
-                        spill_bytes, duration_us, error}}: Nsight Compute on the top kernels (--ncu K)
+                        spill_bytes, duration_us, grid_size, block_size, grid, block, trace_us, launches, share, note,
+                        error}}: Nsight Compute on the heaviest launches of the top kernels (--ncu K): the grid and
+                        block the profile timed, its duration there, the launches of that grid and block and their
+                        share of the kernel's time; note: where ncu's launch or duration parts from the profile's
 """
 
 from __future__ import annotations

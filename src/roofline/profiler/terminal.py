@@ -6,9 +6,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from roofline.profiler.costs import NO_COST_MODEL
+from roofline.profiler.costs import roofline_cell
 from roofline.profiler.kernels import short_name
-from roofline.profiler.ncu import COLUMNS as NCU_COLUMNS
+from roofline.profiler.ncu import COLUMNS as NCU_COLUMNS, row_note
 from roofline.profiler.overhead import sentence as overhead_sentence
 
 
@@ -112,7 +112,7 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
     for o in report.ops[:top]:
         ot.add_row(o.name.removeprefix("aten::"), _shapes(o.shapes), "bwd" if o.backward else "fwd", str(o.count),
                    _ms(o.us), _rate(o.tflops), _rate(o.gbps),
-                   o.bound or "", _pct(o.pct_of_roofline) if o.rule else f"[dim]{NO_COST_MODEL}[/dim]",
+                   o.bound or "", roofline_cell(o.rule, o.pct_of_roofline, _pct),
                    _ms(o.headroom_us) if o.headroom_us is not None else "")
     console.print(ot)
 
@@ -125,15 +125,15 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
         console.print(kt)
 
     if report.ncu:
-        nt = Table(title=f"Nsight Compute, one launch of each top kernel ({report.ncu.seconds:,.0f} s of ncu runs)",
-                   title_justify="left")
+        nt = Table(title=f"Nsight Compute, the heaviest launches of the top kernels ({report.ncu.seconds:,.0f} s of "
+                   "ncu runs)", title_justify="left")
         nt.add_column("kernel")
         for header, _, _ in NCU_COLUMNS:
             nt.add_column(header, justify="right")
-        nt.add_column("note", overflow="fold")
+        nt.add_column("launch; note", overflow="fold")
         for k in report.ncu.kernels:
             counters = ["" if getattr(k, key) is None else fmt.format(getattr(k, key)) for _, key, fmt in NCU_COLUMNS]
-            nt.add_row(short_name(k.name), *counters, (k.error or "")[-120:])
+            nt.add_row(short_name(k.name), *counters, row_note(vars(k)))
         console.print(nt)
 
     mods = [m for m in report.modules if m.total_us > 0]
