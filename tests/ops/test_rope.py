@@ -78,16 +78,37 @@ def test_outputs_are_laid_out_as_the_torch_expression_lays_them_out(layout):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["seq", "one", "batch"])
+# How model code keeps its angle tables: (seq, dim); (1 or batch, seq, dim); with a heads dimension of 1 to
+# broadcast over (buffers of (1, 1, seq, dim), or (batch, 1, seq, dim) from position ids); transposed storage.
+LAYOUTS = {
+    "seq": lambda c: c[0], "one": lambda c: c[:1], "batch": lambda c: c,
+    "one-one": lambda c: c[:1, None], "batch-one": lambda c: c[:, None],
+    "strided": lambda c: c.transpose(0, 1).contiguous().transpose(0, 1)[:, None],
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_layout_of_the_angle_tables_and_their_dtype(layout):
+    """Forward and both gradients against float64, for every layout that broadcasts against q and k."""
     B, T, D = 3, 6, 16
-    cos, sin = angles(B, T, D, per_batch=layout == "batch")
-    if layout == "one":
-        cos, sin = cos[None], sin[None]
+    cos, sin = (LAYOUTS[layout](t) for t in angles(B, T, D, per_batch=True))
     q, k = torch.randn(B, 2, T, D, device=DEVICE, dtype=torch.bfloat16), torch.randn(B, 1, T, D, device=DEVICE,
                                                                                      dtype=torch.bfloat16)
     check(q, k, cos, sin)                                          # fp32 tables, bf16 activations
     check(q, k, cos.to(torch.bfloat16), sin.to(torch.bfloat16))
+
+
+def test_one_position_or_per_head_angles_broadcast_as_torch_does():
+    """A table of one position, shared by every position of q (it broadcasts), and angles that differ by head
+    (the reference computes those: the kernel reads one table for all heads)."""
+    B, H, T, D = 2, 3, 5, 8
+    q, k = torch.randn(B, H, T, D, device=DEVICE), torch.randn(B, H, T, D, device=DEVICE)
+    cos, sin = angles(B, 1, D)
+    check(q, k, cos[:, None], sin[:, None])
+    per_head = torch.randn(B, H, T, D, device=DEVICE)
+    check(q, k, per_head.cos(), per_head.sin())
+    with pytest.raises(ValueError, match="cos must broadcast against q"):
+        rope(q, k[:, :1], per_head.cos(), per_head.sin())   # angles for 3 heads, and k has 1
 
 
 def test_gradient_of_only_one_output_and_poisoned_outputs():
@@ -141,8 +162,10 @@ C, S = angles(2, 5, 8, device="cpu")
     (lambda: rope(Q, K[..., :6], C, S), ValueError, "k must match q in batch, seq and head_dim"),
     (lambda: rope(Q, K.double(), C, S), ValueError, "k must match q in dtype and device"),
     (lambda: rope(Q[..., :7], K[..., :7], C[..., :7], S[..., :7]), ValueError, "head_dim must be even"),
-    (lambda: rope(Q, K, C[:4], S), ValueError, r"cos must be \(seq, head_dim\)"),
-    (lambda: rope(Q, K, C, S.expand(3, 5, 8)), ValueError, r"sin must be"),
+    (lambda: rope(Q, K, C[:4], S), ValueError, r"cos must broadcast against q \[2, 4, 5, 8\]"),
+    (lambda: rope(Q, K, C, S.expand(3, 5, 8)), ValueError, r"sin must broadcast"),
+    (lambda: rope(Q, K, C[..., :4], S), ValueError, r"with head_dim 8.*got \[5, 4\]"),
+    (lambda: rope(Q, K, C[None, None, None], S), ValueError, r"cos must broadcast"),
     (lambda: rope(Q, K, C.to(torch.int32), S), TypeError, "cos must be float32"),
     (lambda: rope(Q, K, C.requires_grad_(), S), ValueError, "no gradient flows to cos"),
     (lambda: rope(Q.long(), K.long(), C, S, backend="triton"), TypeError, "takes q of dtype"),

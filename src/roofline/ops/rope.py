@@ -4,7 +4,9 @@ autograd, entry point.
     rope(x) = x * cos + rotate_half(x) * sin,      rotate_half([x1, x2]) = [-x2, x1]
 
 over the last dimension (x1, x2 its halves), as LLaMA-style models apply it to queries and keys of shape
-(batch, heads, seq, head_dim), with cos and sin of shape (seq, head_dim) or (batch or 1, seq, head_dim).
+(batch, heads, seq, head_dim), with cos and sin in any layout that broadcasts against them: (seq, head_dim),
+(batch or 1, seq, head_dim), (batch or 1, 1, seq, head_dim) as model code keeps them, a position or batch of 1
+shared by all. The kernel reads one table for all heads; angles that differ by head go to the reference.
 
 Memory-bound: read q and k once, write them rotated once; cos and sin are read once per position and shared
 by every head. One program per (batch, position) rotates all of that position's query heads and key heads, so
@@ -35,12 +37,30 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """The rotation in eager PyTorch, cos and sin broadcast over the heads."""
-    cos, sin = _per_batch(cos).unsqueeze(1), _per_batch(sin).unsqueeze(1)
+    cos, sin = _over_heads(cos), _over_heads(sin)
     return (q * cos + rotate_half(q) * sin).to(q.dtype), (k * cos + rotate_half(k) * sin).to(k.dtype)
 
 
-def _per_batch(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dim() == 3 else t.unsqueeze(0)
+def _over_heads(t: torch.Tensor) -> torch.Tensor:
+    """cos or sin as broadcast against (batch, heads, seq, head_dim): a (batch, seq, head_dim) table gains the
+    heads' dimension, which every other layout has or broadcasts to as it is."""
+    return t.unsqueeze(1) if t.dim() == 3 else t
+
+
+def _broadcast_shape(t: torch.Tensor) -> tuple[int, ...]:
+    """(batch, heads, seq, head_dim) of cos or sin as broadcast against q: fewer dimensions padded on the left."""
+    t = _over_heads(t)
+    return (1,) * (4 - t.dim()) + tuple(t.shape)
+
+
+def _by_position(t: torch.Tensor, batch: int, seq: int, dim: int) -> torch.Tensor | None:
+    """cos or sin as a (batch, seq, head_dim) view, stride 0 along what it is shared by; None where its angles
+    differ by head (the kernel reads one table for every head)."""
+    if t.dim() == 4:
+        if t.shape[1] != 1:
+            return None
+        t = t[:, 0]
+    return t.expand(batch, seq, dim)
 
 
 # --------------------------------------------------------------------------- Triton kernel
@@ -114,10 +134,11 @@ def _output_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_permuted(t.shape, _dimension_order(t.stride()), dtype=t.dtype, device=t.device)
 
 
-def _angle_strides(t: torch.Tensor) -> tuple[int, int]:
-    """(batch, position) strides of cos or sin, (seq, head_dim) or (batch or 1, seq, head_dim): 0 along a batch
-    they are shared by."""
-    return (0 if t.dim() == 2 or t.shape[0] == 1 else t.stride(0)), t.stride(-2)
+def _angle_strides(t: torch.Tensor, q: torch.Tensor) -> tuple[int, int]:
+    """(batch, position) strides of cos or sin in any layout that broadcasts against q with one table for every
+    head: 0 along a batch or position they are shared by."""
+    view = _by_position(t, q.shape[0], q.shape[2], q.shape[3])
+    return view.stride(0), view.stride(1)
 
 
 class RopePlan:
@@ -163,7 +184,7 @@ _plans = Plans("rope")
 
 def _plan(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> RopePlan:
     """The plan for q, k, cos and sin with unit last strides."""
-    angles = (*_angle_strides(cos), *_angle_strides(sin))
+    angles = (*_angle_strides(cos, q), *_angle_strides(sin, q))
     key = (q.shape, q.stride(), k.shape, k.stride(), angles, q.dtype, cos.dtype, sin.dtype, q.device)
     plan = _plans.get(key)
     if plan is None:
@@ -235,10 +256,13 @@ def _check(q, k, cos, sin) -> None:
     if k.dtype != q.dtype or k.device != q.device:
         raise ValueError(f"rope: k must match q in dtype and device: q is {q.dtype} on {q.device}, "
                          f"k {k.dtype} on {k.device}")
+    heads = {q.shape[1], k.shape[1]}
     for name, t in (("cos", cos), ("sin", sin)):
-        if tuple(t.shape) not in ((T, D), (1, T, D), (B, T, D)):
-            raise ValueError(f"rope: {name} must be (seq, head_dim), (1, seq, head_dim) or (batch, seq, head_dim) "
-                             f"= {[T, D]} or {[B, T, D]}, got {list(t.shape)}")
+        b, h, t_, d = _broadcast_shape(t) if t.dim() <= 4 else (0,) * 4
+        if not (b in (1, B) and t_ in (1, T) and d == D and (h == 1 or heads == {h})):
+            raise ValueError(f"rope: {name} must broadcast against q {list(q.shape)} and k {list(k.shape)} with "
+                             f"head_dim {D}: (seq, head_dim), (batch or 1, seq, head_dim) or (batch or 1, 1, seq, "
+                             f"head_dim), got {list(t.shape)}")
         if t.device != q.device:
             raise ValueError(f"rope: {name} is on {t.device} but q is on {q.device}")
         if t.dtype not in DTYPES:
@@ -253,7 +277,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     """(q, k) rotated by the angles whose cosines and sines are `cos` and `sin` (rotate-half convention).
 
     q: (batch, heads, seq, head_dim); k: the same but possibly fewer heads; both may be strided views.
-    cos, sin: (seq, head_dim), (1, seq, head_dim) or (batch, seq, head_dim), any float dtype; no gradient.
+    cos, sin: any layout that broadcasts against q and k: (seq, head_dim), (batch or 1, seq, head_dim),
+        (batch or 1, 1, seq, head_dim); any float dtype; no gradient. Angles that differ by head (a heads
+        dimension over 1) are computed by the reference.
     backend: "triton" (the default on CUDA), "torch" (rope_reference; the default on CPU), "compile".
     Returns tensors with q's and k's shapes and dtype, laid out as the torch expression lays them out (dense, in
     q's and k's dimension order: a transposed view gives a transposed result, as q * cos would); fp32 math.
@@ -274,7 +300,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         return rope_reference(q, k, cos, sin)
     if backend == "compile":
         return _compiled()(q, k, cos, sin)
-    if q.numel() == 0 or k.numel() == 0:
+    if q.numel() == 0 or k.numel() == 0 or any(t.dim() == 4 and t.shape[1] != 1 for t in (cos, sin)):
         return rope_reference(q, k, cos, sin)
     given = (q, k, cos, sin)
     q, k, cos, sin = (_unit_last_stride(t) for t in given)
