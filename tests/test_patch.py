@@ -336,6 +336,7 @@ def test_router_measures_roofline_through_a_route_and_torch_as_called_unpatched(
     assert r.report()[0]["served_by"] == "roofline"
 
 
+@pytest.mark.eager_node
 def test_a_calls_key_is_the_same_from_cpp_and_from_python(monkeypatch):
     # the key is built in C++ where the extension is (on every routed call), in Python where it cannot be built:
     # both must give the same keys (a cached decision is found under either), telling the same calls apart

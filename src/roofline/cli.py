@@ -17,6 +17,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: each option's text under its name where the name is long, readable at 80 columns
+    # and piped (rich's panels squeezed it into a column of two or three words a line, and cut it off)
+    rich_markup_mode=None,
 )
 console = Console()
 err = Console(stderr=True)
@@ -51,21 +54,16 @@ def doctor(
     device: Optional[str] = typer.Option(None, help="Device to examine, e.g. cuda:1 or cpu (default: the current GPU, else the CPU)."),
 ):
     """Say what this machine is and measure the ceilings every '% of roofline' is relative to."""
-    from rich.table import Table
-
     from roofline import device as dev_mod
+    from roofline.tables import Column, Row, show
 
     try:
         dev = dev_mod.resolve(device)
     except (ValueError, RuntimeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--device") from exc
     d = dev_mod.info(dev)
-    facts = Table(title="device", show_header=False)
-    facts.add_column(style="bold")
-    facts.add_column()
-    for k, v in _device_facts(d):
-        facts.add_row(k, v)
-    console.print(facts)
+    show(console, "device", [Column("", justify="left", style="bold"), Column("", justify="left", fold=True)],
+         [Row([k, v]) for k, v in _device_facts(d)], show_header=False)
 
     c = dev_mod.ceilings(dev)
     if remeasure or c.source != "measured":
@@ -75,14 +73,12 @@ def doctor(
     else:
         note = f"measured {c.measured_at}, cached (--remeasure to measure again)"
     sheet = dev_mod.datasheet(d.name) if d.kind == "cuda" else None
-    t = Table(title=f"ceilings ({note})")
-    for col in ("what", "measured", "datasheet", "of datasheet"):
-        t.add_column(col, justify="left" if col == "what" else "right")
+    rows = []
 
     def add(label, value, unit, scale, peak):
         pct = f"{value / peak:.0%}" if value and peak else ""
-        t.add_row(label, f"{value * scale:,.1f} {unit}" if value else "",
-                  f"{peak * scale:,.1f} {unit}" if peak else "", pct)
+        rows.append(Row([label, f"{value * scale:,.1f} {unit}" if value else "",
+                         f"{peak * scale:,.1f} {unit}" if peak else "", pct]))
 
     add("DRAM bandwidth (copy, read+write)", c.dram_gbps, "GB/s", 1, sheet.dram_gbps if sheet else None)
     if c.l2_gbps:
@@ -92,7 +88,8 @@ def doctor(
             add(f"{key} matmul", value, "GFLOP/s", 1e3, None)
         else:
             add(f"{key} matmul", value, "TFLOP/s", 1, sheet.matmul_tflops.get(key) if sheet else None)
-    console.print(t)
+    show(console, f"ceilings ({note})", [Column("what", justify="left", fold=True), Column("measured"),
+                                         Column("datasheet", "sheet"), Column("of datasheet", "of sheet")], rows)
     for key, found in c.details.items():
         if key.endswith("_warnings"):
             for w in found:
@@ -167,7 +164,7 @@ def bench(
                                console=console)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
-        console.print(report.table(result))
+        report.show(result, console)
         skipped = sorted({(r.provider, r.reason) for r in result.rows if r.status == "skipped"})
         for provider, reason in skipped:
             console.print(f"[dim]skipped {provider}: {reason}[/dim]")
@@ -265,9 +262,9 @@ def profile(
     python_stack: bool = typer.Option(False, help="Also record torch's Python tracer (function-level stacks "
                                       "for work outside the user's lines; costs more)."),
     top: int = typer.Option(10, min=1, help="Rows per table in the terminal summary."),
-    ncu: int = typer.Option(0, "--ncu", min=0, help="Also run Nsight Compute on the K kernels with the most time "
-                            "(occupancy, DRAM and SM throughput, L2 hit rate, registers, spills); it runs the "
-                            "program again once per kernel."),
+    ncu: int = typer.Option(0, "--ncu", min=0, help="Also run Nsight Compute on the heaviest launches of the K "
+                            "kernels with the most time (occupancy, DRAM and SM throughput, L2 hit rate, registers, "
+                            "spills); it runs the program again once per launch."),
     verify: bool = typer.Option(False, "--verify", help="Measure each finding's fix where it has a concrete "
                                 "replacement: the ops rebuilt on their recorded shapes, checked, and timed against "
                                 "the replacement (speedup and its 95% interval beside the estimate)."),
@@ -275,7 +272,9 @@ def profile(
     """Run a Python program under the profiler and say where its GPU time goes, line by line, and what to do about it.
 
     Options come before the program; everything after it is the program's own arguments:
-    roofline profile --skip 3 train.py --epochs 1
+
+    \b
+        roofline profile --skip 3 train.py --epochs 1
     """
     from roofline.profiler import run_program
     from roofline.profiler.trace import TraceError

@@ -356,22 +356,24 @@ def _cells(result: LadderResult, r: RungResult, rich: bool) -> list[str]:
     return [*common, *speedups, *memory, f"{r.loss:.4f} (step {r.loss_step})", numerics]
 
 
+# Short headers where the table is too wide for the terminal (roofline.tables); the rest fold.
+_SHORT = {"ms/step (95% CI)": "ms/step", "ms/token (95% CI)": "ms/token", "vs before": "vs prev",
+          "vs baseline": "vs base", "warm-up s": "warm s", "tokens = baseline's": "same tokens"}
+
+
 def print_table(result: LadderResult, console=None) -> None:
     from rich.console import Console
-    from rich.table import Table
+
+    from roofline.tables import Column, Row, show
 
     console = console or Console()
-    t = Table(title=f"ladder: {result.task} on {result.device}", title_justify="left")
-    columns = _columns(result)
-    t.add_column("rung", overflow="fold")
-    for col in columns:
-        t.add_column(col, justify="left" if col == columns[-1] else "right", overflow="fold")
-    for r in result.rungs:
-        if r.median_ms is None:
-            t.add_row(r.rung, *[""] * (len(columns) - 1), f"[dim]{r.status}: {r.reason}[/dim]")
-        else:
-            t.add_row(r.rung, *_cells(result, r, rich=True))
-    console.print(t)
+    headers = _columns(result)
+    columns = [Column("rung", justify="left", fold=True)] + [
+        Column(h, _SHORT.get(h), justify="left" if h == headers[-1] else "right",
+               fold=h in (headers[0], headers[-1], "loss", "agreement")) for h in headers]
+    rows = [Row([r.rung, *[""] * (len(headers) - 1), f"[dim]{r.status}: {r.reason}[/dim]"]) if r.median_ms is None
+            else Row([r.rung, *_cells(result, r, rich=True)]) for r in result.rungs]
+    show(console, f"ladder: {result.task} on {result.device}", columns, rows)
     console.print("each rung's change, on top of the ones above it:")
     for r in result.rungs:
         console.print(f"  {r.rung}: [cyan]{r.change}[/cyan]", highlight=False)

@@ -24,7 +24,7 @@ def result():
 
 def test_table_shows_throughput_failures_and_leaves_out_skips(result):
     console = Console(record=True, width=200)
-    console.print(report.table(result))
+    report.show(result, console)
     text = console.export_text()
     assert "add on" in text and "GB/s" in text and "% roofline" not in text  # CPU: no ceiling measured
     assert "2^10" in text and "2^12" in text
@@ -40,7 +40,7 @@ def test_table_shows_percent_of_roofline_when_a_ceiling_is_known(result):
     with_ceiling = type(result)(**{**result.__dict__, "rows": rows,
                                    "ceilings": dict(result.ceilings, dram_gbps=10.0, source="measured")})
     console = Console(record=True, width=200)
-    console.print(report.table(with_ceiling))
+    report.show(with_ceiling, console)
     text = console.export_text()
     assert "% roofline" in text and "12.5" in text
     assert "(roofline: 10 GB/s, measured)" in text

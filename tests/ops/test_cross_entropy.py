@@ -163,7 +163,8 @@ def test_backward_scales_only_the_rows_whose_incoming_gradient_is_not_one(launch
     torch.testing.assert_close(logits.grad.double(), ref.grad, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("node", [True, False], ids=["C++ node", "autograd.Function"])
+@pytest.mark.parametrize("node", [pytest.param(True, marks=pytest.mark.eager_node), False],
+                         ids=["C++ node", "autograd.Function"])
 def test_the_forwards_gradient_becomes_logits_grad_without_a_copy_and_only_once(node, monkeypatch):
     """The gradient buffer the forward wrote is handed on: autograd moves it into logits.grad (it would copy one
     that the node still held), and a second backward through the same forward is refused, through the C++ node

@@ -17,6 +17,8 @@ from roofline import ops
 from roofline.ops import _eager_node
 from roofline.ops._common import KernelOp
 
+pytestmark = pytest.mark.eager_node   # every test here checks the C++ node or its replays
+
 
 class SinePlan:
     """A plan whose kernels are torch ops: sin(x) * factor forward, its backward with an allocation, a view and

@@ -17,6 +17,8 @@ from roofline.ops._common import KernelOp
 from roofline.ops._eager_node import entry_replay
 from roofline.ops._launch import clear_plans
 
+pytestmark = pytest.mark.eager_node   # every test here checks the C++ node or its replays
+
 RUNS: list[str] = []   # the entry points' runs in Python, by name
 
 

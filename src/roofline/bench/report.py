@@ -74,26 +74,27 @@ def _title(result: SweepResult) -> str:
             + (f" (roofline: {', '.join(roof)}, {c['source']})" if roof else ""))
 
 
-def table(result: SweepResult):
-    """The sweep as a rich Table, one row per size and provider that ran or failed.
+# (short header, folds): how each column gives way in a narrow terminal (roofline.tables)
+_NARROW = {"provider": (None, True), "pct_of_roofline": ("roof", False), "tflops": ("TF/s", False),
+           "speedup": ("vs base", True), "note": (None, True), "median": (None, False), "cv": (None, False),
+           "gbps": (None, False), "x": (None, False)}
+
+
+def show(result: SweepResult, console) -> None:
+    """The sweep as a table on `console`, fitted to its width, one row per size and provider that ran or failed.
 
     Skipped providers are left out (the CLI lists them once, with the reason).
     """
-    from rich.table import Table
+    from roofline.tables import Column, Row, show as show_table
 
     cols = _columns(result)
-    t = Table(title=_title(result), show_lines=False)
-    for c in cols:
-        header = result.x_name if c == "x" else _HEADERS.get(c) or f"vs {result.baseline} (95% CI)"
-        t.add_column(header, justify="left" if c in ("provider", "note") else "right",
-                     overflow="fold", no_wrap=c not in ("note", "speedup"))
+    columns = [Column(result.x_name if c == "x" else _HEADERS.get(c) or f"vs {result.baseline} (95% CI)",
+                      _NARROW[c][0], justify="left" if c in ("provider", "note") else "right", fold=_NARROW[c][1])
+               for c in cols]
     rows = [r for r in result.rows if r.status != "skipped"]
-    for i, row in enumerate(rows):
-        cells = _cells(result, row)
-        style = "red" if row.status == "failed" else None
-        last_of_size = i + 1 == len(rows) or rows[i + 1].x != row.x
-        t.add_row(*[cells[c] for c in cols], style=style, end_section=last_of_size)
-    return t
+    show_table(console, _title(result), columns, [
+        Row([_cells(result, row)[c] for c in cols], style="red" if row.status == "failed" else None,
+            end_section=i + 1 == len(rows) or rows[i + 1].x != row.x) for i, row in enumerate(rows)])
 
 
 def to_markdown(result: SweepResult) -> str:

@@ -17,8 +17,9 @@ through the dispatcher, one input passed twice. The op's Python backward must be
 the plan, the attributes its forward left on the context, and the saved tensors' and gradients' layouts. Ours
 are: they branch on nothing else.
 
-Off with ROOFLINE_EAGER_NODE=0, or where the extension cannot be built (no C++ compiler): ops then use a
-torch.autograd.Function, as before.
+Built only where it serves, a machine with a CUDA device (ROOFLINE_EAGER_NODE=1 builds it anyway, for the CPU
+tests through Triton's interpreter), once per torch version, saying so in one line; off with ROOFLINE_EAGER_NODE=0,
+or where it cannot be built (no C++ compiler, no ninja): ops then use a torch.autograd.Function.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -35,27 +39,75 @@ from torch.utils._python_dispatch import TorchDispatchMode
 SOURCE = Path(__file__).with_name("eager_node.cpp")
 
 
+def unavailable_reason() -> str | None:
+    """Why the node is not built here, or None where it is (or can be).
+
+    It serves eager calls of Triton kernels on a GPU, so it is built only where a CUDA device is present (or where
+    ROOFLINE_EAGER_NODE=1 asks for it: the CPU tests check it through Triton's interpreter), with a C++ compiler
+    and ninja to build it."""
+    setting = os.environ.get("ROOFLINE_EAGER_NODE")
+    if setting == "0":
+        return "switched off (ROOFLINE_EAGER_NODE=0)"
+    if setting != "1" and not torch.cuda.is_available():
+        return "no CUDA device here, so no eager GPU call for it to serve"
+    if not any(shutil.which(c) for c in (os.environ.get("CXX", "c++"), "g++", "clang++")):
+        return "no C++ compiler found (c++, g++ or clang++)"
+    if _ninja_dir() is None:
+        return "ninja is not installed (pip install ninja)"
+    return None
+
+
+def _ninja_dir() -> str | None:
+    """The folder of a ninja executable: on PATH, or the one the ninja package (pip install ninja) carries."""
+    found = shutil.which("ninja")
+    if found:
+        return str(Path(found).parent)
+    try:
+        import ninja
+    except ImportError:
+        return None
+    return ninja.BIN_DIR if (Path(ninja.BIN_DIR) / "ninja").exists() else None
+
+
 @functools.cache
 def extension():
-    """The compiled extension (built on first use, then loaded from roofline's cache), or None where it is
-    switched off or cannot be built."""
-    if os.environ.get("ROOFLINE_EAGER_NODE", "1") == "0":
-        return None
+    """The compiled extension, or None where it is not built (unavailable_reason) or its build failed: ops then
+    use a torch.autograd.Function."""
+    return build() if unavailable_reason() is None else None
+
+
+def build():
+    """Build the extension once per source and torch version into roofline's cache (saying so in one line), or
+    load it from there; None if the build fails."""
     from roofline.device import cache_dir
 
-    source = SOURCE.read_text()
-    key = hashlib.sha256(f"{source}|{torch.__version__}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{SOURCE.read_text()}|{torch.__version__}".encode()).hexdigest()[:16]
+    name = f"roofline_eager_node_{key}"
     build_dir = cache_dir() / "eager_node" / key
     build_dir.mkdir(parents=True, exist_ok=True)
+    first = not (build_dir / f"{name}.so").exists()
+    if first:
+        print(f"roofline: building its C++ autograd node for torch {torch.__version__} (once; about 40 s) into "
+              f"{build_dir} ...", end="", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([_ninja_dir(), path])   # torch's build calls `ninja` by name
     try:
         from torch.utils.cpp_extension import load
 
-        return load(name=f"roofline_eager_node_{key}", sources=[str(SOURCE)], build_directory=str(build_dir),
-                    extra_cflags=["-O2"], verbose=False)
-    except Exception as exc:   # no compiler, no headers: the ops still work, through autograd.Function
+        module = load(name=name, sources=[str(SOURCE)], build_directory=str(build_dir), extra_cflags=["-O2"],
+                      verbose=False)
+    except Exception as exc:   # a broken toolchain: the ops still work, through autograd.Function
+        if first:
+            print(" failed", file=sys.stderr)
         warnings.warn(f"roofline: the C++ autograd node could not be built ({exc}); eager backwards run in "
                       "Python", RuntimeWarning, stacklevel=3)
         return None
+    finally:
+        os.environ["PATH"] = path
+    if first:
+        print(f" done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return module
 
 
 class EagerContext:

@@ -370,7 +370,7 @@ def _tables(d: dict, top: int) -> str:
                 ("GB/s", "gbps:n")], memory, "memory"),
         *([f"<h2>Nsight Compute: the top kernels</h2><p class='note'>The heaviest launches of each (by grid and "
            f"block), {d['ncu']['seconds']:,.0f} s of ncu runs (the program run again per launch).</p>",
-           _table([("kernel", "name"), *((header, f"{key}:n") for header, key, _ in NCU_COLUMNS),
+           _table([("kernel", "name"), *((header, f"{key}:n") for header, _, key, _ in NCU_COLUMNS),
                    ("launch; note", "said")], [{**k, "said": row_note(k)} for k in d["ncu"]["kernels"]], "ncu")]
           if d.get("ncu") else []),
         "<h2>Host synchronizations</h2>",

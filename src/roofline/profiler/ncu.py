@@ -47,11 +47,11 @@ METRICS = {
     "grid_size": "launch__grid_size",       # blocks: to check that ncu measured the launch the profile timed
     "block_size": "launch__block_size",     # threads a block
 }
-# (header, KernelCounters field, format): the tables' columns, terminal and HTML
-COLUMNS = [("occupancy %", "occupancy_pct", "{:.0f}"), ("DRAM %", "dram_pct", "{:.0f}"), ("SM %", "sm_pct", "{:.0f}"),
-           ("L2 hit %", "l2_hit_pct", "{:.0f}"), ("registers", "registers", "{:.0f}"),
-           ("spilled bytes", "spill_bytes", "{:,.0f}"), ("us", "duration_us", "{:,.1f}"),
-           ("profile us", "trace_us", "{:,.1f}")]
+# (header, short header, KernelCounters field, format): the tables' columns, terminal and HTML
+COLUMNS = [("occupancy %", "occ %", "occupancy_pct", "{:.0f}"), ("DRAM %", "DRAM", "dram_pct", "{:.0f}"),
+           ("SM %", "SM", "sm_pct", "{:.0f}"), ("L2 hit %", "L2 %", "l2_hit_pct", "{:.0f}"),
+           ("registers", "regs", "registers", "{:.0f}"), ("spilled bytes", "spill", "spill_bytes", "{:,.0f}"),
+           ("us", "us", "duration_us", "{:,.1f}"), ("profile us", "prof us", "trace_us", "{:,.1f}")]
 _SCALE = {"%": 1.0, "register/thread": 1.0, "": 1.0, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9,
           "nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
 TIMEOUT_S = 900
