@@ -52,8 +52,14 @@ def doctor(
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure the ceilings again, even if cached."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here."),
     device: Optional[str] = typer.Option(None, help="Device to examine, e.g. cuda:1 or cpu (default: the current GPU, else the CPU)."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=0, help="Ranks for the interconnect's ceilings: "
+                                        "collectives timed over this many processes, one a GPU (default: every "
+                                        "GPU where there are 2 or more; 0: none; on a CPU, gloo over N processes)."),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Plot the interconnect's bus bandwidth against "
+                                             "message size (PNG/SVG/PDF)."),
 ):
-    """Say what this machine is and measure the ceilings every '% of roofline' is relative to."""
+    """Say what this machine is and measure the ceilings every '% of roofline' is relative to: memory, matmul, and
+    with several GPUs the interconnect (every collective from 1 KiB to 1 GiB, as nccl-tests measures it)."""
     from roofline import device as dev_mod
     from roofline.tables import Column, Row, show
 
@@ -96,9 +102,42 @@ def doctor(
                 console.print(f"[yellow]{key.removesuffix('_warnings').replace('_', ' ')}: {w}[/yellow]")
     if d.kind == "cpu":
         console.print("No CUDA GPU here: these are the CPU's ceilings; GPU measurements need a GPU.")
+    links = _interconnect(nproc, remeasure, plot_path)
     if json_path:
         json_path.write_text(json.dumps({"device": d.to_dict(), "ceilings": c.to_dict(),
-                                         "datasheet": sheet.__dict__ if sheet else None}, indent=1))
+                                         "datasheet": sheet.__dict__ if sheet else None,
+                                         "interconnect": links.to_dict() if links else None}, indent=1))
+
+
+def _interconnect(nproc: int | None, remeasure: bool, plot_path: Path | None):
+    """The interconnect's ceilings (measured, or from the cache), shown; None where there is none to measure."""
+    import torch
+
+    from roofline.distributed import RankFailed, interconnect
+
+    ranks = torch.cuda.device_count() if nproc is None else nproc
+    if ranks < 2:
+        if nproc is not None and nproc == 1:
+            raise typer.BadParameter("an interconnect needs at least 2 ranks", param_hint="--nproc")
+        return None
+    if torch.cuda.is_available() and ranks > torch.cuda.device_count():
+        raise typer.BadParameter(f"{ranks} ranks need {ranks} GPUs; this machine has {torch.cuda.device_count()}",
+                                 param_hint="--nproc")
+    found = None if remeasure else interconnect.cached(ranks)
+    note = f"measured {found.measured_at}, cached" if found else "measured now, cached"
+    if found is None:
+        # gloo on a CPU moves data through the host's memory: messages up to 16 MiB tell its story in seconds
+        sizes = interconnect.SIZES if torch.cuda.is_available() else interconnect.SIZES[:8]
+        with console.status(f"timing collectives over {ranks} ranks, {len(sizes)} sizes each"):
+            try:
+                found = interconnect.measure(ranks, sizes=sizes)
+            except RankFailed as exc:
+                err.print(f"roofline: the interconnect could not be measured: {exc}")
+                raise typer.Exit(1)
+    interconnect.render(found, console, note)
+    if plot_path:
+        console.print(f"[dim]plot written to {interconnect.plot(found, plot_path)}[/dim]")
+    return found
 
 
 def load_target(target: str):

@@ -33,6 +33,10 @@ import torch.distributed as dist
 
 from roofline.bench.stats import median_ci
 
+# The flat-tensor forms of all_gather and reduce_scatter, by their newer names where torch has them (2.13 warns
+# that the older ones are deprecated; 2.11 has only those).
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 ROUNDS = 9            # rounds of timed calls: the fewest that give a 95% sign-test interval, and one more
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv")
 
@@ -76,8 +80,8 @@ class CollectiveTiming:
         return max(range(self.ranks), key=lambda r: self.rank_ms[r])
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "algbw_gbps": self.algbw_gbps, "busbw_gbps": self.busbw_gbps,
-                "slowest_rank": self.slowest_rank}
+        return {**asdict(self), "rounds_ms": list(self.rounds_ms), "rank_ms": list(self.rank_ms),
+                "algbw_gbps": self.algbw_gbps, "busbw_gbps": self.busbw_gbps, "slowest_rank": self.slowest_rank}
 
 
 class _Collective:
@@ -105,9 +109,9 @@ class _Collective:
         if kind == "all_reduce":
             dist.all_reduce(self.input, group=g)
         elif kind == "all_gather":
-            dist.all_gather_into_tensor(self.output, self.input, group=g)
+            _all_gather(self.output, self.input, group=g)
         elif kind == "reduce_scatter":
-            dist.reduce_scatter_tensor(self.output, self.input, group=g)
+            _reduce_scatter(self.output, self.input, group=g)
         elif kind == "all_to_all":
             dist.all_to_all_single(self.output, self.input, group=g)
         elif kind == "broadcast":
@@ -132,13 +136,15 @@ class _Collective:
         elif kind == "all_gather":
             expected = torch.arange(1, n + 1, dtype=out.dtype, device=out.device).repeat_interleave(out.numel() // n)
         elif kind == "reduce_scatter":
-            expected = torch.full_like(out, n * (rank + 1))
+            expected = torch.full_like(out, n * (n + 1) / 2)
         elif kind == "all_to_all":
             expected = torch.arange(1, n + 1, dtype=out.dtype, device=out.device).repeat_interleave(out.numel() // n)
         elif kind == "broadcast":
             expected = torch.full_like(out, 1)
         elif kind == "reduce":
-            expected = torch.full_like(out, n * (n + 1) / 2 if rank == 0 else rank + 1)
+            if rank != 0:
+                return   # only the destination's buffer is defined after a reduce (gloo uses the others' as scratch)
+            expected = torch.full_like(out, n * (n + 1) / 2)
         else:
             expected = torch.full_like(out, (rank - 1) % n + 1)
         if not torch.equal(out, expected):

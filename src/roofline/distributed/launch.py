@@ -1,0 +1,109 @@
+"""Starting ranks on this host as torchrun starts them: torch.distributed.run's elastic launcher, a process a rank,
+RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set by its rendezvous (c10d, on localhost).
+
+    results = spawn(measure, 2, sizes)        # measure(sizes) on ranks 0 and 1; their results in rank order
+
+Each rank joins the default process group (NCCL with a GPU a rank, gloo on CPUs) before the function runs, and
+leaves it after. A rank that raises or dies stops the others (the launcher terminates them: no process is left
+running) and `RankFailed` names it, with its exit status and its error. A collective that waits longer than
+`timeout_s` for a rank fails on the ranks that waited (the process group's timeout), and is reported the same way.
+The environment is the parent's, inherited whole (NCCL settings included: on the lent machines NVLink multicast
+is off, NCCL_NVLS_ENABLE=0, and stays off in every rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+class RankFailed(RuntimeError):
+    """A rank raised, died or timed out; the others were stopped."""
+
+    def __init__(self, failures: dict[int, str]):
+        self.failures = failures   # rank -> what happened to it
+        said = "; ".join(f"rank {rank}: {why}" for rank, why in failures.items())
+        super().__init__(f"{len(failures)} of the ranks failed, and the others were stopped: {said}")
+
+
+def backend() -> str:
+    """The process group's backend here: NCCL where CUDA is, else gloo."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _in_group(fn, backend_name: str, timeout_s: float, reports: str, args: tuple):
+    """A rank's life: join the default group (its GPU its local rank's), run fn(*args), leave. An exception is
+    noted in `reports` (a folder) with the time it was raised, so that the rank whose error came first, the cause,
+    is told from the ranks that failed because it did."""
+    note = Path(reports, f"rank{os.environ['RANK']}.json")
+    try:
+        if backend_name == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group(backend_name, timeout=datetime.timedelta(seconds=timeout_s),
+                                **({"device_id": torch.device("cuda", torch.cuda.current_device())}
+                                   if backend_name == "nccl" else {}))
+        result = fn(*args)
+    except BaseException as exc:   # noted while still in the group: leaving it fails the ranks that wait on this one
+        note.write_text(json.dumps({"time": time.time(), "error": f"{type(exc).__name__}: {exc}".strip()}))
+        raise
+    dist.destroy_process_group()
+    return result
+
+
+@contextlib.contextmanager
+def _quiet_launcher():
+    """The launcher logs each failure as it handles it, in its own format; RankFailed says it once, plainly."""
+    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _failures(launcher_failures: dict, reports: Path) -> dict[int, str]:
+    """What happened to each failed rank, the first error first: the ranks' own notes (with the time each was
+    raised), and for a rank that left none (killed by a signal, a crash in C++) the launcher's record."""
+    noted = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in reports.glob("rank*.json")}
+    said = {}
+    for rank, note in sorted(noted.items(), key=lambda kv: kv[1]["time"]):
+        said[rank] = note["error"] + (" (the first error)" if not said and len(noted) > 1 else "")
+    for rank, failure in launcher_failures.items():
+        if rank not in said:
+            status = failure.exitcode
+            said[rank] = f"exit status {status}" if status >= 0 else f"killed by signal {-status}"
+    return said
+
+
+def spawn(fn, nproc: int, *args, backend_name: str | None = None, timeout_s: float = 300.0) -> list:
+    """fn(*args) on `nproc` ranks of a new process group on this host; their return values in rank order.
+    fn must be importable by name (a module's function): each rank is a fresh process."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be a positive int (ranks to start), got {nproc!r}")
+    backend_name = backend_name or backend()
+    if backend_name == "nccl" and nproc > torch.cuda.device_count():
+        raise ValueError(f"nproc: {nproc} ranks need {nproc} GPUs, and this machine has {torch.cuda.device_count()}")
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.05)
+    with tempfile.TemporaryDirectory(prefix="roofline-ranks-") as reports, _quiet_launcher():
+        try:
+            results = elastic_launch(config, _in_group)(fn, backend_name, timeout_s, reports, args)
+        except ChildFailedError as exc:
+            raise RankFailed(_failures(exc.failures, Path(reports))) from None
+    return [results[rank] for rank in range(nproc)]

@@ -1,0 +1,79 @@
+"""Collectives timed across real process groups (gloo over 2 and 4 processes, started as torchrun starts them), bus
+bandwidth as nccl-tests defines it, and ranks that fail: named, with the others stopped."""
+
+import os
+import time
+
+import pytest
+import torch
+
+from roofline.bench.collective import KINDS, CollectiveTiming, bus_factor, time_collective
+from roofline.distributed import RankFailed, spawn
+
+from .workers import every_collective, fail
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_bus_bandwidth_is_nccl_tests(ranks):
+    """nccl-tests' doc/PERFORMANCE.md: all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n;
+    broadcast and reduce 1 (send_recv moves each byte once)."""
+    n = ranks
+    expected = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+                "all_to_all": (n - 1) / n, "broadcast": 1.0, "reduce": 1.0, "send_recv": 1.0}
+    assert {kind: bus_factor(kind, n) for kind in KINDS} == pytest.approx(expected)
+    # 1 GiB in 6.5 ms: algbw 165.2 GB/s; on 2 ranks an all_reduce's busbw is the same, on 8 it is 7/4 of it
+    t = CollectiveTiming("all_reduce", 1 << 30, n, "bfloat16", 1, (6.5,) * 9, (6.5,) * n, 6.5, 6.4, 6.6)
+    assert t.algbw_gbps == pytest.approx(165.19, abs=0.01)
+    assert t.busbw_gbps == pytest.approx(165.19 * 2 * (n - 1) / n, abs=0.01)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        bus_factor("all_sum", 2)
+    with pytest.raises(RuntimeError, match="initialized process group"):
+        time_collective("all_reduce", 1 << 20)
+    with pytest.raises(ValueError, match="nproc must be a positive int"):
+        spawn(every_collective, 0, ())
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_every_collective_is_checked_and_timed_on_every_rank(ranks):
+    sizes = (4096, 1 << 18)
+    results = spawn(every_collective, ranks, sizes)
+    assert len(results) == ranks and all(r == results[0] for r in results)   # every rank: the same numbers
+    rows = results[0]
+    assert [(r["kind"], r["nbytes"]) for r in rows] == [(k, s) for k in KINDS for s in sizes]
+    for r in rows:
+        assert r["ranks"] == ranks and len(r["rounds_ms"]) == 9 and len(r["rank_ms"]) == ranks
+        assert 0 < r["low_ms"] <= r["median_ms"] <= r["high_ms"]
+        assert r["median_ms"] == pytest.approx(sorted(r["rounds_ms"])[4])    # the median of the slowest ranks
+        assert r["busbw_gbps"] == pytest.approx(r["nbytes"] / r["median_ms"] / 1e6 * bus_factor(r["kind"], ranks))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return open(f"/proc/{pid}/stat").read().split()[2] == "Z"   # a zombie has stopped
+
+
+@pytest.mark.parametrize("how, said", [("raise", "rank 1: ValueError: rank 1 could not go on (the first error)"),
+                                       ("signal", "rank 1: killed by signal 9")])
+def test_a_rank_that_fails_is_named_and_no_rank_is_left_running(tmp_path, how, said):
+    with pytest.raises(RankFailed) as failed:
+        spawn(fail, 2, how, str(tmp_path))
+    assert said in str(failed.value) and 1 in failed.value.failures
+    pids = [int(p.name) for p in tmp_path.iterdir()]
+    assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+
+
+def test_a_rank_that_never_arrives_times_out_the_collective_that_waited(tmp_path):
+    """Rank 1 never calls the all_reduce that rank 0 waits in: after the group's timeout rank 0's collective fails
+    and says so, and rank 1 (asleep for a minute) is stopped, not waited for."""
+    started = time.perf_counter()
+    with pytest.raises(RankFailed) as failed:
+        spawn(fail, 2, "hang", str(tmp_path), timeout_s=3)
+    assert time.perf_counter() - started < 45
+    assert 0 in failed.value.failures and "rank 0:" in str(failed.value)
+    assert all(_gone(int(p.name)) for p in tmp_path.iterdir())
