@@ -86,3 +86,28 @@ def test_gpu_transformers_models_patched_in_bf16_measure_and_match(name):
         got, want = model(idx).logits.float(), reference(idx).logits.float()
     assert ((got - want).norm() / want.norm()).item() < 3e-2
     assert all(row["ours_us"] is not None or row["served_by"] == "torch" for row in router(model).report())
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_under_autocast_rope_and_attention_see_the_dtypes_autocast_runs(name):
+    """fp32 weights under bf16 autocast, as training runs them: q and k come from the projections in bf16, cos and sin
+    in fp32, so torch's RoPE promotes to fp32, and autocast runs attention in bf16. Both are served by roofline,
+    with the dtypes torch's code gives (they were left to torch: 'torch promotes the result')."""
+    make = {"llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+            "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config)}[name]
+    config = make[1](hidden_size=128, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                     num_key_value_heads=2, **SMALL)   # head_dim 32: one flash_attention serves
+    torch.manual_seed(0)
+    model, reference = make[0](config).to(DEVICE).train(), make[0](config).to(DEVICE).train()
+    reference.load_state_dict(model.state_dict())
+    roofline.patch(model, policy="always")
+    idx = torch.randint(0, 64, (2, 8), device=DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        losses = [m(idx, labels=idx).loss for m in (model, reference)]
+    torch.testing.assert_close(losses[0], losses[1], rtol=2e-2, atol=2e-2)
+    for loss in losses:
+        loss.backward()
+    for (where, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=5e-3, msg=lambda m, where=where: f"{where}: {m}")
+    served = {row["op"]: row["served_by"] for row in router(model).report()}
+    assert served["rope"] == "roofline" and served["attention"] == "roofline", router(model).report()

@@ -42,6 +42,7 @@ from roofline import ops
 from roofline.ops._common import DTYPES, interpreting
 from roofline.ops.attention import HEAD_DIMS
 from roofline.ops.rope import rope_reference
+from roofline.program_check import ProgramCheck
 from roofline.routing import SETTLE_CALLS, Route, Router
 
 TORCH_SDPA = F.scaled_dot_product_attention
@@ -83,16 +84,17 @@ def why_not_rope(q, k, cos, sin, *rest, **options) -> str | None:
         return "an argument is not a tensor"
     if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3:
         return "not q, k (batch, heads, seq, head_dim) with cos, sin (batch or 1, seq, head_dim)"
-    if not (q.dtype == k.dtype == cos.dtype == sin.dtype):
-        return f"cos and sin in {cos.dtype}, q in {q.dtype}: torch promotes the result"
-    return why_not_kernel(q)
+    if q.dtype != k.dtype or cos.dtype != sin.dtype:
+        return f"q in {q.dtype} and k in {k.dtype}, or cos in {cos.dtype} and sin in {sin.dtype}"
+    return why_not_kernel(q) or why_not_kernel(cos)
 
 
 def why_not_flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False) -> str | None:
     """Why flash_attention cannot give what F.scaled_dot_product_attention(same arguments) gives, or None if it
-    can."""
-    tensors = (query, key, value)
+    can (under autocast: with the arguments in the dtype autocast runs it in)."""
+    tensors = _as_autocast_runs(query, key, value)
+    query, key, value = tensors
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return "an input is not a tensor"
     if not all(t.is_cuda for t in tensors) and not interpreting():
@@ -176,6 +178,12 @@ def _silu_times(gate, up):
 
 
 def _rope(q, k, cos, sin, *rest, **options):
+    """What q * cos + rotate_half(q) * sin gives: in the promoted dtype, as torch computes it. Under autocast,
+    Llama's q and k come from the projections in bf16 and its cos and sin in fp32, and torch's result is fp32:
+    q and k are made fp32 first (the kernel then computes what torch computes, and writes fp32)."""
+    wider = torch.promote_types(q.dtype, cos.dtype)
+    if q.dtype != wider:
+        q, k = q.to(wider), k.to(wider)
     return ops.rope(q, k, cos, sin, backend="triton")
 
 
@@ -186,7 +194,19 @@ def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-
 
 
 def _flash(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    query, key, value = _as_autocast_runs(query, key, value)
     return ops.flash_attention(query, key, value, bool(is_causal), scale, backend="triton")
+
+
+def _as_autocast_runs(*tensors):
+    """The tensors as autocast hands them to an op it runs in lower precision (scaled_dot_product_attention is
+    one): floating-point tensors cast to autocast's dtype where autocast is on for their device, else as given.
+    roofline's ops are not autocast's, so a route casts as torch's op would have been cast."""
+    first = tensors[0]
+    if not isinstance(first, torch.Tensor) or not torch.is_autocast_enabled(first.device.type):
+        return tensors
+    dtype = torch.get_autocast_dtype(first.device.type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors)
 
 
 # --------------------------------------------------------------------------- the swapped modules' forwards
@@ -400,6 +420,7 @@ class PatchReport:
     left: list[tuple[str, str]]
     router: Router
     routes: list[Route] = dataclasses.field(default_factory=list)
+    check: ProgramCheck | None = None   # the A/B of each op's routes in the running program, and its verdicts
 
     def settled(self) -> list[str]:
         """The routes taken out: torch served each of their first calls (routing.SETTLE_CALLS)."""
@@ -414,6 +435,8 @@ class PatchReport:
             signature = f" {row['signature']}" if row["signature"] else ""
             lines.append(f"{row['op']}{signature}: {row['calls']} calls to {row['served_by']}, "
                          f"{row['why']}{times}")
+        if self.check is not None:
+            lines += [str(verdict) for verdict in self.check.verdicts.values()]
         settled = self.settled()
         if settled:
             lines.append(f"settled, torch served their first {SETTLE_CALLS} calls and every later one goes "
@@ -423,11 +446,15 @@ class PatchReport:
 
 def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, gelu: bool = True,
           swiglu: bool = True, rope: bool = True, attention: bool = True, cross_entropy: bool = True,
-          policy: str = "faster") -> PatchReport:
+          policy: str = "faster", in_program: bool = True) -> PatchReport:
     """Route model's norms, GELUs, SwiGLU gates, rotary embeddings, attention and cross-entropy losses (those
     asked for) through a Router that serves each call signature with roofline's kernel only where it measured
     faster on this device (policy="faster"), or wherever roofline can serve it (policy="always"). In place; see
     the module's docstring for what is caught and how.
+
+    in_program (policy "faster"): each op roofline serves is then judged by the program itself, an A/B of the
+    model's own forwards with its routes on and off (roofline.program_check); an op that does not make the program
+    faster goes back to torch, and the report says so with the figures.
 
     Returns a PatchReport: what was swapped and what was left, with why. Calling it again swaps nothing more
     (the model keeps its router and policy).
@@ -467,6 +494,9 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
         if routes.routes:
             model.register_forward_pre_hook(routes.enter)
             model.register_forward_hook(routes.exit, always_call=True)
+        if in_program and policy == "faster" and report.routes:
+            report.check = ProgramCheck(model, routes_router, report.routes)
+            model.register_forward_pre_hook(report.check)
     return report
 
 

@@ -124,6 +124,7 @@ class Router:
         self._awaited: dict[tuple, _Awaited] = {}   # signatures awaiting their gradients' layouts
         self._timer = timer or time_as_eager
         self._persist = persist
+        self.held_back: set[str] = set()   # ops whose routed calls torch serves for now (program_check's trials)
 
     def call(self, op: str, why_not, ours, theirs, *args, **kwargs):
         return self.serve(op, why_not, ours, theirs, args, kwargs)[0]
@@ -146,6 +147,9 @@ class Router:
                 if awaited is not None:
                     awaited.watch(output)
                 return output, None
+        if decision.ours and self.held_back and key[0] in self.held_back:
+            decision.calls += 1
+            return theirs(*args, **kwargs), decision
         if decision.ours and not decision.calls:
             return self._first_call(decision, ours, theirs, args, kwargs), decision
         decision.calls += 1
@@ -163,6 +167,12 @@ class Router:
             result = theirs(*args, **kwargs)
         decision.calls += 1
         return result
+
+    def take_back(self, op: str, why: str) -> None:
+        """Send every signature of op that roofline serves back to torch, saying why (program_check's verdict)."""
+        for key, decision in self.decisions.items():
+            if key[0] == op and decision.ours:
+                decision.ours, decision.why = False, why
 
     def report(self) -> list[dict]:
         """One row per signature that was called: op, signature, calls, served_by, why, and the times (µs)."""
@@ -253,6 +263,11 @@ class Route:
         self.decided = 0              # calls served under a decision
         self.served_ours = False      # whether roofline served any of them
         self.settled = False
+
+    def reconsider(self) -> None:
+        """Count calls afresh, as though none were served yet: after its op was taken back (program_check), a route
+        whose calls torch now serves throughout settles as any other."""
+        self.decided, self.served_ours = 0, False
 
     def __call__(self, *args, **kwargs):
         if self.settled:   # a caller that held on to the route (a name bound before it settled)

@@ -27,3 +27,12 @@ def fail(how: str, pids: str):
         time.sleep(60)   # "hang": never reaches the collective
     dist.all_reduce(torch.ones(4))
     return dist.get_rank()
+
+
+def nccl_settings():
+    """What this rank sees of the settings that keep NVLink multicast off, and its GPU."""
+    import torch
+
+    return {name: os.environ.get(name) for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                                                    "NVSHMEM_DISABLE_NVLS")}, torch.cuda.current_device()
+

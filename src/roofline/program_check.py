@@ -1,0 +1,209 @@
+"""patch's routes judged by the program they run in, not by their calls alone.
+
+The Router decides each call signature by timing roofline's call against torch's in a loop, with a fixed charge
+for what a routed call costs more in a program. A loop cannot say what a call costs among the program's other
+calls (colder caches, a host-bound decode step's every microsecond), so the decisions can be wrong both ways:
+transformers' Llama decoded 0.69x as fast patched on one H100 machine and 1.65x on another. Here the program
+itself is the measurement.
+
+Once the routes' decisions are made and the program is in its steady state (QUIET forwards of the model in a row
+with no new decision), each op that roofline serves somewhere (layer_norm, swiglu, attention, ...) is put on
+trial: its routed calls are served as decided (on) and by torch (off) in alternating blocks of BLOCK forwards,
+ROUNDS rounds, the order reversed every other round so that a drift of the machine falls on both. A forward's time
+is the interval from its start to the next forward's start, by CUDA events on the current stream where CUDA runs
+(no synchronization: host time shows wherever the GPU waits for it) and by perf_counter elsewhere, so a training
+step's backward and optimizer count with its forward. Each round gives the ratio of its medians (off / on); the
+verdict is their median with the sign test's 95% interval over rounds. The op keeps its routes only where the whole
+interval is above 1 (faster in this program); otherwise its routed signatures go back to torch, the routes settle
+and cost nothing, and the report says so with the figures. Verdicts are cached per device and software, the
+model's class and parameters, and the op's routed signatures: a later run of the same program applies them at
+once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import statistics
+import time
+
+import torch
+
+from roofline.bench.stats import median_ci
+
+ROUNDS = 6    # the fewest rounds that give a 95% sign-test interval
+BLOCK = 2     # forwards a side serves in a row: a program that calls its model twice a step gets one of each
+QUIET = 2     # forwards in a row with no new decision before a trial starts
+CACHE = "program_checks.json"
+
+
+@dataclasses.dataclass
+class Verdict:
+    op: str
+    kept: bool
+    speedup: float                # the patched program's speed over the unpatched one's, for this op's routes
+    low: float
+    high: float
+    on_ms: float                  # the median forward-to-forward time with the op's routes as decided ...
+    off_ms: float                 # ... and with torch serving them
+    rounds: int
+    cached: bool = False
+
+    def __str__(self) -> str:
+        said = (f"{self.op}: {'kept' if self.kept else 'taken back'}: in this program a step took {self.on_ms:.3f} "
+                f"ms with roofline's {self.op} and {self.off_ms:.3f} ms with torch's, {self.speedup:.3f}x "
+                f"(95% interval {self.low:.3f}-{self.high:.3f}, {self.rounds} rounds)")
+        return said + (" (judged by an earlier run)" if self.cached else "")
+
+
+class _Clock:
+    """Marks at forward starts: CUDA events on the current stream, or perf_counter (ms)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter() * 1e3
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def ready(self, mark) -> bool:
+        return not self.cuda or mark.query()
+
+    def between(self, start, end) -> float:
+        return start.elapsed_time(end) if self.cuda else end - start
+
+
+class _Trial:
+    """One op's A/B: which side each forward is served by, and the marks at their starts."""
+
+    def __init__(self, op: str, clock: _Clock):
+        self.op, self.clock = op, clock
+        self.forwards = 0
+        self.marks: list[tuple[bool, object]] = []   # (routed as decided, mark), one a forward, and a last mark
+
+    @property
+    def total(self) -> int:
+        return 2 * BLOCK * ROUNDS
+
+    def side(self, forward: int) -> bool:
+        """Whether forward number `forward` is served as decided (True) or by torch; rounds alternate the order."""
+        block, round_ = forward // BLOCK, forward // (2 * BLOCK)
+        return (block % 2 == 0) != (round_ % 2 == 1)
+
+    def verdict(self) -> Verdict | None:
+        """The verdict once every interval's end has been reached by the GPU; None before."""
+        if not self.clock.ready(self.marks[-1][1]):
+            return None
+        times = [(on, self.clock.between(a, b)) for (on, a), (_, b) in zip(self.marks, self.marks[1:])]
+        ratios, on_all, off_all = [], [], []
+        for r in range(ROUNDS):
+            chunk = times[r * 2 * BLOCK:(r + 1) * 2 * BLOCK]
+            on = [t for side, t in chunk if side]
+            off = [t for side, t in chunk if not side]
+            ratios.append(statistics.median(off) / statistics.median(on))
+            on_all += on
+            off_all += off
+        low, speedup, high = median_ci(ratios)
+        return Verdict(self.op, low > 1.0, speedup, low, high, statistics.median(on_all), statistics.median(off_all),
+                       ROUNDS)
+
+
+class ProgramCheck:
+    """Puts a patched model's ops on trial in its own forwards (see the module's docstring); installed by patch as
+    a forward pre-hook on the model. verdicts: op -> Verdict, once judged."""
+
+    def __init__(self, model: torch.nn.Module, router, routes: list, persist: bool = True):
+        self.router, self.routes, self.persist = router, routes, persist
+        self.model_key = _model_key(model)
+        self.verdicts: dict[str, Verdict] = {}
+        self.trial: _Trial | None = None
+        self._decided = -1      # the router's decision count at the last forward
+        self._quiet = 0
+
+    def __call__(self, module, args) -> None:
+        if torch.compiler.is_compiling() or _capturing():
+            return
+        trial = self.trial
+        if trial is not None:
+            self._step(trial)
+            return
+        decided = len(self.router.decisions)
+        self._quiet = self._quiet + 1 if decided == self._decided else 0
+        self._decided = decided
+        if self._quiet >= QUIET:
+            op = next((op for op in self._routed_ops() if op not in self.verdicts), None)
+            if op is not None:
+                self._judge(op)
+
+    def _routed_ops(self) -> list[str]:
+        """The ops roofline serves some signature of, in the order first decided."""
+        return list(dict.fromkeys(key[0] for key, d in self.router.decisions.items() if d.ours and d.signature))
+
+    def _cache_key(self, op: str) -> str:
+        """What a verdict holds for: the device and software, the model, the op and its routed signatures."""
+        from roofline.device import cache_key
+
+        signatures = sorted(d.signature for key, d in self.router.decisions.items()
+                            if key[0] == op and d.ours and d.signature)
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return "|".join([cache_key(device), self.model_key, op, *signatures])
+
+    def _judge(self, op: str) -> None:
+        """Apply a cached verdict, or start a trial."""
+        if self.persist:
+            from roofline.device import read_cache
+
+            cached = read_cache(CACHE).get(self._cache_key(op))
+            if cached is not None:
+                self._conclude(Verdict(**{**cached, "cached": True}), store=False)
+                return
+        self.trial = _Trial(op, _Clock(torch.cuda.is_available()))
+        self._step(self.trial)
+
+    def _step(self, trial: _Trial) -> None:
+        """A forward starts during the trial: mark it, and serve it from the side its block is on."""
+        if len(self.router.decisions) != self._decided:   # a new signature was decided mid-trial: start again later
+            self.router.held_back.discard(trial.op)
+            self.trial, self._decided, self._quiet = None, len(self.router.decisions), 0
+            return
+        if trial.forwards < trial.total:
+            on = trial.side(trial.forwards)
+            trial.marks.append((on, trial.clock.mark()))
+            (self.router.held_back.discard if on else self.router.held_back.add)(trial.op)
+            trial.forwards += 1
+            return
+        if len(trial.marks) == trial.total:   # the last forward's end: this forward's start
+            trial.marks.append((True, trial.clock.mark()))
+            self.router.held_back.discard(trial.op)
+        found = trial.verdict()
+        if found is not None:
+            self.trial = None
+            self._conclude(found, store=True)
+
+    def _conclude(self, verdict: Verdict, store: bool) -> None:
+        self.verdicts[verdict.op] = verdict
+        if store and self.persist:
+            from roofline.device import write_cache
+
+            fields = dataclasses.asdict(verdict)
+            fields.pop("cached")
+            write_cache(CACHE, self._cache_key(verdict.op), fields)
+        if not verdict.kept:
+            self.router.take_back(verdict.op, f"slower in this program: {verdict}")
+            for route in self.routes:
+                if route.op == verdict.op:
+                    route.reconsider()
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _model_key(model: torch.nn.Module) -> str:
+    """The model's class and its parameters' names, shapes and dtypes, hashed."""
+    described = [type(model).__qualname__] + [f"{name}:{tuple(p.shape)}:{p.dtype}"
+                                              for name, p in model.named_parameters()]
+    return hashlib.sha256("\n".join(described).encode()).hexdigest()[:16]

@@ -1,0 +1,119 @@
+"""patch judged by the program: an op's routes are kept only where an A/B of the model's own forwards, in the running
+program, shows them faster; otherwise they go back to torch, settle, and the report says so with the figures."""
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import roofline
+from roofline import program_check, routing
+from roofline.program_check import BLOCK, QUIET, ROUNDS, ProgramCheck, _Trial
+
+
+def _sleeper(ms):
+    def run(x):
+        end = time.perf_counter() + ms / 1e3
+        while time.perf_counter() < end:
+            pass
+        return x * 2
+    return run
+
+
+class Timer:
+    """routing.time_as_eager's stand-in: the loop says roofline is faster, whatever the program will show."""
+
+    def __call__(self, run_ours, run_theirs, device):
+        run_ours(), run_theirs()
+        return 1.0, 50.0
+
+
+class Doubler(nn.Module):
+    """A model whose forward makes one routed call: roofline's side and torch's take the times given."""
+
+    def __init__(self, ours_ms, theirs_ms, persist=False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(3))
+        self.router = routing.Router(timer=Timer(), persist=False)
+        self.route = routing.Route(self.router, "double", lambda x: None, _sleeper(ours_ms), _sleeper(theirs_ms),
+                                   "double")
+        self.check = ProgramCheck(self, self.router, [self.route], persist=persist)
+        self.register_forward_pre_hook(self.check)
+
+    def forward(self, x):
+        return self.route(x)
+
+
+def _run(model, forwards, x=None):
+    x = torch.ones(4) if x is None else x
+    for _ in range(forwards):
+        model(x)
+
+
+ENOUGH = QUIET + 2 * BLOCK * ROUNDS + 3   # decide, quiet, the trial, and its last mark
+
+
+def test_the_sides_alternate_in_blocks_and_the_order_turns_every_other_round():
+    trial = _Trial("op", program_check._Clock(False))
+    sides = [trial.side(i) for i in range(trial.total)]
+    assert sides[:2 * BLOCK] == [True] * BLOCK + [False] * BLOCK
+    assert sides[2 * BLOCK:4 * BLOCK] == [False] * BLOCK + [True] * BLOCK
+    assert sides.count(True) == sides.count(False) == BLOCK * ROUNDS
+
+
+@pytest.mark.parametrize("ours_ms, theirs_ms, kept", [(0.5, 3.0, True), (3.0, 0.5, False)])
+def test_an_op_is_kept_only_where_the_program_runs_faster_with_it(ours_ms, theirs_ms, kept):
+    model = Doubler(ours_ms, theirs_ms)
+    _run(model, ENOUGH)
+    verdict = model.check.verdicts["double"]
+    assert verdict.kept is kept and verdict.rounds == ROUNDS
+    assert (verdict.speedup > 1.5) if kept else (verdict.speedup < 0.67)
+    assert verdict.low <= verdict.speedup <= verdict.high
+    assert verdict.on_ms == pytest.approx(ours_ms, rel=0.5) and verdict.off_ms == pytest.approx(theirs_ms, rel=0.5)
+    (row,) = model.router.report()
+    assert row["served_by"] == ("roofline" if kept else "torch")
+    if not kept:
+        assert row["why"].startswith("slower in this program: double: taken back") and "ms with torch's" in row["why"]
+        _run(model, routing.SETTLE_CALLS)
+        assert model.route.settled   # torch serves every call now: the route is taken out, and costs nothing
+    assert not model.router.held_back
+
+
+def test_a_decision_made_mid_trial_starts_the_trial_again_later():
+    model = Doubler(0.5, 3.0)
+    _run(model, QUIET + 3)
+    assert model.check.trial is not None and model.check.trial.forwards == 2
+    _run(model, 1, torch.ones(7))   # a new signature, decided (measured) in this forward ...
+    _run(model, 1)                  # ... seen at the next forward's start
+    assert model.check.trial is None and not model.router.held_back
+    _run(model, ENOUGH)
+    assert model.check.verdicts["double"].kept
+
+
+def test_a_verdict_is_cached_and_applied_at_once_by_a_later_run(monkeypatch, tmp_path):
+    monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))
+    first = Doubler(3.0, 0.5, persist=True)
+    _run(first, ENOUGH)
+    assert not first.check.verdicts["double"].kept
+    later = Doubler(3.0, 0.5, persist=True)
+    _run(later, QUIET + 2)   # the first forward decides; the next QUIET are quiet; then the cached verdict
+    verdict = later.check.verdicts["double"]
+    assert verdict.cached and not verdict.kept and "judged by an earlier run" in str(verdict)
+    assert later.router.report()[0]["served_by"] == "torch"
+
+
+def test_patch_puts_its_ops_on_trial_and_reports_the_verdicts(monkeypatch):
+    """Through roofline.patch on this machine: the loop's measurement (stood in for) says roofline's layer_norm is
+    faster; in the program, under Triton's interpreter, it is far slower: taken back, and said so."""
+    monkeypatch.setattr(routing, "time_as_eager", Timer())
+    model = nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32)).to(torch.bfloat16)
+    report = roofline.patch(model)
+    assert report.check is not None and roofline.patch(nn.Sequential(nn.LayerNorm(8)), in_program=False).check is None
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        _run(model, ENOUGH, x)
+    verdict = report.check.verdicts.get("layer_norm")
+    if verdict is None:
+        pytest.skip("layer_norm was not routed to roofline on this machine")
+    assert not verdict.kept and "layer_norm: taken back" in str(report)
