@@ -136,7 +136,7 @@ class ProgramCheck:
         if self._quiet >= QUIET:
             op = next((op for op in self._routed_ops() if op not in self.verdicts), None)
             if op is not None:
-                self._judge(op)
+                self._judge(op, cuda=any(p.is_cuda for p in module.parameters()))
 
     def _routed_ops(self) -> list[str]:
         """The ops roofline serves some signature of, in the order first decided."""
@@ -151,8 +151,8 @@ class ProgramCheck:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         return "|".join([cache_key(device), self.model_key, op, *signatures])
 
-    def _judge(self, op: str) -> None:
-        """Apply a cached verdict, or start a trial."""
+    def _judge(self, op: str, cuda: bool) -> None:
+        """Apply a cached verdict, or start a trial (timed by CUDA events where the model's work is on a GPU)."""
         if self.persist:
             from roofline.device import read_cache
 
@@ -160,7 +160,7 @@ class ProgramCheck:
             if cached is not None:
                 self._conclude(Verdict(**{**cached, "cached": True}), store=False)
                 return
-        self.trial = _Trial(op, _Clock(torch.cuda.is_available()))
+        self.trial = _Trial(op, _Clock(cuda))
         self._step(self.trial)
 
     def _step(self, trial: _Trial) -> None:
