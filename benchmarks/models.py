@@ -97,12 +97,26 @@ def _patch(model, mode: str):
     return roofline.patch(model, policy="always" if mode == "patch-all" else "faster")
 
 
+JUDGING_STEPS = 200   # steps at most that a patch mode warms up further while its ops are on trial in the program
+
+
+def _until_judged(report, run) -> int:
+    """Run more warm-up steps while patch's program check has ops on trial (roofline.program_check): a timed step
+    must not be half of a trial, served by torch. Returns the steps run."""
+    steps = 0
+    while report is not None and report.check is not None and report.check.pending() and steps < JUDGING_STEPS:
+        run()
+        steps += 1
+    return steps
+
+
 def _patch_fields(report) -> dict:
     """A row's routes (who served each call signature, read after the run), swapped and left."""
     if report is None:
-        return dict(routes=None, swapped=None, left=None, settled=None)
+        return dict(routes=None, swapped=None, left=None, settled=None, verdicts=None)
+    verdicts = [str(v) for v in report.check.verdicts.values()] if report.check else []
     return dict(routes=report.router.report(), swapped=[list(s) for s in report.swapped],
-                left=[list(s) for s in report.left], settled=report.settled())
+                left=[list(s) for s in report.left], settled=report.settled(), verdicts=verdicts)
 
 
 def _free(device: torch.device) -> None:
@@ -159,6 +173,7 @@ def train(name: str, mode: str, args) -> dict:
         run = step
         for _ in range(args.warmup):
             losses.append(run().clone())
+        _until_judged(patched, run)
     first_s = time.perf_counter() - start
     warmup_peak = _warmup_peak_gib(device)
     timer = StepTimer(device)
@@ -236,6 +251,7 @@ class Decoding:
                 self.run = decode
                 for _ in range(args.warmup):
                     decode()
+                _until_judged(self.patched, decode)
         self.setup_s = time.perf_counter() - start
         self.held_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else None
         self.logits, self.samples, self.done = [], [], 0
@@ -368,6 +384,14 @@ def markdown(result: dict) -> str:
             out.append(f"| {r['batch']} | {r['mode']} | {r['median_ms']:.3f} | {_x(r['vs_eager'])} | "
                        f"{_x(r['vs_graphs'])} | {r['tokens_per_s']:,.0f} | {r['warmup_s']:.1f} | "
                        f"{_gib(r.get('held_gib'))} | {error} | {_served(r['routes'])} |")
+        out.append("")
+    judged = [(kind, name, r) for kind in ("train", "generate") for name, rows in result[kind].items() for r in rows
+              if r.get("verdicts")]
+    if judged:
+        out += ["## patch's ops judged in the program (roofline.program_check)", ""]
+        for kind, name, r in judged:
+            where = f"{name} {'training' if kind == 'train' else 'generation, batch ' + str(r['batch'])}, {r['mode']}"
+            out += [f"- {where}: {verdict}" for verdict in r["verdicts"]]
         out.append("")
     return "\n".join(out)
 

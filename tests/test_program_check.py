@@ -67,7 +67,7 @@ def test_an_op_is_kept_only_where_the_program_runs_faster_with_it(ours_ms, their
     model = Doubler(ours_ms, theirs_ms)
     _run(model, ENOUGH)
     verdict = model.check.verdicts["double"]
-    assert verdict.kept is kept and verdict.rounds == ROUNDS
+    assert verdict.kept is kept and verdict.rounds == ROUNDS   # every round held steps on both sides
     assert (verdict.speedup > 1.5) if kept else (verdict.speedup < 0.67)
     assert verdict.low <= verdict.speedup <= verdict.high
     assert verdict.on_ms == pytest.approx(ours_ms, rel=0.5) and verdict.off_ms == pytest.approx(theirs_ms, rel=0.5)
@@ -78,6 +78,26 @@ def test_an_op_is_kept_only_where_the_program_runs_faster_with_it(ours_ms, their
         _run(model, routing.SETTLE_CALLS)
         assert model.route.settled   # torch serves every call now: the route is taken out, and costs nothing
     assert not model.router.held_back
+
+
+def test_an_interval_that_holds_more_than_a_step_is_left_out():
+    """A program that does other work between two of its model's forwards (another model's turn in a benchmark, an
+    evaluation): that interval is no step. Two such on roofline's side, in two rounds, would put the interval's low
+    end under 1 (a round of 0.114x did on the H100) and take back an op that is 6x faster."""
+    model = Doubler(0.5, 3.0)
+    route = model.route
+
+    def forward(x):
+        trial = model.check.trial
+        if trial is not None and trial.forwards in (2, 18):   # the second forward of rounds 0 and 4: roofline's side
+            assert not model.router.held_back
+            _sleeper(60.0)(x)
+        return route(x)
+
+    model.forward = forward
+    _run(model, ENOUGH)
+    verdict = model.check.verdicts["double"]
+    assert verdict.kept and verdict.rounds == ROUNDS and verdict.low > 3 and verdict.on_ms < 1.5
 
 
 def test_a_decision_made_mid_trial_starts_the_trial_again_later():
@@ -112,8 +132,8 @@ def test_patch_puts_its_ops_on_trial_and_reports_the_verdicts(monkeypatch):
     assert report.check is not None and roofline.patch(nn.Sequential(nn.LayerNorm(8)), in_program=False).check is None
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     with torch.no_grad():
-        _run(model, ENOUGH, x)
-    verdict = report.check.verdicts.get("layer_norm")
-    if verdict is None:
-        pytest.skip("layer_norm was not routed to roofline on this machine")
+        _run(model, 2 * ENOUGH, x)   # two trials at most (program_check.TRIES): the interpreter's first calls vary
+    if not any(key[0] == "layer_norm" and d.ours_us is not None for key, d in report.router.decisions.items()):
+        pytest.skip("layer_norm is not served by roofline on this machine (no CUDA device and no interpreter)")
+    verdict = report.check.verdicts["layer_norm"]
     assert not verdict.kept and "layer_norm: taken back" in str(report)

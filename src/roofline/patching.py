@@ -43,7 +43,7 @@ from roofline.ops._common import DTYPES, interpreting
 from roofline.ops.attention import HEAD_DIMS
 from roofline.ops.rope import rope_reference
 from roofline.program_check import ProgramCheck
-from roofline.routing import SETTLE_CALLS, Route, Router
+from roofline.routing import IN_PROGRAM_US, SETTLE_CALLS, Route, Router
 
 TORCH_SDPA = F.scaled_dot_product_attention
 TORCH_CROSS_ENTROPY = F.cross_entropy
@@ -454,7 +454,8 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
 
     in_program (policy "faster"): each op roofline serves is then judged by the program itself, an A/B of the
     model's own forwards with its routes on and off (roofline.program_check); an op that does not make the program
-    faster goes back to torch, and the report says so with the figures.
+    faster goes back to torch, and the report says so with the figures. A call is then routed wherever it wins in
+    the loop; with in_program=False, only where it wins by routing.IN_PROGRAM_US, the loop's measured blind spot.
 
     Returns a PatchReport: what was swapped and what was left, with why. Calling it again swaps nothing more
     (the model keeps its router and policy).
@@ -462,7 +463,8 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
     if not isinstance(model, nn.Module):
         raise TypeError(f"patch: model must be a torch.nn.Module, got {type(model).__name__}")
     existing = router(model)
-    routes_router = existing or Router(policy)
+    judged = in_program and policy == "faster"
+    routes_router = existing or Router(policy, charge_us=0.0 if judged else IN_PROGRAM_US)
     wanted = {"layer_norm": layer_norm, "rms_norm": rms_norm, "gelu": gelu}
     report = PatchReport([], [], routes_router)
     for name, module in model.named_modules():
@@ -494,7 +496,7 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
         if routes.routes:
             model.register_forward_pre_hook(routes.enter)
             model.register_forward_hook(routes.exit, always_call=True)
-        if in_program and policy == "faster" and report.routes:
+        if judged and report.routes:
             report.check = ProgramCheck(model, routes_router, report.routes)
             model.register_forward_pre_hook(report.check)
     return report

@@ -12,8 +12,9 @@ trial: its routed calls are served as decided (on) and by torch (off) in alterna
 ROUNDS rounds, the order reversed every other round so that a drift of the machine falls on both. A forward's time
 is the interval from its start to the next forward's start, by CUDA events on the current stream where CUDA runs
 (no synchronization: host time shows wherever the GPU waits for it) and by perf_counter elsewhere, so a training
-step's backward and optimizer count with its forward. Each round gives the ratio of its medians (off / on); the
-verdict is their median with the sign test's 95% interval over rounds. The op keeps its routes only where the whole
+step's backward and optimizer count with its forward; an interval far from the others held more than a step and
+is left out. Each round gives the ratio of its medians (off / on); the verdict is their median with the sign
+test's 95% interval over rounds. The op keeps its routes only where the whole
 interval is above 1 (faster in this program); otherwise its routed signatures go back to torch, the routes settle
 and cost nothing, and the report says so with the figures. Verdicts are cached per device and software, the
 model's class and parameters, and the op's routed signatures: a later run of the same program applies them at
@@ -31,9 +32,12 @@ import torch
 
 from roofline.bench.stats import median_ci
 
-ROUNDS = 6    # the fewest rounds that give a 95% sign-test interval
+ROUNDS = 9    # rounds of a trial: the 95% sign-test interval then leaves out the lowest and the highest ratio
+VALID = 6     # rounds a verdict needs (the fewest that give a 95% interval), once rounds with no step are dropped
 BLOCK = 2     # forwards a side serves in a row: a program that calls its model twice a step gets one of each
 QUIET = 2     # forwards in a row with no new decision before a trial starts
+TRIES = 2     # trials an op gets before an unsteady program's op goes back to torch, unjudged
+NOT_A_STEP = 3.0   # an interval this many times its side's median, or its inverse, held something else than a step
 CACHE = "program_checks.json"
 
 
@@ -50,6 +54,9 @@ class Verdict:
     cached: bool = False
 
     def __str__(self) -> str:
+        if not self.rounds:
+            return (f"{self.op}: taken back: the program's steps varied too much, in {TRIES} trials, to show it "
+                    "faster")
         said = (f"{self.op}: {'kept' if self.kept else 'taken back'}: in this program a step took {self.on_ms:.3f} "
                 f"ms with roofline's {self.op} and {self.off_ms:.3f} ms with torch's, {self.speedup:.3f}x "
                 f"(95% interval {self.low:.3f}-{self.high:.3f}, {self.rounds} rounds)")
@@ -93,22 +100,33 @@ class _Trial:
         block, round_ = forward // BLOCK, forward // (2 * BLOCK)
         return (block % 2 == 0) != (round_ % 2 == 1)
 
+    def ready(self) -> bool:
+        """Whether every interval's end has been reached (by the GPU, where CUDA events mark them)."""
+        return self.clock.ready(self.marks[-1][1])
+
     def verdict(self) -> Verdict | None:
-        """The verdict once every interval's end has been reached by the GPU; None before."""
-        if not self.clock.ready(self.marks[-1][1]):
-            return None
+        """The verdict over the rounds that held a step on each side, or None where fewer than VALID did.
+
+        An interval far from its side's median (NOT_A_STEP) held something else than a step of the program (the
+        program's other work between two forwards: an evaluation, another model's turn in a benchmark, a prefill
+        among decode steps) and is left out; a round left without an interval on either side is dropped."""
         times = [(on, self.clock.between(a, b)) for (on, a), (_, b) in zip(self.marks, self.marks[1:])]
+        typical = {side: statistics.median(t for s, t in times if s == side) for side in (True, False)}
         ratios, on_all, off_all = [], [], []
         for r in range(ROUNDS):
-            chunk = times[r * 2 * BLOCK:(r + 1) * 2 * BLOCK]
+            chunk = [(side, t) for side, t in times[r * 2 * BLOCK:(r + 1) * 2 * BLOCK]
+                     if typical[side] / NOT_A_STEP <= t <= typical[side] * NOT_A_STEP]
             on = [t for side, t in chunk if side]
             off = [t for side, t in chunk if not side]
-            ratios.append(statistics.median(off) / statistics.median(on))
-            on_all += on
-            off_all += off
+            if on and off:
+                ratios.append(statistics.median(off) / statistics.median(on))
+                on_all += on
+                off_all += off
+        if len(ratios) < VALID:
+            return None
         low, speedup, high = median_ci(ratios)
         return Verdict(self.op, low > 1.0, speedup, low, high, statistics.median(on_all), statistics.median(off_all),
-                       ROUNDS)
+                       len(ratios))
 
 
 class ProgramCheck:
@@ -120,8 +138,13 @@ class ProgramCheck:
         self.model_key = _model_key(model)
         self.verdicts: dict[str, Verdict] = {}
         self.trial: _Trial | None = None
+        self.tries: dict[str, int] = {}   # trials started, by op
         self._decided = -1      # the router's decision count at the last forward
         self._quiet = 0
+
+    def pending(self) -> bool:
+        """Whether an op roofline serves is still to be judged (a trial runs, or one is yet to start)."""
+        return self.trial is not None or any(op not in self.verdicts for op in self._routed_ops())
 
     def __call__(self, module, args) -> None:
         if torch.compiler.is_compiling() or _capturing():
@@ -160,6 +183,7 @@ class ProgramCheck:
             if cached is not None:
                 self._conclude(Verdict(**{**cached, "cached": True}), store=False)
                 return
+        self.tries[op] = self.tries.get(op, 0) + 1
         self.trial = _Trial(op, _Clock(cuda))
         self._step(self.trial)
 
@@ -178,10 +202,17 @@ class ProgramCheck:
         if len(trial.marks) == trial.total:   # the last forward's end: this forward's start
             trial.marks.append((True, trial.clock.mark()))
             self.router.held_back.discard(trial.op)
+        if not trial.ready():
+            return
+        self.trial = None
         found = trial.verdict()
         if found is not None:
-            self.trial = None
             self._conclude(found, store=True)
+        elif self.tries[trial.op] >= TRIES:   # no steady steps to compare, twice: not shown faster
+            self._conclude(Verdict(trial.op, False, float("nan"), float("nan"), float("nan"), float("nan"),
+                                   float("nan"), 0), store=False)
+        else:
+            self._quiet = 0   # judged again once the program is quiet
 
     def _conclude(self, verdict: Verdict, store: bool) -> None:
         self.verdicts[verdict.op] = verdict

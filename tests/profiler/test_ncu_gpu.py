@@ -35,7 +35,7 @@ def test_ncu_measures_the_heaviest_launch_the_profile_timed(tmp_path):
     program = tmp_path / "two_sizes.py"
     program.write_text(PROGRAM)
     out = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, "-m", "roofline.cli", "profile", "--skip", "2", "--steps", "2", "--ncu", "3",
+    done = subprocess.run([sys.executable, "-m", "roofline.cli", "profile", "--skip", "2", "--steps", "2", "--ncu", "2",
                            "--json", str(out), str(program)], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "200"}, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
