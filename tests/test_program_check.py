@@ -38,7 +38,7 @@ class Doubler(nn.Module):
         self.router = routing.Router(timer=Timer(), persist=False)
         self.route = routing.Route(self.router, "double", lambda x: None, _sleeper(ours_ms), _sleeper(theirs_ms),
                                    "double")
-        self.check = ProgramCheck(self, self.router, [self.route], persist=persist)
+        self.check = ProgramCheck(self.router, [self.route], persist=persist)
         self.register_forward_pre_hook(self.check)
 
     def forward(self, x):

@@ -497,7 +497,7 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, g
             model.register_forward_pre_hook(routes.enter)
             model.register_forward_hook(routes.exit, always_call=True)
         if judged and report.routes:
-            report.check = ProgramCheck(model, routes_router, report.routes)
+            report.check = ProgramCheck(routes_router, report.routes)
             model.register_forward_pre_hook(report.check)
     return report
 

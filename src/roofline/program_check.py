@@ -133,9 +133,9 @@ class ProgramCheck:
     """Puts a patched model's ops on trial in its own forwards (see the module's docstring); installed by patch as
     a forward pre-hook on the model. verdicts: op -> Verdict, once judged."""
 
-    def __init__(self, model: torch.nn.Module, router, routes: list, persist: bool = True):
+    def __init__(self, router, routes: list, persist: bool = True):
         self.router, self.routes, self.persist = router, routes, persist
-        self.model_key = _model_key(model)
+        self.model_key: str | None = None   # taken at the first trial: the model as it runs (int8 weights, say)
         self.verdicts: dict[str, Verdict] = {}
         self.trial: _Trial | None = None
         self.tries: dict[str, int] = {}   # trials started, by op
@@ -159,6 +159,7 @@ class ProgramCheck:
         if self._quiet >= QUIET:
             op = next((op for op in self._routed_ops() if op not in self.verdicts), None)
             if op is not None:
+                self.model_key = self.model_key or _model_key(module)
                 self._judge(op, cuda=any(p.is_cuda for p in module.parameters()))
 
     def _routed_ops(self) -> list[str]:
@@ -234,7 +235,8 @@ def _capturing() -> bool:
 
 
 def _model_key(model: torch.nn.Module) -> str:
-    """The model's class and its parameters' names, shapes and dtypes, hashed."""
-    described = [type(model).__qualname__] + [f"{name}:{tuple(p.shape)}:{p.dtype}"
-                                              for name, p in model.named_parameters()]
+    """The model's class and its parameters' and buffers' names, shapes and dtypes (int8 weights are buffers),
+    hashed."""
+    described = [type(model).__qualname__] + [f"{name}:{tuple(t.shape)}:{t.dtype}" for name, t in
+                                              (*model.named_parameters(), *model.named_buffers())]
     return hashlib.sha256("\n".join(described).encode()).hexdigest()[:16]
