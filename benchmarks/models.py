@@ -1,6 +1,8 @@
 """Whole models as the benchmark: a training step and token-by-token generation of GPT-2 small and a Llama-style
-model (examples/models), eager and patched, compiled, under CUDA graphs and with int8 weights, side by side in
-one run. The third level of every speed claim: an op that wins alone but not here has not won.
+model (examples/models), and of transformers' own LlamaForCausalLM and Qwen2ForCausalLM built from a config
+(hf-llama, hf-qwen2: hf_models.py; decoding through their DynamicCache), eager and patched, compiled, under CUDA
+graphs and with int8 weights, side by side in one run. The third level of every speed claim: an op that wins alone
+but not here has not won.
 
     python benchmarks/models.py OUT_DIR [--models gpt2 llama] [--train MODE ...] [--generate MODE ...]
                                 [--batches 1 8] [--steps 10] [--warmup 10] [--tokens 64] [--tiny]
@@ -11,6 +13,8 @@ F.cross_entropy, in its forward, as nanoGPT's does):
   patch            roofline.patch(model): each norm, GELU, SwiGLU gate, RoPE, attention and loss call served by
                    roofline's kernel only where measured faster here (the decisions are in the JSON)
   patch-all        roofline.patch(model, policy="always"): every call roofline can serve, faster or not
+  liger            Liger-Kernel on transformers' models (its RMSNorm, SwiGLU, RoPE and fused linear
+                   cross-entropy; the wheel carried to the GPU machine), undone before the next mode
   compile          torch.compile(model)
   compile+patch    roofline.patch, then torch.compile: under compile patch leaves every call to Inductor
   graphs           the whole step (forward, backward, optimizer) captured as one CUDA graph and replayed: the
@@ -44,6 +48,7 @@ Writes OUT_DIR/models.json and models.md. --tiny: small configs on whatever devi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
@@ -61,15 +66,17 @@ from roofline.bench.stats import min_rounds, speedup_ci  # noqa: E402
 from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 from examples.models.llama import Llama, LlamaConfig  # noqa: E402
 from roofline.bench.steps import CAPTURE_WARMUP, StepTimer, capture  # noqa: E402
+import hf_models  # noqa: E402  (beside this file)
 
 MODELS = {
     "gpt2": (GPT2, GPT2Config(), GPT2Config(vocab_size=96, max_seq=64, n_layer=2, n_head=2, d_model=32)),
     "llama": (Llama, LlamaConfig(), LlamaConfig(vocab_size=96, max_seq=64, n_layer=2, n_head=4, n_kv_head=2,
                                                  d_model=64, intermediate_size=96)),
 }
-TRAIN_MODES = ("eager", "patch", "patch-all", "compile", "compile+patch", "graphs", "graphs+patch")
+TRAIN_MODES = ("eager", "patch", "patch-all", "liger", "compile", "compile+patch", "graphs", "graphs+patch")
 GENERATE_MODES = ("eager", "patch", "patch-all", "graphs", "graphs+patch", "int8", "int8+patch", "int8+graphs",
                   "int8+graphs+patch", "compile")
+MODEL_NAMES = (*MODELS, *hf_models.FAMILIES)
 LOSS_TOLERANCE = 0.01
 CHECKED_STEPS = 3
 TURNS = 8            # generation: the modes take turns, each decoding tokens / TURNS tokens a turn
@@ -84,10 +91,21 @@ def _sizes(tiny: bool) -> dict:
 
 
 def build(name: str, tiny: bool, device: torch.device) -> torch.nn.Module:
-    cls, config, tiny_config = MODELS[name]
     torch.manual_seed(0)
     with torch.device(device):
+        if name in hf_models.FAMILIES:
+            return hf_models.build(name, tiny)
+        cls, config, tiny_config = MODELS[name]
         return cls(tiny_config if tiny else config)
+
+
+def _liger(model, mode: str):
+    """Liger-Kernel on transformers' models (hf_models.liger, undone on exit) for the liger mode; else nothing."""
+    if mode != "liger":
+        return contextlib.nullcontext()
+    if not isinstance(model, hf_models.CausalLM):
+        raise ValueError("the liger mode serves transformers' models (hf-llama, hf-qwen2), as Liger-Kernel does")
+    return hf_models.liger(model)
 
 
 def _patch(model, mode: str):
@@ -144,9 +162,14 @@ def _warmup_peak_gib(device: torch.device) -> float | None:
 # --------------------------------------------------------------------------- training
 
 def train(name: str, mode: str, args) -> dict:
+    _free(args.device)
+    model = build(name, args.tiny, args.device)
+    with _liger(model, mode):
+        return _train(name, mode, model, args)
+
+
+def _train(name: str, mode: str, model, args) -> dict:
     device, sizes = args.device, _sizes(args.tiny)
-    _free(device)
-    model = build(name, args.tiny, device)
     patched = _patch(model, mode)
     graphs = mode.startswith("graphs")
     cuda = device.type == "cuda"
@@ -243,8 +266,13 @@ class Decoding:
         def decode():
             return forward(self.token, self.position)[:, -1]
 
+        # transformers' models decode through their own DynamicCache, cropped to the position decoded (the
+        # host's count: warm-up decodes one position again and again); the examples' caches are static
+        self.cropped = isinstance(model, hf_models.CausalLM)
         with torch.inference_mode():
             model(self.sequence[:, :prompt], self.positions[:prompt])     # prefill
+            if self.cropped:
+                model.at = prompt
             if "graphs" in mode:
                 self.run = capture(decode)
             else:
@@ -265,6 +293,8 @@ class Decoding:
                 i = self.prompt + self.done
                 self.token.copy_(self.sequence[:, i:i + 1])
                 self.position.copy_(self.positions[i:i + 1])
+                if self.cropped:
+                    self.model.at = i
                 self.logits.append(self.run().clone())
                 self.done += 1
                 timer.mark()
@@ -434,7 +464,7 @@ def needs_gpu(train_modes, generate_modes) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=MODEL_NAMES, default=list(MODELS))
     parser.add_argument("--train", nargs="*", choices=TRAIN_MODES, default=list(TRAIN_MODES), metavar="MODE")
     parser.add_argument("--generate", nargs="*", choices=GENERATE_MODES, default=list(GENERATE_MODES),
                         metavar="MODE")

@@ -186,3 +186,51 @@ def test_decode_breakdown_groups_kernels_and_bounds_int8():
     assert limit["matmul_ms_needed"] == pytest.approx(2.0 / 1.6 - 0.9)
     assert limit["matmul_gbs_needed"] == pytest.approx(1e9 / (2.0 / 1.6 - 0.9) / 1e6)
     assert breakdown.bound(bf16, int8, 3.0)["matmul_gbs_needed"] is None   # beyond the bound: not reachable
+
+
+@pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
+def test_transformers_models_train_and_decode_through_their_own_cache(tmp_path):
+    """transformers' Llama and Qwen2 in the benchmark: the training step's loss computed by transformers, decoding
+    through its DynamicCache cropped to the position (warm-up decodes one position again); every mode's logits
+    against eager's."""
+    code = benchmark.main([str(tmp_path), "--tiny", "--models", "hf-llama", "hf-qwen2", "--train", "eager",
+                           "patch-all", "--generate", "eager", "patch-all", "--batches", "1", "--steps", "2",
+                           "--warmup", "2", "--tokens", "3"])
+    assert code == 0
+    result = json.loads((tmp_path / "models.json").read_text())
+    for name in ("hf-llama", "hf-qwen2"):
+        for kind in ("train", "generate"):
+            assert all(r["numerics_ok"] for r in result[kind][name]), result[kind][name]
+        served = {row["op"] for row in result["train"][name][1]["routes"] if row["served_by"] == "roofline"}
+        assert {"rms_norm", "swiglu", "rope", "cross_entropy"} <= served
+
+
+def test_liger_is_undone_after_its_mode(monkeypatch):
+    """Liger-Kernel replaces names in transformers' modeling file and the model class's forward, for every model of
+    the process; the benchmark puts them back, so that the modes after it run unpatched."""
+    import sys
+    import types
+
+    import hf_models
+    from transformers.models.llama import modeling_llama
+
+    before = (modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm,
+              modeling_llama.LlamaForCausalLM.forward)
+
+    def fake_apply(model):
+        modeling_llama.apply_rotary_pos_emb = lambda *a: None
+        modeling_llama.LlamaRMSNorm = object
+        modeling_llama.LlamaForCausalLM.forward = lambda self, *a, **k: None
+        modeling_llama.ADDED_BY_LIGER = True
+
+    fake = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    fake._apply_liger_kernel_to_instance = fake_apply
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", fake)
+    model = hf_models.build("hf-llama", tiny=True)
+    with hf_models.liger(model):
+        assert modeling_llama.LlamaRMSNorm is object
+    assert (modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm,
+            modeling_llama.LlamaForCausalLM.forward) == before
+    assert not hasattr(modeling_llama, "ADDED_BY_LIGER")
+    with pytest.raises(ValueError, match="liger mode serves transformers' models"):
+        benchmark._liger(benchmark.build("llama", True, torch.device("cpu")), "liger")

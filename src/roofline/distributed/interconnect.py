@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -62,7 +63,7 @@ def topology() -> str:
         done = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return done.stdout.strip() if done.returncode == 0 else ""
+    return re.sub(r"\x1b\[[0-9;]*m", "", done.stdout).strip() if done.returncode == 0 else ""   # no terminal styling
 
 
 def _devices(ranks: int) -> str:
@@ -169,7 +170,8 @@ def render(found: Interconnect, console, note: str) -> None:
                           *(Column(f"busbw {_size(s)}", _size(s)) for s in shown),
                           Column("busbw peak GB/s", "peak")], rows)
     console.print("bus bandwidth in GB/s as nccl-tests defines it (all_reduce: algbw x 2(n-1)/n); latency: the "
-                  f"{_size(min(r['nbytes'] for r in found.rows))} message; each the slowest rank's median")
+                  f"{_size(min(r['nbytes'] for r in found.rows))} message through torch.distributed, the host's "
+                  "time to issue it included; each the slowest rank's median")
     if found.p2p_gbps:
         console.print(f"peer copy, GPU 0 to GPU 1: {found.p2p_gbps:,.1f} GB/s")
 

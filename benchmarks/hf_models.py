@@ -1,0 +1,92 @@
+"""transformers' own LlamaForCausalLM and Qwen2ForCausalLM, built from a config (no download), behind the interface
+benchmarks/models.py drives its models through: forward(idx, targets=) -> (logits, loss) for a training step (the
+loss computed by transformers, F.cross_entropy over shifted labels), and setup_cache + forward(idx, positions) for
+decoding through the model's own DynamicCache. And Liger-Kernel's patch of them, undone afterwards.
+
+Sizes as on the H100 in DESIGN.md: 12 layers, d 2048, 32 query and 8 key/value heads, SwiGLU 5632, vocabulary 32000.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+
+import torch
+from torch import nn
+
+_SIZES = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=12, num_attention_heads=32,
+              num_key_value_heads=8, vocab_size=32000, max_position_embeddings=2048)
+_TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=96, max_position_embeddings=64)
+# name: (the model's class, its config's class, its family: transformers.models.<family>.modeling_<family>);
+# transformers is imported where a model is built, not with models.py
+FAMILIES = {"hf-llama": ("LlamaForCausalLM", "LlamaConfig", "llama"),
+            "hf-qwen2": ("Qwen2ForCausalLM", "Qwen2Config", "qwen2")}
+
+
+class CausalLM(nn.Module):
+    """A transformers causal LM as models.py calls its models. Decoding crops the cache to `at`, the position of
+    the tokens given (set by the caller, on the host: warm-up steps decode one position again and again)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self.cache = None
+        self.at = 0          # where the tokens given go (the caller's count)
+        self.length = 0      # what the cache holds (ours: no host sync to ask it)
+        # the cache's keyword: `cache` where transformers has it (5.24 deprecates past_key_values), else the old one
+        self.cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def setup_cache(self, batch: int, length: int, dtype: torch.dtype) -> None:
+        import transformers
+
+        self.cache, self.length = transformers.DynamicCache(config=self.config), 0
+
+    def forward(self, idx, positions=None, targets=None):
+        if targets is not None:
+            out = self.model(input_ids=idx, labels=targets)
+            return out.logits, out.loss
+        if self.cache is None:
+            return self.model(input_ids=idx).logits
+        if self.length > self.at:   # a negative count: what both 5.17 and 5.24 take
+            self.cache.crop(self.at - self.length)
+        out = self.model(input_ids=idx, position_ids=positions[None].expand(idx.shape[0], -1), cache_position=positions,
+                         use_cache=True, **{self.cache_keyword: self.cache})
+        self.length = self.at + idx.shape[1]
+        return out.logits
+
+
+def build(name: str, tiny: bool) -> CausalLM:
+    import transformers
+
+    cls, config_cls, family = FAMILIES[name]
+    config = getattr(transformers, config_cls)(**(_TINY if tiny else _SIZES), attn_implementation="sdpa")
+    model = CausalLM(getattr(transformers, cls)(config))
+    model.family = family
+    return model
+
+
+@contextlib.contextmanager
+def liger(model: CausalLM):
+    """Liger-Kernel 0.8.5 applied to the model (its RMSNorm, SwiGLU, RoPE and fused linear cross-entropy), as its
+    README says to (`_apply_liger_kernel_to_instance`). Liger also replaces module-level names of the family's
+    modeling file and the model class's forward; they are put back on exit, so that later modes run unpatched."""
+    from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+
+    modeling = importlib.import_module(f"transformers.models.{model.family}.modeling_{model.family}")
+    saved = dict(vars(modeling))
+    classes = {cls: dict(vars(cls)) for cls in vars(modeling).values() if isinstance(cls, type)}
+    _apply_liger_kernel_to_instance(model=model.model)
+    try:
+        yield model
+    finally:
+        for name in set(vars(modeling)) - set(saved):
+            delattr(modeling, name)
+        vars(modeling).update(saved)
+        for cls, attributes in classes.items():
+            for name, value in attributes.items():
+                if name != "__dict__" and vars(cls).get(name) is not value:
+                    with contextlib.suppress(AttributeError, TypeError):
+                        setattr(cls, name, value)
