@@ -279,9 +279,17 @@ class Decoding:
                 self.run = decode
                 for _ in range(args.warmup):
                     decode()
+                if self.cropped:   # a DynamicCache's attention grows a key a step: each length is a new call
+                    self._restart()    # signature for patch to decide, so the steady state is a second pass
+                    self.decode(args.tokens)
+                    self.model.at = prompt
                 _until_judged(self.patched, decode)
         self.setup_s = time.perf_counter() - start
         self.held_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else None
+        self._restart()
+
+    def _restart(self) -> None:
+        """No token decoded yet, nothing timed."""
         self.logits, self.samples, self.done = [], [], 0
         self.turns: list[int] = []   # samples taken in each turn, in order
 

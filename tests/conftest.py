@@ -23,9 +23,13 @@ ALL_TESTS = os.environ.get("ROOFLINE_ALL_TESTS") == "1"
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
-    """Tests never read or write the user's cache of measured ceilings and builds."""
+    """Tests never read or write the user's cache of measured ceilings and builds. Workers of one run (pytest -n)
+    share theirs: the C++ node is built once (torch's build lock makes the others wait), not once a worker."""
     saved = os.environ.get("ROOFLINE_CACHE_DIR")
-    os.environ["ROOFLINE_CACHE_DIR"] = str(tmp_path_factory.mktemp("roofline-cache"))
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "roofline-cache"
+    cache.mkdir(exist_ok=True)
+    os.environ["ROOFLINE_CACHE_DIR"] = str(cache)
     yield
     if saved is None:
         os.environ.pop("ROOFLINE_CACHE_DIR", None)

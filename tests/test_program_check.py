@@ -9,7 +9,7 @@ from torch import nn
 
 import roofline
 from roofline import program_check, routing
-from roofline.program_check import BLOCK, QUIET, ROUNDS, ProgramCheck, _Trial
+from roofline.program_check import BLOCK, QUIET, ROUNDS, VALID, ProgramCheck, _Trial
 
 
 def _sleeper(ms):
@@ -62,12 +62,12 @@ def test_the_sides_alternate_in_blocks_and_the_order_turns_every_other_round():
     assert sides.count(True) == sides.count(False) == BLOCK * ROUNDS
 
 
-@pytest.mark.parametrize("ours_ms, theirs_ms, kept", [(0.5, 3.0, True), (3.0, 0.5, False)])
+@pytest.mark.parametrize("ours_ms, theirs_ms, kept", [(2.0, 10.0, True), (10.0, 2.0, False)])
 def test_an_op_is_kept_only_where_the_program_runs_faster_with_it(ours_ms, theirs_ms, kept):
     model = Doubler(ours_ms, theirs_ms)
     _run(model, ENOUGH)
     verdict = model.check.verdicts["double"]
-    assert verdict.kept is kept and verdict.rounds == ROUNDS   # every round held steps on both sides
+    assert verdict.kept is kept and VALID <= verdict.rounds <= ROUNDS   # (a busy machine may cost a round)
     assert (verdict.speedup > 1.5) if kept else (verdict.speedup < 0.67)
     assert verdict.low <= verdict.speedup <= verdict.high
     assert verdict.on_ms == pytest.approx(ours_ms, rel=0.5) and verdict.off_ms == pytest.approx(theirs_ms, rel=0.5)
@@ -84,24 +84,24 @@ def test_an_interval_that_holds_more_than_a_step_is_left_out():
     """A program that does other work between two of its model's forwards (another model's turn in a benchmark, an
     evaluation): that interval is no step. Two such on roofline's side, in two rounds, would put the interval's low
     end under 1 (a round of 0.114x did on the H100) and take back an op that is 6x faster."""
-    model = Doubler(0.5, 3.0)
+    model = Doubler(2.0, 10.0)
     route = model.route
 
     def forward(x):
         trial = model.check.trial
         if trial is not None and trial.forwards in (2, 18):   # the second forward of rounds 0 and 4: roofline's side
             assert not model.router.held_back
-            _sleeper(60.0)(x)
+            _sleeper(200.0)(x)
         return route(x)
 
     model.forward = forward
     _run(model, ENOUGH)
     verdict = model.check.verdicts["double"]
-    assert verdict.kept and verdict.rounds == ROUNDS and verdict.low > 3 and verdict.on_ms < 1.5
+    assert verdict.kept and verdict.rounds >= VALID and verdict.low > 3 and verdict.on_ms < 5
 
 
-def test_a_decision_made_mid_trial_starts_the_trial_again_later():
-    model = Doubler(0.5, 3.0)
+def test_a_signature_measured_mid_trial_starts_the_trial_again_later():
+    model = Doubler(2.0, 10.0)
     _run(model, QUIET + 3)
     assert model.check.trial is not None and model.check.trial.forwards == 2
     _run(model, 1, torch.ones(7))   # a new signature, decided (measured) in this forward ...
@@ -113,10 +113,10 @@ def test_a_decision_made_mid_trial_starts_the_trial_again_later():
 
 def test_a_verdict_is_cached_and_applied_at_once_by_a_later_run(monkeypatch, tmp_path):
     monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))
-    first = Doubler(3.0, 0.5, persist=True)
+    first = Doubler(10.0, 2.0, persist=True)
     _run(first, ENOUGH)
     assert not first.check.verdicts["double"].kept
-    later = Doubler(3.0, 0.5, persist=True)
+    later = Doubler(10.0, 2.0, persist=True)
     _run(later, QUIET + 2)   # the first forward decides; the next QUIET are quiet; then the cached verdict
     verdict = later.check.verdicts["double"]
     assert verdict.cached and not verdict.kept and "judged by an earlier run" in str(verdict)

@@ -48,6 +48,17 @@ class Logits(torch.nn.Module):
         return self.model(idx).logits
 
 
+def _same_loss_and_grads(model, reference, loss_of, loss_tolerance, grad_tolerance):
+    """loss_of(model) against loss_of(reference), then every parameter's gradient, within (rtol, atol) each."""
+    losses = [loss_of(m) for m in (model, reference)]
+    torch.testing.assert_close(losses[0], losses[1], rtol=loss_tolerance[0], atol=loss_tolerance[1])
+    for loss in losses:
+        loss.backward()
+    for (where, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=grad_tolerance[0], atol=grad_tolerance[1],
+                                   msg=lambda m, where=where: f"{where}: {m}")
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_patch_serves_transformers_models_as_written(name):
     torch.manual_seed(0)
@@ -61,12 +72,7 @@ def test_patch_serves_transformers_models_as_written(name):
     # the loss as transformers computes it inside the forward (F.cross_entropy over shifted labels, -100 ignored)
     labels = idx.clone()
     labels[0, :3] = -100
-    losses = [m(idx, labels=labels).loss for m in (model, reference)]
-    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
-    for loss in losses:
-        loss.backward()
-    for (where, p), q in zip(model.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, where=where: f"{where}: {m}")
+    _same_loss_and_grads(model, reference, lambda m: m(idx, labels=labels).loss, (1e-5, 1e-5), (1e-4, 1e-5))
     served = {row["op"]: row["served_by"] for row in router(model).report()}
     kernels = {"llama": ["rms_norm", "swiglu", "rope"], "qwen2": ["rms_norm", "swiglu", "rope"],
                "gpt2": ["layer_norm", "gelu"]}[name] + ["cross_entropy"]
@@ -102,12 +108,10 @@ def test_under_autocast_rope_and_attention_see_the_dtypes_autocast_runs(name):
     reference.load_state_dict(model.state_dict())
     roofline.patch(model, policy="always")
     idx = torch.randint(0, 64, (2, 8), device=DEVICE)
-    with torch.autocast(DEVICE, dtype=torch.bfloat16):
-        losses = [m(idx, labels=idx).loss for m in (model, reference)]
-    torch.testing.assert_close(losses[0], losses[1], rtol=2e-2, atol=2e-2)
-    for loss in losses:
-        loss.backward()
-    for (where, p), q in zip(model.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=5e-3, msg=lambda m, where=where: f"{where}: {m}")
+    def under_autocast(m):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            return m(idx, labels=idx).loss
+
+    _same_loss_and_grads(model, reference, under_autocast, (2e-2, 2e-2), (5e-2, 5e-3))
     served = {row["op"]: row["served_by"] for row in router(model).report()}
     assert served["rope"] == "roofline" and served["attention"] == "roofline", router(model).report()

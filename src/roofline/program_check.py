@@ -7,7 +7,7 @@ transformers' Llama decoded 0.69x as fast patched on one H100 machine and 1.65x 
 itself is the measurement.
 
 Once the routes' decisions are made and the program is in its steady state (QUIET forwards of the model in a row
-with no new decision), each op that roofline serves somewhere (layer_norm, swiglu, attention, ...) is put on
+with no signature measured: a measurement takes milliseconds of the program's time), each op that roofline serves somewhere (layer_norm, swiglu, attention, ...) is put on
 trial: its routed calls are served as decided (on) and by torch (off) in alternating blocks of BLOCK forwards,
 ROUNDS rounds, the order reversed every other round so that a drift of the machine falls on both. A forward's time
 is the interval from its start to the next forward's start, by CUDA events on the current stream where CUDA runs
@@ -35,7 +35,7 @@ from roofline.bench.stats import median_ci
 ROUNDS = 9    # rounds of a trial: the 95% sign-test interval then leaves out the lowest and the highest ratio
 VALID = 6     # rounds a verdict needs (the fewest that give a 95% interval), once rounds with no step are dropped
 BLOCK = 2     # forwards a side serves in a row: a program that calls its model twice a step gets one of each
-QUIET = 2     # forwards in a row with no new decision before a trial starts
+QUIET = 2     # forwards in a row with no signature measured before a trial starts
 TRIES = 2     # trials an op gets before an unsteady program's op goes back to torch, unjudged
 NOT_A_STEP = 3.0   # an interval this many times its side's median, or its inverse, held something else than a step
 CACHE = "program_checks.json"
@@ -139,7 +139,7 @@ class ProgramCheck:
         self.verdicts: dict[str, Verdict] = {}
         self.trial: _Trial | None = None
         self.tries: dict[str, int] = {}   # trials started, by op
-        self._decided = -1      # the router's decision count at the last forward
+        self._measured = -1     # the router's count of measurements at the last forward
         self._quiet = 0
 
     def pending(self) -> bool:
@@ -153,9 +153,9 @@ class ProgramCheck:
         if trial is not None:
             self._step(trial)
             return
-        decided = len(self.router.decisions)
-        self._quiet = self._quiet + 1 if decided == self._decided else 0
-        self._decided = decided
+        measured = self.router.measurements
+        self._quiet = self._quiet + 1 if measured == self._measured else 0
+        self._measured = measured
         if self._quiet >= QUIET:
             op = next((op for op in self._routed_ops() if op not in self.verdicts), None)
             if op is not None:
@@ -190,9 +190,9 @@ class ProgramCheck:
 
     def _step(self, trial: _Trial) -> None:
         """A forward starts during the trial: mark it, and serve it from the side its block is on."""
-        if len(self.router.decisions) != self._decided:   # a new signature was decided mid-trial: start again later
+        if self.router.measurements != self._measured:   # a signature was measured mid-trial: start again later
             self.router.held_back.discard(trial.op)
-            self.trial, self._decided, self._quiet = None, len(self.router.decisions), 0
+            self.trial, self._measured, self._quiet = None, self.router.measurements, 0
             return
         if trial.forwards < trial.total:
             on = trial.side(trial.forwards)

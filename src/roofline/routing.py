@@ -128,6 +128,7 @@ class Router:
         self._timer = timer or time_as_eager
         self._persist = persist
         self.held_back: set[str] = set()   # ops whose routed calls torch serves for now (program_check's trials)
+        self.measurements = 0              # signatures timed so far: each takes milliseconds of the program's time
 
     def call(self, op: str, why_not, ours, theirs, *args, **kwargs):
         return self.serve(op, why_not, ours, theirs, args, kwargs)[0]
@@ -226,6 +227,7 @@ class Router:
         return self.decisions.setdefault((op, why), Decision(ours, why))
 
     def _measure(self, op: str, ours, theirs, args, kwargs, grad: bool, signature: str, strides=None) -> Decision:
+        self.measurements += 1
         inputs = [_random_like(a) for a in args]
         run_ours, run_theirs = (_runner(fn, inputs, kwargs, grad, strides)
                                 for fn in (_as_routed(op, ours, theirs, inputs, kwargs), theirs))
