@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -307,6 +308,13 @@ def profile(
     verify: bool = typer.Option(False, "--verify", help="Measure each finding's fix where it has a concrete "
                                 "replacement: the ops rebuilt on their recorded shapes, checked, and timed against "
                                 "the replacement (speedup and its 95% interval beside the estimate)."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Start this many ranks of "
+                                                 "the program on this host, as torchrun does, and report them "
+                                                 "together (or run roofline under torchrun yourself: torchrun ... "
+                                                 "-m roofline profile train.py)."),
+    rank_dir: Optional[Path] = typer.Option(None, "--rank-dir", help="Under torchrun: the folder every rank writes "
+                                            "its trace to (default: one in the temporary directory, named by the "
+                                            "run; across hosts, give one they share)."),
 ):
     """Run a Python program under the profiler and say where its GPU time goes, line by line, and what to do about it.
 
@@ -314,18 +322,35 @@ def profile(
 
     \b
         roofline profile --skip 3 train.py --epochs 1
+        roofline profile --nproc-per-node 2 --skip 3 train.py
     """
+    from roofline.distributed import profiling
     from roofline.profiler import run_program
     from roofline.profiler.trace import TraceError
 
+    program = [target, *(args or [])]
+    if nproc_per_node and nproc_per_node > 1 and profiling.under_torchrun() is None:
+        recording = ["--skip", str(skip), *(["--steps", str(steps)] if steps else []), *(["-m"] if module else []),
+                     *(["--memory"] if memory else []), *([] if shapes else ["--no-shapes"]),
+                     *(["--python-stack"] if python_stack else [])]
+        raise typer.Exit(_profile_ranks(nproc_per_node, recording, program, json_path, trace_path, top))
+    ranked = profiling.under_torchrun()
+    folder = Path(rank_dir or profiling.default_dir()) if ranked else None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
     try:
         prof, status, error = run_program(target, list(args or []), module=module, skip=skip, active=steps,
-                                          memory=memory, shapes=shapes, python_stack=python_stack, trace=trace_path)
+                                          memory=memory, shapes=shapes, python_stack=python_stack,
+                                          trace=profiling.partial_path(folder, ranked[0]) if ranked else trace_path)
     except FileNotFoundError as exc:
         err.print(f"roofline: {exc}")
         raise typer.Exit(2)
     if status or error is not None:
         _program_failed(target, status, error, prof.steps)
+    if ranked and (ranked[0] != 0 or os.environ.get(profiling.LAUNCHED) == "1"):
+        if prof.recorded:
+            profiling.publish(folder, ranked[0])
+        raise typer.Exit(status)   # rank 0 (or the launcher) reports every rank
     if not prof.recorded:
         err.print(f"roofline: nothing was recorded: --skip {skip} steps were to be left out, but the program "
                   f"{'ended after' if status else 'marked only'} {prof.steps} (optimizer.step() or "
@@ -343,10 +368,67 @@ def profile(
         _add_ncu(report, target, list(args or []), module, ncu, skip, steps)
     if verify:
         _verify(report)
+    if ranked:
+        profiling.publish(folder, 0)   # its own report read, rank 0's trace joins the others'
+        paths, missing = profiling.wait_for(folder, ranked[1])
+        if missing:
+            err.print(f"roofline: no trace from ranks {missing} after {profiling.RANK_WAIT_S:.0f} s: they failed, or "
+                      "write elsewhere (--rank-dir)")
+        _show_ranks(report, paths, json_path, trace_path, top)
+        raise typer.Exit(status)
     _show_report(report, json_path, html_path, top)
     if trace_path:
         console.print(f"[dim]trace written to {trace_path} (open it in https://ui.perfetto.dev)[/dim]")
     raise typer.Exit(status)
+
+
+def _profile_ranks(nproc: int, recording: list[str], program: list[str], json_path: Optional[Path],
+                   trace_path: Optional[Path], top: int) -> int:
+    """Start the ranks (distributed.profiling.launch), then read their traces together; the exit status."""
+    import tempfile
+
+    from roofline.distributed import RankFailed, profiling
+    from roofline.profiler.report import analyze
+
+    with tempfile.TemporaryDirectory(prefix="roofline-ranks-") as folder:
+        os.environ[profiling.LAUNCHED] = "1"
+        try:
+            profiling.launch(nproc, [*recording, *program], Path(folder))
+            status = 0
+        except RankFailed as exc:
+            err.print(f"roofline: {exc}")
+            status = 1
+        finally:
+            os.environ.pop(profiling.LAUNCHED, None)
+        paths, missing = profiling.wait_for(Path(folder), nproc, timeout_s=0)
+        if missing:
+            err.print(f"roofline: ranks {missing} recorded nothing"
+                      + ("" if status else " (fewer steps ran than --skip left out?)"))
+            return status or 2
+        _show_ranks(analyze(paths[0]), paths, json_path, trace_path, top)
+    return status
+
+
+def _show_ranks(report, paths: list[Path], json_path: Optional[Path], trace_path: Optional[Path], top: int) -> None:
+    """Rank 0's own report, then every rank's read together (distributed.merge), with doctor's interconnect."""
+    from roofline.distributed import interconnect, profiling
+    from roofline.distributed import report as ranks_report
+    from roofline.distributed.merge import merge
+    from roofline.profiler.trace import load
+
+    console.print(f"[bold]rank 0[/bold] of {len(paths)}:")
+    report.print(console, top=top)
+    merged = merge([load(p) for p in paths])
+    console.print(f"[bold]every rank[/bold]:")
+    ceiling = interconnect.cached(merged.world) if report.attribution.device == "cuda" else None
+    ranks_report.render(merged, console, ceiling, top)
+    if json_path:
+        json_path.write_text(json.dumps({**report.to_dict(), "ranks": {
+            **merged.to_dict(), "findings": [f.to_dict() for f in ranks_report.findings(merged)]}}, default=str))
+        console.print(f"[dim]report written to {json_path}[/dim]")
+    if trace_path:
+        profiling.write_merged_trace(paths, merged.offsets_us, trace_path)
+        console.print(f"[dim]every rank's trace written to {trace_path} (open it in https://ui.perfetto.dev)[/dim]")
 
 
 @app.command()

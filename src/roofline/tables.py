@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 FOLD_MIN = 10   # the narrowest a folding column becomes (its text then takes more lines)
+WORD_MAX = 30   # a folding column keeps its longest word whole (a path:line) up to this width
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,12 @@ BOXED: dict = {}                                                        # rich's
 COMPACT = {"box": box.SIMPLE_HEAD, "show_edge": False, "padding": 0}    # one space between columns
 
 
+def _longest_word(cells) -> int:
+    """The widest word of the cells, as the terminal shows it (markup removed)."""
+    words = (word for cell in cells for word in Text.from_markup(cell).plain.split())
+    return max((Text(word).cell_len for word in words), default=0)
+
+
 @functools.cache
 def _overhead(columns: int, compact: bool) -> int:
     """The width a table's borders and padding take beside its columns' text, as rich draws them."""
@@ -75,7 +82,8 @@ def _plan(columns: list[Column], rows: list[Row], width: int) -> tuple[list[str]
             if sum(natural) <= room:
                 return headers, [None] * len(columns), compact
             fixed = sum(w for i, w in enumerate(natural) if i not in folding)
-            least = {i: min(natural[i], max([FOLD_MIN, *(_width(word) for word in headers[i].split())]))
+            least = {i: min(natural[i], max([FOLD_MIN, *(_width(word) for word in headers[i].split()),
+                                             min(_longest_word(r.cells[i] for r in rows), WORD_MAX)]))
                      for i in folding}
             if folding and fixed + sum(least.values()) <= room:
                 return headers, _share(natural, least, room - fixed), compact

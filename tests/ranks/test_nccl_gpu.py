@@ -40,3 +40,27 @@ def test_the_interconnect_and_the_peer_copy(monkeypatch, tmp_path):
     found = interconnect.measure(2, kinds=("all_reduce",), sizes=(1024, 64 << 20), rep_ms=20)
     assert found.backend == "nccl" and found.devices.startswith("2 x ") and found.p2p_gbps > 20
     assert found.latency_us("all_reduce") < 1000 and interconnect.cached(2) == found
+
+
+def test_profile_two_gpus_of_ddp_training(tmp_path):
+    """DDP's gradient all_reduces are NCCL kernels: found, sized, timed on the GPU, overlapped with the backward's
+    kernels in part; a planted straggler named at its line."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "roofline", "profile", "--nproc-per-node", "2", "--skip", "4",
+                           "--json", str(out), "examples/ddp_train.py", "--steps", "9", "--slow-rank", "1",
+                           "--slow-ms", "30"], cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "120"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = json.loads(out.read_text())["ranks"]
+    grads = [row for row in ranks["collectives"] if row["kind"] == "all_reduce"]
+    assert grads and all(row["on_gpu"] and row["bytes"] and row["busbw_gbps"] for row in grads)
+    assert sum(row["bytes"] * row["calls"] for row in grads) > 100e6   # GPT-2 small's gradients, bf16 or fp32
+    assert all(r["comm_ms"] > 0 and r["overlap"] is not None for r in ranks["ranks"])
+    assert ranks["straggler"]["rank"] == 1 and "ddp_train.py" in ranks["straggler"]["where"]

@@ -61,7 +61,7 @@ def _in_group(fn, backend_name: str, timeout_s: float, reports: str, args: tuple
 
 
 @contextlib.contextmanager
-def _quiet_launcher():
+def quiet_launcher():
     """The launcher logs each failure as it handles it, in its own format; RankFailed says it once, plainly."""
     loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
     levels = [logger.level for logger in loggers]
@@ -101,7 +101,7 @@ def spawn(fn, nproc: int, *args, backend_name: str | None = None, timeout_s: flo
         raise ValueError(f"nproc: {nproc} ranks need {nproc} GPUs, and this machine has {torch.cuda.device_count()}")
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.05)
-    with tempfile.TemporaryDirectory(prefix="roofline-ranks-") as reports, _quiet_launcher():
+    with tempfile.TemporaryDirectory(prefix="roofline-ranks-") as reports, quiet_launcher():
         try:
             results = elastic_launch(config, _in_group)(fn, backend_name, timeout_s, reports, args)
         except ChildFailedError as exc:

@@ -1,0 +1,3 @@
+from roofline.cli import app
+
+app(prog_name="roofline")

@@ -1,0 +1,180 @@
+"""The collectives in one rank's trace: what was called, where, how big, and when its data moved.
+
+torch.distributed records each collective the program calls as a c10d op on the calling thread (`c10d::allreduce_`,
+`c10d::_allgather_base_`, ...), with its tensors' shapes, and at the line the program called it from (DDP's and
+FSDP's own calls come from their hooks, inside backward or forward). The data moves elsewhere:
+- with NCCL, in a kernel on a stream of NCCL's own (`ncclDevKernel_AllReduce_Sum_bf16_RING_LL`), launched inside
+  the c10d op; the kernel runs from the moment every rank has launched it, so its time holds the wait for the
+  last rank to arrive;
+- with gloo, on a thread of gloo's, recorded as `gloo:all_reduce` and the like, in the order of the calls.
+Either way, the transfer's span is the collective's time on this rank, and the c10d op's start is when this rank
+arrived at it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from roofline.bench.collective import bus_factor
+from roofline.profiler.attribution import Location, Resolver
+from roofline.profiler.trace import Trace
+
+# c10d's op names (without the namespace and trailing underscores) -> the collective, as bench.collective names it
+_KINDS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allgather": "all_gather",
+          "_allgather_base": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+          "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+          "reduce_scatter_tensor_coalesced": "reduce_scatter", "alltoall": "all_to_all", "alltoall_base": "all_to_all",
+          "broadcast": "broadcast", "reduce": "reduce", "send": "send_recv", "recv_": "send_recv",
+          "recv_any_source_": "send_recv", "barrier": "barrier", "gather": "gather", "scatter": "scatter"}
+_GLOO = re.compile(r"^gloo:(\w+)$")
+_NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_(\w+?)_", re.IGNORECASE)
+_ITEMSIZE = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8, "int": 4,
+             "unsigned char": 1, "signed char": 1, "bool": 1}
+_KERNEL_DTYPE = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i64": 8, "i32": 4, "u8": 1, "i8": 1, "f8e4m3": 1,
+                 "f8e5m2": 1}
+
+
+@dataclass
+class Call:
+    """One collective call on one rank."""
+    kind: str                       # all_reduce, all_gather, ... (bench.collective.KINDS), barrier, gather, scatter
+    nbytes: int | None              # the message as nccl-tests sizes it (None where the trace does not say)
+    arrived: float                  # the c10d op's start (us, this rank's clock)
+    start: float                    # the transfer's span: the NCCL kernel, or gloo's record of it
+    end: float
+    location: Location | None       # the user's line that called it (DDP's and FSDP's: the line their hook ran in)
+    module: str | None
+    op: int                         # the c10d op's index in the rank's trace
+    on_gpu: bool                    # a kernel moved the data (else a host thread)
+    asynchronous: bool              # called with async_op=True (as DDP's and FSDP's hooks call them)
+
+    @property
+    def us(self) -> float:
+        return self.end - self.start
+
+    def busbw_gbps(self, ranks: int) -> float | None:
+        if not self.nbytes or self.us <= 0 or self.kind not in _BUS_KINDS:
+            return None
+        return self.nbytes / (self.us * 1e-6) / 1e9 * bus_factor(self.kind, ranks)
+
+
+_BUS_KINDS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv"}
+
+
+def is_comm_kernel(name: str) -> bool:
+    """Whether a GPU kernel is NCCL's (it moves a collective's data)."""
+    return bool(_NCCL_KERNEL.match(name))
+
+
+def kind_of(op_name: str) -> str | None:
+    """The collective a c10d op is, or None for another op."""
+    if not op_name.startswith("c10d::"):
+        return None
+    name = op_name[len("c10d::"):]
+    return _KINDS.get(name) or _KINDS.get(name.rstrip("_"))
+
+
+def _count(dims) -> int | None:
+    """Elements of a c10d op's first argument (a tensor list: [[d0, d1, ...], ...]; or one tensor's dims)."""
+    if not dims:
+        return None
+    first = dims[0]
+    tensors = first if first and isinstance(first[0], list) else [first]
+    total = 0
+    for shape in tensors:
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            return None
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+def _message_bytes(kind: str, elements: int | None, itemsize: int | None, ranks: int) -> int | None:
+    """nccl-tests' message size from the c10d op's first argument, its output: an all_gather's and all_to_all's is
+    the whole message, a reduce_scatter's one rank's share of it; the other collectives' is their buffer."""
+    if elements is None or itemsize is None:
+        return None
+    return elements * itemsize * (ranks if kind == "reduce_scatter" else 1)
+
+
+def calls(trace: Trace, resolver: Resolver | None = None) -> list[Call]:
+    """Every collective call in the rank's trace, in the order the program made them."""
+    resolver = resolver or Resolver(trace)
+    ranks = int((trace.meta.get("distributedInfo") or {}).get("world_size") or 1)
+    issued = [i for i, op in enumerate(trace.ops) if not op.annotation and kind_of(op.name)]
+    issued.sort(key=lambda i: trace.ops[i].ts)
+    kernels = _nccl_kernels_by_op(trace)
+    gloo = _gloo_records(trace)
+    found = []
+    for i in issued:
+        op = trace.ops[i]
+        kind = kind_of(op.name)
+        kernel = kernels.get(i)
+        if kernel is not None:
+            start, end, itemsize, on_gpu = kernel.ts, kernel.end, _kernel_itemsize(kernel.name), True
+        else:
+            record = _take_gloo(gloo, kind, op, ranks)
+            if record is None:
+                start, end, itemsize = op.ts, op.end, None
+            else:
+                start, end = record.ts, record.end
+                itemsize = _ITEMSIZE.get((record.dtypes or [None])[0])
+            on_gpu = False
+        stack, _, module, _ = resolver.resolve(i)
+        found.append(Call(kind, _message_bytes(kind, _count(op.shapes), itemsize, ranks), op.ts, start, end,
+                          stack[-1] if stack else None, module, i, on_gpu, _asynchronous(op)))
+    return found
+
+
+def _asynchronous(op) -> bool:
+    """c10d's ops take async_op as their one bool argument (allreduce_(tensors, group, op, indices, asyncOp, ...))."""
+    return "True" in (op.scalars or [])
+
+
+def _nccl_kernels_by_op(trace: Trace) -> dict[int, object]:
+    """For each c10d op, the NCCL kernel launched inside it (its launch's enclosing ops, walked up to the c10d op)."""
+    out = {}
+    for g in trace.gpu:
+        if g.kind != "kernel" or not is_comm_kernel(g.name) or g.launch < 0:
+            continue
+        i = trace.runtime[g.launch].op
+        while i >= 0 and not kind_of(trace.ops[i].name):
+            i = trace.ops[i].parent
+        if i >= 0:
+            out.setdefault(i, g)
+    return out
+
+
+def _kernel_itemsize(name: str) -> int | None:
+    for part in name.split("_"):
+        if part in _KERNEL_DTYPE:
+            return _KERNEL_DTYPE[part]
+    return None
+
+
+def _gloo_records(trace: Trace) -> dict[str, list]:
+    """gloo's records of its transfers, by collective, in the order they started."""
+    out: dict[str, list] = {}
+    for op in trace.ops:
+        found = _GLOO.match(op.name) if op.annotation else None
+        if found:
+            kind = _KINDS.get(found[1].replace("_", ""), found[1])
+            out.setdefault(kind, []).append(op)
+    for records in out.values():
+        records.sort(key=lambda o: o.ts)
+    return out
+
+
+def _take_gloo(records: dict[str, list], kind: str, call, ranks: int) -> object | None:
+    """The first record of `kind` not yet taken that started after the call and moves as many elements (gloo
+    records one rank's share where the call's first argument is the whole message, or the other way round)."""
+    pending = records.get(kind) or []
+    elements = _count(call.shapes)
+    sizes = (None,) if elements is None else (None, elements, elements * ranks, elements // ranks)
+    for k, record in enumerate(pending):
+        if record.ts >= call.ts - 1 and _count(record.shapes) in sizes:
+            return pending.pop(k)
+    return None

@@ -1,0 +1,228 @@
+"""The ranks of one program, profiled each on its own and read together: how much of each step is communication,
+how much of it the rank waits for (exposed: no compute of its own overlaps it), how close each collective comes to
+the interconnect's measured ceiling, and which rank holds the others back, and at which line.
+
+Each rank's trace is analyzed alone (profiler.report); then the ranks' collective calls are matched by their order
+(every rank makes the same collectives in the same order, or the program would hang). A collective ends for all
+ranks at once, when the last has arrived, so the ranks' clocks are aligned on the ends of their matched transfers
+(the median offset: one host's clocks agree already, several hosts' need not), and each call's last rank to
+arrive is the one the others waited for. Where that rank was in between, against the others, says where it lost
+the time: its host's time at each of the program's lines (from the line marks), beside the other ranks' median.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from roofline.distributed import comms
+from roofline.profiler.attribution import Location, Resolver
+from roofline.profiler.trace import Trace
+
+
+# --------------------------------------------------------------------------- intervals
+
+def _union(spans) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for start, end in sorted(spans):
+        if end <= start:
+            continue
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def _length(spans) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def _overlap(a, b) -> float:
+    """The time two unions of spans share."""
+    total, j = 0.0, 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            total += min(end, b[k][1]) - max(start, b[k][0])
+            k += 1
+    return total
+
+
+# --------------------------------------------------------------------------- one rank
+
+@dataclass
+class Rank:
+    rank: int
+    trace: Trace = field(repr=False)
+    calls: list[comms.Call]
+    steps: int
+    step_ms: float | None        # a recorded step's wall time
+    compute_ms: float            # a step's: the union of the GPU's other work (or the host's ops, on a CPU)
+    comm_ms: float               # a step's: the union of the transfers
+    exposed_ms: float            # the part of comm_ms no compute overlaps
+
+    @property
+    def overlap(self) -> float | None:
+        return 1 - self.exposed_ms / self.comm_ms if self.comm_ms > 0 else None
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "steps": self.steps, "step_ms": self.step_ms, "compute_ms": self.compute_ms,
+                "comm_ms": self.comm_ms, "exposed_ms": self.exposed_ms, "overlap": self.overlap,
+                "collectives": len(self.calls)}
+
+
+def _compute_spans(trace: Trace, calls: list[comms.Call]) -> list[tuple[float, float]]:
+    """What the rank computes while it communicates or not: on a GPU every kernel, copy and memset but NCCL's;
+    on a CPU the host's top-level ops that are no collective and run on no thread of gloo's."""
+    if trace.gpu:
+        return _union((g.ts, g.end) for g in trace.gpu if not comms.is_comm_kernel(g.name))
+    called = {c.op for c in calls}
+    comm_threads = {trace.ops[i].tid for i, op in enumerate(trace.ops) if op.annotation and op.name.startswith("gloo:")}
+    return _union((op.ts, op.end) for i, op in enumerate(trace.ops)
+                  if op.parent < 0 and not op.annotation and i not in called and op.tid not in comm_threads)
+
+
+def rank_of(trace: Trace, rank: int) -> Rank:
+    calls = comms.calls(trace, Resolver(trace))
+    comm = _union((c.start, c.end) for c in calls)
+    compute = _compute_spans(trace, calls)
+    steps = len(trace.steps) or 1
+    step_ms = statistics.median(e - s for s, e in trace.steps) / 1e3 if trace.steps else None
+    exposed = _length(comm) - _overlap(comm, compute)
+    return Rank(rank, trace, calls, len(trace.steps), step_ms, _length(compute) / steps / 1e3,
+                _length(comm) / steps / 1e3, exposed / steps / 1e3)
+
+
+# --------------------------------------------------------------------------- the ranks together
+
+@dataclass
+class Straggler:
+    rank: int
+    last_at: int                 # the matched calls it arrived at last
+    calls: int                   # the matched calls
+    waited_ms: float             # a step: the others' wait for it, summed over them
+    where: Location | None       # the line it spent the most time at beyond the other ranks'
+    where_ms: float              # that excess, a step
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "last_at": self.last_at, "calls": self.calls, "waited_ms": self.waited_ms,
+                "where": str(self.where) if self.where else None, "where_ms": self.where_ms}
+
+
+@dataclass
+class Merged:
+    ranks: list[Rank]
+    offsets_us: list[float]      # each rank's clock against rank 0's (aligned on the ends of matched transfers)
+    matched: int                 # collective calls matched across every rank
+    mismatch: str | None         # why the ranks' calls could not all be matched, where they could not
+    straggler: Straggler | None
+    waits_ms: list[float]        # a step, each rank's wait for later ranks at matched calls
+
+    @property
+    def world(self) -> int:
+        return len(self.ranks)
+
+    def to_dict(self) -> dict:
+        return {"schema": "roofline.ranks/1", "world_size": self.world, "offsets_us": self.offsets_us,
+                "matched": self.matched, "mismatch": self.mismatch, "waits_ms": self.waits_ms,
+                "ranks": [r.to_dict() for r in self.ranks],
+                "straggler": self.straggler.to_dict() if self.straggler else None,
+                "collectives": collective_rows(self)}
+
+
+def _offsets(ranks: list[Rank], matched: int) -> list[float]:
+    """Each rank's clock minus rank 0's: the median over matched calls of the difference of their transfers' ends."""
+    if not matched:
+        return [0.0] * len(ranks)
+    return [statistics.median(r.calls[i].end - ranks[0].calls[i].end for i in range(matched)) for r in ranks]
+
+
+def _line_times(trace: Trace, spans: list[tuple[float, float]]) -> dict[Location, float]:
+    """Host time at each of the program's lines (its innermost user frame) within the spans, from the line marks
+    of the program's main thread: a line's time runs from its mark to the next."""
+    resolver = Resolver(trace)
+    tid = resolver.marked_tid
+    if tid is None:
+        return {}
+    times, ids = trace.marks[tid]
+    stacks = (trace.meta.get("roofline") or {}).get("stacks") or []
+    out: dict[Location, float] = {}
+    for k in range(len(times) - 1):
+        stack = stacks[ids[k]] if 0 <= ids[k] < len(stacks) else None
+        if not stack:
+            continue
+        a, b = times[k], times[k + 1]
+        inside = sum(max(0.0, min(b, e) - max(a, s)) for s, e in spans)
+        if inside > 0:
+            loc = Location(*stack[-1])
+            out[loc] = out.get(loc, 0.0) + inside
+    return out
+
+
+def _straggler(ranks: list[Rank], matched: int, offsets: list[float]) -> tuple[Straggler | None, list[float]]:
+    """The rank the others waited for most at the matched calls, and each rank's wait a step (ms)."""
+    n, steps = len(ranks), max(ranks[0].steps, 1)
+    waits, caused, lasts = [0.0] * n, [0.0] * n, []
+    for i in range(matched):
+        arrived = [r.calls[i].arrived - offsets[k] for k, r in enumerate(ranks)]
+        last = max(range(n), key=lambda k: arrived[k])
+        lasts.append(last)
+        for k in range(n):
+            waits[k] += arrived[last] - arrived[k]
+            caused[last] += arrived[last] - arrived[k]
+    waits = [w / steps / 1e3 for w in waits]
+    culprit = max(range(n), key=lambda k: caused[k]) if matched and n > 1 else None
+    if culprit is None or caused[culprit] <= 0:
+        return None, waits
+    # Where it lost the time: each rank's span before each call the culprit held up, from its previous call's end
+    spans = [[(r.calls[i - 1].end if i else r.trace.start, r.calls[i].arrived) for i in range(matched)
+              if lasts[i] == culprit] for r in ranks]
+    lines = [_line_times(r.trace, spans[k]) for k, r in enumerate(ranks)]
+    excess = {loc: t - statistics.median([lines[k].get(loc, 0.0) for k in range(n) if k != culprit])
+              for loc, t in lines[culprit].items()}
+    where = max(excess, key=excess.get) if excess else None
+    return Straggler(culprit, lasts.count(culprit), matched, caused[culprit] / steps / 1e3, where,
+                     (excess[where] if where else 0.0) / steps / 1e3), waits
+
+
+def merge(traces: list[Trace]) -> Merged:
+    """The ranks' traces (in rank order) read together."""
+    ranks = [rank_of(t, k) for k, t in enumerate(traces)]
+    counts = [len(r.calls) for r in ranks]
+    matched = min(counts) if ranks else 0
+    mismatch = None
+    if len(set(counts)) > 1:
+        mismatch = f"the ranks recorded {', '.join(map(str, counts))} collective calls; the first {matched} compared"
+    for i in range(matched):
+        kinds = {r.calls[i].kind for r in ranks}
+        if len(kinds) > 1:
+            mismatch = f"call {i + 1} is {' on one rank and '.join(sorted(kinds))} on another: the first {i} compared"
+            matched = i
+            break
+    offsets = _offsets(ranks, matched)
+    straggler, waits = _straggler(ranks, matched, offsets)
+    return Merged(ranks, offsets, matched, mismatch, straggler, waits)
+
+
+def collective_rows(merged: Merged) -> list[dict]:
+    """The collectives grouped by kind, size and line: calls a rank and a step, their time (the median rank's total
+    a step), and the bus bandwidth of their median call."""
+    groups: dict[tuple, list[list[comms.Call]]] = {}
+    for k, r in enumerate(merged.ranks):
+        for c in r.calls:
+            key = (c.kind, c.nbytes, str(c.location) if c.location else None)
+            groups.setdefault(key, [[] for _ in merged.ranks])[k].append(c)
+    steps = max(merged.ranks[0].steps, 1) if merged.ranks else 1
+    rows = []
+    for (kind, nbytes, where), per_rank in groups.items():
+        totals = [sum(c.us for c in calls) for calls in per_rank]
+        every = [c for calls in per_rank for c in calls]
+        median_call = sorted(every, key=lambda c: c.us)[len(every) // 2]
+        rows.append({"kind": kind, "bytes": nbytes, "where": where, "calls": len(per_rank[0]) / steps,
+                     "ms": statistics.median(totals) / steps / 1e3, "call_us": median_call.us,
+                     "busbw_gbps": median_call.busbw_gbps(merged.world), "on_gpu": median_call.on_gpu,
+                     "asynchronous": median_call.asynchronous})
+    return sorted(rows, key=lambda row: -row["ms"])

@@ -1,0 +1,107 @@
+"""`roofline profile` on a program of several ranks.
+
+Two ways in, one recording:
+    roofline profile --nproc-per-node N train.py ARGS          roofline starts the ranks, as torchrun does
+    torchrun --nproc-per-node N -m roofline profile train.py    the user starts them (rendezvous options and all)
+
+Each rank runs the program under its own profiler, on the same steps (`--skip`, `--steps`: a step is an
+optimizer.step(), the same count on every rank), and writes its trace as rank<R>.json.gz into one folder: the one
+the launcher made, or under torchrun a folder named by the run's id (TORCHELASTIC_RUN_ID) in the temporary
+directory, which the ranks of one host share (`--rank-dir` names one for several hosts: a shared file system).
+Then the traces are read together (distributed.merge): by the launcher once every rank has ended, or under torchrun
+by rank 0, which waits for the others' traces.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+RANK_WAIT_S = 300.0   # how long rank 0 waits, under torchrun, for the other ranks' traces after its own
+LAUNCHED = "ROOFLINE_RANKS_LAUNCHED"   # set for the ranks `--nproc-per-node` starts: the launcher reports them
+
+
+def under_torchrun() -> tuple[int, int] | None:
+    """(rank, world size) where this process is one rank of several started by torchrun, else None."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return (int(os.environ.get("RANK", "0")), world) if world > 1 and "RANK" in os.environ else None
+
+
+def default_dir() -> Path:
+    """The folder the ranks of one torchrun job share on a host: named by the job's run id."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT", "local")
+    return Path(tempfile.gettempdir()) / f"roofline-ranks-{run}"
+
+
+def trace_path(folder: Path, rank: int) -> Path:
+    return Path(folder) / f"rank{rank}.json.gz"
+
+
+def partial_path(folder: Path, rank: int) -> Path:
+    """Where a rank writes its trace before moving it to trace_path (so a reader never sees half a file)."""
+    return Path(folder) / f".rank{rank}.partial.json.gz"
+
+
+def publish(folder: Path, rank: int) -> None:
+    os.replace(partial_path(folder, rank), trace_path(folder, rank))
+
+
+def wait_for(folder: Path, world: int, timeout_s: float = RANK_WAIT_S) -> tuple[list[Path], list[int]]:
+    """The ranks' traces once every one is there, or at the timeout: (traces found, in rank order; ranks missing)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [r for r in range(world) if not trace_path(folder, r).exists()]
+        if not missing or time.monotonic() > deadline:
+            return [trace_path(folder, r) for r in range(world) if r not in missing], missing
+        time.sleep(0.2)
+
+
+def launch(nproc: int, rank_argv: list[str], folder: Path) -> None:
+    """Start `nproc` ranks on this host, as torchrun starts them, each running `python -m roofline profile
+    --rank-dir FOLDER ...` (rank_argv: the options and the program); raises RankFailed naming the ranks that failed,
+    with the others stopped."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from roofline.distributed.launch import RankFailed, quiet_launcher
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
+    with quiet_launcher():
+        try:
+            elastic_launch(config, sys.executable)("-m", "roofline", "profile", "--rank-dir", str(folder), *rank_argv)
+        except ChildFailedError as exc:
+            raise RankFailed({rank: _status(failure.exitcode) for rank, failure in exc.failures.items()}) from None
+
+
+def _status(code: int) -> str:
+    return f"exit status {code}" if code >= 0 else f"killed by signal {-code}"
+
+
+def write_merged_trace(paths: list[Path], offsets_us: list[float], out: Path) -> None:
+    """One Chrome/Perfetto trace of every rank: each rank's processes renamed "rank R: ..." and numbered apart,
+    its times moved onto rank 0's clock."""
+    events = []
+    for rank, (path, offset) in enumerate(zip(paths, offsets_us)):
+        with gzip.open(path, "rt") as f:
+            data = json.load(f)
+        pids: dict = {}
+        for e in data.get("traceEvents", []):
+            pid = pids.setdefault(e.get("pid"), rank * 1000 + len(pids))
+            e = {**e, "pid": pid}
+            if "ts" in e and isinstance(e["ts"], (int, float)):
+                e["ts"] = e["ts"] - offset
+            if e.get("ph") == "M" and e.get("name") == "process_name":
+                e["args"] = {"name": f"rank {rank}: {(e.get('args') or {}).get('name', '')}"}
+            events.append(e)
+        for original, pid in pids.items():
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
+    opener = gzip.open if out.suffix == ".gz" else open
+    with opener(out, "wt") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)

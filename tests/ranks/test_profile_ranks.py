@@ -1,0 +1,143 @@
+"""`roofline profile` on programs of several ranks: real gloo groups of 2 and 4 processes, started by roofline
+(--nproc-per-node) and by torchrun; the ranks merged, the collectives classified, a planted straggler and a planted
+exposed all_reduce found at their lines, and the failures said plainly."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from roofline.distributed.merge import merge
+from roofline.profiler.trace import load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROGRAM = textwrap.dedent('''\
+    import sys, time
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    w = torch.nn.Parameter(torch.randn(64, 64))
+    opt = torch.optim.SGD([w], lr=0.01)
+    x = torch.randn(32, 64)
+    for step in range(int(sys.argv[1])):
+        (x @ w).square().mean().backward()
+        dist.all_reduce(w.grad)                      # planted: an all_reduce the program waits for
+        opt.step(); opt.zero_grad()
+        if rank == 1:
+            time.sleep(0.03)                         # planted: rank 1 is late to every next collective
+        if len(sys.argv) > 2 and rank == 1 and step == 2:
+            raise ValueError("rank 1 ran out of data")
+    dist.destroy_process_group()
+''')
+
+
+def _line(text: str) -> int:
+    return next(i for i, line in enumerate(PROGRAM.splitlines(), 1) if text in line)
+
+
+def _roofline(*argv, cwd):
+    return subprocess.run([sys.executable, "-m", "roofline", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "COLUMNS": "100"})
+
+
+@pytest.fixture
+def program(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(PROGRAM)
+    return path
+
+
+def test_two_ranks_a_straggler_and_an_exposed_all_reduce_at_their_lines(program, tmp_path):
+    out, trace = tmp_path / "report.json", tmp_path / "merged.json.gz"
+    done = _roofline("profile", "--nproc-per-node", "2", "--skip", "2", "--json", str(out), "--trace", str(trace),
+                     str(program), "7", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "every rank" in done.stdout and "rank 1 holds the other ranks back" in done.stdout
+    ranks = json.loads(out.read_text())["ranks"]
+    assert ranks["world_size"] == 2 and ranks["matched"] == 5 and ranks["mismatch"] is None
+    assert [r["steps"] for r in ranks["ranks"]] == [5, 5]
+    (row,) = ranks["collectives"]
+    assert (row["kind"], row["bytes"], row["calls"]) == ("all_reduce", 64 * 64 * 4, 1.0)
+    assert row["where"].startswith(f"train.py:{_line('planted: an all_reduce')}")
+    straggler = ranks["straggler"]
+    assert straggler["rank"] == 1 and straggler["last_at"] >= 4
+    assert straggler["where"].startswith(f"train.py:{_line('time.sleep')}") and straggler["waited_ms"] > 20
+    assert ranks["waits_ms"][0] > 20 > ranks["waits_ms"][1]
+    found = {f["id"]: f for f in ranks["findings"]}
+    assert found["straggler"]["where"].startswith(f"train.py:{_line('time.sleep')}")
+    assert found["exposed-communication"]["where"].startswith(f"train.py:{_line('planted: an all_reduce')}")
+    assert "async_op=True" in found["exposed-communication"]["message"]
+    merged = json.loads(gzip.decompress(trace.read_bytes()))
+    names = {e["args"]["name"].split(":")[0] for e in merged["traceEvents"] if e.get("name") == "process_name"}
+    assert names == {"rank 0", "rank 1"}
+
+
+def test_four_ranks_classify_their_collectives(tmp_path):
+    path = tmp_path / "collectives.py"
+    path.write_text(textwrap.dedent('''\
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        n, w = dist.get_world_size(), torch.nn.Parameter(torch.randn(8))
+        opt = torch.optim.SGD([w], lr=0.1)
+        for _ in range(3):
+            w.sum().backward()
+            out = torch.empty(4 * n)
+            dist.all_gather_into_tensor(out, torch.ones(4))
+            dist.broadcast(torch.ones(100), src=0)
+            opt.step()
+        dist.destroy_process_group()
+    '''))
+    out = tmp_path / "report.json"
+    done = _roofline("profile", "--nproc-per-node", "4", "--skip", "1", "--json", str(out), str(path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = json.loads(out.read_text())["ranks"]
+    assert ranks["world_size"] == 4 and ranks["matched"] == 4
+    kinds = {(row["kind"], row["bytes"]) for row in ranks["collectives"]}
+    assert kinds == {("all_gather", 4 * 4 * 4), ("broadcast", 100 * 4)}   # all_gather: the gathered message
+
+
+def test_a_program_that_never_communicates_is_told_so(tmp_path):
+    path = tmp_path / "alone.py"
+    path.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                    "w = torch.nn.Parameter(torch.ones(4)); opt = torch.optim.SGD([w], lr=0.1)\n"
+                    "for _ in range(3):\n    w.sum().backward(); opt.step()\ndist.destroy_process_group()\n")
+    done = _roofline("profile", "--nproc-per-node", "2", str(path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "No rank called a collective" in " ".join(done.stdout.split())
+
+
+def test_a_rank_that_fails_is_named_and_the_others_stop(program, tmp_path):
+    done = _roofline("profile", "--nproc-per-node", "2", "--skip", "1", str(program), "7", "fail", cwd=tmp_path)
+    assert done.returncode == 1
+    said = " ".join((done.stdout + done.stderr).split())
+    assert "rank 1: exit status 1" in said and "ValueError: rank 1 ran out of data" in said
+
+
+def test_under_torchrun_rank_0_reports_every_rank_and_the_clocks_are_aligned(program, tmp_path):
+    """The user starts the ranks (torchrun -m roofline profile ...): rank 0 waits for the others' traces and reports
+    them all. Read again with rank 1's clock 5 s ahead, the same straggler and waits come out."""
+    folder = tmp_path / "ranks"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "roofline",
+                           "profile", "--skip", "2", "--rank-dir", str(folder), str(program), "6"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "100"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("every rank:") == 1 and "rank 1 holds the other ranks back" in done.stdout
+    traces = [load(folder / f"rank{r}.json.gz") for r in (0, 1)]
+    before = merge(traces)
+    for event in (*traces[1].ops, *traces[1].gpu, *traces[1].runtime):
+        event.ts += 5e6
+        event.end += 5e6
+    traces[1].steps = [(a + 5e6, b + 5e6) for a, b in traces[1].steps]
+    traces[1].start += 5e6
+    for times, _ in traces[1].marks.values():
+        times[:] = [t + 5e6 for t in times]
+    after = merge(traces)
+    assert after.offsets_us[1] == pytest.approx(before.offsets_us[1] + 5e6, abs=1)
+    assert after.straggler.rank == before.straggler.rank == 1
+    assert after.waits_ms == pytest.approx(before.waits_ms, abs=1e-6)
