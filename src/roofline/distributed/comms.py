@@ -40,8 +40,9 @@ class Call:
     """One collective call on one rank."""
     kind: str                       # all_reduce, all_gather, ... (bench.collective.KINDS), barrier, gather, scatter
     nbytes: int | None              # the message as nccl-tests sizes it (None where the trace does not say)
-    arrived: float                  # the c10d op's start (us, this rank's clock)
-    start: float                    # the transfer's span: the NCCL kernel, or gloo's record of it
+    arrived: float                  # the c10d op's start: when the host called it (us, this rank's clock)
+    start: float                    # the transfer's span (the NCCL kernel, or gloo's record of it): its start is
+                                    # when this rank arrived at the collective, and it ends when every rank has
     end: float
     location: Location | None       # the user's line that called it (DDP's and FSDP's: the line their hook ran in)
     module: str | None

@@ -6,7 +6,8 @@ Each rank's trace is analyzed alone (profiler.report); then the ranks' collectiv
 (every rank makes the same collectives in the same order, or the program would hang). A collective ends for all
 ranks at once, when the last has arrived, so the ranks' clocks are aligned on the ends of their matched transfers
 (the median offset: one host's clocks agree already, several hosts' need not), and each call's last rank to
-arrive is the one the others waited for. Where that rank was in between, against the others, says where it lost
+arrive (to start its transfer: on a GPU, when its stream reached the NCCL kernel, which the host may have launched
+long before) is the one the others waited for. Where that rank was in between, against the others, says where it lost
 the time: its host's time at each of the program's lines (from the line marks), beside the other ranks' median.
 """
 
@@ -167,7 +168,7 @@ def _straggler(ranks: list[Rank], matched: int, offsets: list[float]) -> tuple[S
     n, steps = len(ranks), max(ranks[0].steps, 1)
     waits, caused, lasts = [0.0] * n, [0.0] * n, []
     for i in range(matched):
-        arrived = [r.calls[i].arrived - offsets[k] for k, r in enumerate(ranks)]
+        arrived = [r.calls[i].start - offsets[k] for k, r in enumerate(ranks)]
         last = max(range(n), key=lambda k: arrived[k])
         lasts.append(last)
         for k in range(n):
@@ -178,7 +179,7 @@ def _straggler(ranks: list[Rank], matched: int, offsets: list[float]) -> tuple[S
     if culprit is None or caused[culprit] <= 0:
         return None, waits
     # Where it lost the time: each rank's span before each call the culprit held up, from its previous call's end
-    spans = [[(r.calls[i - 1].end if i else r.trace.start, r.calls[i].arrived) for i in range(matched)
+    spans = [[(r.calls[i - 1].end if i else r.trace.start, r.calls[i].start) for i in range(matched)
               if lasts[i] == culprit] for r in ranks]
     lines = [_line_times(r.trace, spans[k]) for k, r in enumerate(ranks)]
     excess = {loc: t - statistics.median([lines[k].get(loc, 0.0) for k in range(n) if k != culprit])
