@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from roofline import bench, device
+from roofline.bench import ceilings
 from roofline.profiler.ncu import binary as ncu_binary
 
 # Elements of a float32 GeLU (one read, one write) that give kernels of about 5 us, 100 us and 1 ms.
@@ -50,7 +51,7 @@ def plain_event_median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
 def check_doctor() -> list[dict]:
     c = device.ceilings()
     if c.source != "measured":
-        c = device.measure_ceilings()
+        c = ceilings.measure_ceilings()
     rows = []
     nbytes = c.details["copy_bytes"]
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
@@ -66,7 +67,7 @@ def check_doctor() -> list[dict]:
     calls = round(125 / c.details["matmul_bf16_ms"])
     doctor_now, plain_now = [], []
     for _ in range(3):
-        doctor_now.append(device.measure_matmul_tflops("bf16", n=n)[0])
+        doctor_now.append(ceilings.measure_matmul_tflops("bf16", n=n)[0])
         plain_now.append(2 * n**3 / (plain_event_median_ms(lambda: a @ b, reps=calls) * 1e-3) / 1e12)
     rows.append(dict(what=f"bf16 matmul {n}^3, TFLOP/s (doctor's method and a plain loop of {calls} calls, "
                           "alternately, 3 times each; medians)",

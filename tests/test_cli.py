@@ -78,10 +78,10 @@ def test_bench_bad_option_is_a_usage_error(sweep_file):
 
 
 def test_doctor_describes_the_machine_and_measures_then_caches(tmp_path, monkeypatch):
-    from roofline import device
+    from roofline.bench import ceilings
 
     monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(device, "_copy_bytes", lambda dev: 16 << 20)
+    monkeypatch.setattr(ceilings, "_copy_bytes", lambda dev: 16 << 20)
     res = runner.invoke(app, ["doctor", "--device", "cpu", "--json", str(tmp_path / "d.json")])
     assert res.exit_code == 0, res.output
     assert "CPU" in res.output and "DRAM bandwidth" in res.output and "GFLOP/s" in res.output

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from roofline import device
+from roofline.bench import ceilings
 
 
 @pytest.mark.parametrize("name, model", [
@@ -58,9 +59,9 @@ def test_unmeasured_cpu_has_no_ceilings_and_says_so(tmp_path, monkeypatch):
 
 def test_measured_ceilings_are_cached_and_returned(tmp_path, monkeypatch):
     monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(device, "_copy_bytes", lambda dev: 32 << 20)
+    monkeypatch.setattr(ceilings, "_copy_bytes", lambda dev: 32 << 20)
     progress = []
-    measured = device.measure_ceilings("cpu", progress=progress.append)
+    measured = ceilings.measure_ceilings("cpu", progress=progress.append)
     assert progress == ["DRAM bandwidth (device-to-device copy)", "fp32 matmul"]
     assert measured.source == "measured" and measured.dram_gbps > 0.1
     assert set(measured.matmul_tflops) == {"fp32"} and measured.matmul_tflops["fp32"] > 1e-3

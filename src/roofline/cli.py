@@ -62,6 +62,7 @@ def doctor(
     """Say what this machine is and measure the ceilings every '% of roofline' is relative to: memory, matmul, and
     with several GPUs the interconnect (every collective from 1 KiB to 1 GiB, as nccl-tests measures it)."""
     from roofline import device as dev_mod
+    from roofline.bench.ceilings import measure_ceilings
     from roofline.tables import Column, Row, show
 
     try:
@@ -75,7 +76,7 @@ def doctor(
     c = dev_mod.ceilings(dev)
     if remeasure or c.source != "measured":
         with console.status("measuring ceilings") as status:
-            c = dev_mod.measure_ceilings(dev, progress=lambda text: status.update(f"measuring {text}"))
+            c = measure_ceilings(dev, progress=lambda text: status.update(f"measuring {text}"))
         note = f"measured now, cached in {dev_mod.cache_dir()}"
     else:
         note = f"measured {c.measured_at}, cached (--remeasure to measure again)"
@@ -419,7 +420,7 @@ def _show_ranks(report, paths: list[Path], json_path: Optional[Path], trace_path
     console.print(f"[bold]rank 0[/bold] of {len(paths)}:")
     report.print(console, top=top)
     merged = merge([load(p) for p in paths])
-    console.print(f"[bold]every rank[/bold]:")
+    console.print("[bold]every rank[/bold]:")
     ceiling = interconnect.cached(merged.world) if report.attribution.device == "cuda" else None
     ranks_report.render(merged, console, ceiling, top)
     if json_path:

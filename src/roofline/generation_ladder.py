@@ -29,6 +29,7 @@ import torch
 
 from roofline.bench.stats import median_ci
 from roofline.decoding import SpeculativeStats, Steps, greedy, speculative
+from roofline.ladder_results import RungResult
 
 
 def check_counts(task, fields: tuple[str, ...], timed: str) -> None:
@@ -115,8 +116,6 @@ def climb_one(task: GenerateTask, rung, config: GenerateConfig, device: torch.de
               reference=None):
     """One rung's result; changes: the task's rungs' model changes by name; reference: the baseline's tokens after
     each prompt, which the rung's model is checked against (teacher-forced), or None for the baseline itself."""
-    from roofline.ladder import RungResult
-
     result = RungResult(rung.name, rung.change, asdict(config), "ok")
     gc.collect()
     cuda = device.type == "cuda"

@@ -19,10 +19,8 @@ a rung that breaks numerics is marked, not hidden.
 from __future__ import annotations
 
 import gc
-import json
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import torch
@@ -31,6 +29,7 @@ from roofline import generation_ladder
 from roofline.bench.stats import median_ci
 from roofline.bench.steps import CAPTURE_WARMUP, StepTimer, capture
 from roofline.generation_ladder import GenerateConfig, GenerateTask, check_counts
+from roofline.ladder_results import LadderResult, RungResult  # noqa: F401  (roofline.ladder.RungResult, as before)
 
 # the loss after check_steps steps may differ from fp32's by this much, relatively, at each precision
 LOSS_TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "bf16": 3e-2}
@@ -138,59 +137,6 @@ GENERATION_RUNGS = (   # cumulative too; int8 weight-only turns graphs off (int8
     Rung("speculative decoding", "tokens, stats = roofline.decoding.speculative(steps, draft_steps, prompt, n, k)",
          lambda c: replace(c, speculative=True), needs_task="draft"),
 )
-
-
-@dataclass
-class RungResult:
-    rung: str
-    change: str
-    config: dict
-    status: str                     # "ok", "numerics" (loss off the baseline's), "skipped", "failed"
-    reason: str | None = None
-    median_ms: float | None = None
-    low_ms: float | None = None
-    high_ms: float | None = None
-    samples_ms: list[float] = field(default_factory=list)
-    peak_gib: float | None = None   # the timed steps' peak memory
-    warmup_peak_gib: float | None = None   # the warm-up's: compiling, capturing, patch measuring its routes
-    warmup_s: float | None = None   # the warm-up steps' wall time: compilation, capture, routing
-    losses: list = field(default_factory=list)   # every step's loss (None: run inside a CUDA graph's capture)
-    loss: float | None = None       # the loss checked: after check_steps steps, or the first step after it seen
-    loss_step: int | None = None    # ... which step that was (1-based)
-    loss_error: float | None = None  # relative to the baseline's at that step
-    tolerance: float | None = None
-    vs_previous: float | None = None   # speedup over the last timed rung
-    vs_baseline: float | None = None
-    # generation (median_ms and the samples are then per token):
-    tokens_per_s: float | None = None
-    tokens: list = field(default_factory=list)   # the first timed generation's tokens (the first prompt's)
-    generations: list = field(default_factory=list)   # ... after each of the task's prompts
-    tokens_matched: int | None = None   # leading tokens the same as the baseline's
-    agreement: float | None = None      # teacher-forced: the share of the baseline's tokens this model picks
-    acceptance: float | None = None     # speculative decoding: the draft's guesses kept
-    draft_share: float | None = None    # ... the generated tokens that were the draft's guesses
-    draft_k: int | None = None          # ... the guesses a round, chosen by timing each of the task's
-    k_sweep_ms: dict | None = None      # ... ms per token at each k tried
-    k_sweep_acceptance: dict | None = None   # ... and the share of guesses kept at each
-
-
-@dataclass
-class LadderResult:
-    task: str
-    device: str
-    rungs: list[RungResult]
-    kind: str = "train"             # or "generate"
-
-    def to_dict(self) -> dict:
-        return {"task": self.task, "device": self.device, "kind": self.kind, "rungs": [asdict(r) for r in self.rungs]}
-
-    def write_json(self, path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
-
-    @classmethod
-    def read_json(cls, path) -> "LadderResult":
-        data = json.loads(Path(path).read_text())
-        return cls(data["task"], data["device"], [RungResult(**r) for r in data["rungs"]], data.get("kind", "train"))
 
 
 def _step_fn(task: TrainTask, config: Config, device: torch.device, changes: dict):

@@ -154,7 +154,7 @@ def test_measurement_serializes_with_and_without_samples():
 def test_compare_finds_a_real_speedup():
     c = bench.compare(sleeper(6), sleeper(2), device="cpu", flush=False, rep_ms=60, warn=False)
     assert c.baseline.n >= 20 and c.candidate.n >= 20
-    assert 2.0 < c.speedup.low <= c.speedup.ratio <= c.speedup.high < 3.5
+    assert 1.5 < c.speedup.low <= c.speedup.ratio <= c.speedup.high < 3.5   # 3x; a busy host oversleeps both
     assert c.speedup.significant and "faster" in c.speedup.verdict
     assert "speedup" in str(c)
 

@@ -109,8 +109,9 @@ def test_sweep_catches_an_unwritten_output_as_nan():
 
 def test_measured_ceilings_on_this_gpu_are_plausible():
     from roofline import device
+    from roofline.bench import ceilings
 
-    c = device.measure_ceilings(save=False)
+    c = ceilings.measure_ceilings(save=False)
     sheet = device.datasheet(torch.cuda.get_device_name())
     assert c.source == "measured" and set(c.matmul_tflops) == {"bf16", "fp16", "tf32", "fp32"}
     if sheet:  # measured below the datasheet, and not absurdly so

@@ -109,7 +109,7 @@ def test_one_row_and_int32_targets_and_strided_logits(block, launches):
 
 
 class _LaunchCounter:
-    """Stands in for a recorder (roofline.ops._launch.recording.recorder), which every launch tells."""
+    """Stands in for a recorder (roofline.ops._eager_node.recording.recorder), which every launch tells."""
 
     def __init__(self):
         self.kernels = []
@@ -132,12 +132,12 @@ class _LaunchCounter:
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_a_small_or_mid_sized_input_takes_one_launch_and_a_large_one_three(reduction, monkeypatch):
-    from roofline.ops import _launch
+    from roofline.ops import _eager_node, _launch
 
     logits, t = torch.randn(6, 64, device=DEVICE, requires_grad=True), targets(6, 64)
     size = logits.numel() * logits.element_size()
     counter = _LaunchCounter()
-    monkeypatch.setattr(_launch.recording, "recorder", counter)
+    monkeypatch.setattr(_eager_node.recording, "recorder", counter)
     for alone, spread, mode in ((size, size, "alone"), (size - 1, size, "spread"), (size - 1, size - 1, "three")):
         monkeypatch.setattr(ce_module, "ALONE_BYTES", alone)
         monkeypatch.setattr(ce_module, "SPREAD_BYTES", spread)

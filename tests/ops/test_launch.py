@@ -167,7 +167,7 @@ def test_a_recording_is_told_only_of_its_own_threads_launches():
     recorder = type("Recorder", (), dict(compiling=lambda self, launch: told.append("compiling"),
                                          launch=lambda self, launch, args: told.append("launch"),
                                          refuse=lambda self, reason: told.append(reason)))()
-    _launch.recording.recorder = recorder
+    _eager_node.recording.recorder = recorder
     try:
         other = threading.Thread(target=lambda: ops.gelu(_randn(5, 33), "tanh", backend="triton"))
         other.start()
@@ -176,7 +176,7 @@ def test_a_recording_is_told_only_of_its_own_threads_launches():
         ops.gelu(x, "tanh", backend="triton")   # this thread's own launch is told
         assert told
     finally:
-        _launch.recording.recorder = None
+        _eager_node.recording.recorder = None
 
 
 def test_every_kernel_takes_its_constexprs_last():

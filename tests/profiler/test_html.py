@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from roofline.profiler.costs import Peaks
 from roofline.profiler.report import analyze
 
 from .synth import PEAKS, TraceBuilder, at
@@ -92,3 +93,15 @@ def test_cpu_only_report_renders(tmp_path):
     dom, _ = _dom(path.as_uri())
     body = re.search(r"<body[^>]*>", dom)[0]
     assert 'data-ready="1"' in body and "data-script-error" not in body and "No GPU activity in this trace" in dom
+
+
+def test_a_cpu_s_measured_ceilings_draw_their_roof(tmp_path):
+    """After `roofline doctor` on a CPU its matmul ceiling is under 0.1 TFLOP/s: the chart once rounded it to 0 and
+    crashed on the logarithm of its ridge."""
+    b = TraceBuilder(gpu=False)
+    b.mark(0, at(5))
+    b.op("aten::mm", 1, 500, shapes=[[512, 512], [512, 512]])
+    cpu = Peaks(gbps=17.9, matmul_tflops={"fp32": 0.041}, vector_tflops=0.041, source="measured")
+    path = tmp_path / "cpu.html"
+    analyze(b.write(tmp_path / "cpu.json"), peaks=cpu).write_html(path)
+    assert "fp32 0 TFLOP/s" not in path.read_text() and "DRAM 18 GB/s" in path.read_text()

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from roofline.profiler import capture, ncu
+from roofline.profiler import capture, ncu, ncu_window
 from roofline.profiler.kernels import function_name
 from roofline.profiler.trace import load
 
@@ -117,9 +117,9 @@ def test_measure_runs_the_window_under_ncu_once_per_launch(tmp_path):
     assert missing.dram_pct is None and "no kernels" in missing.error
     calls = json.loads(log.read_text())
     assert [c[c.index("--launch-skip") + 1] for c in calls] == ["3", "0"]
-    assert calls[0][-7:] == ["roofline.profiler.ncu", "--skip", "3", "--", "train.py", "--epochs", "1"]
-    assert ncu.window_argv("pkg.main", ["--x"], True, 0, 4)[2:] == ["roofline.profiler.ncu", "--skip", "0", "--steps",
-                                                                     "4", "-m", "--", "pkg.main", "--x"]
+    assert calls[0][-7:] == ["roofline.profiler.ncu_window", "--skip", "3", "--", "train.py", "--epochs", "1"]
+    assert ncu.window_argv("pkg.main", ["--x"], True, 0, 4)[2:] == ["roofline.profiler.ncu_window", "--skip", "0",
+                                                                     "--steps", "4", "-m", "--", "pkg.main", "--x"]
 
 
 @pytest.mark.parametrize("skip, active", [(0, None), (0, 2), (2, None), (3, 2), (5, 2), (7, None)])
@@ -142,7 +142,7 @@ def test_the_range_marked_for_ncu_holds_the_steps_the_profile_records(skip, acti
 
 
 def test_the_window_runner_runs_the_program_as_profile_does(tmp_path, monkeypatch):
-    """`python -m roofline.profiler.ncu --skip 2 --steps 3 -- prog.py ARGS` (what ncu runs): steps counted from
+    """`python -m roofline.profiler.ncu_window --skip 2 --steps 3 -- prog.py ARGS` (what ncu runs): steps counted from
     optimizer.step(), as roofline profile counts them; the program's arguments and exit status its own."""
     events = []
     monkeypatch.setattr(torch.cuda.profiler, "start", lambda: events.append(("start", capture._active.steps)))
@@ -154,8 +154,8 @@ def test_the_window_runner_runs_the_program_as_profile_does(tmp_path, monkeypatc
                        "for _ in range(int(sys.argv[1])):\n"
                        "    w.sum().backward(); opt.step()\n"
                        "sys.exit(int(sys.argv[2]))\n")
-    assert ncu.main(["--skip", "2", "--steps", "3", "--", str(program), "6", "0"]) == 0
+    assert ncu_window.main(["--skip", "2", "--steps", "3", "--", str(program), "6", "0"]) == 0
     assert events == [("start", 2), ("stop", 5)]
     events.clear()
-    assert ncu.main(["--skip", "2", "--", str(program), "4", "3"]) == 3
+    assert ncu_window.main(["--skip", "2", "--", str(program), "4", "3"]) == 3
     assert events == [("start", 2), ("stop", 4)] and capture._active is None

@@ -5,7 +5,6 @@ import os
 import time
 
 import pytest
-import torch
 
 from roofline.bench.collective import KINDS, CollectiveTiming, bus_factor, time_collective
 from roofline.distributed import RankFailed, spawn

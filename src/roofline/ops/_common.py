@@ -4,12 +4,12 @@ and reject bad input with an error naming the argument, before anything is launc
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 from torch.autograd import profiler as _autograd_profiler
 
 from roofline.ops import _eager_node
+from roofline.ops._state import capturing, interpreting  # noqa: F401  (the ops import them from here)
 
 try:  # Triton ships with CUDA builds of torch; elsewhere it is optional.
     import triton
@@ -20,14 +20,8 @@ except ImportError:
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def interpreting() -> bool:
-    """Whether Triton kernels run through its CPU interpreter (how the tests check them without a GPU)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def choose_backend(op: str, x, backend: str | None, backends: tuple[str, ...], arg: str = "x") -> str:

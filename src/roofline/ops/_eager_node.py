@@ -29,6 +29,7 @@ import hashlib
 import os
 import shutil
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -36,7 +37,19 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from roofline.ops._state import capturing
+
 SOURCE = Path(__file__).with_name("eager_node.cpp")
+
+
+class _Recording(threading.local):
+    """The recording in progress on this thread (Recording), told of every launch this thread makes (_launch),
+    or None. Per thread: a program with several threads calling ops (a server) records one call's launches while
+    another thread launches its own, which are no part of that record."""
+    recorder = None
+
+
+recording = _Recording()
 
 
 def unavailable_reason() -> str | None:
@@ -161,9 +174,7 @@ def attach(module, node_name: str, node_backward, ctx: EagerContext, args, outpu
     programs = table.get(key)
     if programs is None:
         programs = table[key] = module.Programs()
-    from roofline.ops import _launch   # (imported here: _launch imports the module that imports this one)
-
-    recorder = _launch.recording.recorder
+    recorder = recording.recorder
     if recorder is not None:   # a forward being recorded: its replays attach a node of their own
         recorder.attach(node_name, programs, node_backward, ctx, args, output)
     module.attach(node_name, programs, node_backward, ctx, args, output, ctx.non_differentiable, ctx.to_save,
@@ -251,9 +262,7 @@ def _recordable(programs, devices: set, device: int) -> bool:
     recording is one), its tensors on one device, which is the current one."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-    from roofline.ops import _launch
-
-    return not (programs.full() or _launch.recording.recorder is not None or _get_current_dispatch_mode() is not None
+    return not (programs.full() or recording.recorder is not None or _get_current_dispatch_mode() is not None
                 or len(devices) > 1 or (device >= 0 and device != torch.cuda.current_device()))
 
 
@@ -263,9 +272,7 @@ def host_step(function, *args):
     being recorded, its program calls function again at each replay, with that call's tensors (the arguments that
     are the forward's tensors go by slot, the others as they are now) and takes its result (a tensor, or a tuple
     of tensors) as new tensors. function's own aten calls are not recorded: they are its business at each call."""
-    from roofline.ops import _launch
-
-    recorder = _launch.recording.recorder
+    recorder = recording.recorder
     if recorder is None:
         return function(*args)
     return recorder.host(function, args)
@@ -368,8 +375,6 @@ class _EntryPrograms:
     def _wanted(args: tuple, kwargs: dict) -> bool:
         """A call on plain CUDA tensors, with backend None or "triton" (torch's and torch.compile's backends launch
         what a recording cannot see, or gain nothing), outside a capture and functorch's transforms."""
-        from roofline.ops._common import capturing   # (_common imports this module)
-
         if not REPLAY_FORWARDS or kwargs.get("backend") not in (None, "triton"):
             return False
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -386,7 +391,7 @@ _ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.de
 
 class Recording(TorchDispatchMode):
     """Records a backward's (or a forward's) aten calls (as a dispatch mode) and its kernel launches (Launch
-    reports them to _launch.recording.recorder, on its thread), then builds the C++ program that replays them."""
+    reports them to recording.recorder, on its thread), then builds the C++ program that replays them."""
 
     def __init__(self, inputs: tuple):
         super().__init__()
@@ -401,15 +406,11 @@ class Recording(TorchDispatchMode):
         self.paused = False   # in a host step, whose aten calls are its own
 
     def __enter__(self):
-        from roofline.ops import _launch   # (imported here: _launch imports the module that imports this one)
-
-        _launch.recording.recorder = self
+        recording.recorder = self
         return super().__enter__()
 
     def __exit__(self, *exc):
-        from roofline.ops import _launch
-
-        _launch.recording.recorder = None
+        recording.recorder = None
         return super().__exit__(*exc)
 
     def refuse(self, reason: str) -> None:

@@ -38,7 +38,6 @@ import contextlib
 import functools
 import inspect
 import os
-import threading
 import types
 import warnings
 
@@ -50,16 +49,6 @@ from roofline.ops._common import interpreting, tma_descriptor, triton
 NATIVE_LAUNCH = os.environ.get("ROOFLINE_NATIVE_LAUNCH", "1") == "1"   # see the module's docstring
 
 PLAN_LIMIT = 4096   # plans one op keeps; past it the oldest go first (a program whose shapes never repeat)
-
-class _Recording(threading.local):
-    """The recording in progress on this thread (roofline.ops._eager_node.Recording), told of every launch this thread
-    makes, or None. Per thread: a program with several threads calling ops (a server) records one call's launches
-    while another thread launches its own, which are no part of that record."""
-    recorder = None
-
-
-recording = _Recording()
-
 
 class Plans(dict):
     """Plans of one op by key: `plans.get(key)` on the hot path, `plans.add(key, plan)` after a miss.
@@ -142,7 +131,7 @@ class Launch:
         self.run = self._first
 
     def __call__(self, *args) -> None:
-        recorder = recording.recorder
+        recorder = _eager_node.recording.recorder
         if recorder is not None and self.run == self._first:
             recorder.compiling(self)
         self.run(*args)
@@ -166,7 +155,7 @@ class Launch:
 
     def jit(self, *args) -> None:
         """A launch through Triton's JIT, which specializes on these very arguments (a misaligned pointer)."""
-        recorder = recording.recorder
+        recorder = _eager_node.recording.recorder
         if recorder is not None:
             recorder.refuse(f"{self.kernel} launched through Triton's JIT"
                             + ("" if self.direct else f" ({self.native_refusal})"))

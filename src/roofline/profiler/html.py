@@ -90,6 +90,11 @@ def _num(x, digits: int = 2) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:,.{digits}f}"
 
 
+def _rate(x: float) -> str:
+    """A ceiling: whole numbers where large (an H100's 684 TFLOP/s), three digits where small (a CPU's 0.041)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def _pct(x) -> str:
     return "" if x is None else f"{x:.0%}"
 
@@ -141,7 +146,7 @@ def _summary(d: dict) -> str:
     t, dev = d["totals"], d["device"]
     ceilings = dev["ceilings"]
     gpu = dev["kind"] == "cuda" and d.get("timeline") is not None
-    peaks = ", ".join(f"{k} {v:,.0f} TFLOP/s" for k, v in (ceilings.get("matmul_tflops") or {}).items())
+    peaks = ", ".join(f"{k} {_rate(v)} TFLOP/s" for k, v in (ceilings.get("matmul_tflops") or {}).items())
     source = {"measured": "measured by roofline doctor on this machine",
               "datasheet": "datasheet values (run `roofline doctor` on the GPU to measure them)"}.get(
         ceilings["source"], "none known")
@@ -284,15 +289,15 @@ def _roofline_chart(d: dict) -> str:
                      f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">1e{e}</text>')
     # Ceilings: the memory slope (TFLOP/s = intensity x TB/s) up to each compute roof (dtypes with one peak share it).
     roofs: dict = {}
-    for name, peak in peaks.items():
-        roofs.setdefault(round(peak, 1), []).append(name)
+    for name, peak in peaks.items():   # equal to 3 significant digits: one roof (a CPU's is under 0.1 TFLOP/s)
+        roofs.setdefault(float(f"{peak:.3g}"), []).append(name)
     for peak, names in sorted(roofs.items(), reverse=True):
         name = "/".join(names)
         ridge = peak * 1e3 / bw
         parts.append(f'<polyline fill="none" stroke="#444" stroke-width="1.2" points="{px(x_lo):.1f},{py(x_lo * bw / 1e3):.1f} '
                      f'{px(ridge):.1f},{py(peak):.1f} {px(x_hi):.1f},{py(peak):.1f}"/>'
                      f'<text x="{width - right - 4}" y="{py(peak) - 4:.1f}" text-anchor="end">{escape(name)} '
-                     f'{peak:,.0f} TFLOP/s</text>')
+                     f'{_rate(peak)} TFLOP/s</text>')
     parts.append(f'<text x="{px(x_lo) + 6:.1f}" y="{py(x_lo * bw / 1e3) - 6:.1f}">DRAM {bw:,.0f} GB/s</text>')
     l2 = ceilings.get("l2_gbps")
     if l2:   # ops whose working set stays in L2 can sit above the DRAM slope, up to this one

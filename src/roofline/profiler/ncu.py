@@ -20,7 +20,6 @@ longer than the trace's (an H100 GEMM of 94 us in the trace took 111 us under nc
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import math
@@ -147,7 +146,8 @@ def heaviest_launches(trace: Trace, kernel: str, max_groups: int = 2) -> list[La
 def window_argv(target: str, args: list[str], module: bool, skip: int, active: int | None) -> list[str]:
     """How to run the profiled program again with its recorded window marked for ncu (see main())."""
     window = ["--skip", str(skip)] + ([] if active is None else ["--steps", str(active)])
-    return [sys.executable, "-m", "roofline.profiler.ncu", *window, *(["-m"] if module else []), "--", target, *args]
+    return [sys.executable, "-m", "roofline.profiler.ncu_window", *window, *(["-m"] if module else []), "--", target,
+            *args]
 
 
 def command(ncu: str, program: list[str], launch: Launch) -> list[str]:
@@ -226,26 +226,3 @@ def launch_label(row: dict) -> str:
 def row_note(row: dict) -> str:
     """The launch measured, where ncu parted from the profile, and ncu's error: a table's last column."""
     return "; ".join(s for s in (launch_label(row), row.get("note"), (row.get("error") or "")[-120:]) if s)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m roofline.profiler.ncu [--skip S] [--steps N] [-m] -- TARGET ARGS...`: the program run as
-    `roofline profile` ran it, its recorded window marked by cudaProfilerStart/Stop (what ncu runs)."""
-    from roofline.profiler.capture import run_window
-
-    parser = argparse.ArgumentParser(prog="python -m roofline.profiler.ncu")
-    parser.add_argument("--skip", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("-m", dest="module", action="store_true")
-    parser.add_argument("target")
-    parser.add_argument("args", nargs=argparse.REMAINDER)
-    options = parser.parse_args(argv)
-    status, error = run_window(options.target, options.args, module=options.module, skip=options.skip,
-                               active=options.steps)
-    if error is not None:
-        raise error
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,12 +16,12 @@ the advice applied.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from roofline.device import float32_matmul_precision
 from roofline.profiler.costs import ParameterSet
 
 COVER = 0.9        # a finding's heaviest shapes are measured until they hold this share of its time ...
@@ -148,16 +148,6 @@ def _agree(pairs, tolerance: float) -> str:
     return f"relative error {worst:.1e} against float64 (tolerance {tolerance:.0e})"
 
 
-@contextlib.contextmanager
-def _float32_matmul_precision(precision: str):
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(before)
-
-
 def _shape_text(shapes) -> str:
     return " x ".join(str(list(s)) for s in shapes)
 
@@ -192,7 +182,7 @@ def _matmul_case(row, candidate_dtype: torch.dtype | None, pad_to: int | None = 
             tolerance = TOLERANCE.get(args[first].dtype, 2e-2)
         elif candidate_dtype is None:
             def candidate():
-                with _float32_matmul_precision("high"):
+                with float32_matmul_precision("high"):
                     return op(*args)
             tolerance = TOLERANCE["tf32"]
         else:
@@ -201,7 +191,7 @@ def _matmul_case(row, candidate_dtype: torch.dtype | None, pad_to: int | None = 
             tolerance = TOLERANCE[candidate_dtype]
 
         def baseline():
-            with _float32_matmul_precision("highest"):
+            with float32_matmul_precision("highest"):
                 return op(*args)
         return Built(baseline, candidate, lambda: _agree([(candidate(), reference)], tolerance))
     return Case(label, row.us, build)
