@@ -94,7 +94,7 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
     for c in collective_rows(merged)[:top]:
         peak = ceiling.peak_busbw(c["kind"]) if ceiling is not None else None
         rows.append(Row([c["kind"], _size(c["bytes"]), c["where"] or "", f"{c['calls']:g}", _ms(c["ms"]),
-                         f"{c['call_us']:,.0f}", "" if c["busbw_gbps"] is None else f"{c['busbw_gbps']:,.1f}",
+                         f"{c['call_us']:,.0f}", "" if c["busbw_gbps"] is None else _gbps(c["busbw_gbps"]),
                          f"{c['busbw_gbps'] / peak:.0%}" if peak and c["busbw_gbps"] else ""]))
     if rows:
         show(console, "collectives (the median rank, a step)",
@@ -107,6 +107,11 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
              [Column("finding", justify="left", fold=True), Column("where", justify="left", fold=True),
               Column("gain ms", "gain")],
              [Row([f"[bold]{f.title}[/bold]\n{f.message}", f.where or "", f"{f.gain_ms:,.2f}"]) for f in found])
+
+
+def _gbps(value: float) -> str:
+    """Bus bandwidth: one decimal where large (NVLink's hundreds of GB/s), three digits where small (gloo's)."""
+    return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
 
 
 def _ms(value: float | None) -> str:
