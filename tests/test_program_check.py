@@ -55,7 +55,7 @@ ENOUGH = QUIET + 2 * BLOCK * ROUNDS + 3   # decide, quiet, the trial, and its la
 
 
 def test_the_sides_alternate_in_blocks_and_the_order_turns_every_other_round():
-    trial = _Trial("op", program_check._Clock(False))
+    trial = _Trial("op", program_check._Clock(torch.device("cpu")))
     sides = [trial.side(i) for i in range(trial.total)]
     assert sides[:2 * BLOCK] == [True] * BLOCK + [False] * BLOCK
     assert sides[2 * BLOCK:4 * BLOCK] == [False] * BLOCK + [True] * BLOCK
@@ -70,11 +70,17 @@ def test_an_op_is_kept_only_where_the_program_runs_faster_with_it(ours_ms, their
     assert verdict.kept is kept and VALID <= verdict.rounds <= ROUNDS   # (a busy machine may cost a round)
     assert (verdict.speedup > 1.5) if kept else (verdict.speedup < 0.67)
     assert verdict.low <= verdict.speedup <= verdict.high
-    assert verdict.on_ms == pytest.approx(ours_ms, rel=0.5) and verdict.off_ms == pytest.approx(theirs_ms, rel=0.5)
+    # each side's step at least what it sleeps (a busy machine adds to both), and the faster side the faster one
+    assert verdict.on_ms >= 0.9 * ours_ms and verdict.off_ms >= 0.9 * theirs_ms
+    assert (verdict.off_ms > verdict.on_ms) is kept
     (row,) = model.router.report()
     assert row["served_by"] == ("roofline" if kept else "torch")
     if not kept:
         assert row["why"].startswith("slower in this program: double: taken back") and "ms with torch's" in row["why"]
+        measured = model.router.measurements
+        _run(model, 1, torch.ones(9))   # a signature first seen now goes to torch, unmeasured
+        assert model.router.measurements == measured
+        assert all(r["served_by"] == "torch" for r in model.router.report())
         _run(model, routing.SETTLE_CALLS)
         assert model.route.settled   # torch serves every call now: the route is taken out, and costs nothing
     assert not model.router.held_back
@@ -97,7 +103,7 @@ def test_an_interval_that_holds_more_than_a_step_is_left_out():
     model.forward = forward
     _run(model, ENOUGH)
     verdict = model.check.verdicts["double"]
-    assert verdict.kept and verdict.rounds >= VALID and verdict.low > 3 and verdict.on_ms < 5
+    assert verdict.kept and verdict.rounds >= VALID and verdict.low > 3 and verdict.on_ms < verdict.off_ms
 
 
 def test_a_signature_measured_mid_trial_starts_the_trial_again_later():

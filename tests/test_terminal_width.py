@@ -161,6 +161,11 @@ def test_the_ladder_table_at_80_columns():
     assert "206.40" in text and "2.3456" in text and "numerics" in text
 
 
+def test_a_table_of_one_column_too_wide_is_still_shown():
+    text = _render(fit("words", [Column("text", justify="left")], [Row(["x" * 200])], WIDTH))
+    assert "x" * 50 in text and "words" in text
+
+
 def test_tables_show_prints_every_part_to_the_console():
     console = Console(file=io.StringIO(), width=40, color_system=None)
     show(console, "t", [Column("a", justify="left"), Column("bbbbbbbbbbbbbbbbbbbb"), Column("cccccccccccccccccccc")],

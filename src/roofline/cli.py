@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -330,15 +331,23 @@ def profile(
     from roofline.profiler.trace import TraceError
 
     program = [target, *(args or [])]
-    if nproc_per_node and nproc_per_node > 1 and profiling.under_torchrun() is None:
+    ranked = profiling.under_torchrun()
+    several = ranked is not None or (nproc_per_node or 1) > 1
+    for given, option in ((ncu, "--ncu"), (verify, "--verify")):
+        if given and several:   # each reruns the program, which ranks cannot do alone
+            raise typer.BadParameter("not with several ranks (it runs the program again, one process)",
+                                     param_hint=option)
+    if nproc_per_node and nproc_per_node > 1 and ranked is None:
         recording = ["--skip", str(skip), *(["--steps", str(steps)] if steps else []), *(["-m"] if module else []),
                      *(["--memory"] if memory else []), *([] if shapes else ["--no-shapes"]),
                      *(["--python-stack"] if python_stack else [])]
-        raise typer.Exit(_profile_ranks(nproc_per_node, recording, program, json_path, trace_path, top))
-    ranked = profiling.under_torchrun()
+        raise typer.Exit(_profile_ranks(nproc_per_node, recording, program, json_path, html_path, trace_path, top,
+                                        rank_dir))
     folder = Path(rank_dir or profiling.default_dir()) if ranked else None
+    began = time.time()
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
+        profiling.forget_earlier(folder, ranked[0])
     try:
         prof, status, error = run_program(target, list(args or []), module=module, skip=skip, active=steps,
                                           memory=memory, shapes=shapes, python_stack=python_stack,
@@ -371,11 +380,11 @@ def profile(
         _verify(report)
     if ranked:
         profiling.publish(folder, 0)   # its own report read, rank 0's trace joins the others'
-        paths, missing = profiling.wait_for(folder, ranked[1])
+        paths, missing = profiling.wait_for(folder, ranked[1], since=began)
         if missing:
             err.print(f"roofline: no trace from ranks {missing} after {profiling.RANK_WAIT_S:.0f} s: they failed, or "
                       "write elsewhere (--rank-dir)")
-        _show_ranks(report, paths, json_path, trace_path, top)
+        _show_ranks(report, paths, ranked[1], json_path, html_path, trace_path, top)
         raise typer.Exit(status)
     _show_report(report, json_path, html_path, top)
     if trace_path:
@@ -384,49 +393,61 @@ def profile(
 
 
 def _profile_ranks(nproc: int, recording: list[str], program: list[str], json_path: Optional[Path],
-                   trace_path: Optional[Path], top: int) -> int:
+                   html_path: Optional[Path], trace_path: Optional[Path], top: int, rank_dir: Optional[Path]) -> int:
     """Start the ranks (distributed.profiling.launch), then read their traces together; the exit status."""
     import tempfile
 
     from roofline.distributed import RankFailed, profiling
     from roofline.profiler.report import analyze
 
-    with tempfile.TemporaryDirectory(prefix="roofline-ranks-") as folder:
+    with tempfile.TemporaryDirectory(prefix="roofline-ranks-") as made:
+        folder = Path(rank_dir or made)
+        folder.mkdir(parents=True, exist_ok=True)
+        began = time.time()
         os.environ[profiling.LAUNCHED] = "1"
         try:
-            profiling.launch(nproc, [*recording, *program], Path(folder))
+            profiling.launch(nproc, [*recording, *program], folder)
             status = 0
         except RankFailed as exc:
             err.print(f"roofline: {exc}")
             status = 1
         finally:
             os.environ.pop(profiling.LAUNCHED, None)
-        paths, missing = profiling.wait_for(Path(folder), nproc, timeout_s=0)
+        paths, missing = profiling.wait_for(folder, nproc, timeout_s=0, since=began)
         if missing:
             err.print(f"roofline: ranks {missing} recorded nothing"
                       + ("" if status else " (fewer steps ran than --skip left out?)"))
+        if 0 not in paths:
             return status or 2
-        _show_ranks(analyze(paths[0]), paths, json_path, trace_path, top)
+        _show_ranks(analyze(paths[0]), paths, nproc, json_path, html_path, trace_path, top)
     return status
 
 
-def _show_ranks(report, paths: list[Path], json_path: Optional[Path], trace_path: Optional[Path], top: int) -> None:
-    """Rank 0's own report, then every rank's read together (distributed.merge), with doctor's interconnect."""
+def _show_ranks(report, paths: dict[int, Path], world: int, json_path: Optional[Path], html_path: Optional[Path],
+                trace_path: Optional[Path], top: int) -> None:
+    """Rank 0's own report, then every rank's read together (distributed.merge), with doctor's interconnect where
+    it measured these GPUs (the ranks all on this host)."""
+    import torch
+
     from roofline.distributed import interconnect, profiling
     from roofline.distributed import report as ranks_report
     from roofline.distributed.merge import merge
     from roofline.profiler.trace import load
 
-    console.print(f"[bold]rank 0[/bold] of {len(paths)}:")
+    console.print(f"[bold]rank 0[/bold] of {world}:")
     report.print(console, top=top)
-    merged = merge([load(p) for p in paths])
-    console.print("[bold]every rank[/bold]:")
-    ceiling = interconnect.cached(merged.world) if report.attribution.device == "cuda" else None
-    ranks_report.render(merged, console, ceiling, top)
+    merged = merge({rank: load(path) for rank, path in paths.items()})
+    console.print(f"[bold]every rank[/bold] ({merged.world} of {world} recorded):" if merged.world < world
+                  else "[bold]every rank[/bold]:")
+    local = report.attribution.device == "cuda" and world <= torch.cuda.device_count()
+    ranks_report.render(merged, console, interconnect.cached(world) if local else None, top)
     if json_path:
         json_path.write_text(json.dumps({**report.to_dict(), "ranks": {
             **merged.to_dict(), "findings": [f.to_dict() for f in ranks_report.findings(merged)]}}, default=str))
         console.print(f"[dim]report written to {json_path}[/dim]")
+    if html_path:
+        report.write_html(html_path)
+        console.print(f"[dim]rank 0's HTML report written to {html_path}[/dim]")
     if trace_path:
         profiling.write_merged_trace(paths, merged.offsets_us, trace_path)
         console.print(f"[dim]every rank's trace written to {trace_path} (open it in https://ui.perfetto.dev)[/dim]")

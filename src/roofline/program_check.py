@@ -64,16 +64,17 @@ class Verdict:
 
 
 class _Clock:
-    """Marks at forward starts: CUDA events on the current stream, or perf_counter (ms)."""
+    """Marks at forward starts: CUDA events on the current stream of the model's GPU, or perf_counter (ms)."""
 
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
 
     def mark(self):
         if not self.cuda:
             return time.perf_counter() * 1e3
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def ready(self, mark) -> bool:
@@ -138,9 +139,11 @@ class ProgramCheck:
         self.model_key: str | None = None   # taken at the first trial: the model as it runs (int8 weights, say)
         self.verdicts: dict[str, Verdict] = {}
         self.trial: _Trial | None = None
-        self.tries: dict[str, int] = {}   # trials started, by op
+        self.tries: dict[str, int] = {}   # trials run to their end, by op
         self._measured = -1     # the router's count of measurements at the last forward
         self._quiet = 0
+        self._scanned = -1      # the router's count of decisions when every routed op was last found judged
+        self.device = torch.device("cpu")   # the model's, taken at its first trial
 
     def pending(self) -> bool:
         """Whether an op roofline serves is still to be judged (a trial runs, or one is yet to start)."""
@@ -156,11 +159,15 @@ class ProgramCheck:
         measured = self.router.measurements
         self._quiet = self._quiet + 1 if measured == self._measured else 0
         self._measured = measured
-        if self._quiet >= QUIET:
+        decided = len(self.router.decisions)
+        if self._quiet >= QUIET and decided != self._scanned:   # a forward costs this much once all is judged
             op = next((op for op in self._routed_ops() if op not in self.verdicts), None)
-            if op is not None:
-                self.model_key = self.model_key or _model_key(module)
-                self._judge(op, cuda=any(p.is_cuda for p in module.parameters()))
+            if op is None:
+                self._scanned = decided
+                return
+            self.model_key = self.model_key or _model_key(module)
+            self.device = next((p.device for p in module.parameters()), torch.device("cpu"))
+            self._judge(op)
 
     def _routed_ops(self) -> list[str]:
         """The ops roofline serves some signature of, in the order first decided."""
@@ -172,10 +179,9 @@ class ProgramCheck:
 
         signatures = sorted(d.signature for key, d in self.router.decisions.items()
                             if key[0] == op and d.ours and d.signature)
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        return "|".join([cache_key(device), self.model_key, op, *signatures])
+        return "|".join([cache_key(self.device), self.model_key, op, *signatures])
 
-    def _judge(self, op: str, cuda: bool) -> None:
+    def _judge(self, op: str) -> None:
         """Apply a cached verdict, or start a trial (timed by CUDA events where the model's work is on a GPU)."""
         if self.persist:
             from roofline.device import read_cache
@@ -184,8 +190,7 @@ class ProgramCheck:
             if cached is not None:
                 self._conclude(Verdict(**{**cached, "cached": True}), store=False)
                 return
-        self.tries[op] = self.tries.get(op, 0) + 1
-        self.trial = _Trial(op, _Clock(cuda))
+        self.trial = _Trial(op, _Clock(self.device))
         self._step(self.trial)
 
     def _step(self, trial: _Trial) -> None:
@@ -207,6 +212,7 @@ class ProgramCheck:
             return
         self.trial = None
         found = trial.verdict()
+        self.tries[trial.op] = self.tries.get(trial.op, 0) + 1   # trials run to their end
         if found is not None:
             self._conclude(found, store=True)
         elif self.tries[trial.op] >= TRIES:   # no steady steps to compare, twice: not shown faster

@@ -129,6 +129,7 @@ class Router:
         self._persist = persist
         self.held_back: set[str] = set()   # ops whose routed calls torch serves for now (program_check's trials)
         self.measurements = 0              # signatures timed so far: each takes milliseconds of the program's time
+        self.taken_back: dict[str, str] = {}   # op -> why: the program ran slower with it (program_check)
 
     def call(self, op: str, why_not, ours, theirs, *args, **kwargs):
         return self.serve(op, why_not, ours, theirs, args, kwargs)[0]
@@ -173,7 +174,9 @@ class Router:
         return result
 
     def take_back(self, op: str, why: str) -> None:
-        """Send every signature of op that roofline serves back to torch, saying why (program_check's verdict)."""
+        """Send every signature of op that roofline serves back to torch, saying why (program_check's verdict), and
+        every signature of it decided later."""
+        self.taken_back[op] = why
         for key, decision in self.decisions.items():
             if key[0] == op and decision.ours:
                 decision.ours, decision.why = False, why
@@ -187,7 +190,7 @@ class Router:
     def _decide(self, key, why_not, ours, theirs, args, kwargs) -> Decision | None:
         op, grad = key[0], key[1]
         signature = describe(args, grad)
-        reason = why_not(*args, **kwargs)
+        reason = why_not(*args, **kwargs) or self.taken_back.get(op)
         if reason is not None:
             decision = Decision(False, reason, signature)
         elif self.policy == "always":

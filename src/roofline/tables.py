@@ -119,8 +119,9 @@ def _table(title: str | None, columns: list[Column], rows: list[Row], headers: l
 def fit(title: str | None, columns: list[Column], rows: list[Row], width: int, **options) -> list[Table]:
     """The table, or its parts, fitted to `width` columns (see the module's rules). options: rich Table's."""
     plan = _plan(columns, rows, width)
-    if plan is not None:
-        return [_table(title, columns, rows, *plan, **options)]
+    if plan is not None or len(columns) == 1:   # one column too wide for the width: rich folds it as it can
+        return [_table(title, columns, rows, *(plan or ([c.short or c.header for c in columns], [None], True)),
+                       **options)]
     # Split: the first column, then as many of the others as fit beside it, part after part.
     parts, start = [], 1
     while start < len(columns):

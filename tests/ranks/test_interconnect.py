@@ -33,7 +33,7 @@ def test_measured_over_two_ranks_and_cached(monkeypatch, tmp_path):
     found = interconnect.measure(2, kinds=("all_reduce", "send_recv"), sizes=(1024, 1 << 16), rep_ms=5)
     assert [(r["kind"], r["nbytes"]) for r in found.rows] == [("all_reduce", 1024), ("all_reduce", 1 << 16),
                                                               ("send_recv", 1024), ("send_recv", 1 << 16)]
-    assert found.backend == "gloo" and found.devices == "cpu" and found.p2p_gbps is None
+    assert found.backend == "gloo" and found.devices == "2 x cpu" and found.p2p_gbps is None
     assert found.latency_us("all_reduce") == pytest.approx(found.rows[0]["median_ms"] * 1e3)
     assert found.peak_busbw("send_recv") == max(r["busbw_gbps"] for r in found.rows[2:])
     assert interconnect.cached(2) == found
@@ -56,7 +56,7 @@ def test_doctor_shows_the_cached_interconnect_at_80_columns(monkeypatch, tmp_pat
     monkeypatch.setattr(interconnect, "topology", lambda: TOPOLOGY)
     sizes = interconnect.SIZES
     rows = [_row(kind, s, 0.02 + s / 300e6) for kind in KINDS for s in sizes]
-    cached = interconnect.Interconnect(2, "cpu", "gloo", TOPOLOGY, {"torch": "2.13", "nccl": None},
+    cached = interconnect.Interconnect(2, "2 x cpu", "gloo", TOPOLOGY, {"torch": "2.13", "nccl": None},
                                        "2026-11-27T05:00:00", rows, None)
     write_cache(interconnect.CACHE, interconnect.cache_key(2), cached.to_dict())
     out = tmp_path / "doctor.json"
@@ -65,7 +65,7 @@ def test_doctor_shows_the_cached_interconnect_at_80_columns(monkeypatch, tmp_pat
     assert result.exit_code == 0, result.output
     assert max(len(line) for line in result.output.splitlines()) <= 80 and "…" not in result.output
     text = " ".join(result.output.split())
-    assert "interconnect: cpu, gloo, GPU0-GPU1 NV18 (measured 2026-11-27T05:00:00, cached)" in text
+    assert "interconnect: 2 x cpu, gloo, GPU0-GPU1 NV18 (measured 2026-11-27T05:00:00, cached)" in text
     for kind in KINDS:
         assert kind in text
     saved = json.loads(out.read_text())["interconnect"]

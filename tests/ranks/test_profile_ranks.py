@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -128,7 +129,7 @@ def test_under_torchrun_rank_0_reports_every_rank_and_the_clocks_are_aligned(pro
                           capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "100"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("every rank:") == 1 and "rank 1 holds the other ranks back" in done.stdout
-    traces = [load(folder / f"rank{r}.json.gz") for r in (0, 1)]
+    traces = {r: load(folder / f"rank{r}.json.gz") for r in (0, 1)}
     before = merge(traces)
     for event in (*traces[1].ops, *traces[1].gpu, *traces[1].runtime):
         event.ts += 5e6
@@ -141,3 +142,41 @@ def test_under_torchrun_rank_0_reports_every_rank_and_the_clocks_are_aligned(pro
     assert after.offsets_us[1] == pytest.approx(before.offsets_us[1] + 5e6, abs=1)
     assert after.straggler.rank == before.straggler.rank == 1
     assert after.waits_ms == pytest.approx(before.waits_ms, abs=1e-6)
+    # a rank whose calls part from the others' (another process group's collective) is matched up to there
+    traces[1] = load(folder / "rank1.json.gz")
+    calls = merge(traces).ranks[1].calls
+    assert len(calls) >= 3
+    from roofline.distributed import merge as merge_module
+
+    original = merge_module.comms.calls
+
+    def parted(trace, resolver=None):
+        found = original(trace, resolver)
+        if trace is traces[1]:
+            found[2].nbytes = 8
+        return found
+
+    merge_module.comms.calls = parted
+    try:
+        odd = merge(traces)
+    finally:
+        merge_module.comms.calls = original
+    assert odd.matched == 2 and "call 3 is" in odd.mismatch and "other process groups" in odd.mismatch
+
+
+def test_a_trace_older_than_the_run_is_no_trace_of_it(tmp_path):
+    """Plain torchrun names every job's run "none": a folder reused by the next job holds the last one's traces,
+    which must not be read as this job's."""
+    from roofline.distributed import profiling
+
+    profiling.trace_path(tmp_path, 0).write_bytes(b"old")
+    found, missing = profiling.wait_for(tmp_path, 2, timeout_s=0, since=time.time() + 3600)
+    assert found == {} and missing == [0, 1]
+    profiling.trace_path(tmp_path, 1).write_bytes(b"new")
+    found, missing = profiling.wait_for(tmp_path, 2, timeout_s=0, since=time.time())
+    assert list(found) == [0, 1] and missing == []
+
+
+def test_options_that_rerun_the_program_are_refused_with_ranks(program, tmp_path):
+    done = _roofline("profile", "--nproc-per-node", "2", "--ncu", "1", str(program), "4", cwd=tmp_path)
+    assert done.returncode == 2 and "--ncu" in done.stderr and "several ranks" in " ".join(done.stderr.split())

@@ -23,10 +23,11 @@ from roofline.profiler.trace import Trace
 # c10d's op names (without the namespace and trailing underscores) -> the collective, as bench.collective names it
 _KINDS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allgather": "all_gather",
           "_allgather_base": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+          "allgather_coalesced": "all_gather",
           "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
           "reduce_scatter_tensor_coalesced": "reduce_scatter", "alltoall": "all_to_all", "alltoall_base": "all_to_all",
-          "broadcast": "broadcast", "reduce": "reduce", "send": "send_recv", "recv_": "send_recv",
-          "recv_any_source_": "send_recv", "barrier": "barrier", "gather": "gather", "scatter": "scatter"}
+          "broadcast": "broadcast", "reduce": "reduce", "send": "send_recv", "recv": "send_recv",
+          "recv_any_source": "send_recv", "barrier": "barrier", "gather": "gather", "scatter": "scatter"}
 _GLOO = re.compile(r"^gloo:(\w+)$")
 _NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_(\w+?)_", re.IGNORECASE)
 _ITEMSIZE = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8, "int": 4,

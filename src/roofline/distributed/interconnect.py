@@ -30,7 +30,7 @@ CACHE = "interconnect.json"
 @dataclass
 class Interconnect:
     ranks: int
-    devices: str                  # "2 x NVIDIA H100 80GB HBM3", or "cpu"
+    devices: str                  # "2 x NVIDIA H100 80GB HBM3", or "2 x cpu"
     backend: str
     topology: str                 # nvidia-smi topo -m, as printed
     versions: dict
@@ -39,7 +39,8 @@ class Interconnect:
     p2p_gbps: float | None = None                # one GPU's memory to another's, one direction
 
     def sizes(self, kind: str) -> dict[int, dict]:
-        return {r["nbytes"]: r for r in self.rows if r["kind"] == kind}
+        """kind's rows by the size asked for."""
+        return {r.get("size", r["nbytes"]): r for r in self.rows if r["kind"] == kind}
 
     def peak_busbw(self, kind: str) -> float | None:
         """The best bus bandwidth over the sizes measured (the largest messages', in practice)."""
@@ -68,7 +69,7 @@ def topology() -> str:
 
 def _devices(ranks: int) -> str:
     if backend() == "gloo":
-        return "cpu"
+        return f"{ranks} x cpu"
     names = {torch.cuda.get_device_name(i) for i in range(ranks)}
     return f"{ranks} x {' / '.join(sorted(names))}"
 
@@ -88,7 +89,9 @@ def cache_key(ranks: int) -> str:
 def _sweep(kinds: tuple, sizes: tuple, rep_ms: float) -> list[dict]:
     """On each rank: every kind at every size (the same results on every rank)."""
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    return [time_collective(kind, size, dtype=dtype, rep_ms=rep_ms).to_dict() for kind in kinds for size in sizes]
+    # each row keeps the size asked for: time_collective rounds it to whole elements a rank (3 ranks: 1 MiB - 4 B)
+    return [{**time_collective(kind, size, dtype=dtype, rep_ms=rep_ms).to_dict(), "size": size}
+            for kind in kinds for size in sizes]
 
 
 def peer_copy_gbps(nbytes: int = 256 << 20) -> float | None:
@@ -155,7 +158,8 @@ def render(found: Interconnect, console, note: str) -> None:
     """The measurement as a table: each collective's latency, bus bandwidth at a few sizes, and its best."""
     from roofline.tables import Column, Row, show
 
-    shown = [s for s in (1 << 20, 64 << 20, 256 << 20, 1 << 30) if any(r["nbytes"] == s for r in found.rows)]
+    shown = [s for s in (1 << 20, 64 << 20, 256 << 20, 1 << 30) if any(r.get("size", r["nbytes"]) == s
+                                                                         for r in found.rows)]
     rows = []
     for kind in dict.fromkeys(r["kind"] for r in found.rows):
         by_size = found.sizes(kind)
@@ -170,7 +174,7 @@ def render(found: Interconnect, console, note: str) -> None:
                           *(Column(f"busbw {_size(s)}", _size(s)) for s in shown),
                           Column("busbw peak GB/s", "peak")], rows)
     console.print("bus bandwidth in GB/s as nccl-tests defines it (all_reduce: algbw x 2(n-1)/n); latency: the "
-                  f"{_size(min(r['nbytes'] for r in found.rows))} message through torch.distributed, the host's "
+                  f"{_size(min(r.get('size', r['nbytes']) for r in found.rows))} message through torch.distributed, the host's "
                   "time to issue it included; each the slowest rank's median")
     if found.p2p_gbps:
         console.print(f"peer copy, GPU 0 to GPU 1: {found.p2p_gbps:,.1f} GB/s")

@@ -7,8 +7,8 @@ Each rank's trace is analyzed alone (profiler.report); then the ranks' collectiv
 ranks at once, when the last has arrived, so the ranks' clocks are aligned on the ends of their matched transfers
 (the median offset: one host's clocks agree already, several hosts' need not), and each call's last rank to
 arrive (to start its transfer: on a GPU, when its stream reached the NCCL kernel, which the host may have launched
-long before) is the one the others waited for. Where that rank was in between, against the others, says where it lost
-the time: its host's time at each of the program's lines (from the line marks), beside the other ranks' median.
+long before) is the one the others waited for. Where its host spent more time than the others', line by line (from
+the line marks, beside the other ranks' median), says where it lost the time.
 """
 
 from __future__ import annotations
@@ -120,10 +120,11 @@ class Merged:
     matched: int                 # collective calls matched across every rank
     mismatch: str | None         # why the ranks' calls could not all be matched, where they could not
     straggler: Straggler | None
-    waits_ms: list[float]        # a step, each rank's wait for later ranks at matched calls
+    waits_ms: list[float]        # a step, each rank's wait for later ranks at matched calls (in the order of ranks)
 
     @property
     def world(self) -> int:
+        """The ranks read (a rank that wrote no trace is not among them)."""
         return len(self.ranks)
 
     def to_dict(self) -> dict:
@@ -143,21 +144,25 @@ def _offsets(ranks: list[Rank], matched: int) -> list[float]:
 
 def _line_times(trace: Trace, spans: list[tuple[float, float]]) -> dict[Location, float]:
     """Host time at each of the program's lines (its innermost user frame) within the spans, from the line marks
-    of the program's main thread: a line's time runs from its mark to the next."""
-    resolver = Resolver(trace)
-    tid = resolver.marked_tid
-    if tid is None:
+    of the program's main thread: a line's time runs from its mark to the next. One sweep over both, sorted."""
+    tid = Resolver(trace).marked_tid
+    if tid is None or not spans:
         return {}
     times, ids = trace.marks[tid]
     stacks = (trace.meta.get("roofline") or {}).get("stacks") or []
+    spans = _union(spans)
     out: dict[Location, float] = {}
+    j = 0
     for k in range(len(times) - 1):
-        stack = stacks[ids[k]] if 0 <= ids[k] < len(stacks) else None
-        if not stack:
-            continue
         a, b = times[k], times[k + 1]
-        inside = sum(max(0.0, min(b, e) - max(a, s)) for s, e in spans)
-        if inside > 0:
+        while j < len(spans) and spans[j][1] <= a:
+            j += 1
+        inside, m = 0.0, j
+        while m < len(spans) and spans[m][0] < b:
+            inside += min(b, spans[m][1]) - max(a, spans[m][0])
+            m += 1
+        stack = stacks[ids[k]] if 0 <= ids[k] < len(stacks) else None
+        if inside > 0 and stack:
             loc = Location(*stack[-1])
             out[loc] = out.get(loc, 0.0) + inside
     return out
@@ -178,29 +183,34 @@ def _straggler(ranks: list[Rank], matched: int, offsets: list[float]) -> tuple[S
     culprit = max(range(n), key=lambda k: caused[k]) if matched and n > 1 else None
     if culprit is None or caused[culprit] <= 0:
         return None, waits
-    # Where it lost the time: each rank's span before each call the culprit held up, from its previous call's end
-    spans = [[(r.calls[i - 1].end if i else r.trace.start, r.calls[i].start) for i in range(matched)
-              if lasts[i] == culprit] for r in ranks]
-    lines = [_line_times(r.trace, spans[k]) for k, r in enumerate(ranks)]
+    # Where it lost the time: the line at which its host spent the most beyond the other ranks' (the median), over
+    # the window. Not only before the calls it held up: on a GPU the host runs ahead, and the GPU's wait for it
+    # comes later than the line that made it.
+    lines = [_line_times(r.trace, [(r.trace.start, r.trace.end)]) for r in ranks]
     excess = {loc: t - statistics.median([lines[k].get(loc, 0.0) for k in range(n) if k != culprit])
               for loc, t in lines[culprit].items()}
     where = max(excess, key=excess.get) if excess else None
-    return Straggler(culprit, lasts.count(culprit), matched, caused[culprit] / steps / 1e3, where,
+    return Straggler(ranks[culprit].rank, lasts.count(culprit), matched, caused[culprit] / steps / 1e3, where,
                      (excess[where] if where else 0.0) / steps / 1e3), waits
 
 
-def merge(traces: list[Trace]) -> Merged:
-    """The ranks' traces (in rank order) read together."""
-    ranks = [rank_of(t, k) for k, t in enumerate(traces)]
+def merge(traces: dict[int, Trace]) -> Merged:
+    """The ranks' traces ({rank: trace}) read together.
+
+    Calls are matched by their order on every rank, as far as they agree in kind and size: a program whose ranks
+    call different collectives at once (tensor or pipeline parallel groups beside data parallel ones) is matched
+    up to its first disagreement, and the report says where."""
+    ranks = [rank_of(t, rank) for rank, t in sorted(traces.items())]
     counts = [len(r.calls) for r in ranks]
     matched = min(counts) if ranks else 0
     mismatch = None
     if len(set(counts)) > 1:
         mismatch = f"the ranks recorded {', '.join(map(str, counts))} collective calls; the first {matched} compared"
     for i in range(matched):
-        kinds = {r.calls[i].kind for r in ranks}
-        if len(kinds) > 1:
-            mismatch = f"call {i + 1} is {' on one rank and '.join(sorted(kinds))} on another: the first {i} compared"
+        shapes = {(r.calls[i].kind, r.calls[i].nbytes) for r in ranks}
+        if len(shapes) > 1:
+            said = " and ".join(f"{kind} of {nbytes or '?'} bytes" for kind, nbytes in sorted(shapes, key=str))
+            mismatch = f"call {i + 1} is {said} on different ranks (other process groups?): the first {i} compared"
             matched = i
             break
     offsets = _offsets(ranks, matched)

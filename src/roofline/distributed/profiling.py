@@ -34,9 +34,20 @@ def under_torchrun() -> tuple[int, int] | None:
 
 
 def default_dir() -> Path:
-    """The folder the ranks of one torchrun job share on a host: named by the job's run id."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT", "local")
+    """The folder the ranks of one torchrun job share on a host: named by the job's run id and rendezvous port
+    (plain torchrun's run id is "none" for every job: wait_for tells this job's traces by their time)."""
+    run = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}-{os.environ.get('MASTER_PORT', '0')}"
     return Path(tempfile.gettempdir()) / f"roofline-ranks-{run}"
+
+
+def started() -> float:
+    """When this rank's recording began (wall clock), for telling its job's traces from an earlier job's; a rank's
+    own earlier trace is removed (a stale one must never pass for this run's)."""
+    return time.time()
+
+
+def forget_earlier(folder: Path, rank: int) -> None:
+    trace_path(folder, rank).unlink(missing_ok=True)
 
 
 def trace_path(folder: Path, rank: int) -> Path:
@@ -52,13 +63,20 @@ def publish(folder: Path, rank: int) -> None:
     os.replace(partial_path(folder, rank), trace_path(folder, rank))
 
 
-def wait_for(folder: Path, world: int, timeout_s: float = RANK_WAIT_S) -> tuple[list[Path], list[int]]:
-    """The ranks' traces once every one is there, or at the timeout: (traces found, in rank order; ranks missing)."""
+def wait_for(folder: Path, world: int, timeout_s: float = RANK_WAIT_S,
+             since: float = 0.0) -> tuple[dict[int, Path], list[int]]:
+    """The ranks' traces once every one is there, or at the timeout: ({rank: trace}, ranks missing). A trace
+    written before `since` (an earlier job's, in a folder reused) counts as missing."""
     deadline = time.monotonic() + timeout_s
+
+    def fresh(path: Path) -> bool:
+        return path.exists() and path.stat().st_mtime >= since - 60   # 60 s: clocks of hosts sharing the folder
+
     while True:
-        missing = [r for r in range(world) if not trace_path(folder, r).exists()]
+        found = {r: trace_path(folder, r) for r in range(world) if fresh(trace_path(folder, r))}
+        missing = [r for r in range(world) if r not in found]
         if not missing or time.monotonic() > deadline:
-            return [trace_path(folder, r) for r in range(world) if r not in missing], missing
+            return found, missing
         time.sleep(0.2)
 
 
@@ -84,11 +102,11 @@ def _status(code: int) -> str:
     return f"exit status {code}" if code >= 0 else f"killed by signal {-code}"
 
 
-def write_merged_trace(paths: list[Path], offsets_us: list[float], out: Path) -> None:
+def write_merged_trace(paths: dict[int, Path], offsets_us: list[float], out: Path) -> None:
     """One Chrome/Perfetto trace of every rank: each rank's processes renamed "rank R: ..." and numbered apart,
-    its times moved onto rank 0's clock."""
+    its flow arrows (a launch to its kernel) kept to their rank, its times moved onto the first rank's clock."""
     events = []
-    for rank, (path, offset) in enumerate(zip(paths, offsets_us)):
+    for (rank, path), offset in zip(sorted(paths.items()), offsets_us):
         with gzip.open(path, "rt") as f:
             data = json.load(f)
         pids: dict = {}
@@ -97,6 +115,8 @@ def write_merged_trace(paths: list[Path], offsets_us: list[float], out: Path) ->
             e = {**e, "pid": pid}
             if "ts" in e and isinstance(e["ts"], (int, float)):
                 e["ts"] = e["ts"] - offset
+            if e.get("ph") in ("s", "t", "f") and "id" in e:
+                e["id"] = f"{rank}:{e['id']}"
             if e.get("ph") == "M" and e.get("name") == "process_name":
                 e["args"] = {"name": f"rank {rank}: {(e.get('args') or {}).get('name', '')}"}
             events.append(e)

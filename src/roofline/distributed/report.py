@@ -87,7 +87,7 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
         console.print("[yellow]No rank called a collective in the recorded steps: there is no communication to "
                       "show (a program of several ranks that never communicates trains several models).[/yellow]")
     rows = [Row([str(r.rank), _ms(r.step_ms), _ms(r.compute_ms), _ms(r.comm_ms), _ms(r.exposed_ms),
-                 "" if r.overlap is None else f"{r.overlap:.0%}", _ms(merged.waits_ms[r.rank])]) for r in ranks]
+                 "" if r.overlap is None else f"{r.overlap:.0%}", _ms(wait)]) for r, wait in zip(ranks, merged.waits_ms)]
     show(console, "ranks (ms a step)", [Column("rank"), Column("step"), Column("compute"), Column("comm"),
                                         Column("exposed"), Column("overlap", "ovl"), Column("waited", "wait")], rows)
     rows = []
