@@ -2,14 +2,18 @@
 
     torchrun --nproc-per-node 2 examples/ddp_train.py --steps 20
     roofline profile --nproc-per-node 2 --skip 5 examples/ddp_train.py --steps 20
+    python examples/ddp_train.py --steps 20      # the same step on one GPU, with no DDP: nothing to communicate
 
 bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens a rank (each rank its own random batch). DDP reduces the
 gradients in buckets while the backward runs; --bucket-cap-mb sets their size (DDP's default: 25), --slow-rank R
 makes rank R sleep --slow-ms after each step (a planted straggler: a rank that loads its data late). On CPUs it
-trains a two-layer model of the same code over gloo in seconds.
+trains a two-layer model of the same code over gloo in seconds. Rank 0 prints the median step time of the steps
+after the first five (CUDA events between steps, no synchronization in the loop).
 """
 
 import argparse
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,23 +35,38 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8 if gpu else 2)
     p.add_argument("--seq", type=int, default=1024 if gpu else 16)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--fsdp2", action="store_true", help="FSDP2 instead of DDP: each block sharded, then the model "
+                   "(bf16 parameters for the compute, fp32 gradients reduced)")
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--slow-ms", type=float, default=20.0)
     args = p.parse_args(argv)
 
-    dist.init_process_group("nccl" if gpu else "gloo")
-    rank = dist.get_rank()
-    device = torch.device("cuda", int(__import__("os").environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
+    several = "RANK" in os.environ   # started by torchrun (or roofline profile --nproc-per-node)
+    if several:
+        dist.init_process_group("nccl" if gpu else "gloo")
+    rank = dist.get_rank() if several else 0
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(device)
     torch.manual_seed(0)   # the same weights on every rank (DDP also broadcasts rank 0's)
     with device:
         model = GPT2(GPT2Config() if gpu else GPT2Config(**TINY))
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if gpu else None,
-                                                    bucket_cap_mb=args.bucket_cap_mb)
+    if several and args.fsdp2:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if gpu else None, reduce_dtype=torch.float32)
+        for block in model.h:
+            fully_shard(block, mp_policy=policy)
+        ddp = fully_shard(model, mp_policy=policy)
+    elif several:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if gpu else None,
+                                                        bucket_cap_mb=args.bucket_cap_mb)
+    else:
+        ddp = model
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-4, fused=gpu)
     generator = torch.Generator(device).manual_seed(rank)   # each rank its own data
     vocab = model.config.vocab_size
+    marks = []
     for step in range(args.steps):
         idx = torch.randint(0, vocab, (args.batch, args.seq), device=device, generator=generator)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu):
@@ -57,9 +76,30 @@ def main(argv=None):
         optimizer.zero_grad(set_to_none=True)
         if rank == args.slow_rank:
             time.sleep(args.slow_ms / 1e3)   # a rank late to every next collective
+        marks.append(_mark(gpu))
     if rank == 0:
-        print(f"final loss {loss.item():.4f} after {args.steps} steps on {dist.get_world_size()} ranks")
-    dist.destroy_process_group()
+        world = dist.get_world_size() if several else 1
+        print(f"final loss {loss.item():.4f} after {args.steps} steps on {world} rank{'s' if world > 1 else ''}")
+        times = _elapsed_ms(marks[4:], gpu)
+        if times:
+            print(f"step time {statistics.median(times):.2f} ms (the median of steps 6 to {args.steps})")
+    if several:
+        dist.destroy_process_group()
+
+
+def _mark(gpu: bool):
+    if not gpu:
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _elapsed_ms(marks: list, gpu: bool) -> list[float]:
+    if gpu:
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+    return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def test_the_ladder_climbs_every_rung_this_machine_can_run():
     # cumulative: the optimizer's rung runs in bf16 too
     assert by_name["fused optimizer"].config == {"precision": "bf16", "fused_optimizer": True, "patch": False,
                                                  "fused_head_loss": False, "compile": None, "graphs": False,
-                                                 "changes": ()}
+                                                 "changes": (), "parallel": None}
     assert by_name["fused linear + cross-entropy"].config["fused_head_loss"]
     assert by_name["fused optimizer"].vs_previous == pytest.approx(
         by_name["bf16 autocast"].median_ms / by_name["fused optimizer"].median_ms)
@@ -122,7 +122,7 @@ def test_cli_climbs_the_ladder_and_writes_every_report(tmp_path):
     rungs = {r["rung"]: r for r in json.loads((tmp_path / "l.json").read_text())["rungs"]}
     assert rungs["fused linear + cross-entropy"]["status"] == "ok" and rungs["fused linear + cross-entropy"][
         "config"] == {"precision": "bf16", "fused_optimizer": True, "patch": False, "fused_head_loss": True,
-                      "compile": None, "graphs": False, "changes": ["SDPA"]}
+                      "compile": None, "graphs": False, "changes": ["SDPA"], "parallel": None}
     assert [rungs[name]["reason"] for name in ("roofline.patch", "torch.compile", "compile max-autotune")] == [
         "left out by the task"] * 3
     assert "| fused linear + cross-entropy |" in (tmp_path / "l.md").read_text()
@@ -147,7 +147,7 @@ def test_a_cuda_graph_s_loss_is_checked_at_the_first_step_it_was_seen():
     graphs = rung("CUDA graphs", [None, None, None, 2.0005, 1.0], 5.0)
     broken = rung("broken", [None, None, None, None, 9.0], 5.0)
     unseen = rung("unseen", [None] * 5, 5.0)
-    ladder._compare([base, graphs, broken, unseen], check_steps=3)
+    ladder.compare([base, graphs, broken, unseen], check_steps=3)
     assert (graphs.loss_step, graphs.loss, graphs.status) == (4, 2.0005, "ok")
     assert graphs.loss_error == pytest.approx(0.0005 / 2.0) and graphs.vs_baseline == 2.0
     assert (broken.loss_step, broken.status) == (5, "numerics")

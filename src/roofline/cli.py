@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -156,28 +153,13 @@ def load_target(target: str):
 
 
 def _load_name(target: str, kind: type):
-    """The object 'path/to/file.py:name' or 'package.module:name' names; called first if it is a function (not
-    itself a `kind`)."""
-    if ":" not in target:
-        raise typer.BadParameter(f"expected FILE_OR_MODULE:FUNCTION, got {target!r}", param_hint="TARGET")
-    where, name = target.rsplit(":", 1)
+    """The object TARGET names (roofline.targets), or a usage error naming TARGET."""
+    from roofline.targets import TargetError, load_name
+
     try:
-        if where.endswith(".py") or "/" in where:
-            path = Path(where)
-            if not path.is_file():
-                raise typer.BadParameter(f"no such file: {where}", param_hint="TARGET")
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.path.insert(0, str(path.parent.resolve()))
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-    except ImportError as exc:
-        raise typer.BadParameter(f"cannot import {where}: {exc}", param_hint="TARGET") from exc
-    if not hasattr(module, name):
-        raise typer.BadParameter(f"{where} has no attribute {name!r}", param_hint="TARGET")
-    obj = getattr(module, name)
-    return obj() if callable(obj) and not isinstance(obj, kind) else obj
+        return load_name(target, kind)
+    except TargetError as exc:
+        raise typer.BadParameter(str(exc), param_hint="TARGET") from exc
 
 
 def _numbered(path: Path, i: int, count: int) -> Path:
@@ -465,14 +447,31 @@ def ladder(
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a waterfall plot (PNG) of the time each "
                                              "rung removed."),
     device: Optional[str] = typer.Option(None, help="Device, e.g. cuda:0 or cpu (default: cuda if there is one)."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=2, help="Climb a training task on "
+                                                 "this many ranks of this host too (a GPU each; gloo processes on "
+                                                 "CPUs), after one GPU: scaling efficiency, MFU, memory per rank."),
+    parallel: Optional[List[str]] = typer.Option(None, "--parallel", help="With --nproc-per-node: ddp or fsdp2 "
+                                                 "(repeatable; default both, in that order)."),
 ):
     """Climb the optimization ladder on a training step (each rung one known change on top of the ones before,
     timed, and its loss checked against the fp32 baseline's) or on greedy generation (CUDA graphs, int8 weights,
-    speculative decoding; tokens checked against bf16 eager's)."""
+    speculative decoding; tokens checked against bf16 eager's).
+
+    With --nproc-per-node N a training step climbs on one GPU, then on N ranks under DDP and FSDP2, each rank on
+    the task's batch: each rung's loss is held against the one-GPU run's."""
     import dataclasses
 
     from roofline import ladder as _ladder
+    from roofline.distributed.wrapping import STRATEGIES
 
+    if parallel and not nproc_per_node:
+        raise typer.BadParameter("only with --nproc-per-node", param_hint="--parallel")
+    wrong = [p for p in parallel or () if p not in STRATEGIES]
+    if wrong:
+        raise typer.BadParameter(f"{', '.join(map(repr, wrong))}: the strategies are {', '.join(STRATEGIES)}",
+                                 param_hint="--parallel")
+    if nproc_per_node and device:
+        raise typer.BadParameter("not with --nproc-per-node (each rank takes its own GPU)", param_hint="--device")
     task = _load_name(target, (_ladder.TrainTask, _ladder.GenerateTask))
     if not isinstance(task, (_ladder.TrainTask, _ladder.GenerateTask)):
         raise typer.BadParameter(f"{target} must be a roofline.ladder.TrainTask or GenerateTask, or a function "
@@ -487,6 +486,10 @@ def ladder(
     elif steps:
         task = dataclasses.replace(task, repeats=steps)
     task = dataclasses.replace(task, skip=tuple(task.skip) + tuple(skip or ()))
+    if nproc_per_node:
+        _ladder_ranks(target, task, nproc_per_node, tuple(parallel or STRATEGIES), steps, skip, json_path,
+                      markdown_path, plot_path)
+        return
     result = _ladder.run(task, device=device, progress=lambda r: err.print(f"[dim]rung: {r.name}[/dim]"))
     _ladder.print_table(result, console)
     if json_path:
@@ -498,6 +501,38 @@ def ladder(
             _ladder.waterfall(result, plot_path)
         else:
             err.print("no rung was timed: no waterfall to plot")
+
+
+def _ladder_ranks(target, task, nproc, strategies, steps, skip, json_path, markdown_path, plot_path) -> None:
+    """`roofline ladder --nproc-per-node N`: the task on one GPU, then on N ranks under each strategy."""
+    import torch
+
+    from roofline import ladder as _ladder
+    from roofline.distributed import RankFailed
+    from roofline.distributed import ladder as ranks_ladder
+
+    if not isinstance(task, _ladder.TrainTask):
+        raise typer.BadParameter("several ranks climb a training task (TrainTask) only", param_hint="TARGET")
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise typer.BadParameter(f"{nproc} ranks need {nproc} GPUs, and this machine has "
+                                 f"{torch.cuda.device_count()}", param_hint="--nproc-per-node")
+    try:
+        result = ranks_ladder.run(target, nproc, strategies, steps=steps, skip=tuple(skip or ()))
+    except RankFailed as exc:
+        err.print(f"roofline ladder: {exc}")
+        raise typer.Exit(1)
+    ranks_ladder.print_tables(result, console)
+    if json_path:
+        json_path.write_text(json.dumps(result.to_dict(), indent=1))
+    if markdown_path:
+        markdown_path.write_text(ranks_ladder.markdown(result))
+    if plot_path:
+        ladders = [result.reference, *result.ladders]
+        for i, each in enumerate(ladders):
+            if any(r.median_ms is not None for r in each.rungs):
+                _ladder.waterfall(each, _numbered(plot_path, i, len(ladders)))
+    if result.failures:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -71,6 +71,7 @@ class Config:
     compile: str | None = None      # None, "default" or "max-autotune"
     graphs: bool = False
     changes: tuple[str, ...] = ()   # the task's own rungs applied (by name)
+    parallel: str | None = None     # on several ranks: "ddp" or "fsdp2" (roofline.distributed.wrapping)
 
 
 @dataclass(frozen=True)
@@ -121,11 +122,14 @@ TRAINING_RUNGS = (
          lambda c: replace(c, fused_head_loss=True), needs_task="fuse_head_loss"),
     Rung("torch.compile", "model = torch.compile(model)", lambda c: replace(c, compile="default")),
     Rung("compile max-autotune", "model = torch.compile(model, mode='max-autotune')",
-         lambda c: replace(c, compile="max-autotune"), needs_cuda=True),
+         lambda c: replace(c, compile="max-autotune"), needs_cuda=True,
+         refused=lambda c: "not climbed on several ranks: its CUDA graphs would hold the collectives of DDP or "
+                           "FSDP2" if c.parallel else None),
     Rung("CUDA graphs", "step = capture(step)  # the whole step replayed as one graph (roofline.bench.steps)",
          lambda c: replace(c, graphs=True), needs_cuda=True,
-         refused=lambda c: "torch.compile's max-autotune mode replays CUDA graphs itself (its cudagraph trees "
-                           "cannot be captured again)" if c.compile == "max-autotune" else None),
+         refused=lambda c: "not climbed on several ranks: a captured step would hold the collectives of DDP or "
+                           "FSDP2" if c.parallel else "torch.compile's max-autotune mode replays CUDA graphs itself "
+                           "(its cudagraph trees cannot be captured again)" if c.compile == "max-autotune" else None),
 )
 GENERATION_RUNGS = (   # cumulative too; int8 weight-only turns graphs off (int8 eager follows CUDA graphs)
     Rung("bf16 eager", "(as written: bf16 weights, a static KV cache, one token a step)", lambda c: c),
@@ -153,8 +157,13 @@ def _step_fn(task: TrainTask, config: Config, device: torch.device, changes: dic
         roofline.patch(model)
     for name in config.changes:
         changes[name](model)
-    forward = model if config.compile is None else torch.compile(
-        model, mode=None if config.compile == "default" else config.compile)
+    if config.parallel:
+        from roofline.distributed.wrapping import wrap
+
+        forward = wrap(model, config.parallel, device, bf16=config.precision == "bf16", compile_mode=config.compile)
+    else:
+        forward = model if config.compile is None else torch.compile(
+            model, mode=None if config.compile == "default" else config.compile)
     kind = {"fused": True} if config.fused_optimizer else {"foreach": device.type == "cuda"}
     optimizer = torch.optim.AdamW(model.parameters(), lr=task.lr, capturable=config.graphs, **kind)
     batch = task.batch(device)
@@ -206,21 +215,27 @@ def _climb_one(task: TrainTask, rung: Rung, config: Config, device: torch.device
             result.peak_gib = torch.cuda.max_memory_allocated() / 2**30
         result.losses = [None if x is None else float(x) for x in losses]
     except Exception as exc:   # a rung that fails to build or run is reported, and the ladder goes on
+        if config.parallel:   # ... but not on one rank of several: the others would wait for it at a collective
+            raise RuntimeError(f"rung {rung.name!r} failed: {type(exc).__name__}: {exc}") from exc
         result.status, result.reason = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     finally:
         torch.set_float32_matmul_precision(previous_precision)
     return result
 
 
-def run(task: TrainTask | GenerateTask, device=None, rungs=None, progress: Callable | None = None) -> LadderResult:
+def run(task: TrainTask | GenerateTask, device=None, rungs=None, progress: Callable | None = None,
+        parallel: str | None = None) -> LadderResult:
     """Climb the ladder on `task`: a training step's rungs (TRAINING_RUNGS), each change on top of the ones before
-    it, or a generation's (GENERATION_RUNGS)."""
+    it, or a generation's (GENERATION_RUNGS). parallel: this process is one rank of several, each rung's model
+    wrapped in "ddp" or "fsdp2" (roofline.distributed.ladder runs the ranks and puts their results together)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     generating = isinstance(task, GenerateTask)
     if rungs is None:
         rungs = ladder_rungs(task)
     changes = {r.name: r.model_change for r in rungs if r.model_change is not None}
-    config, results = GenerateConfig() if generating else Config(), []
+    if parallel and generating:
+        raise ValueError("parallel: a generation ladder runs on one GPU")
+    config, results = GenerateConfig() if generating else Config(parallel=parallel), []
     for rung in rungs:
         if rung.name in task.skip:
             results.append(RungResult(rung.name, rung.change, asdict(config), "skipped", "left out by the task"))
@@ -247,12 +262,13 @@ def run(task: TrainTask | GenerateTask, device=None, rungs=None, progress: Calla
     if generating:
         generation_ladder.compare(results, task.check_tokens, task.agreement)
     else:
-        _compare(results, task.check_steps)
-    return LadderResult(task.name, str(device), results, "generate" if generating else "train")
+        compare(results, task.check_steps)
+    return LadderResult(task.name, str(device), results, "generate" if generating else "train",
+                        parallel=parallel)
 
 
-def _compare(results: list[RungResult], check_steps: int) -> None:
-    """Speedups over the rung before and over the baseline; each loss against the baseline's."""
+def compare(results: list[RungResult], check_steps: int | None) -> None:
+    """Speedups over the rung before and over the baseline; with check_steps, each loss against the baseline's."""
     timed = [r for r in results if r.median_ms is not None]
     if not timed:
         return
@@ -260,6 +276,8 @@ def _compare(results: list[RungResult], check_steps: int) -> None:
     for before, r in zip([None] + timed[:-1], timed):
         r.vs_baseline = base.median_ms / r.median_ms
         r.vs_previous = before.median_ms / r.median_ms if before else None
+        if check_steps is None:
+            continue
         # the check_steps-th step, or the first after it that both ran outside a capture
         step = next((i for i in range(check_steps - 1, min(len(r.losses), len(base.losses)))
                      if r.losses[i] is not None and base.losses[i] is not None), None)
@@ -276,6 +294,9 @@ def _columns(result: LadderResult) -> tuple[str, ...]:
     if result.kind == "generate":
         return ("ms/token (95% CI)", "tokens/s", "vs before", "vs baseline", "held GiB", "set-up s",
                 "tokens = baseline's", "agreement", "guesses kept (k); draft's tokens")
+    if result.ranks > 1:
+        return ("ms/step (95% CI)", "vs before", "vs baseline", "tokens/s/GPU", "scaling", "MFU", "peak GiB/rank",
+                "warm-up s", "loss", "vs one GPU")
     return ("ms/step (95% CI)", "vs before", "vs baseline", "peak GiB", "warm-up s", "loss", "numerics")
 
 
@@ -295,6 +316,9 @@ def _cells(result: LadderResult, r: RungResult, rich: bool) -> list[str]:
         agreement = f"{r.agreement:.1%}" if r.agreement is not None else ""
         return [*common, f"{r.tokens_per_s:,.0f}", *speedups, *memory, matched,
                 agreement if r.status == "ok" else red(agreement), accepted]
+    if result.ranks > 1:
+        speedups += [f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "", f"{r.scaling:.2f}" if r.scaling else "",
+                     f"{r.mfu:.1%}" if r.mfu is not None else ""]
     if r.loss is None:
         return [*common, *speedups, *memory, "", r.reason or ""]
     numerics = "ok" + (f" ({r.loss_error:.1e} <= {r.tolerance:.0e})" if r.loss_error is not None else "") \
@@ -304,10 +328,11 @@ def _cells(result: LadderResult, r: RungResult, rich: bool) -> list[str]:
 
 # Short headers where the table is too wide for the terminal (roofline.tables); the rest fold.
 _SHORT = {"ms/step (95% CI)": "ms/step", "ms/token (95% CI)": "ms/token", "vs before": "vs prev",
-          "vs baseline": "vs base", "warm-up s": "warm s", "tokens = baseline's": "same tokens"}
+          "vs baseline": "vs base", "warm-up s": "warm s", "tokens = baseline's": "same tokens",
+          "tokens/s/GPU": "tok/s/GPU", "peak GiB/rank": "peak GiB", "vs one GPU": "vs 1 GPU"}
 
 
-def print_table(result: LadderResult, console=None) -> None:
+def print_table(result: LadderResult, console=None, changes: bool = True) -> None:
     from rich.console import Console
 
     from roofline.tables import Column, Row, show
@@ -319,7 +344,10 @@ def print_table(result: LadderResult, console=None) -> None:
                fold=h in (headers[0], headers[-1], "loss", "agreement")) for h in headers]
     rows = [Row([r.rung, *[""] * (len(headers) - 1), f"[dim]{r.status}: {r.reason}[/dim]"]) if r.median_ms is None
             else Row([r.rung, *_cells(result, r, rich=True)]) for r in result.rungs]
-    show(console, f"ladder: {result.task} on {result.device}", columns, rows)
+    show(console, f"ladder: {result.task}" + (f", {result.parallel}" if result.parallel else "")
+         + f" on {result.device}", columns, rows)
+    if not changes:
+        return
     console.print("each rung's change, on top of the ones above it:")
     for r in result.rungs:
         console.print(f"  {r.rung}: [cyan]{r.change}[/cyan]", highlight=False)
@@ -373,7 +401,8 @@ def waterfall(result: LadderResult, path) -> str:
             ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(timed) + 1), [*names, "result"], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("ms per token (median)" if result.kind == "generate" else "ms per training step (median)")
-    ax.set_title(f"ladder: {result.task} on {result.device}", fontsize=10)
+    ax.set_title(f"ladder: {result.task}" + (f", {result.parallel}" if result.parallel else "")
+                 + f" on {result.device}", fontsize=10)
     ax.margins(y=0.12)
     fig.tight_layout()
     fig.savefig(path, dpi=130)

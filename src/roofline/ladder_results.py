@@ -29,6 +29,9 @@ class RungResult:
     tolerance: float | None = None
     vs_previous: float | None = None   # speedup over the last timed rung
     vs_baseline: float | None = None
+    # on several ranks (roofline.distributed.ladder), against the same rung on one GPU:
+    scaling: float | None = None       # the one-GPU step time over this one's
+    mfu: float | None = None           # model FLOPs a second on each GPU over its dense bf16 peak
     # generation (median_ms and the samples are then per token):
     tokens_per_s: float | None = None
     tokens: list = field(default_factory=list)   # the first timed generation's tokens (the first prompt's)
@@ -48,9 +51,12 @@ class LadderResult:
     device: str
     rungs: list[RungResult]
     kind: str = "train"             # or "generate"
+    ranks: int = 1
+    parallel: str | None = None     # on several ranks: "ddp" or "fsdp2"
 
     def to_dict(self) -> dict:
-        return {"task": self.task, "device": self.device, "kind": self.kind, "rungs": [asdict(r) for r in self.rungs]}
+        return {"task": self.task, "device": self.device, "kind": self.kind, "ranks": self.ranks,
+                "parallel": self.parallel, "rungs": [asdict(r) for r in self.rungs]}
 
     def write_json(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -58,4 +64,5 @@ class LadderResult:
     @classmethod
     def read_json(cls, path) -> "LadderResult":
         data = json.loads(Path(path).read_text())
-        return cls(data["task"], data["device"], [RungResult(**r) for r in data["rungs"]], data.get("kind", "train"))
+        return cls(data["task"], data["device"], [RungResult(**r) for r in data["rungs"]], data.get("kind", "train"),
+                   data.get("ranks", 1), data.get("parallel"))

@@ -148,6 +148,19 @@ def test_under_autocast_the_matmuls_take_its_dtype_and_the_loss_is_fp32():
     assert abs(loss.double() - exact) <= 2 * abs(expected.double() - exact) + 1e-3
 
 
+def test_under_autocast_weights_in_its_dtype_meet_fp32_activations_as_f_linear_does():
+    """FSDP2 with bf16 parameters gives the head a bf16 weight while the norm before it gives fp32 under autocast:
+    F.linear takes that, and so must the fused head."""
+    x, weight, target, bias = inputs(24, 16, 30)
+    weight, bias = weight.bfloat16(), bias.bfloat16()
+    with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
+        loss = linear_cross_entropy(x, weight, target, bias, backend="triton", chunk_rows=16)
+        expected = torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, weight, bias), target)
+    exact = linear_cross_entropy_reference(x.double(), weight.double(), target, bias.double())
+    assert loss.dtype == torch.float32
+    assert abs(loss.double() - exact) <= 2 * abs(expected.double() - exact) + 1e-3
+
+
 X, W, T = torch.randn(4, 8), torch.randn(10, 8), torch.tensor([1, 2, 3, 4])
 
 

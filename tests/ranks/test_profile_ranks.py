@@ -23,9 +23,9 @@ PROGRAM = textwrap.dedent('''\
     import torch, torch.distributed as dist
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    w = torch.nn.Parameter(torch.randn(64, 64))
+    w = torch.nn.Parameter(torch.randn(1024, 1024))   # 4 MiB: an all_reduce of milliseconds over gloo
     opt = torch.optim.SGD([w], lr=0.01)
-    x = torch.randn(32, 64)
+    x = torch.randn(32, 1024)
     for step in range(int(sys.argv[1])):
         (x @ w).square().mean().backward()
         dist.all_reduce(w.grad)                      # planted: an all_reduce the program waits for
@@ -64,7 +64,7 @@ def test_two_ranks_a_straggler_and_an_exposed_all_reduce_at_their_lines(program,
     assert ranks["world_size"] == 2 and ranks["matched"] == 5 and ranks["mismatch"] is None
     assert [r["steps"] for r in ranks["ranks"]] == [5, 5]
     (row,) = ranks["collectives"]
-    assert (row["kind"], row["bytes"], row["calls"]) == ("all_reduce", 64 * 64 * 4, 1.0)
+    assert (row["kind"], row["bytes"], row["calls"]) == ("all_reduce", 1024 * 1024 * 4, 1.0)
     assert row["where"].startswith(f"train.py:{_line('planted: an all_reduce')}")
     straggler = ranks["straggler"]
     assert straggler["rank"] == 1 and straggler["last_at"] >= 4

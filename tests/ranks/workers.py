@@ -36,3 +36,45 @@ def nccl_settings():
     return {name: os.environ.get(name) for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
                                                     "NVSHMEM_DISABLE_NVLS")}, torch.cuda.current_device()
 
+
+
+def tiny_task():
+    """A training task small enough for gloo ranks in a test: a two-block MLP language model over 64 tokens."""
+    from torch import nn
+
+    from roofline.ladder import TrainTask
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(32, 16)
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)) for _ in range(2))
+            self.head = nn.Linear(16, 32)
+
+        def forward(self, idx, targets):
+            x = self.embed(idx)
+            for block in self.blocks:
+                x = x + block(x)
+            return nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+    def batch(device):
+        g = torch.Generator(device).manual_seed(1)
+        return tuple(torch.randint(0, 32, (4, 16), device=device, generator=g) for _ in range(2))
+
+    return TrainTask("tiny", model=Tiny, batch=batch, loss=lambda model, b: model(*b), warmup=2, steps=6,
+                     check_steps=2)
+
+
+def failing_task():
+    """tiny_task, whose step raises on rank 1 from its second rung on: rank 0 would wait for it at DDP's
+    all-reduce."""
+    from dataclasses import replace
+
+    task = tiny_task()
+    loss = task.loss
+
+    def on_rank_1_it_fails(model, b):
+        if dist.get_rank() == 1 and torch.is_autocast_enabled("cpu"):
+            raise ValueError("rank 1 ran out of luck")
+        return loss(model, b)
+    return replace(task, loss=on_rank_1_it_fails)

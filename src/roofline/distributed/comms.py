@@ -116,7 +116,10 @@ def calls(trace: Trace, resolver: Resolver | None = None) -> list[Call]:
         kind = kind_of(op.name)
         kernel = kernels.get(i)
         if kernel is not None:
-            start, end, itemsize, on_gpu = kernel.ts, kernel.end, _kernel_itemsize(kernel.name), True
+            # NCCL names the dtype in a reducing kernel's name; an all-gather's moves bytes of any dtype, and its
+            # c10d op's recorded input type says which
+            itemsize = _kernel_itemsize(kernel.name) or _ITEMSIZE.get((op.dtypes or [None])[0])
+            start, end, on_gpu = kernel.ts, kernel.end, True
         else:
             record = _take_gloo(gloo, kind, op, ranks)
             if record is None:

@@ -266,11 +266,14 @@ def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, ch
     if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"{name}: x's last dimension must be weight's hidden size {weight.shape[1]}, got x of shape "
                          f"{list(x.shape)}")
-    if weight.dtype != x.dtype or weight.device != x.device:
+    # under autocast the matmuls run in its dtype whatever x's and weight's are (as F.linear's): FSDP2 keeps the
+    # weights in bf16 while a norm before the head gives fp32
+    autocast = x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type)
+    if (weight.dtype != x.dtype and not autocast) or weight.device != x.device:
         raise ValueError(f"{name}: weight must have x's dtype and device ({x.dtype} on {x.device}), got "
                          f"{weight.dtype} on {weight.device}")
     if bias is not None and (not isinstance(bias, torch.Tensor) or list(bias.shape) != [weight.shape[0]]
-                             or bias.dtype != x.dtype or bias.device != x.device):
+                             or (bias.dtype != x.dtype and not autocast) or bias.device != x.device):
         raise ValueError(f"{name}: bias must be None or a tensor of shape [{weight.shape[0]}] with x's dtype and "
                          f"device, got {bias if not isinstance(bias, torch.Tensor) else (list(bias.shape), bias.dtype)}")
     check_loss_arguments(name, target, x, "x", ignore_index, reduction, label_smoothing)

@@ -1,0 +1,53 @@
+"""Data parallelism as users write it, for the ladder on several GPUs (roofline.distributed.ladder).
+
+    forward = wrap(model, "ddp", device, bf16=True, compile_mode="default")
+
+ddp: DistributedDataParallel over the whole model (its gradients reduced in buckets while the backward runs), and
+under torch.compile the wrapped model compiled, as PyTorch's DDP notes advise (the compiler splits its graphs at
+the buckets). fsdp2: `fully_shard` on each layer (every module of the model's nn.ModuleLists: the transformer
+blocks), then on the whole model, as torchtitan does; under bf16 its parameters are gathered in bf16 and the
+gradients reduced in fp32 (MixedPrecisionPolicy), and under torch.compile each layer is compiled before it is
+sharded (torchtitan's order). The process group must exist (torch.distributed.init_process_group).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+STRATEGIES = ("ddp", "fsdp2")
+
+
+def layers(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP2 shards one by one: each element of the model's outermost nn.ModuleLists (the blocks, not
+    a list inside a block)."""
+    found, names = [], []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and not any(name.startswith(f"{n}.") for n in names):
+            found += list(module)
+            names += [f"{name}.{i}" for i in range(len(module))]
+    return found
+
+
+def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, compile_mode: str | None) -> nn.Module:
+    """The module a training step calls: `model` under `strategy`, compiled where compile_mode is set (None, or
+    torch.compile's mode: "default", "max-autotune")."""
+    mode = None if compile_mode in (None, "default") else compile_mode
+    if strategy == "ddp":
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        return ddp if compile_mode is None else torch.compile(ddp, mode=mode)
+    if strategy == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
+            else MixedPrecisionPolicy()
+        blocks = layers(model)
+        if not blocks:
+            raise ValueError("fsdp2: the model has no nn.ModuleList of layers to shard one by one")
+        for block in blocks:
+            if compile_mode is not None:
+                block.compile(mode=mode)
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        return model
+    raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")

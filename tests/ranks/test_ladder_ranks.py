@@ -1,0 +1,93 @@
+"""The ladder on several ranks: real gloo process groups of two, DDP and FSDP2 on a small task; each rung's loss
+held against the one-GPU run's, the slowest rank's steps, and a rank that fails stopping the others."""
+
+import json
+
+import pytest
+
+from roofline.distributed import ladder as ranks_ladder
+from roofline.ladder_results import LadderResult, RungResult
+
+from .workers import tiny_task
+
+TARGET = "tests/ranks/workers.py:tiny_task"
+RUNGS = ("fp32 baseline", "bf16 autocast", "fused optimizer")   # what runs on CPUs in seconds
+
+
+def _skip_all_but(rungs):
+    from roofline.ladder import ladder_rungs
+
+    return tuple(r.name for r in ladder_rungs(tiny_task()) if r.name not in rungs)
+
+
+def test_ddp_and_fsdp2_train_as_one_gpu_does_and_are_timed_by_their_slowest_rank():
+    result = ranks_ladder.run(TARGET, 2, skip=_skip_all_but(RUNGS), progress=False)
+    assert [each.parallel for each in result.ladders] == ["ddp", "fsdp2"]
+    assert result.tokens == 4 * 16 and result.flops > 0
+    alone = {r.rung: r for r in result.reference.rungs}
+    for each in result.ladders:
+        assert each.ranks == 2
+        timed = [r for r in each.rungs if r.median_ms is not None]
+        assert [r.rung for r in timed] == list(RUNGS)
+        for r in timed:
+            # every rank trains on the same batch, so the reduced gradients are one GPU's: the same loss
+            assert r.status == "ok", (each.parallel, r.rung, r.loss_error)
+            assert r.loss_step == alone[r.rung].loss_step == 2   # the task's check_steps
+            assert r.loss == pytest.approx(alone[r.rung].loss, rel=r.tolerance)
+            assert r.scaling == pytest.approx(alone[r.rung].median_ms / r.median_ms)
+            assert r.tokens_per_s == pytest.approx(64 / (r.median_ms / 1e3))
+            assert r.mfu is None   # no datasheet peak for a CPU
+            assert len(r.samples_ms) == 6 and r.low_ms <= r.median_ms <= r.high_ms
+        assert timed[0].vs_baseline == 1.0 and timed[1].vs_previous == pytest.approx(
+            timed[0].median_ms / timed[1].median_ms)
+        skipped = next(r for r in each.rungs if r.rung == "CUDA graphs")
+        assert skipped.status == "skipped"
+
+
+def test_the_slowest_rank_sets_each_step():
+    def rung(samples, peak):
+        return RungResult("r", "c", {}, "ok", median_ms=sorted(samples)[len(samples) // 2], samples_ms=samples,
+                          peak_gib=peak, warmup_s=1.0, tolerance=1e-3, losses=[1.0])
+
+    rank0 = LadderResult("t", "cuda:0", [rung([1.0, 5.0, 1.0, 1.0, 1.0, 1.0], peak=2.0), rung([2.0] * 6, 1.0)])
+    rank1 = LadderResult("t", "cuda:1", [rung([3.0, 1.0, 3.0, 3.0, 3.0, 3.0], peak=3.0), rung([1.0] * 6, 1.0)])
+    combined = ranks_ladder.combine([rank0, rank1], "ddp")
+    first, second = combined.rungs
+    assert first.samples_ms == [3.0, 5.0, 3.0, 3.0, 3.0, 3.0] and first.median_ms == 3.0 and first.peak_gib == 3.0
+    assert second.median_ms == 2.0 and second.vs_previous == 1.5 and second.vs_baseline == 1.5
+    assert combined.ranks == 2 and combined.parallel == "ddp" and combined.device == "2 x cuda:0"
+
+
+def test_a_rank_whose_rung_fails_stops_the_others_and_is_named_and_the_next_strategy_climbs():
+    result = ranks_ladder.run("tests/ranks/workers.py:failing_task", 2, ("ddp", "fsdp2"),
+                              skip=_skip_all_but(RUNGS[:2]), progress=False)
+    assert list(result.failures) == ["ddp", "fsdp2"]   # rank 1 fails under each, and each is stopped
+    assert "rank 1: RuntimeError: rung 'bf16 autocast' failed: ValueError: rank 1 ran out of luck (the first " \
+           "error)" in result.failures["ddp"]
+    alone = {r.rung: r.status for r in result.reference.rungs}
+    assert result.ladders == [] and alone["bf16 autocast"] == "ok"   # alone, the step never fails: it is rank 0
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="nproc must be an int of at least 2"):
+        ranks_ladder.run(TARGET, 1)
+    with pytest.raises(ValueError, match="strategies must be some of ddp, fsdp2"):
+        ranks_ladder.run(TARGET, 2, ("zero3",))
+
+
+def test_the_command_writes_every_ladder(tmp_path):
+    from typer.testing import CliRunner
+
+    from roofline.cli import app
+
+    out = tmp_path / "ladder.json"
+    skips = [a for name in _skip_all_but(RUNGS[:2]) for a in ("--skip", name)]
+    run = CliRunner().invoke(app, ["ladder", "--nproc-per-node", "2", "--parallel", "ddp", TARGET, *skips,
+                                   "--steps", "6", "--json", str(out)], env={"COLUMNS": "80"})
+    assert run.exit_code == 0, run.output
+    assert "ladder: tiny, ddp on 2 x cpu" in run.output and "scaling" in run.output
+    data = json.loads(out.read_text())
+    assert [ladder["parallel"] for ladder in data["ladders"]] == ["ddp"] and data["reference"]["ranks"] == 1
+    assert max(len(line) for line in run.output.splitlines()) <= 80
+    wrong = CliRunner().invoke(app, ["ladder", "--parallel", "ddp", TARGET])
+    assert wrong.exit_code != 0 and "only with --nproc-per-node" in wrong.output
