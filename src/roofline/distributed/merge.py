@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from roofline.distributed import comms
 from roofline.profiler.attribution import Location, Resolver
+from roofline.profiler.overhead import unprofiled_steps
 from roofline.profiler.trace import Trace
 
 
@@ -64,15 +65,33 @@ class Rank:
     compute_ms: float            # a step's: the union of the GPU's other work (or the host's ops, on a CPU)
     comm_ms: float               # a step's: the union of the transfers
     exposed_ms: float            # the part of comm_ms no compute overlaps
+    # a step of the program as it runs unrecorded: the steps capture timed outside the window (CUDA events on a
+    # GPU, else the wall clock); None where none were
+    unprofiled_ms: float | None = None
 
     @property
     def overlap(self) -> float | None:
         return 1 - self.exposed_ms / self.comm_ms if self.comm_ms > 0 else None
 
+    @property
+    def stretch(self) -> float | None:
+        """How much longer a step took recorded than unrecorded."""
+        return self.step_ms / self.unprofiled_ms if self.step_ms and self.unprofiled_ms else None
+
+    @property
+    def not_computing_ms(self) -> float | None:
+        """Unrecorded, the part of a step the GPU does not compute: its communication that no computation hides,
+        its waits for other ranks, and its idle. The recorder stretches the host, not the GPU's kernels, so the
+        recorded compute stands for the unrecorded one (on a CPU the recorded ops are the host's: None)."""
+        if self.unprofiled_ms is None or not self.trace.gpu:
+            return None
+        return max(self.unprofiled_ms - self.compute_ms, 0.0)
+
     def to_dict(self) -> dict:
         return {"rank": self.rank, "steps": self.steps, "step_ms": self.step_ms, "compute_ms": self.compute_ms,
                 "comm_ms": self.comm_ms, "exposed_ms": self.exposed_ms, "overlap": self.overlap,
-                "collectives": len(self.calls)}
+                "collectives": len(self.calls), "unprofiled_ms": self.unprofiled_ms, "stretch": self.stretch,
+                "not_computing_ms": self.not_computing_ms}
 
 
 def _compute_spans(trace: Trace, calls: list[comms.Call]) -> list[tuple[float, float]]:
@@ -93,8 +112,9 @@ def rank_of(trace: Trace, rank: int) -> Rank:
     steps = len(trace.steps) or 1
     step_ms = statistics.median(e - s for s, e in trace.steps) / 1e3 if trace.steps else None
     exposed = _length(comm) - _overlap(comm, compute)
+    timed = unprofiled_steps(trace)["gpu_ms" if trace.gpu else "wall_ms"]
     return Rank(rank, trace, calls, len(trace.steps), step_ms, _length(compute) / steps / 1e3,
-                _length(comm) / steps / 1e3, exposed / steps / 1e3)
+                _length(comm) / steps / 1e3, exposed / steps / 1e3, statistics.median(timed) if timed else None)
 
 
 # --------------------------------------------------------------------------- the ranks together
@@ -107,10 +127,19 @@ class Straggler:
     waited_ms: float             # a step: the others' wait for it, summed over them
     where: Location | None       # the line it spent the most time at beyond the other ranks'
     where_ms: float              # that excess, a step
+    compute_excess_ms: float = 0.0   # a step: its compute beyond the other ranks' median (a slower GPU, more work)
+
+    @property
+    def explained_ms(self) -> float:
+        """What the straggler itself spent a step beyond the others, at a line or on its GPU: the time a fix can
+        win. The others' recorded wait can be longer: under the recorder every host is slower, and a small lead
+        of one host's grows into long waits of the others' GPUs."""
+        return max(self.where_ms, self.compute_excess_ms)
 
     def to_dict(self) -> dict:
         return {"rank": self.rank, "last_at": self.last_at, "calls": self.calls, "waited_ms": self.waited_ms,
-                "where": str(self.where) if self.where else None, "where_ms": self.where_ms}
+                "where": str(self.where) if self.where else None, "where_ms": self.where_ms,
+                "compute_excess_ms": self.compute_excess_ms, "explained_ms": self.explained_ms}
 
 
 @dataclass
@@ -190,8 +219,10 @@ def _straggler(ranks: list[Rank], matched: int, offsets: list[float]) -> tuple[S
     excess = {loc: t - statistics.median([lines[k].get(loc, 0.0) for k in range(n) if k != culprit])
               for loc, t in lines[culprit].items()}
     where = max(excess, key=excess.get) if excess else None
+    others = statistics.median(r.compute_ms for k, r in enumerate(ranks) if k != culprit)
     return Straggler(ranks[culprit].rank, lasts.count(culprit), matched, caused[culprit] / steps / 1e3, where,
-                     (excess[where] if where else 0.0) / steps / 1e3), waits
+                     (excess[where] if where else 0.0) / steps / 1e3,
+                     max(ranks[culprit].compute_ms - others, 0.0)), waits
 
 
 def merge(traces: dict[int, Trace]) -> Merged:

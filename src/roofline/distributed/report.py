@@ -32,18 +32,23 @@ def findings(merged: Merged) -> list[Finding]:
     out = []
     step = next((r.step_ms for r in merged.ranks if r.step_ms), None)
     s = merged.straggler
-    if s is not None and step and s.waited_ms > 0.01 * step:
-        where = f" It spent {s.where_ms:,.2f} ms a step more than the others at {s.where}." if s.where else ""
+    # a straggler's gain: what it spent beyond the others, at most what they waited for it
+    gain = min(s.explained_ms, s.waited_ms) if s is not None else 0.0
+    if s is not None and step and gain > 0.01 * step:
+        spent = [f"{s.where_ms:,.2f} ms a step more than the others at {s.where}" if s.where else "",
+                 f"its computation took {s.compute_excess_ms:,.2f} ms a step longer" if s.compute_excess_ms else ""]
         out.append(Finding(
             "straggler", f"rank {s.rank} holds the other ranks back",
-            f"Rank {s.rank} arrived last at {s.last_at} of {s.calls} collectives, and the other ranks waited "
-            f"{s.waited_ms:,.2f} ms a step for it.{where} A rank that loads its data on the critical path, gets a "
-            "larger batch, or runs on a slower GPU makes every rank wait at the next collective.",
-            str(s.where) if s.where else None, s.waited_ms))
+            f"Rank {s.rank} arrived last at {s.last_at} of {s.calls} collectives: "
+            f"{'; '.join(x for x in spent if x)}, and recorded, the other ranks waited {s.waited_ms:,.2f} ms a step "
+            "for it. A rank that loads its data on the critical path, gets a larger batch, or runs on a slower GPU "
+            "makes every rank wait at the next collective.", str(s.where) if s.where else None, gain))
     # The rank that waits least at its collectives shows the communication itself; the others' exposed time adds
     # their wait for a later rank, which the straggler's finding is about.
-    exposed = min(r.exposed_ms for r in merged.ranks)
-    if step and exposed > EXPOSED_SHARE * step:
+    least = min(merged.ranks, key=lambda r: r.exposed_ms)
+    exposed, unrecorded = least.exposed_ms, _exposed_unrecorded(least, s)
+    estimate = exposed if unrecorded is None else unrecorded
+    if step and estimate > EXPOSED_SHARE * (least.unprofiled_ms if unrecorded is not None else step):
         rows = collective_rows(merged)
         top = rows[0]["where"] if rows else None
         if rows and rows[0]["asynchronous"]:
@@ -54,10 +59,17 @@ def findings(merged: Merged) -> list[Finding]:
         else:
             advice = ("The program waits for each collective where it calls it: async_op=True and a wait() just "
                       "before the result is needed let computation run meanwhile.")
-        out.append(Finding(
-            "exposed-communication", "communication no computation hides",
-            f"A step spends {exposed:,.2f} ms of {step:,.2f} communicating with nothing of its own to compute "
-            f"meanwhile (on the rank that waits least for the others). {advice}", top, exposed))
+        if unrecorded is None:
+            said = (f"A step spends {exposed:,.2f} ms of {step:,.2f} communicating with nothing of its own to compute "
+                    "meanwhile (on the rank that waits least for the others).")
+        else:
+            said = (f"Unrecorded, a step of rank {least.rank} (the rank that waits least for the others) takes "
+                    f"{least.unprofiled_ms:,.2f} ms, and its GPU computes {least.compute_ms:,.2f} of them: "
+                    f"{unrecorded:,.2f} ms are communication no computation hides (with any idle"
+                    + (", less its own lead as the straggler" if s is not None and s.rank == least.rank else "")
+                    + f"). Recorded, with steps {least.stretch:.2f}x as long, {exposed:,.2f} ms overlapped nothing.")
+        out.append(Finding("exposed-communication", "communication no computation hides", f"{said} {advice}", top,
+                           estimate))
     for row in collective_rows(merged):
         if row["bytes"] and row["bytes"] < SMALL_BYTES and row["calls"] >= 4 and step and row["ms"] > 0.01 * step:
             out.append(Finding(
@@ -66,6 +78,17 @@ def findings(merged: Merged) -> list[Finding]:
                 "this small are bound by each call's latency, not by the interconnect's bandwidth. Put them in one "
                 "tensor (a bucket) and reduce it once.", row["where"], row["ms"] * (1 - 1 / row["calls"])))
     return sorted(out, key=lambda f: -f.gain_ms)
+
+
+def _exposed_unrecorded(rank, straggler) -> float | None:
+    """A rank's exposed communication in the unrecorded program: the part of its unrecorded step its GPU does not
+    compute, less what it spends as the straggler (its own lead, which the others wait for); None where the
+    steps outside the window were not timed on a GPU."""
+    idle = rank.not_computing_ms
+    if idle is None:
+        return None
+    lead = straggler.explained_ms if straggler is not None and straggler.rank == rank.rank else 0.0
+    return max(idle - lead, 0.0)
 
 
 def _size(nbytes: int | None) -> str:
@@ -86,10 +109,18 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
     if not any(r.calls for r in ranks):
         console.print("[yellow]No rank called a collective in the recorded steps: there is no communication to "
                       "show (a program of several ranks that never communicates trains several models).[/yellow]")
-    rows = [Row([str(r.rank), _ms(r.step_ms), _ms(r.compute_ms), _ms(r.comm_ms), _ms(r.exposed_ms),
-                 "" if r.overlap is None else f"{r.overlap:.0%}", _ms(wait)]) for r, wait in zip(ranks, merged.waits_ms)]
-    show(console, "ranks (ms a step)", [Column("rank"), Column("step"), Column("compute"), Column("comm"),
+    rows = [Row([str(r.rank), _ms(r.unprofiled_ms), _ms(r.step_ms), _ms(r.compute_ms), _ms(r.comm_ms),
+                 _ms(r.exposed_ms), "" if r.overlap is None else f"{r.overlap:.0%}", _ms(wait)])
+            for r, wait in zip(ranks, merged.waits_ms)]
+    show(console, "ranks (ms a step)", [Column("rank"), Column("unrecorded step", "unrec"),
+                                        Column("recorded step", "step"), Column("compute"), Column("comm"),
                                         Column("exposed"), Column("overlap", "ovl"), Column("waited", "wait")], rows)
+    stretched = [r.stretch for r in ranks if r.stretch]
+    if stretched:
+        console.print(f"The recorder stretched the ranks' steps {min(stretched):.2f}x to {max(stretched):.2f}x (the "
+                      "unrecorded steps: timed outside the window). Compute, communication, overlap and waits are the "
+                      "recorded steps'; a finding's gain is the unrecorded program's where the GPU's time says it.",
+                      highlight=False)
     rows = []
     for c in collective_rows(merged)[:top]:
         peak = ceiling.peak_busbw(c["kind"]) if ceiling is not None else None

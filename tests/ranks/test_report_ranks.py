@@ -1,0 +1,63 @@
+"""The findings across ranks, from figures as the GPU's runs give them: the recorder stretches every host, so a
+finding's gain is what the unrecorded program can win (figures of the DDP GPT-2 run on two H100s,
+benchmarks/results/h100x2-distributed.md)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from roofline.distributed.merge import Merged, Rank, Straggler
+from roofline.distributed.report import findings
+from roofline.profiler.attribution import Location
+
+
+def _rank(rank, gpu=True, **figures):
+    return Rank(rank, SimpleNamespace(gpu=[object()] if gpu else []), [], 10, **figures)
+
+
+def _merged(ranks, straggler=None):
+    return Merged(ranks, [0.0] * len(ranks), 140, None, straggler, [0.0] * len(ranks))
+
+
+# recorded: 67 ms steps (2.0x), rank 0 waiting for rank 1's host; unrecorded: 33.1 ms steps of 27.1 ms compute
+RANK0 = dict(step_ms=67.29, compute_ms=29.88, comm_ms=41.55, exposed_ms=27.18, unprofiled_ms=33.14)
+RANK1 = dict(step_ms=66.54, compute_ms=27.14, comm_ms=3.01, exposed_ms=1.84, unprofiled_ms=33.13)
+LINE = Location("examples/models/gpt2.py", 71, "forward")
+
+
+def test_a_wait_the_straggler_does_not_explain_is_no_finding_and_exposure_is_the_unrecorded_programs():
+    # the others waited 43.55 ms a step, recorded, but rank 1 spent only 0.38 ms more at any line, and its GPU
+    # computed less than rank 0's: no straggler to fix
+    lead = Straggler(1, 135, 140, 43.55, LINE, 0.38, 0.0)
+    found = {f.id: f for f in findings(_merged([_rank(0, **RANK0), _rank(1, **RANK1)], lead))}
+    assert "straggler" not in found
+    exposed = found["exposed-communication"]
+    # rank 1 waits least: unrecorded 33.13 - 27.14 ms of compute, less its own 0.38 ms lead
+    assert exposed.gain_ms == pytest.approx(33.13 - 27.14 - 0.38)
+    assert "Unrecorded, a step of rank 1" in exposed.message and "2.01x as long, 1.84 ms" in exposed.message
+
+
+def test_a_straggler_s_gain_is_its_own_lead_not_the_recorded_wait():
+    lead = Straggler(1, 140, 140, 94.49, LINE, 20.3, 0.0)   # rank 1 sleeps 20 ms after each step
+    asleep = [_rank(0, **{**RANK0, "unprofiled_ms": 53.4}), _rank(1, **{**RANK1, "unprofiled_ms": 53.4})]
+    found = {f.id: f for f in findings(_merged(asleep, lead))}
+    assert found["straggler"].gain_ms == pytest.approx(20.3) and found["straggler"].where == str(LINE)
+    assert "waited 94.49 ms a step" in found["straggler"].message
+    # its sleep is no communication: rank 1's unrecorded step less its compute and its own lead
+    assert found["exposed-communication"].gain_ms == pytest.approx(53.4 - 27.14 - 20.3)
+    # a GPU that computes longer is a straggler without a line
+    slow_gpu = Straggler(0, 140, 140, 10.0, None, 0.0, 2.74)
+    found = {f.id: f for f in findings(_merged([_rank(0, **RANK0), _rank(1, **RANK1)], slow_gpu))}
+    assert found["straggler"].gain_ms == pytest.approx(2.74) and "computation took 2.74 ms a step longer" in \
+        found["straggler"].message
+
+
+def test_on_cpus_the_recorded_exposure_stands():
+    ranks = [_rank(0, gpu=False, **RANK0), _rank(1, gpu=False, **{**RANK1, "exposed_ms": 4.0})]
+    assert ranks[1].not_computing_ms is None
+    found = {f.id: f for f in findings(_merged(ranks))}
+    assert found["exposed-communication"].gain_ms == pytest.approx(4.0)
+    assert "A step spends 4.00 ms of 67.29" in found["exposed-communication"].message
+    # under 5% of the step: no finding
+    ranks[1].exposed_ms = 1.84
+    assert "exposed-communication" not in {f.id for f in findings(_merged(ranks))}
