@@ -210,8 +210,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("what", choices=("ladder", "profile", "recording"))
-    parser.add_argument("--nproc", type=int, default=torch.cuda.device_count(), help="ranks (on CPUs: gloo "
-                        "processes, a dry run of the small models)")
+    parser.add_argument("--nproc", type=int, default=torch.cuda.device_count(), help="ranks (on CPUs, ladder and "
+                        "profile run gloo processes: a dry run of the small models; recording needs GPUs)")
     parser.add_argument("--task", default="gpt2", choices=("gpt2", "llama"))
     parser.add_argument("--parallel", nargs="+", default=["ddp", "fsdp2"])
     parser.add_argument("--skip", nargs="*", default=[], help="rungs to leave out, by name")

@@ -21,7 +21,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)   # messages unbroken: a path in them stays one word to copy
 
 
 def _gib(n: int | None) -> str:
@@ -487,8 +487,8 @@ def ladder(
         task = dataclasses.replace(task, repeats=steps)
     task = dataclasses.replace(task, skip=tuple(task.skip) + tuple(skip or ()))
     if nproc_per_node:
-        _ladder_ranks(target, task, nproc_per_node, tuple(parallel or STRATEGIES), steps, skip, json_path,
-                      markdown_path, plot_path)
+        _ladder_ranks(target, task, nproc_per_node, tuple(dict.fromkeys(parallel or STRATEGIES)), steps, skip,
+                      json_path, markdown_path, plot_path)
         return
     result = _ladder.run(task, device=device, progress=lambda r: err.print(f"[dim]rung: {r.name}[/dim]"))
     _ladder.print_table(result, console)

@@ -27,7 +27,7 @@ def _trace(tmp_path, op: str, dims, dtype: str, kernel: str):
     # FSDP2's all-gather: NCCL's kernel names no dtype (it moves bytes); the op's recorded input type does
     ("c10d::_allgather_base_", [[8192], [4096]], "c10::BFloat16", "ncclDevKernel_AllGather_RING_LL", 8192 * 2),
     # a reducing kernel names its dtype, which wins over the op's (what NCCL reduces in)
-    ("c10d::allreduce_", [[[1024, 4]]], "float", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 4096 * 4),
+    ("c10d::allreduce_", [[[1024, 4]]], "c10::BFloat16", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 4096 * 4),
     # a reduce_scatter's first argument is one rank's share: the message is all of them
     ("c10d::_reduce_scatter_base_", [[2048], [4096]], "float", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL",
      2048 * 4 * 2),

@@ -40,8 +40,17 @@ def test_ddp_and_fsdp2_train_as_one_gpu_does_and_are_timed_by_their_slowest_rank
             assert len(r.samples_ms) == 6 and r.low_ms <= r.median_ms <= r.high_ms
         assert timed[0].vs_baseline == 1.0 and timed[1].vs_previous == pytest.approx(
             timed[0].median_ms / timed[1].median_ms)
-        skipped = next(r for r in each.rungs if r.rung == "CUDA graphs")
-        assert skipped.status == "skipped"
+        assert {r.rung: r.status for r in each.rungs}["CUDA graphs"] == "skipped"
+
+
+def test_several_ranks_refuse_the_rungs_that_would_capture_their_collectives():
+    from roofline.ladder import TRAINING_RUNGS, Config
+
+    refused = {r.name: r.refused(Config(parallel="fsdp2")) for r in TRAINING_RUNGS}
+    assert refused["CUDA graphs"].startswith("not climbed on several ranks: a captured step would hold")
+    assert refused["compile max-autotune"].startswith("not climbed on several ranks: its CUDA graphs")
+    assert [name for name, why in refused.items() if why] == ["compile max-autotune", "CUDA graphs"]
+    assert TRAINING_RUNGS[-1].refused(Config()) is None   # on one GPU, CUDA graphs climb
 
 
 def test_the_slowest_rank_sets_each_step():

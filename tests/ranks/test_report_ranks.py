@@ -52,6 +52,14 @@ def test_a_straggler_s_gain_is_its_own_lead_not_the_recorded_wait():
         found["straggler"].message
 
 
+def test_a_straggler_s_slower_gpu_is_compute_not_taken_off_its_exposure():
+    # rank 1 waits least and is the straggler by its GPU (2.74 ms more compute, no line): its unrecorded step less
+    # its compute is the exposure already; its GPU's lead is not taken off again
+    slow_gpu = Straggler(1, 140, 140, 10.0, None, 0.0, 2.74)
+    found = {f.id: f for f in findings(_merged([_rank(0, **RANK0), _rank(1, **RANK1)], slow_gpu))}
+    assert found["exposed-communication"].gain_ms == pytest.approx(33.13 - 27.14)
+
+
 def test_on_cpus_the_recorded_exposure_stands():
     ranks = [_rank(0, gpu=False, **RANK0), _rank(1, gpu=False, **{**RANK1, "exposed_ms": 4.0})]
     assert ranks[1].not_computing_ms is None

@@ -37,7 +37,6 @@ def nccl_settings():
                                                     "NVSHMEM_DISABLE_NVLS")}, torch.cuda.current_device()
 
 
-
 def tiny_task():
     """A training task small enough for gloo ranks in a test: a two-block MLP language model over 64 tokens."""
     from torch import nn

@@ -106,7 +106,12 @@ def climb_rank(target: str, parallel: str | None, options: dict) -> dict:
         rungs = [r for r in rungs if r.refused(ladder.Config(parallel="ddp")) is None]
     out = {"result": ladder.run(task, device=device, rungs=rungs, progress=say, parallel=parallel)}
     if parallel is None:
-        out["flops"], out["tokens"] = step_flops(task, device)
+        try:
+            out["flops"], out["tokens"] = step_flops(task, device)
+        except Exception as exc:   # no MFU, not no ladder
+            print(f"roofline ladder: the step's FLOPs could not be counted, so no MFU: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            out["flops"], out["tokens"] = None, None
         sheet = _device.datasheet(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
         out["peak_tflops"] = sheet.matmul_tflops.get("bf16") if sheet else None
     return out
@@ -132,14 +137,17 @@ def step_flops(task, device: torch.device) -> tuple[float, int | None]:
 
 
 def combine(ranks: list[LadderResult], strategy: str) -> LadderResult:
-    """The ranks' ladders as one: each rung's step times the slowest rank's, step by step; its peak memory the
-    largest rank's; its losses rank 0's (every rank trains on the same batch). A rung that failed on a rank
-    ended that rank's climb (ladder.run raises on several ranks), so every rung here ran on every rank."""
+    """The ranks' ladders as one: each rung's step times the slowest rank's, step by step (a data-parallel step
+    ends when its last rank does; the maximum of the ranks' jitter lifts the median a little above any one
+    rank's); its peak memory the largest rank's; its losses rank 0's (every rank trains on the same batch). A rung
+    that failed on a rank ended that rank's climb (ladder.run raises on several ranks), so every rung here ran on
+    every rank."""
     from roofline import ladder
 
     rungs = []
     for per_rank in zip(*(r.rungs for r in ranks)):
-        rung = dataclasses.replace(per_rank[0])
+        # rank 0's rung, less its loss check: scale() holds the loss against one GPU's
+        rung = dataclasses.replace(per_rank[0], loss=None, loss_step=None, loss_error=None)
         if rung.median_ms is not None:
             rung.samples_ms = [max(step) for step in zip(*(r.samples_ms for r in per_rank))]
             rung.low_ms, rung.median_ms, rung.high_ms = median_ci(rung.samples_ms)
@@ -173,6 +181,7 @@ def scale(ladder: LadderResult, result: ScalingLadder) -> None:
         # over and over has a loss near zero, whose relative error says nothing
         step = one.loss_step - 1 if one.loss_step else None
         if step is None or step >= len(rung.losses) or rung.losses[step] is None:
+            rung.reason = "loss not checked: the one-GPU run checked none at a step both ran"
             continue
         rung.loss, rung.loss_step = rung.losses[step], step + 1
         rung.loss_error = abs(rung.loss - one.losses[step]) / max(abs(one.losses[step]), 1e-12)

@@ -67,7 +67,8 @@ def findings(merged: Merged) -> list[Finding]:
                     f"{least.unprofiled_ms:,.2f} ms, and its GPU computes {least.compute_ms:,.2f} of them: "
                     f"{unrecorded:,.2f} ms are communication no computation hides (with any idle"
                     + (", less its own lead as the straggler" if s is not None and s.rank == least.rank else "")
-                    + f"). Recorded, with steps {least.stretch:.2f}x as long, {exposed:,.2f} ms overlapped nothing.")
+                    + ")." + (f" Recorded, with steps {least.stretch:.2f}x as long, {exposed:,.2f} ms overlapped "
+                              "nothing." if least.stretch else ""))
         out.append(Finding("exposed-communication", "communication no computation hides", f"{said} {advice}", top,
                            estimate))
     for row in collective_rows(merged):
@@ -82,12 +83,14 @@ def findings(merged: Merged) -> list[Finding]:
 
 def _exposed_unrecorded(rank, straggler) -> float | None:
     """A rank's exposed communication in the unrecorded program: the part of its unrecorded step its GPU does not
-    compute, less what it spends as the straggler (its own lead, which the others wait for); None where the
-    steps outside the window were not timed on a GPU."""
+    compute, less its host's lead where it is the straggler (time its GPU idles while the others wait for it; a
+    lead in its GPU's compute is compute already, not in that part); None where the steps outside the window were
+    not timed on a GPU. The lead is the recorded one: where the recorder alone made that host slower, the
+    estimate comes out low."""
     idle = rank.not_computing_ms
     if idle is None:
         return None
-    lead = straggler.explained_ms if straggler is not None and straggler.rank == rank.rank else 0.0
+    lead = straggler.where_ms if straggler is not None and straggler.rank == rank.rank else 0.0
     return max(idle - lead, 0.0)
 
 

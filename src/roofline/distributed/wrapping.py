@@ -23,7 +23,7 @@ def layers(model: nn.Module) -> list[nn.Module]:
     a list inside a block)."""
     found, names = [], []
     for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and not any(name.startswith(f"{n}.") for n in names):
+        if isinstance(module, nn.ModuleList) and not any(name == n or name.startswith(f"{n}.") for n in names):
             found += list(module)
             names += [f"{name}.{i}" for i in range(len(module))]
     return found
