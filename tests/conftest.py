@@ -71,6 +71,8 @@ def pytest_collection_modifyitems(config, items):
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if not unavailable & set(item.keywords)]
+    # the long sweeps first: spread over pytest -n's workers from the start, not left to one of them at the end
+    items.sort(key=lambda item: "sweep" not in item.keywords)
 
 
 def pytest_report_header(config):
