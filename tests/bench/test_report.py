@@ -11,7 +11,10 @@ from roofline.bench import Provider, Sweep, report
 
 
 @pytest.fixture(scope="module")
-def result():
+def result(tmp_path_factory):
+    # a cache of its own: no CPU ceiling measured by another test of this run (in any order) is read
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ROOFLINE_CACHE_DIR", str(tmp_path_factory.mktemp("no-ceilings")))
     sweep = Sweep(
         name="add", x_name="n", x_values=[1024, 4096],
         inputs=lambda n, dev: (torch.randn(n),),
@@ -19,7 +22,10 @@ def result():
                    Provider("elsewhere", lambda x: x + 1, skip="needs a CUDA GPU")],
         bytes=lambda n, x: 8 * n,
     )
-    return sweep.run(device="cpu", flush=False, rep_ms=5, progress=False)
+    try:
+        return sweep.run(device="cpu", flush=False, rep_ms=5, progress=False)
+    finally:
+        mp.undo()
 
 
 def test_table_shows_throughput_failures_and_leaves_out_skips(result):
