@@ -103,7 +103,10 @@ def test_an_interval_that_holds_more_than_a_step_is_left_out():
     model.forward = forward
     _run(model, ENOUGH)
     verdict = model.check.verdicts["double"]
-    assert verdict.kept and verdict.rounds >= VALID and verdict.low > 3 and verdict.on_ms < verdict.off_ms
+    # counted, the 200 ms interval would drag the low end under 1; left out, the interval stays well above it
+    # (a sleep's time is loose on a loaded machine: 2.9 to 4.8 was seen beside the other tests)
+    assert verdict.kept and verdict.rounds >= VALID and verdict.low > 1.5 and verdict.speedup > 3
+    assert verdict.on_ms < verdict.off_ms
 
 
 def test_a_signature_measured_mid_trial_starts_the_trial_again_later():
