@@ -15,13 +15,16 @@ profile: examples/ddp_train.py (GPT-2 small, bf16, DDP, 8 x 1024 tokens a rank):
     held against that added time (issue 37's target: within 0.7-1.4x), and its profiled step against the
     unprofiled one (the profiler may stretch a step by 1.2x at most);
   - profiled again with rank 1 sleeping 20 ms after each step: is the straggler named, with its line?
+  - profiled under FSDP2 (--fsdp2): its all-gathers' and reduce-scatters' transfer times and bus bandwidth;
   - timed with DDP's buckets of 100 MB against its default 25 MB (in the same turns): what the exposed-communication
     finding's first advice, larger buckets, gains.
 Writes OUT_DIR/profile-ranks.md and .json.
 
 recording: what recording costs a rank's step: the same DDP GPT-2 step on N ranks, plain and under each way of
 recording it (torch.profiler with CUDA activity only, with CPU and CUDA activity, roofline.profile() and it
-without shapes, lines or modules), in rounds; each rank's median step (CUDA events between steps). Writes
+without shapes, lines or modules), in rounds; then plain on ranks whose collectives NCCL times and its flight
+recorder keeps, as roofline profile has them outside its window (distributed.ledger); each rank's median step
+(CUDA events between steps). Writes
 OUT_DIR/recording.md and .json.
 """
 
@@ -98,6 +101,7 @@ def profile(out: Path, nproc: int, repeats: int) -> None:
     added = many - one
     ranks = _profile(nproc, out / "profile-ranks.json")
     slow = _profile(nproc, out / "profile-straggler.json", "--slow-rank", "1", "--slow-ms", str(SLOW_MS))
+    fsdp = _profile(nproc, out / "profile-fsdp2.json", "--fsdp2")
     buckets = {25: many, LARGER_BUCKETS_MB: statistics.median(larger)}
     lines = [f"examples/ddp_train.py (GPT-2 small, bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens a rank) on "
              f"{_machine(nproc)}, torch {torch.__version__}", "",
@@ -119,20 +123,35 @@ def profile(out: Path, nproc: int, repeats: int) -> None:
               "The exposed-communication finding's estimate against the time the ranks add: "
               + (f"{exposed['gain_ms']:.2f} ms against {added:.2f} ms, {ratio:.2f}x "
                  f"({'within' if 0.7 <= ratio <= 1.4 else 'OUTSIDE'} 0.7-1.4x)" if ratio else "no finding"), ""]
+    timed = ranks.get("unrecorded")
+    lines += ["Outside the window, NCCL's timing (distributed.ledger): " + (
+        f"{timed['calls']} calls of {timed['steps']} steps; a step's comm " + ", ".join(map(_ms, timed["comm_ms"]))
+        + " ms, waits " + ", ".join(map(_ms, timed["waits_ms"])) + " ms, held back by each rank "
+        + ", ".join(map(_ms, timed["held_ms"])) + " ms (rank by rank)" if timed else "none (no call timed)"), "",
+              "Without a planted straggler: " + ("no straggler named (right)" if "straggler" not in found else
+                                                 f"{found['straggler']['title']}, {found['straggler']['gain_ms']:.2f} "
+                                                 "ms a step (WRONG: none was planted)"), ""]
     s = slow.get("straggler")
     slow_gain = next((f["gain_ms"] for f in slow["findings"] if f["id"] == "straggler"), None)
-    named = bool(s and s["rank"] == 1 and s["where"] and "ddp_train.py" in s["where"])
+    named = bool(s and s["rank"] == 1 and s["where"] and "ddp_train.py" in s["where"] and slow_gain)
     lines += [f"Planted straggler (rank 1 sleeps {SLOW_MS:g} ms after each step): "
               + (f"named rank {s['rank']} at {s['where']}, the others waited {s['waited_ms']:.2f} ms a step "
-                 f"recorded; the finding's gain {_ms(slow_gain)} ms" if s else "NOT found")
+                 f"recorded, {_ms(s.get('held_ms'))} ms unrecorded (NCCL's timing); the finding's gain "
+                 f"{_ms(slow_gain)} ms" if s else "NOT found")
               + f" ({'right' if named else 'WRONG'}).", "",
+              "FSDP2 (the same model, each block sharded): its collectives, a rank's calls a step, the median "
+              "call's transfer time and bus bandwidth (unrecorded where NCCL timed them):", "",
+              "| collective | bytes | calls | us a call | busbw GB/s | timed outside the window |", "|---|---|---|---|---|---|",
+              *(f"| {c['kind']} | {c['bytes']} | {c['calls']:g} | {c['call_us']:.0f} | {_ms(c['busbw_gbps'])} | "
+                f"{'yes' if c.get('unrecorded') else 'no'} |" for c in fsdp["collectives"]), "",
               "DDP bucket size (bucket_cap_mb), unprofiled step ms, the median of the turns: "
               + ", ".join(f"{mb} MB {ms:.2f}" for mb, ms in buckets.items())
               + f" ({LARGER_BUCKETS_MB} MB: {', '.join(f'{t:.2f}' for t in larger)})", ""]
     (out / "profile-ranks.md").write_text("\n".join(lines))
     (out / "profile-ranks-summary.json").write_text(json.dumps(
         {"one_gpu_ms": alone, "ranks_ms": together, "added_ms": added, "estimate_ratio": ratio, "ranks": ranks["ranks"],
-         "findings": ranks["findings"], "straggler": s, "straggler_named": named, "buckets_ms": buckets}, indent=1))
+         "findings": ranks["findings"], "unrecorded": timed, "straggler": s, "straggler_named": named,
+         "false_straggler": "straggler" in found, "buckets_ms": buckets}, indent=1))
     print("\n".join(lines))
 
 
@@ -152,9 +171,10 @@ def _recorders() -> dict:
             "roofline, modules=False": lambda: roofline.profile(modules=False)}
 
 
-def recorded_steps(rounds: int, steps: int) -> dict:
+def recorded_steps(rounds: int, steps: int, only: list[str] | None = None) -> dict:
     """On each rank: examples/ddp_train.py's step (GPT-2 small, DDP, bf16, fused AdamW, 8 x 1024 tokens), `steps`
-    steps plain and under each recorder, in `rounds` rounds; {recorder: [median step ms of each round]}."""
+    steps plain and under each recorder (or those named in `only`), in `rounds` rounds; {recorder: [median step
+    ms of each round]}."""
     sys.path.insert(0, str(ROOT))
     from examples.models.gpt2 import GPT2, GPT2Config
 
@@ -175,7 +195,7 @@ def recorded_steps(rounds: int, steps: int) -> dict:
 
     for _ in range(5):
         step()
-    recorders, out = _recorders(), {}
+    recorders, out = {k: v for k, v in _recorders().items() if only is None or k in only}, {}
     for _ in range(rounds):
         for name, recorder in recorders.items():
             with recorder():
@@ -190,9 +210,23 @@ def recorded_steps(rounds: int, steps: int) -> dict:
 
 
 def recording(out: Path, nproc: int, rounds: int = 3, steps: int = 10) -> None:
-    from roofline.distributed import spawn
+    from roofline.distributed import ledger, spawn
 
     ranks = spawn(recorded_steps, nproc, rounds, steps)
+    # what roofline profile leaves on outside its window: NCCL timing each call, its flight recorder keeping them
+    # (read when a process group is made: ranks of their own)
+    saved = {name: os.environ.get(name) for name in ledger.ENV}
+    os.environ.update(ledger.ENV)
+    try:
+        timed = spawn(recorded_steps, nproc, rounds, steps, ["plain"])
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+    for r, t in zip(ranks, timed):
+        r["plain, calls timed by NCCL (profile's ledger)"] = t["plain"]
     plain = max(statistics.median(r["plain"]) for r in ranks)
     lines = [f"What recording costs a step: DDP GPT-2 small (bf16, 8 x 1024 tokens a rank) on {_machine(nproc)}; "
              f"{steps} steps a recording, {rounds} rounds; each rank's median over rounds of its median step", "",

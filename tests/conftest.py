@@ -23,12 +23,23 @@ ALL_TESTS = os.environ.get("ROOFLINE_ALL_TESTS") == "1"
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
-    """Tests never read or write the user's cache of measured ceilings and builds. Workers of one run (pytest -n)
-    share theirs: the C++ node is built once (torch's build lock makes the others wait), not once a worker."""
+    """Tests never read or write the user's measured ceilings: the workers of one run (pytest -n) share a cache of
+    their own. Builds are the exception: the C++ node's folder is the user's, where scripts/setup built it (a build
+    is named by its source and torch version, the same wherever it is made); built there once otherwise, torch's
+    build lock making the other workers wait."""
+    from roofline.device import cache_dir
+
     saved = os.environ.get("ROOFLINE_CACHE_DIR")
+    builds = cache_dir() / "eager_node"
+    builds.mkdir(parents=True, exist_ok=True)
     base = tmp_path_factory.getbasetemp()
     cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "roofline-cache"
     cache.mkdir(exist_ok=True)
+    if not (cache / "eager_node").exists():
+        try:
+            (cache / "eager_node").symlink_to(builds, target_is_directory=True)
+        except FileExistsError:   # another worker made it first
+            pass
     os.environ["ROOFLINE_CACHE_DIR"] = str(cache)
     yield
     if saved is None:

@@ -308,7 +308,7 @@ def profile(
         roofline profile --skip 3 train.py --epochs 1
         roofline profile --nproc-per-node 2 --skip 3 train.py
     """
-    from roofline.distributed import profiling
+    from roofline.distributed import ledger, profiling
     from roofline.profiler import run_program
     from roofline.profiler.trace import TraceError
 
@@ -327,6 +327,8 @@ def profile(
                                         rank_dir))
     folder = Path(rank_dir or profiling.default_dir()) if ranked else None
     began = time.time()
+    if ranked:
+        ledger.enable()   # NCCL times the collectives of the steps outside the window
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         profiling.forget_earlier(folder, ranked[0])

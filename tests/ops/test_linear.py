@@ -209,9 +209,9 @@ def test_the_gemv_converts_every_int8_value_exactly():
 @pytest.mark.parametrize("split", [2, 4, 8])
 @pytest.mark.parametrize("group_size", [None, 64])
 def test_int8_decode_split_along_k(monkeypatch, split, group_size):
-    # shares of K: 320 = 10 steps of 32 (the interpreter's config), 5, 3 and 2 of them a share, the last short
+    # shares of K: 640 = 10 steps of 64 (the interpreter's config), 5, 3 and 2 of them a share, the last short
     monkeypatch.setattr(linear_module, "decode_split_k", lambda n, k, device: split)
-    k, n = 320, 45
+    k, n = 640, 45
     q, scale = quantize_int8(heavy_tailed(n, k), group_size)
     for m in (1, 16):
         x = torch.randn(m, k, device=DEVICE, dtype=torch.float16)

@@ -54,7 +54,7 @@ def test_profile_two_gpus_of_ddp_training(tmp_path):
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "report.json"
     done = subprocess.run([sys.executable, "-m", "roofline", "profile", "--nproc-per-node", "2", "--skip", "4",
-                           "--json", str(out), "examples/ddp_train.py", "--steps", "9", "--slow-rank", "1",
+                           "--steps", "3", "--json", str(out), "examples/ddp_train.py", "--steps", "9", "--slow-rank", "1",
                            "--slow-ms", "30"], cwd=root, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "COLUMNS": "120"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -64,3 +64,8 @@ def test_profile_two_gpus_of_ddp_training(tmp_path):
     assert sum(row["bytes"] * row["calls"] for row in grads) > 100e6   # GPT-2 small's gradients, bf16 or fp32
     assert all(r["comm_ms"] > 0 and r["overlap"] is not None for r in ranks["ranks"])
     assert ranks["straggler"]["rank"] == 1 and "ddp_train.py" in ranks["straggler"]["where"]
+    # outside the window (steps 1, 2 and 8) NCCL timed every call: rank 0 waits for rank 1's 30 ms sleep there
+    timed = ranks["unrecorded"]
+    assert timed is not None and timed["calls"] >= 2 * sum(row["calls"] for row in grads)
+    assert all(ms > 0 for ms in timed["comm_ms"]) and timed["straggler"] == 1
+    assert 15 < ranks["straggler"]["held_ms"] < 45 and timed["waits_ms"][0] > 15

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from roofline.distributed.merge import Merged, Rank, Straggler
+from roofline.distributed.ledger import Ledger
+from roofline.distributed.merge import Merged, Rank, Straggler, _straggler
 from roofline.distributed.report import findings
 from roofline.profiler.attribution import Location
 
@@ -69,3 +70,34 @@ def test_on_cpus_the_recorded_exposure_stands():
     # under 5% of the step: no finding
     ranks[1].exposed_ms = 1.84
     assert "exposed-communication" not in {f.id for f in findings(_merged(ranks))}
+
+
+def _timed(held, waits, comm=(3.0, 3.0)):
+    return Ledger(steps=8, calls=56, comm_ms=list(comm), waits_ms=list(waits), held_ms=list(held))
+
+
+def test_nccl_s_timing_outside_the_window_gives_the_straggler_s_gain_and_the_exposure():
+    # rank 1 sleeps 20 ms after each step; NCCL timed rank 0 waiting 20.1 ms a step for it, outside the window
+    lead = Straggler(1, 140, 140, 94.49, LINE, 23.0, 0.0, held_ms=20.1)
+    asleep = [_rank(0, **{**RANK0, "unprofiled_ms": 53.4}), _rank(1, **{**RANK1, "unprofiled_ms": 53.4})]
+    merged = _merged(asleep, lead)
+    merged.ledger = _timed([0.0, 20.1], [20.1, 0.3])
+    found = {f.id: f for f in findings(merged)}
+    assert found["straggler"].gain_ms == pytest.approx(20.1)
+    assert "NCCL timed the other ranks waiting 20.10 ms a step" in found["straggler"].message
+    # rank 1 waits least (0.3 ms, timed): its unrecorded step less its compute, its waits and its idle lead
+    exposed = found["exposed-communication"]
+    assert exposed.gain_ms == pytest.approx(53.4 - 27.14 - 0.3 - 20.1)
+    assert "less its 0.30 ms of waits for other ranks and its own 20.10 ms lead" in exposed.message
+
+
+def test_a_lead_only_the_recorder_made_is_no_straggler():
+    # recorded, rank 1 arrives last at every call, 3 ms late; NCCL's timing outside the window shows the ranks
+    # taking turns (the recorder slowed rank 1's host, not the program)
+    def calls(late):
+        return [SimpleNamespace(start=1000.0 * i + late) for i in range(14)]
+
+    ranks = [_rank(0, **RANK0), _rank(1, **RANK1)]
+    ranks[0].calls, ranks[1].calls = calls(0.0), calls(3000.0)
+    straggler, waits = _straggler(ranks, 14, [0.0, 0.0], _timed([0.2, 0.25], [0.25, 0.2]))
+    assert straggler is None and waits == pytest.approx([14 * 3.0 / 10, 0.0])

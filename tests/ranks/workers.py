@@ -77,3 +77,20 @@ def failing_task():
             raise ValueError("rank 1 ran out of luck")
         return loss(model, b)
     return replace(task, loss=on_rank_1_it_fails)
+
+
+def steps_with_a_late_rank(late_rank: int, late_s: float):
+    """Four steps of two all_reduces each, timed as capture's StepClock times the steps outside a window; rank
+    `late_rank` sleeps before each step's first call. The flight recorder's calls of those steps (ledger.read)."""
+    from roofline.distributed import ledger
+
+    spans, x = [], torch.ones(1000)
+    dist.all_reduce(x)   # before the first step: not in any span
+    for _ in range(4):
+        start = time.time_ns()
+        if dist.get_rank() == late_rank:
+            time.sleep(late_s)
+        dist.all_reduce(x)
+        dist.all_gather_into_tensor(torch.empty(2000), x)
+        spans.append((start, time.time_ns()))
+    return ledger.read(spans)

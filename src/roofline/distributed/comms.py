@@ -56,9 +56,15 @@ class Call:
         return self.end - self.start
 
     def busbw_gbps(self, ranks: int) -> float | None:
-        if not self.nbytes or self.us <= 0 or self.kind not in _BUS_KINDS:
-            return None
-        return self.nbytes / (self.us * 1e-6) / 1e9 * bus_factor(self.kind, ranks)
+        return busbw_gbps(self.kind, self.nbytes, self.us, ranks)
+
+
+def busbw_gbps(kind: str, nbytes: int | None, us: float, ranks: int) -> float | None:
+    """nccl-tests' bus bandwidth of a call moving `nbytes` in `us`; None where it has none (a barrier, an unknown
+    size)."""
+    if not nbytes or us <= 0 or kind not in _BUS_KINDS:
+        return None
+    return nbytes / (us * 1e-6) / 1e9 * bus_factor(kind, ranks)
 
 
 _BUS_KINDS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv"}

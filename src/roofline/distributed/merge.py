@@ -9,6 +9,10 @@ ranks at once, when the last has arrived, so the ranks' clocks are aligned on th
 arrive (to start its transfer: on a GPU, when its stream reached the NCCL kernel, which the host may have launched
 long before) is the one the others waited for. Where its host spent more time than the others', line by line (from
 the line marks, beside the other ranks' median), says where it lost the time.
+
+The recorder slows every host, so the recorded waits can describe the recording: where NCCL timed the calls of the
+steps outside the window (distributed.ledger), those say whether a rank holds the others back, and by how much,
+and give each collective's transfer time.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from roofline.distributed import comms
+from roofline.distributed import comms, ledger
 from roofline.profiler.attribution import Location, Resolver
 from roofline.profiler.overhead import unprofiled_steps
 from roofline.profiler.trace import Trace
@@ -122,24 +126,33 @@ def rank_of(trace: Trace, rank: int) -> Rank:
 @dataclass
 class Straggler:
     rank: int
-    last_at: int                 # the matched calls it arrived at last
-    calls: int                   # the matched calls
-    waited_ms: float             # a step: the others' wait for it, summed over them
-    where: Location | None       # the line it spent the most time at beyond the other ranks'
+    last_at: int                 # the matched calls it arrived at last, recorded
+    calls: int                   # the matched calls, recorded
+    waited_ms: float             # a step: the others' wait for it, summed over them, recorded
+    where: Location | None       # the line it spent the most time at beyond the other ranks', recorded
     where_ms: float              # that excess, a step
     compute_excess_ms: float = 0.0   # a step: its compute beyond the other ranks' median (a slower GPU, more work)
+    held_ms: float | None = None     # a step, unrecorded: its lead over the next latest rank at each collective,
+                                     # timed by NCCL outside the window (distributed.ledger); None where untimed
 
     @property
     def explained_ms(self) -> float:
-        """What the straggler itself spent a step beyond the others, at a line or on its GPU: the time a fix can
-        win. The others' recorded wait can be longer: under the recorder every host is slower, and a small lead
-        of one host's grows into long waits of the others' GPUs."""
+        """What the straggler itself spent a step beyond the others, at a line or on its GPU (recorded)."""
         return max(self.where_ms, self.compute_excess_ms)
+
+    @property
+    def gain_ms(self) -> float:
+        """What a step would win without the straggler's lead. Where NCCL timed the steps outside the window, the
+        lead it held the others back by there. Else what it spent beyond the others, at most what they waited:
+        the others' recorded wait alone can be far longer, since under the recorder every host is slower, and a
+        small lead of one host's grows into long waits of the others' GPUs."""
+        return self.held_ms if self.held_ms is not None else min(self.explained_ms, self.waited_ms)
 
     def to_dict(self) -> dict:
         return {"rank": self.rank, "last_at": self.last_at, "calls": self.calls, "waited_ms": self.waited_ms,
                 "where": str(self.where) if self.where else None, "where_ms": self.where_ms,
-                "compute_excess_ms": self.compute_excess_ms, "explained_ms": self.explained_ms}
+                "compute_excess_ms": self.compute_excess_ms, "explained_ms": self.explained_ms,
+                "held_ms": self.held_ms, "gain_ms": self.gain_ms}
 
 
 @dataclass
@@ -150,6 +163,7 @@ class Merged:
     mismatch: str | None         # why the ranks' calls could not all be matched, where they could not
     straggler: Straggler | None
     waits_ms: list[float]        # a step, each rank's wait for later ranks at matched calls (in the order of ranks)
+    ledger: ledger.Ledger | None = None   # the steps outside the window, their calls timed by NCCL
 
     @property
     def world(self) -> int:
@@ -160,6 +174,7 @@ class Merged:
         return {"schema": "roofline.ranks/1", "world_size": self.world, "offsets_us": self.offsets_us,
                 "matched": self.matched, "mismatch": self.mismatch, "waits_ms": self.waits_ms,
                 "ranks": [r.to_dict() for r in self.ranks],
+                "unrecorded": self.ledger.to_dict() if self.ledger else None,
                 "straggler": self.straggler.to_dict() if self.straggler else None,
                 "collectives": collective_rows(self)}
 
@@ -197,8 +212,12 @@ def _line_times(trace: Trace, spans: list[tuple[float, float]]) -> dict[Location
     return out
 
 
-def _straggler(ranks: list[Rank], matched: int, offsets: list[float]) -> tuple[Straggler | None, list[float]]:
-    """The rank the others waited for most at the matched calls, and each rank's wait a step (ms)."""
+def _straggler(ranks: list[Rank], matched: int, offsets: list[float],
+               timed: ledger.Ledger | None) -> tuple[Straggler | None, list[float]]:
+    """The rank that holds the others back, and each rank's wait a step (ms), recorded. Where NCCL timed the
+    steps outside the window, they say whether a rank holds the others back (the recorder's stretch can make one
+    look late); else the recorded calls do. Either way one rank must make most of the waits (ledger.DOMINANT):
+    ranks that take turns arriving last are noise."""
     n, steps = len(ranks), max(ranks[0].steps, 1)
     waits, caused, lasts = [0.0] * n, [0.0] * n, []
     for i in range(matched):
@@ -209,8 +228,13 @@ def _straggler(ranks: list[Rank], matched: int, offsets: list[float]) -> tuple[S
             waits[k] += arrived[last] - arrived[k]
             caused[last] += arrived[last] - arrived[k]
     waits = [w / steps / 1e3 for w in waits]
-    culprit = max(range(n), key=lambda k: caused[k]) if matched and n > 1 else None
-    if culprit is None or caused[culprit] <= 0:
+    if timed is not None:
+        culprit = timed.straggler
+    else:
+        culprit = max(range(n), key=lambda k: caused[k]) if matched and n > 1 else None
+        if culprit is not None and caused[culprit] < ledger.DOMINANT * sum(caused):
+            culprit = None
+    if culprit is None or (timed is None and caused[culprit] <= 0):
         return None, waits
     # Where it lost the time: the line at which its host spent the most beyond the other ranks' (the median), over
     # the window. Not only before the calls it held up: on a GPU the host runs ahead, and the GPU's wait for it
@@ -221,8 +245,8 @@ def _straggler(ranks: list[Rank], matched: int, offsets: list[float]) -> tuple[S
     where = max(excess, key=excess.get) if excess else None
     others = statistics.median(r.compute_ms for k, r in enumerate(ranks) if k != culprit)
     return Straggler(ranks[culprit].rank, lasts.count(culprit), matched, caused[culprit] / steps / 1e3, where,
-                     (excess[where] if where else 0.0) / steps / 1e3,
-                     max(ranks[culprit].compute_ms - others, 0.0)), waits
+                     (excess[where] if where else 0.0) / steps / 1e3, max(ranks[culprit].compute_ms - others, 0.0),
+                     timed.held_ms[culprit] if timed is not None else None), waits
 
 
 def merge(traces: dict[int, Trace]) -> Merged:
@@ -245,13 +269,20 @@ def merge(traces: dict[int, Trace]) -> Merged:
             matched = i
             break
     offsets = _offsets(ranks, matched)
-    straggler, waits = _straggler(ranks, matched, offsets)
-    return Merged(ranks, offsets, matched, mismatch, straggler, waits)
+    timed = ledger.match([_unrecorded_calls(r.trace) for r in ranks])
+    straggler, waits = _straggler(ranks, matched, offsets, timed)
+    return Merged(ranks, offsets, matched, mismatch, straggler, waits, timed)
+
+
+def _unrecorded_calls(trace: Trace) -> list[dict]:
+    return ((trace.meta.get("roofline") or {}).get("unprofiled_steps") or {}).get("collectives") or []
 
 
 def collective_rows(merged: Merged) -> list[dict]:
     """The collectives grouped by kind, size and line: calls a rank and a step, their time (the median rank's total
-    a step), and the bus bandwidth of their median call."""
+    a step, recorded), and their median call's transfer time and bus bandwidth: unrecorded where NCCL timed the
+    steps outside the window (each call's shortest time over the ranks: the transfer, with no wait), else the
+    recorded call's (its wait for the last rank included)."""
     groups: dict[tuple, list[list[comms.Call]]] = {}
     for k, r in enumerate(merged.ranks):
         for c in r.calls:
@@ -263,8 +294,11 @@ def collective_rows(merged: Merged) -> list[dict]:
         totals = [sum(c.us for c in calls) for calls in per_rank]
         every = [c for calls in per_rank for c in calls]
         median_call = sorted(every, key=lambda c: c.us)[len(every) // 2]
+        transfers = merged.ledger.transfers.get((kind, nbytes)) if merged.ledger else None
+        call_us = statistics.median(transfers) * 1e3 if transfers else median_call.us
+        busbw = comms.busbw_gbps(kind, nbytes, call_us, merged.world)
         rows.append({"kind": kind, "bytes": nbytes, "where": where, "calls": len(per_rank[0]) / steps,
-                     "ms": statistics.median(totals) / steps / 1e3, "call_us": median_call.us,
-                     "busbw_gbps": median_call.busbw_gbps(merged.world), "on_gpu": median_call.on_gpu,
+                     "ms": statistics.median(totals) / steps / 1e3, "call_us": call_us, "busbw_gbps": busbw,
+                     "unrecorded": bool(transfers), "on_gpu": median_call.on_gpu,
                      "asynchronous": median_call.asynchronous})
     return sorted(rows, key=lambda row: -row["ms"])

@@ -31,22 +31,28 @@ class Finding:
 def findings(merged: Merged) -> list[Finding]:
     out = []
     step = next((r.step_ms for r in merged.ranks if r.step_ms), None)
-    s = merged.straggler
-    # a straggler's gain: what it spent beyond the others, at most what they waited for it
-    gain = min(s.explained_ms, s.waited_ms) if s is not None else 0.0
-    if s is not None and step and gain > 0.01 * step:
+    s, timed = merged.straggler, merged.ledger
+    # a gain measured outside the window against the step there; a recorded one against the recorded step
+    if s is not None and step and s.gain_ms > 0.01 * ((_unrecorded_step(merged) or step) if s.held_ms is not None
+                                                      else step):
         spent = [f"{s.where_ms:,.2f} ms a step more than the others at {s.where}" if s.where else "",
                  f"its computation took {s.compute_excess_ms:,.2f} ms a step longer" if s.compute_excess_ms else ""]
+        held = (f"Unrecorded, NCCL timed the other ranks waiting {s.held_ms:,.2f} ms a step for it (its lead over "
+                f"the next latest rank, summed over a step's collectives); recorded, they waited {s.waited_ms:,.2f}."
+                if s.held_ms is not None else f"Recorded, the other ranks waited {s.waited_ms:,.2f} ms a step for it.")
         out.append(Finding(
             "straggler", f"rank {s.rank} holds the other ranks back",
-            f"Rank {s.rank} arrived last at {s.last_at} of {s.calls} collectives: "
-            f"{'; '.join(x for x in spent if x)}, and recorded, the other ranks waited {s.waited_ms:,.2f} ms a step "
-            "for it. A rank that loads its data on the critical path, gets a larger batch, or runs on a slower GPU "
-            "makes every rank wait at the next collective.", str(s.where) if s.where else None, gain))
+            f"Rank {s.rank} arrived last at {s.last_at} of {s.calls} recorded collectives"
+            + (f": {'; '.join(x for x in spent if x)}" if any(spent) else "") + f". {held} A rank that loads its "
+            "data on the critical path, gets a larger batch, or runs on a slower GPU makes every rank wait at the "
+            "next collective.", str(s.where) if s.where else None, s.gain_ms))
     # The rank that waits least at its collectives shows the communication itself; the others' exposed time adds
     # their wait for a later rank, which the straggler's finding is about.
-    least = min(merged.ranks, key=lambda r: r.exposed_ms)
-    exposed, unrecorded = least.exposed_ms, _exposed_unrecorded(least, s)
+    if timed is not None:
+        least = merged.ranks[min(range(merged.world), key=timed.waits_ms.__getitem__)]
+    else:
+        least = min(merged.ranks, key=lambda r: r.exposed_ms)
+    exposed, unrecorded = least.exposed_ms, _exposed_unrecorded(merged, least)
     estimate = exposed if unrecorded is None else unrecorded
     if step and estimate > EXPOSED_SHARE * (least.unprofiled_ms if unrecorded is not None else step):
         rows = collective_rows(merged)
@@ -63,12 +69,16 @@ def findings(merged: Merged) -> list[Finding]:
             said = (f"A step spends {exposed:,.2f} ms of {step:,.2f} communicating with nothing of its own to compute "
                     "meanwhile (on the rank that waits least for the others).")
         else:
+            taken = ([f"its {timed.waits_ms[merged.ranks.index(least)]:,.2f} ms of waits for other ranks"]
+                     if timed is not None else [])
+            if s is not None and s.rank == least.rank and _idle_lead(s):
+                taken.append(f"its own {_idle_lead(s):,.2f} ms lead as the straggler")
             said = (f"Unrecorded, a step of rank {least.rank} (the rank that waits least for the others) takes "
                     f"{least.unprofiled_ms:,.2f} ms, and its GPU computes {least.compute_ms:,.2f} of them: "
                     f"{unrecorded:,.2f} ms are communication no computation hides (with any idle"
-                    + (", less its own lead as the straggler" if s is not None and s.rank == least.rank else "")
-                    + ")." + (f" Recorded, with steps {least.stretch:.2f}x as long, {exposed:,.2f} ms overlapped "
-                              "nothing." if least.stretch else ""))
+                    + (f", less {' and '.join(taken)}" if taken else "") + ")."
+                    + (f" Recorded, with steps {least.stretch:.2f}x as long, {exposed:,.2f} ms overlapped "
+                       "nothing." if least.stretch else ""))
         out.append(Finding("exposed-communication", "communication no computation hides", f"{said} {advice}", top,
                            estimate))
     for row in collective_rows(merged):
@@ -81,17 +91,34 @@ def findings(merged: Merged) -> list[Finding]:
     return sorted(out, key=lambda f: -f.gain_ms)
 
 
-def _exposed_unrecorded(rank, straggler) -> float | None:
+def _unrecorded_step(merged: Merged) -> float | None:
+    timed = [r.unprofiled_ms for r in merged.ranks if r.unprofiled_ms]
+    return max(timed) if timed else None
+
+
+def _idle_lead(straggler) -> float:
+    """The part of a straggler's lead its own GPU spends idle, waiting for its host: its host's lead, not its
+    GPU's (that is compute already). Unrecorded (held_ms), the lead less any compute it did beyond the others;
+    else the recorded lead at its line."""
+    if straggler.held_ms is not None:
+        return max(straggler.held_ms - straggler.compute_excess_ms, 0.0)
+    return straggler.where_ms
+
+
+def _exposed_unrecorded(merged: Merged, rank) -> float | None:
     """A rank's exposed communication in the unrecorded program: the part of its unrecorded step its GPU does not
-    compute, less its host's lead where it is the straggler (time its GPU idles while the others wait for it; a
-    lead in its GPU's compute is compute already, not in that part); None where the steps outside the window were
-    not timed on a GPU. The lead is the recorded one: where the recorder alone made that host slower, the
-    estimate comes out low."""
+    compute, less its waits for other ranks where NCCL timed them outside the window, and less its own idle lead
+    where it is the straggler; None where the steps outside the window were not timed on a GPU. Without NCCL's
+    timing the lead is the recorded one: where the recorder alone made that host slower, the estimate comes out
+    low."""
     idle = rank.not_computing_ms
     if idle is None:
         return None
-    lead = straggler.where_ms if straggler is not None and straggler.rank == rank.rank else 0.0
-    return max(idle - lead, 0.0)
+    timed = merged.ledger
+    waits = timed.waits_ms[merged.ranks.index(rank)] if timed is not None else 0.0
+    s = merged.straggler
+    lead = _idle_lead(s) if s is not None and s.rank == rank.rank else 0.0
+    return max(idle - waits - lead, 0.0)
 
 
 def _size(nbytes: int | None) -> str:
@@ -112,10 +139,15 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
     if not any(r.calls for r in ranks):
         console.print("[yellow]No rank called a collective in the recorded steps: there is no communication to "
                       "show (a program of several ranks that never communicates trains several models).[/yellow]")
-    rows = [Row([str(r.rank), _ms(r.unprofiled_ms), _ms(r.step_ms), _ms(r.compute_ms), _ms(r.comm_ms),
-                 _ms(r.exposed_ms), "" if r.overlap is None else f"{r.overlap:.0%}", _ms(wait)])
-            for r, wait in zip(ranks, merged.waits_ms)]
-    show(console, "ranks (ms a step)", [Column("rank"), Column("unrecorded step", "unrec"),
+    timed = merged.ledger
+    unrecorded = ([Column("unrecorded comm", "u.comm"), Column("unrecorded wait", "u.wait")]
+                  if timed is not None else [])
+    rows = [Row([str(r.rank), _ms(r.unprofiled_ms),
+                 *([_ms(timed.comm_ms[k]), _ms(timed.waits_ms[k])] if timed is not None else []),
+                 _ms(r.step_ms), _ms(r.compute_ms), _ms(r.comm_ms), _ms(r.exposed_ms),
+                 "" if r.overlap is None else f"{r.overlap:.0%}", _ms(merged.waits_ms[k])])
+            for k, r in enumerate(ranks)]
+    show(console, "ranks (ms a step)", [Column("rank"), Column("unrecorded step", "unrec"), *unrecorded,
                                         Column("recorded step", "step"), Column("compute"), Column("comm"),
                                         Column("exposed"), Column("overlap", "ovl"), Column("waited", "wait")], rows)
     stretched = [r.stretch for r in ranks if r.stretch]
@@ -124,6 +156,10 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
                       "unrecorded steps: timed outside the window). Compute, communication, overlap and waits are the "
                       "recorded steps'; a finding's gain is the unrecorded program's where the GPU's time says it.",
                       highlight=False)
+    if timed is not None:
+        console.print(f"Unrecorded comm and wait: {timed.calls} collective calls of {timed.steps} steps outside the "
+                      "window, timed on each GPU by NCCL (TORCH_NCCL_ENABLE_TIMING, read from its flight recorder); "
+                      "the collectives' transfer times and bus bandwidth below are theirs too.", highlight=False)
     rows = []
     for c in collective_rows(merged)[:top]:
         peak = ceiling.peak_busbw(c["kind"]) if ceiling is not None else None

@@ -100,7 +100,7 @@ def build():
     build_dir.mkdir(parents=True, exist_ok=True)
     first = not (build_dir / f"{name}.so").exists()
     if first:
-        print(f"roofline: building its C++ autograd node for torch {torch.__version__} (once; about 40 s) into "
+        print(f"roofline: building its C++ autograd node for torch {torch.__version__} (once; about a minute) into "
               f"{build_dir} ...", end="", file=sys.stderr, flush=True)
     started = time.perf_counter()
     path = os.environ.get("PATH", "")

@@ -216,7 +216,10 @@ if triton is not None:
         if nargs["ticket_ptr"] is not None:
             nargs["ticket_ptr"].zero_()
 
-    @triton.autotune(configs=[_decode_config(16, 32, 1, 4)] if interpreting() else INT8_DECODE,
+    # Under the interpreter each program runs as Python, its time about proportional to its K steps whatever its
+    # block: the interpreter's configs take steps of 64 (the tests' K of 70-4095 still take several) and blocks of
+    # 32 columns (the tests' N = 33 still splits into a full block and a masked one).
+    @triton.autotune(configs=[_decode_config(32, 64, 1, 4)] if interpreting() else INT8_DECODE,
                      key=["N", "K", "GROUP_K", "SPLIT_K"], prune_configs_by=dict(early_config_prune=_prune_decode),
                      pre_hook=_fresh_tickets)
     @triton.heuristics(dict(EVEN_K=lambda args: args["K"] % args["BLOCK_K"] == 0))
@@ -307,10 +310,7 @@ if triton is not None:
         return (tl.load(x_ptr + k + ks, mask=k + ks < K, other=0.0, eviction_policy="evict_last"),
                 tl.load(w_ptrs, mask=(k + ks)[None, :] < K, other=0, eviction_policy="evict_first"))
 
-    # The interpreter runs each program as Python, some 25 ms apiece on the CI machine whatever its block: blocks
-    # of 32 columns (a decode test's model calls it with N = 64-256) where 2 took the int8 generation ladder's
-    # test 7 minutes; 32 still splits the tests' N = 33 into a full block and a masked one.
-    @triton.autotune(configs=[_gemv_config(32, 32, 4)] if interpreting() else INT8_GEMV, key=["N", "K"],
+    @triton.autotune(configs=[_gemv_config(32, 64, 4)] if interpreting() else INT8_GEMV, key=["N", "K"],   # as above
                      prune_configs_by=dict(early_config_prune=_prune_gemv))
     @triton.heuristics(dict(EVEN_K=lambda args: args["K"] % args["BLOCK_K"] == 0))
     @triton.jit

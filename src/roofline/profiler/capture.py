@@ -278,8 +278,10 @@ class StepClock:
     def __init__(self, window: tuple[int, float]):
         self.first, self.last = window   # the recorded window's first and last step (warm-up step included)
         self.wall_ms: list[float] = []
+        self.spans_ns: list[tuple[int, int]] = []   # each timed step's start and end, time.time_ns()
         self._events: list[tuple] = []
-        self._previous = None   # (perf_counter, event or None) at the start of the running step, if it counts
+        self._calls: list[dict] = []   # the flight recorder's calls, as snapshot() read them
+        self._previous = None   # (perf_counter, time_ns, event or None) at the start of the running step, if it counts
 
     def _counts(self, step: int) -> bool:
         return step >= 1 and not self.first <= step <= self.last + 1
@@ -289,19 +291,33 @@ class StepClock:
         if not (self._counts(ended) or self._counts(ended + 1)) or len(self.wall_ms) >= self.LIMIT:
             self._previous = None
             return
-        now, event = _time.perf_counter(), None
+        now, now_ns, event = _time.perf_counter(), _time.time_ns(), None
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             event = torch.cuda.Event(enable_timing=True)
             event.record()
         if self._counts(ended) and self._previous is not None:
             self.wall_ms.append((now - self._previous[0]) * 1e3)
-            self._events.append((self._previous[1], event))
-        self._previous = (now, event) if self._counts(ended + 1) else None
+            self.spans_ns.append((self._previous[1], now_ns))
+            self._events.append((self._previous[2], event))
+        self._previous = (now, now_ns, event) if self._counts(ended + 1) else None
+
+    def snapshot(self) -> None:
+        """Read the flight recorder's calls of the steps timed so far, at the window's end: the program may end
+        its process groups before facts() reads them again."""
+        from roofline.distributed import ledger
+
+        self._calls = ledger.read(self.spans_ns)
 
     def facts(self) -> dict:
-        """{"wall_ms": [...], "gpu_ms": [...]}; the GPU must have finished the events (the caller synchronized)."""
+        """{"wall_ms": [...], "gpu_ms": [...], "collectives": [...]}: collectives, the calls a process group's
+        flight recorder kept in the timed steps (distributed.ledger; none outside a program of several ranks), as
+        read now or at the snapshot, whichever timed a call. The GPU must have finished the events (the caller
+        synchronized)."""
+        from roofline.distributed import ledger
+
         gpu = [start.elapsed_time(end) for start, end in self._events if start is not None and end is not None]
-        return {"wall_ms": self.wall_ms, "gpu_ms": gpu}
+        return {"wall_ms": self.wall_ms, "gpu_ms": gpu,
+                "collectives": ledger.union(self._calls, ledger.read(self.spans_ns))}
 
 
 def _experimental_config():
@@ -471,6 +487,7 @@ class Profiler:
         self.window_steps += self._records(ended)
         if ended == self.window[1]:
             self._hooks_off()
+            self.clock.snapshot()
         if self.steps == self.skip:
             # Recording starts now: let the skipped steps' queued GPU work finish first, so that the window
             # holds exactly the work launched in it, and a program that runs far ahead of the GPU is not

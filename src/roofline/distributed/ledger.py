@@ -1,0 +1,177 @@
+"""The collectives of the steps outside the recorded window, as torch.distributed's flight recorder kept them.
+
+Under torch.profiler every rank's host runs 1.5-2.5x slower (benchmarks/results/h100x2-distributed.md), and a
+small lead of one host grows into long waits of the others' GPUs: the recorded window's waits and transfer times
+describe the recording, not the program. The flight recorder costs the program nothing it would notice. It is
+ProcessGroupNCCL's ring of its last collective calls, and keeps each call's kind, sizes, and the host time it was
+issued; with TORCH_NCCL_ENABLE_TIMING=1 it also keeps the call's time on the GPU, between two CUDA events that
+NCCL's stream records around it. So the steps that capture times outside the window (profiler.capture.StepClock)
+get their collectives measured as the program runs unrecorded.
+
+A call's time on the GPU runs from when NCCL's stream reached it (its input computed) to when the data has moved,
+and a collective ends on every rank at about the same moment. So, matched across ranks by process group and
+sequence number, the shortest of a call's times is its transfer alone, the rank that took it arrived last, and
+every other rank's time is longer by its wait. gloo's calls carry no GPU time: on CPUs the recorded window's
+figures stand.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import statistics
+from dataclasses import dataclass, field
+
+ENV = {"TORCH_NCCL_ENABLE_TIMING": "1",          # each call's time on the GPU (two CUDA events a call)
+       "TORCH_FR_BUFFER_SIZE": "20000",          # calls kept (torch's default, 2000, is 40 steps of FSDP2's)
+       "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000"}  # the same, as torch before 2.8 names it
+DOMINANT = 0.75   # a straggler holds the others back at this share of all the waits, at least (noise: about 1/2)
+
+# the flight recorder's dtype names -> bytes an element
+_ITEMSIZE = {"Float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Long": 8, "Int": 4, "Short": 2, "Byte": 1,
+             "Char": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "ComplexFloat": 8}
+# its call names (profiling_name after "nccl:" or "gloo:") -> the collective, as bench.collective names it,
+# tried in this order (all_reduce before reduce, reduce_scatter before reduce and scatter)
+_KINDS = (("all_gather", "all_gather"), ("allgather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
+          ("all_reduce", "all_reduce"), ("allreduce", "all_reduce"), ("all_to_all", "all_to_all"),
+          ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("send", "send_recv"), ("recv", "send_recv"),
+          ("barrier", "barrier"), ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"))
+
+
+def enable() -> None:
+    """Have the process groups this process makes keep their calls, timed on the GPU; the user's own settings
+    stand. Before the program makes its first process group: ProcessGroupNCCL reads these when it is made."""
+    for name, value in ENV.items():
+        os.environ.setdefault(name, value)
+
+
+def kind_of(profiling_name: str) -> str | None:
+    name = profiling_name.split(":", 1)[-1].strip().lower()
+    return next((kind for word, kind in _KINDS if word in name), None)
+
+
+def _nbytes(sizes, dtypes) -> int | None:
+    """The bytes of a call's tensors (sizes: one shape per tensor)."""
+    total = 0
+    for shape, dtype in zip(sizes or [], dtypes or []):
+        if dtype not in _ITEMSIZE:
+            return None
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * _ITEMSIZE[dtype]
+    return total
+
+
+def _dumps() -> list[dict]:
+    """Every flight recorder's calls in this process: NCCL's and gloo's (they keep one each)."""
+    try:
+        import torch._C._distributed_c10d as c10d
+    except ImportError:   # torch built without distributed
+        return []
+    out = []
+    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            out.extend(pickle.loads(dump(True, False, False)).get("entries") or [])
+        except Exception:   # a recorder not built in, or never used
+            continue
+    return out
+
+
+def read(spans_ns: list[tuple[int, int]]) -> list[dict]:
+    """The calls issued within the given steps (wall-clock spans, time.time_ns), each as
+    {"step", "group", "seq", "p2p", "kind", "bytes", "ms"}: ms, its time on the GPU, None where the recorder did
+    not time it (gloo; NCCL without TORCH_NCCL_ENABLE_TIMING; a call not yet retired)."""
+    if not spans_ns:
+        return []
+    out = []
+    for entry in _dumps():
+        created = entry.get("time_created_ns")
+        step = next((i for i, (a, b) in enumerate(spans_ns) if a <= (created or 0) < b), None)
+        if step is None:
+            continue
+        nbytes = [_nbytes(entry.get("input_sizes"), entry.get("input_dtypes")),
+                  _nbytes(entry.get("output_sizes"), entry.get("output_dtypes"))]
+        p2p = bool(entry.get("is_p2p"))
+        out.append({"step": step, "group": str(entry.get("pg_id", entry.get("process_group"))), "p2p": p2p,
+                    "seq": entry.get("p2p_seq_id" if p2p else "collective_seq_id"),
+                    "kind": kind_of(str(entry.get("profiling_name", ""))),
+                    # nccl-tests' message: an all-gather's output, a reduce-scatter's input, either for the rest
+                    "bytes": max((b for b in nbytes if b is not None), default=None),
+                    "ms": entry.get("duration_ms")})
+    return out
+
+
+def union(*reads: list[dict]) -> list[dict]:
+    """Several read()s of one process as one: each call once, timed where any read timed it (a call the watchdog
+    had not retired at one read may be timed at a later one), in the order of steps and sequence."""
+    calls: dict = {}
+    for read_calls in reads:
+        for c in read_calls:
+            key = (c["group"], c["p2p"], c["seq"])
+            if key not in calls or calls[key]["ms"] is None:
+                calls[key] = c
+    return sorted(calls.values(), key=lambda c: (c["step"], c["group"], c["p2p"], c["seq"]))
+
+
+# --------------------------------------------------------------------------- the ranks together
+
+@dataclass
+class Ledger:
+    """The ranks' timed calls, matched, a step of the unrecorded program."""
+    steps: int                   # steps in which every rank timed its calls
+    calls: int                   # matched calls, all steps
+    comm_ms: list[float]         # each rank's calls' time on the GPU, a step (waits included)
+    waits_ms: list[float]        # each rank's wait for the last to arrive, a step
+    held_ms: list[float]         # what each rank, arriving last, held the others back: its lead over the next
+                                 # latest (what every rank's step would be shorter without it), a step
+    transfers: dict = field(default_factory=dict)   # (kind, bytes) -> [the transfer's ms, each matched call]
+
+    @property
+    def straggler(self) -> int | None:
+        """The rank (its index in the ranks' order) that holds the others back: the one whose lead makes at least
+        DOMINANT of all the leads; None where the leads are spread (noise) or there are none."""
+        total = sum(self.held_ms)
+        if total <= 0:
+            return None
+        culprit = max(range(len(self.held_ms)), key=self.held_ms.__getitem__)
+        return culprit if self.held_ms[culprit] >= DOMINANT * total else None
+
+    def to_dict(self) -> dict:
+        return {"steps": self.steps, "calls": self.calls, "comm_ms": self.comm_ms, "waits_ms": self.waits_ms,
+                "held_ms": self.held_ms, "straggler": self.straggler,
+                "transfers": [{"kind": k, "bytes": b, "calls": len(ms), "median_ms": statistics.median(ms)}
+                              for (k, b), ms in self.transfers.items()]}
+
+
+def match(per_rank: list[list[dict]]) -> Ledger | None:
+    """The ranks' collective calls (read()'s, in the order of ranks) matched by process group and sequence number,
+    where every rank timed them (a subgroup's calls, which some ranks never make, are left out); None where no
+    call was timed on every rank."""
+    # point-to-point calls pair two ranks, each pair counting its own sequence: not matched across all ranks
+    timed = [{(c["group"], c["seq"]): c for c in calls if c.get("ms") is not None and not c["p2p"]}
+             for calls in per_rank]
+    if len(timed) < 2:
+        return None
+    keys = sorted(set.intersection(*(set(t) for t in timed)), key=lambda k: (timed[0][k]["step"], k))
+    if not keys:
+        return None
+    n = len(timed)
+    comm, waits, held = [0.0] * n, [0.0] * n, [0.0] * n
+    transfers: dict = {}
+    for key in keys:
+        ms = [t[key]["ms"] for t in timed]
+        order = sorted(range(n), key=ms.__getitem__)
+        last = order[0]
+        held[last] += ms[order[1]] - ms[last]
+        for r in range(n):
+            comm[r] += ms[r]
+            waits[r] += ms[r] - ms[last]
+        first = timed[0][key]
+        transfers.setdefault((first["kind"], first["bytes"]), []).append(ms[last])
+    steps = len({timed[0][k]["step"] for k in keys})
+    return Ledger(steps, len(keys), [c / steps for c in comm], [w / steps for w in waits], [h / steps for h in held],
+                  transfers)

@@ -1,0 +1,84 @@
+"""The collectives of the steps outside the recorded window, from torch.distributed's flight recorder
+(distributed.ledger): read on gloo ranks, and matched across ranks from figures as NCCL's timing gives them."""
+
+import pytest
+
+from roofline.distributed import ledger, spawn
+
+from .workers import steps_with_a_late_rank
+
+
+def test_the_flight_recorder_gives_each_step_its_calls_on_gloo():
+    per_rank = spawn(steps_with_a_late_rank, 2, 1, 0.01)
+    for calls in per_rank:
+        # the call before the first step is in no step; each step holds its all_reduce and its all_gather
+        assert [c["step"] for c in calls] == [0, 0, 1, 1, 2, 2, 3, 3]
+        assert [c["kind"] for c in calls] == ["all_reduce", "all_gather"] * 4
+        # nccl-tests' message: the all_reduce's buffer, the all_gather's whole output (2000 float32)
+        assert [c["bytes"] for c in calls[:2]] == [4000, 8000]
+        assert [c["seq"] for c in calls] == list(range(2, 10)) and not any(c["p2p"] for c in calls)
+        assert all(c["ms"] is None for c in calls)   # gloo's calls are not timed on a GPU
+    # untimed calls match nothing: the recorded window's figures stand
+    assert ledger.match(per_rank) is None
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("nccl:all_reduce", "all_reduce"), ("nccl:_all_gather_base", "all_gather"),
+    ("nccl:all_gather_into_tensor_coalesced", "all_gather"), ("nccl:_reduce_scatter_base", "reduce_scatter"),
+    ("nccl:reduce_scatter_tensor_coalesced", "reduce_scatter"), ("nccl:all_to_all", "all_to_all"),
+    ("nccl:broadcast", "broadcast"), ("nccl:reduce", "reduce"), ("nccl:send 0->1", "send_recv"),
+    ("nccl:recv 1<-0", "send_recv"), ("gloo:barrier", "barrier"), ("nccl:something_new", None)])
+def test_the_recorder_s_call_names(name, kind):
+    assert ledger.kind_of(name) == kind
+
+
+def _calls(ms_per_step, kind="all_reduce", nbytes=1 << 20):
+    """One rank's calls: a step each list of call times (ms), sequence numbers counting on."""
+    out, seq = [], 0
+    for step, times in enumerate(ms_per_step):
+        for ms in times:
+            seq += 1
+            out.append({"step": step, "group": "0", "p2p": False, "seq": seq, "kind": kind, "bytes": nbytes,
+                        "ms": ms})
+    return out
+
+
+def test_a_late_rank_is_the_one_whose_calls_are_shortest():
+    # rank 1 arrives 20 ms late at each step's first call; the transfer takes 1 ms; the second call is even
+    late = ledger.match([_calls([[21.0, 1.0]] * 3), _calls([[1.0, 1.0]] * 3), _calls([[20.5, 1.2]] * 3)])
+    assert late.steps == 3 and late.calls == 6 and late.straggler == 1
+    # its lead over the next latest (rank 2, 0.5 ms before it) is what every step loses; at the second call ranks
+    # 0 and 1 arrive last together (1.0 ms, the transfer alone) and rank 2 waits 0.2 ms for them
+    assert late.held_ms == pytest.approx([0.0, 19.5, 0.0])
+    assert late.waits_ms == pytest.approx([20.0, 0.0, 19.5 + 0.2])
+    assert late.comm_ms == pytest.approx([22.0, 2.0, 21.7])
+    assert late.transfers[("all_reduce", 1 << 20)] == pytest.approx([1.0] * 6)
+
+
+def test_ranks_that_take_turns_arriving_last_hold_no_one_back():
+    turns = ledger.match([_calls([[1.0], [1.3], [1.0], [1.3]]), _calls([[1.3], [1.0], [1.3], [1.0]])])
+    assert turns.straggler is None and turns.held_ms == pytest.approx([0.15, 0.15])
+    # a call only one rank timed (its watchdog had not retired the other's yet) is left out
+    partial = _calls([[1.0], [1.0]])
+    partial[1]["ms"] = None
+    assert ledger.match([partial, _calls([[1.0], [1.0]])]).calls == 1
+    # point-to-point calls count their own sequence per pair: never matched
+    sends = [dict(c, p2p=True) for c in _calls([[1.0]])]
+    assert ledger.match([sends, sends]) is None
+
+
+def test_enable_keeps_the_user_s_own_settings(monkeypatch):
+    import os
+
+    for name in ledger.ENV:
+        monkeypatch.delenv(name, raising=False)   # restored after the test, whatever enable() sets
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "0")
+    ledger.enable()
+    assert os.environ["TORCH_NCCL_ENABLE_TIMING"] == "0" and os.environ["TORCH_FR_BUFFER_SIZE"] == "20000"
+
+
+def test_reads_at_the_window_s_end_and_at_exit_are_one():
+    early = _calls([[None, 1.0]])                 # the first call not yet timed when the window closed
+    late = _calls([[2.0, 1.0], [3.0]])[:1] + _calls([[2.0, 1.0], [3.0]])[2:]   # the program's end: the second lost
+    calls = ledger.union(early, late)
+    assert [(c["seq"], c["ms"]) for c in calls] == [(1, 2.0), (2, 1.0), (3, 3.0)]
