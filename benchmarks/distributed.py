@@ -128,9 +128,10 @@ def profile(out: Path, nproc: int, repeats: int) -> None:
         f"{timed['calls']} calls of {timed['steps']} steps; a step's comm " + ", ".join(map(_ms, timed["comm_ms"]))
         + " ms, waits " + ", ".join(map(_ms, timed["waits_ms"])) + " ms, held back by each rank "
         + ", ".join(map(_ms, timed["held_ms"])) + " ms (rank by rank)" if timed else "none (no call timed)"), "",
-              "Without a planted straggler: " + ("no straggler named (right)" if "straggler" not in found else
+              "Without a planted straggler: " + ("no straggler named" if "straggler" not in found else
                                                  f"{found['straggler']['title']}, {found['straggler']['gain_ms']:.2f} "
-                                                 "ms a step (WRONG: none was planted)"), ""]
+                                                 "ms a step (none was planted: the machine's own, or a false "
+                                                 "finding)"), ""]
     s = slow.get("straggler")
     slow_gain = next((f["gain_ms"] for f in slow["findings"] if f["id"] == "straggler"), None)
     named = bool(s and s["rank"] == 1 and s["where"] and "ddp_train.py" in s["where"] and slow_gain)

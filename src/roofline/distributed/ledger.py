@@ -11,8 +11,11 @@ get their collectives measured as the program runs unrecorded.
 A call's time on the GPU runs from when NCCL's stream reached it (its input computed) to when the data has moved,
 and a collective ends on every rank at about the same moment. So, matched across ranks by process group and
 sequence number, the shortest of a call's times is its transfer alone, the rank that took it arrived last, and
-every other rank's time is longer by its wait. gloo's calls carry no GPU time: on CPUs the recorded window's
-figures stand.
+every other rank's time is longer by its wait. A wait in the middle of a step is mostly hidden: NCCL's kernel
+waits on its own stream while the rank goes on computing (DDP's buckets in the backward, FSDP2's prefetched
+all-gathers). What a step loses is the wait at its last collective, the one its end waits for: there the early
+ranks have nothing left to compute. A rank that arrives 2 ms late at each of a step's 14 calls costs the step
+2 ms, not 28. gloo's calls carry no GPU time: on CPUs the recorded window's figures stand.
 """
 
 from __future__ import annotations
@@ -22,9 +25,8 @@ import pickle
 import statistics
 from dataclasses import dataclass, field
 
-ENV = {"TORCH_NCCL_ENABLE_TIMING": "1",          # each call's time on the GPU (two CUDA events a call)
-       "TORCH_FR_BUFFER_SIZE": "20000",          # calls kept (torch's default, 2000, is 40 steps of FSDP2's)
-       "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000"}  # the same, as torch before 2.8 names it
+ENV = {"TORCH_NCCL_ENABLE_TIMING": "1",   # each call's time on the GPU (two CUDA events a call)
+       "TORCH_FR_BUFFER_SIZE": "20000"}   # calls kept (torch's default, 2000, is 40 steps of an FSDP2 GPT-2's)
 DOMINANT = 0.75   # a straggler holds the others back at this share of all the waits, at least (noise: about 1/2)
 
 # the flight recorder's dtype names -> bytes an element
@@ -97,7 +99,7 @@ def read(spans_ns: list[tuple[int, int]]) -> list[dict]:
                   _nbytes(entry.get("output_sizes"), entry.get("output_dtypes"))]
         p2p = bool(entry.get("is_p2p"))
         out.append({"step": step, "group": str(entry.get("pg_id", entry.get("process_group"))), "p2p": p2p,
-                    "seq": entry.get("p2p_seq_id" if p2p else "collective_seq_id"),
+                    "seq": entry.get("p2p_seq_id" if p2p else "collective_seq_id"), "created_ns": created,
                     "kind": kind_of(str(entry.get("profiling_name", ""))),
                     # nccl-tests' message: an all-gather's output, a reduce-scatter's input, either for the rest
                     "bytes": max((b for b in nbytes if b is not None), default=None),
@@ -124,10 +126,10 @@ class Ledger:
     """The ranks' timed calls, matched, a step of the unrecorded program."""
     steps: int                   # steps in which every rank timed its calls
     calls: int                   # matched calls, all steps
-    comm_ms: list[float]         # each rank's calls' time on the GPU, a step (waits included)
-    waits_ms: list[float]        # each rank's wait for the last to arrive, a step
-    held_ms: list[float]         # what each rank, arriving last, held the others back: its lead over the next
-                                 # latest (what every rank's step would be shorter without it), a step
+    comm_ms: list[float]         # each rank's calls' time on the GPU, a step (their waits included, hidden or not)
+    waits_ms: list[float]        # each rank's wait at the step's last collective (exposed: nothing left to compute)
+    held_ms: list[float]         # what each rank, arriving last at a step's last collective, held the others back:
+                                 # its lead over the next latest, what every rank's step loses to it
     transfers: dict = field(default_factory=dict)   # (kind, bytes) -> [the transfer's ms, each matched call]
 
     @property
@@ -156,22 +158,28 @@ def match(per_rank: list[list[dict]]) -> Ledger | None:
              for calls in per_rank]
     if len(timed) < 2:
         return None
-    keys = sorted(set.intersection(*(set(t) for t in timed)), key=lambda k: (timed[0][k]["step"], k))
+    keys = set.intersection(*(set(t) for t in timed))
     if not keys:
         return None
     n = len(timed)
-    comm, waits, held = [0.0] * n, [0.0] * n, [0.0] * n
+    comm = [0.0] * n
     transfers: dict = {}
+    by_step: dict[int, list] = {}
     for key in keys:
         ms = [t[key]["ms"] for t in timed]
-        order = sorted(range(n), key=ms.__getitem__)
-        last = order[0]
-        held[last] += ms[order[1]] - ms[last]
         for r in range(n):
             comm[r] += ms[r]
-            waits[r] += ms[r] - ms[last]
         first = timed[0][key]
-        transfers.setdefault((first["kind"], first["bytes"]), []).append(ms[last])
-    steps = len({timed[0][k]["step"] for k in keys})
-    return Ledger(steps, len(keys), [c / steps for c in comm], [w / steps for w in waits], [h / steps for h in held],
-                  transfers)
+        transfers.setdefault((first["kind"], first["bytes"]), []).append(min(ms))
+        by_step.setdefault(first["step"], []).append(key)
+    waits, held = [0.0] * n, [0.0] * n
+    for step_keys in by_step.values():   # the step's last call, as rank 0 issued them
+        last = max(step_keys, key=lambda k: (timed[0][k].get("created_ns") or 0, k))
+        ms = [t[last]["ms"] for t in timed]
+        order = sorted(range(n), key=ms.__getitem__)
+        held[order[0]] += ms[order[1]] - ms[order[0]]
+        for r in range(n):
+            waits[r] += ms[r] - ms[order[0]]
+    steps = len(by_step)
+    return Ledger(steps, len(keys), [c / steps for c in comm], [w / steps for w in waits],
+                  [h / steps for h in held], transfers)
