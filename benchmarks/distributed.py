@@ -22,15 +22,16 @@ Writes OUT_DIR/profile-ranks.md and .json.
 
 recording: what recording costs a rank's step: the same DDP GPT-2 step on N ranks, plain and under each way of
 recording it (torch.profiler with CUDA activity only, with CPU and CUDA activity, roofline.profile() and it
-without shapes, lines or modules), in rounds; then plain on ranks whose collectives NCCL times and its flight
-recorder keeps, as roofline profile has them outside its window (distributed.ledger); each rank's median step
-(CUDA events between steps). Writes
+without shapes, lines or modules), in rounds; each rank's median step (CUDA events between steps). Then the
+cost of what profile leaves on outside its window (NCCL timing each collective, its flight recorder keeping them:
+distributed.ledger), in launches of their own, plain and with it, in turns. Writes
 OUT_DIR/recording.md and .json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -210,24 +211,27 @@ def recorded_steps(rounds: int, steps: int, only: list[str] | None = None) -> di
     return out
 
 
-def recording(out: Path, nproc: int, rounds: int = 3, steps: int = 10) -> None:
-    from roofline.distributed import ledger, spawn
+LEDGER_TURNS = 3   # launches of each, in turns: two launches of one program differ by several ms a step here
 
-    ranks = spawn(recorded_steps, nproc, rounds, steps)
-    # what roofline profile leaves on outside its window: NCCL timing each call, its flight recorder keeping them
-    # (read when a process group is made: ranks of their own)
-    saved = {name: os.environ.get(name) for name in ledger.ENV}
-    os.environ.update(ledger.ENV)
+
+@contextlib.contextmanager
+def _environment(settings: dict):
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     try:
-        timed = spawn(recorded_steps, nproc, rounds, steps, ["plain"])
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
                 del os.environ[name]
             else:
                 os.environ[name] = value
-    for r, t in zip(ranks, timed):
-        r["plain, calls timed by NCCL (profile's ledger)"] = t["plain"]
+
+
+def recording(out: Path, nproc: int, rounds: int = 3, steps: int = 10) -> None:
+    from roofline.distributed import ledger, spawn
+
+    ranks = spawn(recorded_steps, nproc, rounds, steps)
     plain = max(statistics.median(r["plain"]) for r in ranks)
     lines = [f"What recording costs a step: DDP GPT-2 small (bf16, 8 x 1024 tokens a rank) on {_machine(nproc)}; "
              f"{steps} steps a recording, {rounds} rounds; each rank's median over rounds of its median step", "",
@@ -236,8 +240,21 @@ def recording(out: Path, nproc: int, rounds: int = 3, steps: int = 10) -> None:
     for name in ranks[0]:
         medians = [statistics.median(r[name]) for r in ranks]
         lines.append(f"| {name} | " + " | ".join(f"{m:.2f}" for m in medians) + f" | {max(medians) / plain:.2f}x |")
+    # What roofline profile leaves on outside its window: NCCL timing each call, its flight recorder keeping them.
+    # A process group reads them when it is made: launches of their own, plain and with them in turns.
+    turns: dict[str, list[float]] = {"plain": [], "calls timed by NCCL (profile's ledger)": []}
+    for _ in range(LEDGER_TURNS):
+        for name, settings in zip(turns, ({}, ledger.ENV)):
+            with _environment(settings):
+                launched = spawn(recorded_steps, nproc, 1, steps, ["plain"])
+            turns[name].append(max(statistics.median(r["plain"]) for r in launched))
+    ratios = [b / a for a, b in zip(*turns.values())]
+    lines += ["", f"Launches of their own, in turns ({LEDGER_TURNS} each; the slowest rank's median step, ms): "
+              + "; ".join(f"{name} {', '.join(f'{t:.2f}' for t in times)}" for name, times in turns.items())
+              + f". The ledger against plain, turn by turn: {', '.join(f'{r:.3f}x' for r in ratios)} (median "
+              f"{statistics.median(ratios):.3f}x)."]
     (out / "recording.md").write_text("\n".join(lines) + "\n")
-    (out / "recording.json").write_text(json.dumps(ranks, indent=1))
+    (out / "recording.json").write_text(json.dumps({"ranks": ranks, "ledger_turns": turns}, indent=1))
     print("\n".join(lines))
 
 

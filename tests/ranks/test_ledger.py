@@ -43,21 +43,21 @@ def _calls(ms_per_step, kind="all_reduce", nbytes=1 << 20):
     return out
 
 
-def test_a_late_rank_is_the_one_whose_calls_are_shortest_at_the_step_s_end():
-    # rank 1 arrives 20 ms late at each step's first call, and still 2 ms late at its last (rank 2, 0.5 ms before
-    # it); the transfer takes 1 ms
-    late = ledger.match([_calls([[21.0, 3.0]] * 3), _calls([[1.0, 1.0]] * 3), _calls([[20.5, 2.5]] * 3)])
+def test_a_late_rank_is_the_one_whose_calls_are_shortest():
+    # at each step's first call rank 1 arrives 20 ms after rank 0 and 19.5 ms after rank 2 (whose calls wait that
+    # long), and the ranks are even after it; the transfer takes 1 ms
+    late = ledger.match([_calls([[21.0, 1.0]] * 3), _calls([[1.0, 1.0]] * 3), _calls([[20.5, 1.2]] * 3)])
     assert late.steps == 3 and late.calls == 6 and late.straggler == 1
-    # what a step loses is its end's wait: rank 1's lead over the next latest there
-    assert late.held_ms == pytest.approx([0.0, 1.5, 0.0])
-    assert late.waits_ms == pytest.approx([2.0, 0.0, 1.5])
-    assert late.comm_ms == pytest.approx([24.0, 2.0, 23.0])   # every call's time, waits included
+    # what a step loses to it: its largest lead over the next latest (rank 2)
+    assert late.held_ms == pytest.approx([0.0, 19.5, 0.0])
+    assert late.waits_ms == pytest.approx([20.0, 0.0, 19.5])   # each rank's largest wait in a step
+    assert late.comm_ms == pytest.approx([22.0, 2.0, 21.7])    # every call's time, waits included
     assert late.transfers[("all_reduce", 1 << 20)] == pytest.approx([1.0] * 6)
 
 
 def test_a_rank_late_at_every_call_costs_a_step_its_lag_once():
     # rank 1 is 2 ms behind at each of 14 calls: the others' NCCL kernels wait 28 ms a step, hidden under their
-    # compute but for the last call's 2 ms
+    # compute but for one lag's 2 ms
     lag = ledger.match([_calls([[3.0] * 14] * 2), _calls([[1.0] * 14] * 2)])
     assert lag.straggler == 1 and lag.held_ms == pytest.approx([0.0, 2.0]) and lag.waits_ms == pytest.approx([2.0, 0])
     assert lag.comm_ms == pytest.approx([42.0, 14.0])

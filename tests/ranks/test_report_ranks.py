@@ -84,7 +84,7 @@ def test_nccl_s_timing_outside_the_window_gives_the_straggler_s_gain_and_the_exp
     merged.ledger = _timed([0.0, 20.1], [20.1, 0.3])
     found = {f.id: f for f in findings(merged)}
     assert found["straggler"].gain_ms == pytest.approx(20.1)
-    assert "NCCL timed the other ranks waiting 20.10 ms a step" in found["straggler"].message
+    assert "NCCL timed it 20.10 ms a step behind the next latest rank" in found["straggler"].message
     # rank 1 waits least (0.3 ms, timed): its unrecorded step less its compute, its waits and its idle lead
     exposed = found["exposed-communication"]
     assert exposed.gain_ms == pytest.approx(53.4 - 27.14 - 0.3 - 20.1)

@@ -11,11 +11,13 @@ get their collectives measured as the program runs unrecorded.
 A call's time on the GPU runs from when NCCL's stream reached it (its input computed) to when the data has moved,
 and a collective ends on every rank at about the same moment. So, matched across ranks by process group and
 sequence number, the shortest of a call's times is its transfer alone, the rank that took it arrived last, and
-every other rank's time is longer by its wait. A wait in the middle of a step is mostly hidden: NCCL's kernel
-waits on its own stream while the rank goes on computing (DDP's buckets in the backward, FSDP2's prefetched
-all-gathers). What a step loses is the wait at its last collective, the one its end waits for: there the early
-ranks have nothing left to compute. A rank that arrives 2 ms late at each of a step's 14 calls costs the step
-2 ms, not 28. gloo's calls carry no GPU time: on CPUs the recorded window's figures stand.
+every other rank's time is longer by its wait. The waits of a step do not add up: NCCL's kernel waits on its own
+stream while the rank goes on computing (DDP's buckets in the backward), and a rank 2 ms behind at each of a
+step's 14 calls costs the step 2 ms, not 28. What a step loses to a late rank is its largest lag: the others
+wait for it where their own work needs the collective's result (DDP's broadcast of the buffers before the
+forward, the last gradient bucket before the optimizer), or carry the lag to the step's end. So a step counts,
+for each rank, its largest wait at any of the step's collectives, and for the rank that arrived last, its largest
+lead over the next latest. gloo's calls carry no GPU time: on CPUs the recorded window's figures stand.
 """
 
 from __future__ import annotations
@@ -127,9 +129,9 @@ class Ledger:
     steps: int                   # steps in which every rank timed its calls
     calls: int                   # matched calls, all steps
     comm_ms: list[float]         # each rank's calls' time on the GPU, a step (their waits included, hidden or not)
-    waits_ms: list[float]        # each rank's wait at the step's last collective (exposed: nothing left to compute)
-    held_ms: list[float]         # what each rank, arriving last at a step's last collective, held the others back:
-                                 # its lead over the next latest, what every rank's step loses to it
+    waits_ms: list[float]        # each rank's largest wait at one of the step's collectives, a step
+    held_ms: list[float]         # each rank's largest lead over the next latest rank at a collective it arrived at
+                                 # last, a step: what every rank's step loses to it
     transfers: dict = field(default_factory=dict)   # (kind, bytes) -> [the transfer's ms, each matched call]
 
     @property
@@ -173,13 +175,17 @@ def match(per_rank: list[list[dict]]) -> Ledger | None:
         transfers.setdefault((first["kind"], first["bytes"]), []).append(min(ms))
         by_step.setdefault(first["step"], []).append(key)
     waits, held = [0.0] * n, [0.0] * n
-    for step_keys in by_step.values():   # the step's last call, as rank 0 issued them
-        last = max(step_keys, key=lambda k: (timed[0][k].get("created_ns") or 0, k))
-        ms = [t[last]["ms"] for t in timed]
-        order = sorted(range(n), key=ms.__getitem__)
-        held[order[0]] += ms[order[1]] - ms[order[0]]
+    for step_keys in by_step.values():
+        step_waits, step_leads = [0.0] * n, [0.0] * n
+        for key in step_keys:
+            ms = [t[key]["ms"] for t in timed]
+            order = sorted(range(n), key=ms.__getitem__)
+            step_leads[order[0]] = max(step_leads[order[0]], ms[order[1]] - ms[order[0]])
+            for r in range(n):
+                step_waits[r] = max(step_waits[r], ms[r] - ms[order[0]])
         for r in range(n):
-            waits[r] += ms[r] - ms[order[0]]
+            waits[r] += step_waits[r]
+            held[r] += step_leads[r]
     steps = len(by_step)
     return Ledger(steps, len(keys), [c / steps for c in comm], [w / steps for w in waits],
                   [h / steps for h in held], transfers)

@@ -37,9 +37,9 @@ def findings(merged: Merged) -> list[Finding]:
                                                       else step):
         spent = [f"{s.where_ms:,.2f} ms a step more than the others at {s.where}" if s.where else "",
                  f"its computation took {s.compute_excess_ms:,.2f} ms a step longer" if s.compute_excess_ms else ""]
-        held = (f"Unrecorded, NCCL timed the other ranks waiting {s.held_ms:,.2f} ms a step for it at the step's "
-                f"last collective (its lead over the next latest rank); recorded, they waited {s.waited_ms:,.2f} ms "
-                "at all the step's collectives together."
+        held = (f"Unrecorded, NCCL timed it {s.held_ms:,.2f} ms a step behind the next latest rank (at the "
+                f"step's collective where it lagged most); recorded, the others waited {s.waited_ms:,.2f} ms at all "
+                "the step's collectives together."
                 if s.held_ms is not None else f"Recorded, the other ranks waited {s.waited_ms:,.2f} ms a step for it.")
         out.append(Finding(
             "straggler", f"rank {s.rank} holds the other ranks back",
@@ -160,8 +160,9 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
     if timed is not None:
         console.print(f"Unrecorded comm and wait: {timed.calls} collective calls of {timed.steps} steps outside the "
                       "window, timed on each GPU by NCCL (TORCH_NCCL_ENABLE_TIMING, read from its flight recorder): "
-                      "the calls' time, waits included, and the wait at each step's last collective, which no "
-                      "compute hides. The collectives' transfer times and bus bandwidth below are theirs too.",
+                      "the calls' time, waits included, and a step's largest wait at one collective (its waits do "
+                      "not add up: compute hides most). The collectives' transfer times and bus bandwidth below are "
+                      "theirs too.",
                       highlight=False)
     rows = []
     for c in collective_rows(merged)[:top]:
