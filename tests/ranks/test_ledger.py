@@ -90,3 +90,10 @@ def test_reads_at_the_window_s_end_and_at_exit_are_one():
     late = _calls([[2.0, 1.0], [3.0]])[:1] + _calls([[2.0, 1.0], [3.0]])[2:]   # the program's end: the second lost
     calls = ledger.union(early, late)
     assert [(c["seq"], c["ms"]) for c in calls] == [(1, 2.0), (2, 1.0), (3, 3.0)]
+
+
+def test_one_early_step_s_lag_is_not_the_program_s():
+    # the first timed step (DDP rebuilding its buckets, say) puts rank 1 20 ms behind; the four after it 0.2 ms
+    early = ledger.match([_calls([[21.0]] + [[1.2]] * 4), _calls([[1.0]] * 5)])
+    assert early.held_ms == pytest.approx([0.0, 0.2]) and early.waits_ms == pytest.approx([0.2, 0.0])
+    assert early.per_step["held_ms"][0] == pytest.approx([0.0, 20.0])   # kept, step by step

@@ -17,7 +17,9 @@ step's 14 calls costs the step 2 ms, not 28. What a step loses to a late rank is
 wait for it where their own work needs the collective's result (DDP's broadcast of the buffers before the
 forward, the last gradient bucket before the optimizer), or carry the lag to the step's end. So a step counts,
 for each rank, its largest wait at any of the step's collectives, and for the rank that arrived last, its largest
-lead over the next latest. gloo's calls carry no GPU time: on CPUs the recorded window's figures stand.
+lead over the next latest; the figures are the median step's (the steps outside the window include the program's
+early ones: DDP rebuilds its buckets after the first, allocators grow). gloo's calls carry no GPU time: on CPUs
+the recorded window's figures stand.
 """
 
 from __future__ import annotations
@@ -125,14 +127,15 @@ def union(*reads: list[dict]) -> list[dict]:
 
 @dataclass
 class Ledger:
-    """The ranks' timed calls, matched, a step of the unrecorded program."""
+    """The ranks' timed calls, matched: each figure a rank's, the median over the steps."""
     steps: int                   # steps in which every rank timed its calls
     calls: int                   # matched calls, all steps
-    comm_ms: list[float]         # each rank's calls' time on the GPU, a step (their waits included, hidden or not)
-    waits_ms: list[float]        # each rank's largest wait at one of the step's collectives, a step
-    held_ms: list[float]         # each rank's largest lead over the next latest rank at a collective it arrived at
-                                 # last, a step: what every rank's step loses to it
+    comm_ms: list[float]         # the calls' time on the GPU (their waits included, hidden or not)
+    waits_ms: list[float]        # the largest wait at one of the step's collectives
+    held_ms: list[float]         # the largest lead over the next latest rank at a collective it arrived at last:
+                                 # what every rank's step loses to it
     transfers: dict = field(default_factory=dict)   # (kind, bytes) -> [the transfer's ms, each matched call]
+    per_step: dict = field(default_factory=dict)    # "comm_ms", "waits_ms", "held_ms" -> [[each rank's], a step]
 
     @property
     def straggler(self) -> int | None:
@@ -146,7 +149,7 @@ class Ledger:
 
     def to_dict(self) -> dict:
         return {"steps": self.steps, "calls": self.calls, "comm_ms": self.comm_ms, "waits_ms": self.waits_ms,
-                "held_ms": self.held_ms, "straggler": self.straggler,
+                "held_ms": self.held_ms, "straggler": self.straggler, "per_step": self.per_step,
                 "transfers": [{"kind": k, "bytes": b, "calls": len(ms), "median_ms": statistics.median(ms)}
                               for (k, b), ms in self.transfers.items()]}
 
@@ -164,28 +167,27 @@ def match(per_rank: list[list[dict]]) -> Ledger | None:
     if not keys:
         return None
     n = len(timed)
-    comm = [0.0] * n
     transfers: dict = {}
     by_step: dict[int, list] = {}
     for key in keys:
-        ms = [t[key]["ms"] for t in timed]
-        for r in range(n):
-            comm[r] += ms[r]
         first = timed[0][key]
-        transfers.setdefault((first["kind"], first["bytes"]), []).append(min(ms))
+        transfers.setdefault((first["kind"], first["bytes"]), []).append(min(t[key]["ms"] for t in timed))
         by_step.setdefault(first["step"], []).append(key)
-    waits, held = [0.0] * n, [0.0] * n
+    per_step: dict[str, list] = {"comm_ms": [], "waits_ms": [], "held_ms": []}
     for step_keys in by_step.values():
-        step_waits, step_leads = [0.0] * n, [0.0] * n
+        comm, waits, leads = [0.0] * n, [0.0] * n, [0.0] * n
         for key in step_keys:
             ms = [t[key]["ms"] for t in timed]
             order = sorted(range(n), key=ms.__getitem__)
-            step_leads[order[0]] = max(step_leads[order[0]], ms[order[1]] - ms[order[0]])
+            leads[order[0]] = max(leads[order[0]], ms[order[1]] - ms[order[0]])
             for r in range(n):
-                step_waits[r] = max(step_waits[r], ms[r] - ms[order[0]])
-        for r in range(n):
-            waits[r] += step_waits[r]
-            held[r] += step_leads[r]
-    steps = len(by_step)
-    return Ledger(steps, len(keys), [c / steps for c in comm], [w / steps for w in waits],
-                  [h / steps for h in held], transfers)
+                comm[r] += ms[r]
+                waits[r] = max(waits[r], ms[r] - ms[order[0]])
+        for name, figures in zip(per_step, (comm, waits, leads)):
+            per_step[name].append(figures)
+
+    def median(name: str) -> list[float]:
+        return [statistics.median(step[r] for step in per_step[name]) for r in range(n)]
+
+    return Ledger(len(by_step), len(keys), median("comm_ms"), median("waits_ms"), median("held_ms"), transfers,
+                  per_step)
