@@ -174,7 +174,8 @@ def match(per_rank: list[list[dict]]) -> Ledger | None:
         transfers.setdefault((first["kind"], first["bytes"]), []).append(min(t[key]["ms"] for t in timed))
         by_step.setdefault(first["step"], []).append(key)
     per_step: dict[str, list] = {"comm_ms": [], "waits_ms": [], "held_ms": []}
-    for step_keys in by_step.values():
+    for step in sorted(by_step):
+        step_keys = by_step[step]
         comm, waits, leads = [0.0] * n, [0.0] * n, [0.0] * n
         for key in step_keys:
             ms = [t[key]["ms"] for t in timed]
