@@ -81,7 +81,7 @@ def test_nccl_s_timing_outside_the_window_gives_the_straggler_s_gain_and_the_exp
     lead = Straggler(1, 140, 140, 94.49, LINE, 23.0, 0.0, held_ms=20.1)
     asleep = [_rank(0, **{**RANK0, "unprofiled_ms": 53.4}), _rank(1, **{**RANK1, "unprofiled_ms": 53.4})]
     merged = _merged(asleep, lead)
-    merged.ledger = _timed([0.0, 20.1], [20.1, 0.3])
+    merged.ledger = _timed([0.0, 20.1], [20.1, 0.3], comm=(24.0, 6.5))
     found = {f.id: f for f in findings(merged)}
     assert found["straggler"].gain_ms == pytest.approx(20.1)
     assert "NCCL timed it 20.10 ms a step behind the next latest rank" in found["straggler"].message
@@ -101,3 +101,20 @@ def test_a_lead_only_the_recorder_made_is_no_straggler():
     ranks[0].calls, ranks[1].calls = calls(0.0), calls(3000.0)
     straggler, waits = _straggler(ranks, 14, [0.0, 0.0], _timed([0.2, 0.25], [0.25, 0.2]))
     assert straggler is None and waits == pytest.approx([14 * 3.0 / 10, 0.0])
+
+
+def test_a_gpu_idle_longer_than_its_collectives_ran_waits_on_its_host():
+    # FSDP2's GPT-2 on two H100s, unrecorded: rank 0's step 84.42 ms, 25.68 ms of compute, its NCCL kernels 4.11 ms;
+    # it is the straggler by 7.81 ms. The other 46.82 ms its GPU idles with no kernel: not communication
+    late = Straggler(0, 380, 380, 122.44, LINE, 3.64, 0.0, held_ms=7.81)
+    ranks = [_rank(0, step_ms=131.15, compute_ms=25.68, comm_ms=2.68, exposed_ms=2.54, unprofiled_ms=84.42),
+             _rank(1, step_ms=116.06, compute_ms=30.59, comm_ms=124.99, exposed_ms=97.32, unprofiled_ms=84.61)]
+    merged = _merged(ranks, late)
+    merged.ledger = _timed([7.81, 0.0], [0.0, 7.81], comm=(4.11, 107.94))
+    found = {f.id: f for f in findings(merged)}
+    assert "exposed-communication" not in found   # 4.11 ms: under 5% of the 84.42 ms step
+    assert found["straggler"].gain_ms == pytest.approx(7.81)
+    merged.ledger = _timed([7.81, 0.0], [0.0, 7.81], comm=(9.0, 107.94))   # had its collectives run 9 ms
+    exposed = {f.id: f for f in findings(merged)}["exposed-communication"]
+    assert exposed.gain_ms == pytest.approx(9.0)
+    assert "the other 41.93 ms its GPU idles with no kernel at all" in exposed.message

@@ -53,7 +53,8 @@ def findings(merged: Merged) -> list[Finding]:
         least = merged.ranks[min(range(merged.world), key=timed.waits_ms.__getitem__)]
     else:
         least = min(merged.ranks, key=lambda r: r.exposed_ms)
-    exposed, unrecorded = least.exposed_ms, _exposed_unrecorded(merged, least)
+    exposed, split = least.exposed_ms, _exposed_unrecorded(merged, least)
+    unrecorded, idle = split if split is not None else (None, 0.0)
     estimate = exposed if unrecorded is None else unrecorded
     if step and estimate > EXPOSED_SHARE * (least.unprofiled_ms if unrecorded is not None else step):
         rows = collective_rows(merged)
@@ -78,6 +79,9 @@ def findings(merged: Merged) -> list[Finding]:
                     f"{least.unprofiled_ms:,.2f} ms, and its GPU computes {least.compute_ms:,.2f} of them: "
                     f"{unrecorded:,.2f} ms are communication no computation hides (with any idle"
                     + (f", less {' and '.join(taken)}" if taken else "") + ")."
+                    + (f" At most the time NCCL's kernels ran there, waits aside: the other {idle:,.2f} ms its GPU "
+                       "idles with no kernel at all, waiting on its host (rank 0's report above names the lines)."
+                       if idle > 0.05 * estimate and idle > 0.1 else "")
                     + (f" Recorded, with steps {least.stretch:.2f}x as long, {exposed:,.2f} ms overlapped "
                        "nothing." if least.stretch else ""))
         out.append(Finding("exposed-communication", "communication no computation hides", f"{said} {advice}", top,
@@ -106,20 +110,23 @@ def _idle_lead(straggler) -> float:
     return straggler.where_ms
 
 
-def _exposed_unrecorded(merged: Merged, rank) -> float | None:
-    """A rank's exposed communication in the unrecorded program: the part of its unrecorded step its GPU does not
-    compute, less its waits for other ranks where NCCL timed them outside the window, and less its own idle lead
-    where it is the straggler; None where the steps outside the window were not timed on a GPU. Without NCCL's
-    timing the lead is the recorded one: where the recorder alone made that host slower, the estimate comes out
-    low."""
-    idle = rank.not_computing_ms
-    if idle is None:
+def _exposed_unrecorded(merged: Merged, rank) -> tuple[float, float] | None:
+    """A rank's exposed communication in the unrecorded program, and the rest of its GPU's idle: the part of its
+    unrecorded step its GPU does not compute, less its waits for other ranks where NCCL timed them outside the
+    window, and less its own idle lead where it is the straggler; None where the steps outside the window were not
+    timed on a GPU. Where NCCL timed its calls, no more than they ran (their waits aside): a GPU that idles longer
+    waits on its host, with no kernel at all, and that rest is the second figure. Without NCCL's timing the lead is
+    the recorded one: where the recorder alone made that host slower, the estimate comes out low."""
+    not_computing = rank.not_computing_ms
+    if not_computing is None:
         return None
-    timed = merged.ledger
-    waits = timed.waits_ms[merged.ranks.index(rank)] if timed is not None else 0.0
+    timed, k = merged.ledger, merged.ranks.index(rank)
+    waits = timed.waits_ms[k] if timed is not None else 0.0
     s = merged.straggler
     lead = _idle_lead(s) if s is not None and s.rank == rank.rank else 0.0
-    return max(idle - waits - lead, 0.0)
+    uncapped = max(not_computing - waits - lead, 0.0)
+    exposed = min(uncapped, max(timed.comm_ms[k] - waits, 0.0)) if timed is not None else uncapped
+    return exposed, uncapped - exposed
 
 
 def _size(nbytes: int | None) -> str:
