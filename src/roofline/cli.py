@@ -425,13 +425,13 @@ def _show_ranks(report, paths: dict[int, Path], world: int, json_path: Optional[
                   else "[bold]every rank[/bold]:")
     local = report.attribution.device == "cuda" and world <= torch.cuda.device_count()
     ranks_report.render(merged, console, interconnect.cached(world) if local else None, top)
+    ranks = {**merged.to_dict(), "findings": [f.to_dict() for f in ranks_report.findings(merged)]}
     if json_path:
-        json_path.write_text(json.dumps({**report.to_dict(), "ranks": {
-            **merged.to_dict(), "findings": [f.to_dict() for f in ranks_report.findings(merged)]}}, default=str))
+        json_path.write_text(json.dumps({**report.to_dict(), "ranks": ranks}, default=str))
         console.print(f"[dim]report written to {json_path}[/dim]")
     if html_path:
-        report.write_html(html_path)
-        console.print(f"[dim]rank 0's HTML report written to {html_path}[/dim]")
+        report.write_html(html_path, ranks)
+        console.print(f"[dim]HTML report written to {html_path} (rank 0's, with every rank beside it)[/dim]")
     if trace_path:
         profiling.write_merged_trace(paths, merged.offsets_us, trace_path)
         console.print(f"[dim]every rank's trace written to {trace_path} (open it in https://ui.perfetto.dev)[/dim]")

@@ -1,10 +1,9 @@
 """The HTML report: its content from a known analysis, and the page rendered by a real (headless) Chromium."""
 
 import re
-import shutil
-import subprocess
 
 import pytest
+import browser
 
 from roofline.profiler.costs import Peaks
 from roofline.profiler.report import analyze
@@ -52,27 +51,11 @@ def test_page_is_self_contained_and_escapes_what_it_shows(report, tmp_path):
     assert page.count("<script>") == 1
 
 
-def _chromium() -> str:
-    found = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-    if found is None:
-        pytest.fail("no Chromium to render the HTML report: install Debian's `chromium` (scripts/setup does where "
-                    "apt can)")
-    return found
-
-
-def _dom(url: str) -> tuple[str, str]:
-    done = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom", url],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout, done.stderr
-
-
 @pytest.mark.browser
 def test_chromium_renders_the_page_without_script_errors(report, tmp_path):
     path = tmp_path / "r.html"
     report.write_html(path)
-    dom, log = _dom(path.as_uri() + "#selftest")
+    dom, log = browser.dom(path.as_uri() + "#selftest")
     body = re.search(r"<body[^>]*>", dom)[0]
     assert 'data-ready="1"' in body and "data-script-error" not in body, body
     assert "Uncaught" not in log
@@ -90,7 +73,7 @@ def test_cpu_only_report_renders(tmp_path):
     b.op("aten::mm", 1, 500, shapes=[[512, 512], [512, 512]])
     path = tmp_path / "cpu.html"
     analyze(b.write(tmp_path / "cpu.json"), peaks=PEAKS).write_html(path)
-    dom, _ = _dom(path.as_uri())
+    dom, _ = browser.dom(path.as_uri())
     body = re.search(r"<body[^>]*>", dom)[0]
     assert 'data-ready="1"' in body and "data-script-error" not in body and "No GPU activity in this trace" in dom
 

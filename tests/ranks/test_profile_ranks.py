@@ -54,10 +54,19 @@ def program(tmp_path):
     return path
 
 
-def test_two_ranks_a_straggler_and_an_exposed_all_reduce_at_their_lines(program, tmp_path):
-    out, trace = tmp_path / "report.json", tmp_path / "merged.json.gz"
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """The program profiled once on two ranks, its JSON, merged trace and HTML page kept for the tests below."""
+    folder = tmp_path_factory.mktemp("two-ranks")
+    (folder / "train.py").write_text(PROGRAM)
+    out, trace, page = folder / "report.json", folder / "merged.json.gz", folder / "report.html"
     done = _roofline("profile", "--nproc-per-node", "2", "--skip", "2", "--json", str(out), "--trace", str(trace),
-                     str(program), "7", cwd=tmp_path)
+                     "--html", str(page), "train.py", "7", cwd=folder)
+    return done, out, trace, page
+
+
+def test_two_ranks_a_straggler_and_an_exposed_all_reduce_at_their_lines(two_ranks):
+    done, out, trace, _ = two_ranks
     assert done.returncode == 0, done.stderr[-3000:]
     assert "every rank" in done.stdout and "rank 1 holds the other ranks back" in done.stdout
     ranks = json.loads(out.read_text())["ranks"]
@@ -77,6 +86,36 @@ def test_two_ranks_a_straggler_and_an_exposed_all_reduce_at_their_lines(program,
     merged = json.loads(gzip.decompress(trace.read_bytes()))
     names = {e["args"]["name"].split(":")[0] for e in merged["traceEvents"] if e.get("name") == "process_name"}
     assert names == {"rank 0", "rank 1"}
+    # the timeline's lanes: each rank's share of each bin computing and communicating, on rank 0's clock
+    lanes = ranks["lanes"]
+    assert [r["rank"] for r in lanes["ranks"]] == [0, 1] and lanes["bin_us"] > 0
+    for r in lanes["ranks"]:
+        assert len(r["compute"]) == len(r["comm"]) == 400 and all(0 <= x <= 1 for x in r["compute"] + r["comm"])
+        # the lanes hold the window's communication: 5 steps of an all_reduce of milliseconds
+        assert sum(r["comm"]) * lanes["bin_us"] / 1e3 > 5 * 1.0
+
+
+def test_the_html_page_shows_every_rank_beside_rank_0_s_report(two_ranks):
+    done, out, _, page = two_ranks
+    assert done.returncode == 0, done.stderr[-3000:]
+    html = page.read_text()
+    ranks = json.loads(out.read_text())["ranks"]
+    assert "<h2>Every rank</h2>" in html and '<svg id="ranks-timeline"' in html and "<h2>Summary</h2>" in html
+    assert html.count('class="card rank-finding"') == len(ranks["findings"]) >= 2
+    assert 'id="collectives"' in html and "rank 1 holds the other ranks back" in html
+
+
+@pytest.mark.browser
+def test_chromium_renders_the_ranks_page_without_script_errors(two_ranks):
+    import re
+
+    import browser
+
+    page = two_ranks[3]
+    rendered, log = browser.dom(page.as_uri() + "#selftest")
+    body = re.search(r"<body[^>]*>", rendered)[0]
+    assert 'data-ready="1"' in body and "data-script-error" not in body, body
+    assert "Uncaught" not in log and '<svg id="ranks-timeline"' in rendered
 
 
 def test_four_ranks_classify_their_collectives(tmp_path):

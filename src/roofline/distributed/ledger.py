@@ -24,6 +24,7 @@ the recorded window's figures stand.
 
 from __future__ import annotations
 
+import bisect
 import os
 import pickle
 import statistics
@@ -93,11 +94,12 @@ def read(spans_ns: list[tuple[int, int]]) -> list[dict]:
     not time it (gloo; NCCL without TORCH_NCCL_ENABLE_TIMING; a call not yet retired)."""
     if not spans_ns:
         return []
+    starts = [a for a, _ in spans_ns]   # in order: the steps ran one after another
     out = []
     for entry in _dumps():
-        created = entry.get("time_created_ns")
-        step = next((i for i, (a, b) in enumerate(spans_ns) if a <= (created or 0) < b), None)
-        if step is None:
+        created = entry.get("time_created_ns") or 0
+        step = bisect.bisect_right(starts, created) - 1
+        if step < 0 or created >= spans_ns[step][1]:
             continue
         nbytes = [_nbytes(entry.get("input_sizes"), entry.get("input_dtypes")),
                   _nbytes(entry.get("output_sizes"), entry.get("output_dtypes"))]

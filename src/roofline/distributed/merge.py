@@ -72,6 +72,8 @@ class Rank:
     # a step of the program as it runs unrecorded: the steps capture timed outside the window (CUDA events on a
     # GPU, else the wall clock); None where none were
     unprofiled_ms: float | None = None
+    compute_spans: list = field(default_factory=list, repr=False)   # the window's, unions, on this rank's clock
+    comm_spans: list = field(default_factory=list, repr=False)
 
     @property
     def overlap(self) -> float | None:
@@ -118,7 +120,8 @@ def rank_of(trace: Trace, rank: int) -> Rank:
     exposed = _length(comm) - _overlap(comm, compute)
     timed = unprofiled_steps(trace)["gpu_ms" if trace.gpu else "wall_ms"]
     return Rank(rank, trace, calls, len(trace.steps), step_ms, _length(compute) / steps / 1e3,
-                _length(comm) / steps / 1e3, exposed / steps / 1e3, statistics.median(timed) if timed else None)
+                _length(comm) / steps / 1e3, exposed / steps / 1e3, statistics.median(timed) if timed else None,
+                compute, comm)
 
 
 # --------------------------------------------------------------------------- the ranks together
@@ -176,7 +179,7 @@ class Merged:
                 "ranks": [r.to_dict() for r in self.ranks],
                 "unrecorded": self.ledger.to_dict() if self.ledger else None,
                 "straggler": self.straggler.to_dict() if self.straggler else None,
-                "collectives": collective_rows(self)}
+                "collectives": collective_rows(self), "lanes": lanes(self)}
 
 
 def _offsets(ranks: list[Rank], matched: int) -> list[float]:
@@ -276,6 +279,35 @@ def merge(traces: dict[int, Trace]) -> Merged:
 
 def _unrecorded_calls(trace: Trace) -> list[dict]:
     return ((trace.meta.get("roofline") or {}).get("unprofiled_steps") or {}).get("collectives") or []
+
+
+LANE_BINS = 400   # the ranks' timeline: bins over the recorded window
+
+
+def _binned(spans, start: float, width: float, bins: int) -> list[float]:
+    """The share of each of `bins` bins of `width` (from `start`) that the spans (a union, sorted) cover."""
+    out = [0.0] * bins
+    for a, b in spans:
+        first, last = max(int((a - start) // width), 0), min(int((b - start) // width), bins - 1)
+        for i in range(first, last + 1):
+            lo, hi = start + i * width, start + (i + 1) * width
+            out[i] += max(min(b, hi) - max(a, lo), 0.0) / width
+    return [round(min(x, 1.0), 3) for x in out]
+
+
+def lanes(merged: Merged, bins: int = LANE_BINS) -> dict | None:
+    """Every rank's recorded window side by side, on rank 0's clock: for each bin, the share its compute and its
+    communication took (the HTML report's ranks timeline); None where no rank recorded a span."""
+    shifted = [[(a - off, b - off) for a, b in spans] for r, off in zip(merged.ranks, merged.offsets_us)
+               for spans in (r.compute_spans, r.comm_spans)]
+    ends = [x for spans in shifted for span in spans for x in span]
+    if not ends:
+        return None
+    start, end = min(ends), max(ends)
+    width = max(end - start, 1e-3) / bins
+    return {"start_us": start, "bin_us": width,
+            "ranks": [{"rank": r.rank, "compute": _binned(shifted[2 * k], start, width, bins),
+                       "comm": _binned(shifted[2 * k + 1], start, width, bins)} for k, r in enumerate(merged.ranks)]}
 
 
 def collective_rows(merged: Merged) -> list[dict]:

@@ -2,7 +2,8 @@
 of a Report, so `roofline analyze --html` can make it from any saved analysis.
 
 Charts are SVG drawn here; the page's only script sorts tables when a header is clicked.
-Sections: summary, findings, timeline (GPU busy by kernel category and idle by cause over the
+Sections: summary, findings, every rank (where the program ran on several: the ranks side by side, their
+collectives and the findings across them), timeline (GPU busy by kernel category and idle by cause over the
 window), roofline chart (each op a point against the device's ceilings), top-down tree, and
 the tables (lines, ops, kernels, modules, memory operations, host syncs).
 """
@@ -27,7 +28,7 @@ IDLE_WORDS = {"sync": "host sync", "launch": "launch-bound", "host": "other host
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
 main{max-width:1180px;margin:0 auto;padding:20px 24px 60px}
-h1{font-size:22px;margin:8px 0 2px}h2{font-size:17px;margin:30px 0 8px;border-bottom:1px solid #d8dce3;padding-bottom:4px}
+h1{font-size:22px;margin:8px 0 2px}h3{font-size:15px;margin:18px 0 6px}h2{font-size:17px;margin:30px 0 8px;border-bottom:1px solid #d8dce3;padding-bottom:4px}
 .sub{color:#5b6474}.card{background:#fff;border:1px solid #dde1e8;border-radius:6px;padding:12px 14px;margin:10px 0}
 .sev{display:inline-block;min-width:56px;text-align:center;border-radius:4px;color:#fff;font-size:12px;padding:1px 6px;margin-right:8px}
 .high{background:#c9372c}.medium{background:#d68a00}.low{background:#7a8494}
@@ -256,6 +257,87 @@ def _timeline(d: dict) -> str:
             + svg + _legend(used) + _legend(IDLE_COLORS, IDLE_WORDS))
 
 
+RANK_COLORS = {"compute": "#3b6fd4", "communication": "#d98a1c"}
+
+
+def _size(nbytes) -> str:
+    if not nbytes:
+        return ""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _rank_lanes(lanes: dict | None) -> str:
+    """Each rank's recorded window, side by side on rank 0's clock: two lanes a rank, the share of each bin its
+    compute and its communication took."""
+    if not lanes:
+        return '<p class="note">No rank recorded compute or communication: no timeline.</p>'
+    width, left, lane, gap = 1040, 56, 16, 10
+    ranks = lanes["ranks"]
+    bins = len(ranks[0]["compute"])
+    bw = (width - left) / bins
+    shapes, y = [], 4
+    for r in ranks:
+        shapes.append(f'<text x="2" y="{y + lane + 3}">rank {r["rank"]}</text>')
+        for kind, color in zip(("compute", "comm"), RANK_COLORS.values()):
+            for i, share in enumerate(r[kind]):
+                if share > 0.01:
+                    h = share * lane
+                    shapes.append(f'<rect x="{left + i * bw:.2f}" y="{y + lane - h:.2f}" width="{bw + 0.3:.2f}" '
+                                  f'height="{h:.2f}" fill="{color}"/>')
+            y += lane + 2
+        y += gap
+    total_ms = lanes["bin_us"] * bins / 1e3
+    ticks = "".join(f'<text x="{left + (width - left) * k / 5:.1f}" y="{y + 10}" text-anchor="middle">'
+                    f'{total_ms * k / 5:,.1f} ms</text>' for k in range(6))
+    return (f'<svg id="ranks-timeline" viewBox="0 0 {width} {y + 16}" width="100%" role="img" '
+            f'aria-label="each rank\'s compute and communication over the recorded window">{"".join(shapes)}{ticks}'
+            "</svg>" + _legend(RANK_COLORS))
+
+
+def _ranks(d: dict) -> str:
+    """The ranks read together (distributed.merge, report): each rank's step, its timeline beside the others',
+    the collectives, and the findings across the ranks."""
+    ranks = d.get("ranks")
+    if not ranks:
+        return ""
+    timed = ranks.get("unrecorded")
+    rows = []
+    for k, r in enumerate(ranks["ranks"]):
+        rows.append({**r, "overlap": (r["overlap"], _pct(r["overlap"])), "wait_ms": ranks["waits_ms"][k],
+                     "u_comm_ms": timed["comm_ms"][k] if timed else None,
+                     "u_wait_ms": timed["waits_ms"][k] if timed else None})
+    columns = [("rank", "rank:n"), ("unrecorded step ms", "unprofiled_ms:n"),
+               *([("unrecorded comm ms", "u_comm_ms:n"), ("unrecorded wait ms", "u_wait_ms:n")] if timed else []),
+               ("recorded step ms", "step_ms:n"), ("compute ms", "compute_ms:n"), ("comm ms", "comm_ms:n"),
+               ("exposed ms", "exposed_ms:n"), ("overlap", "overlap:n"), ("waited ms", "wait_ms:n")]
+    collectives = [{**c, "size": _size(c["bytes"]), "timed": "outside the window" if c.get("unrecorded") else
+                    "recorded"} for c in ranks["collectives"]]
+    cards = "".join(
+        f'<div class="card rank-finding" data-id="{escape(f["id"])}"><span class="gain">~{f["gain_ms"]:,.2f} ms'
+        f'</span><b>{escape(f["title"])}</b> <span class="where">{escape(f["where"] or "(no single line)")}</span>'
+        f'<p>{escape(f["message"])}</p></div>' for f in ranks.get("findings", []))
+    matched = (f"{ranks['world_size']} ranks, {ranks['matched']} collective calls matched across them"
+               + (f" ({ranks['mismatch']})" if ranks.get("mismatch") else "")
+               + (f"; outside the window NCCL timed {timed['calls']} calls of {timed['steps']} steps" if timed else ""))
+    return "\n".join([
+        f'<p class="note">{escape(matched)}. Figures a step. Recorded figures are the window\'s, which the recorder '
+        "stretches; unrecorded ones come from the steps outside it, as the program runs.</p>",
+        _table(columns, rows, "ranks"),
+        "<h3>Timeline</h3><p class='note'>The recorded window, every rank on rank 0's clock (aligned on the ends of "
+        "their matched collectives): for each bin, the share of it the rank computed (top lane) and communicated "
+        "(bottom lane).</p>", _rank_lanes(ranks.get("lanes")),
+        "<h3>Collectives</h3>",
+        _table([("collective", "kind"), ("size", "size"), ("line", "where"), ("calls a step", "calls:n"),
+                ("ms a step", "ms:n"), ("us a call", "call_us:n"), ("busbw GB/s", "busbw_gbps:n"),
+                ("timed", "timed")], collectives, "collectives"),
+        "<h3>Findings across the ranks</h3>",
+        cards or '<p class="note">No finding across the ranks.</p>',
+    ])
+
+
 def _roofline_chart(d: dict) -> str:
     ceilings = d["device"]["ceilings"]
     bw = ceilings.get("dram_gbps")
@@ -391,6 +473,7 @@ def render(d: dict, title: str = "roofline profile", top: int = 50) -> str:
         f"<h1>{escape(title)}</h1><div class='sub'>roofline profile, schema {escape(d['schema'])}</div>",
         "<h2>Summary</h2>", _summary(d),
         "<h2>Findings</h2>", _findings(d),
+        *(["<h2>Every rank</h2>", _ranks(d)] if d.get("ranks") else []),
         "<h2>Timeline</h2>", _timeline(d),
         "<h2>Roofline</h2>", _roofline_chart(d),
         "<h2>Top-down: call paths</h2>",

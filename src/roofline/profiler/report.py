@@ -165,14 +165,15 @@ class Report:
     def write_json(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1, default=str))
 
-    def write_html(self, path) -> None:
-        """A self-contained HTML report (see roofline.profiler.html)."""
+    def write_html(self, path, ranks: dict | None = None) -> None:
+        """A self-contained HTML report (see roofline.profiler.html); ranks: every rank read together (the "ranks"
+        of profile's JSON on several ranks), shown beside this rank's report."""
         from roofline.profiler.html import render
 
         argv = (self.trace.meta.get("roofline") or {}).get("argv") or []
         title = "roofline profile: " + " ".join(argv) if argv else "roofline profile"
-        Path(path).write_text(render(json.loads(json.dumps(self.to_dict(), default=str)), title=title),
-                              encoding="utf-8")
+        page = {**self.to_dict(), **({"ranks": ranks} if ranks else {})}
+        Path(path).write_text(render(json.loads(json.dumps(page, default=str)), title=title), encoding="utf-8")
 
     def print(self, console=None, top: int = 10) -> None:
         from roofline.profiler.terminal import render
