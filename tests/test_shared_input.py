@@ -10,7 +10,7 @@ from torch import nn
 
 import roofline
 from roofline import nn as rnn
-from roofline.patching import shared_inputs
+from roofline.quantization import shared_inputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

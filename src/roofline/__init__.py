@@ -13,8 +13,8 @@ Submodules load on first use, so `import roofline` is instant and touches no GPU
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("bench", "device", "nn", "ops", "patching", "profiler", "routing")
-_FROM_PATCHING = ("patch", "quantize_int8_weight_only")
+_SUBMODULES = ("bench", "device", "nn", "ops", "patching", "profiler", "quantization", "routing")
+_FUNCTIONS = {"patch": "patching", "quantize_int8_weight_only": "quantization"}   # roofline.NAME: from that module
 
 
 def __getattr__(name):
@@ -22,10 +22,10 @@ def __getattr__(name):
         return importlib.import_module(f"roofline.{name}")
     if name == "profile":
         return importlib.import_module("roofline.profiler").profile
-    if name in _FROM_PATCHING:
-        return getattr(importlib.import_module("roofline.patching"), name)
+    if name in _FUNCTIONS:
+        return getattr(importlib.import_module(f"roofline.{_FUNCTIONS[name]}"), name)
     raise AttributeError(f"module 'roofline' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted([*globals(), *_SUBMODULES, *_FROM_PATCHING, "profile"])
+    return sorted([*globals(), *_SUBMODULES, *_FUNCTIONS, "profile"])
