@@ -424,8 +424,9 @@ def _show_ranks(report, paths: dict[int, Path], world: int, json_path: Optional[
     console.print(f"[bold]every rank[/bold] ({merged.world} of {world} recorded):" if merged.world < world
                   else "[bold]every rank[/bold]:")
     local = report.attribution.device == "cuda" and world <= torch.cuda.device_count()
-    ranks_report.render(merged, console, interconnect.cached(world) if local else None, top)
-    ranks = {**merged.to_dict(), "findings": [f.to_dict() for f in ranks_report.findings(merged)]}
+    ceiling = interconnect.cached(world) if local else None
+    ranks_report.render(merged, console, ceiling, top)
+    ranks = {**merged.to_dict(), "findings": [f.to_dict() for f in ranks_report.findings(merged, ceiling)]}
     if json_path:
         json_path.write_text(json.dumps({**report.to_dict(), "ranks": ranks}, default=str))
         console.print(f"[dim]report written to {json_path}[/dim]")

@@ -2,6 +2,7 @@
 finding's gain is what the unrecorded program can win (figures of the DDP GPT-2 run on two H100s,
 benchmarks/results/h100x2-distributed.md)."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -118,3 +119,39 @@ def test_a_gpu_idle_longer_than_its_collectives_ran_waits_on_its_host():
     exposed = {f.id: f for f in findings(merged)}["exposed-communication"]
     assert exposed.gain_ms == pytest.approx(9.0)
     assert "the other 41.93 ms its GPU idles with no kernel at all" in exposed.message
+
+
+def test_a_transfer_far_under_doctor_s_bus_bandwidth_names_the_nccl_settings_doctor_did_not_have():
+    from roofline.distributed.comms import Call
+    from roofline.distributed.interconnect import Interconnect
+
+    mib27 = 27 << 20
+    doctor = Interconnect(2, "2 x NVIDIA H100 80GB HBM3", "nccl", "", {}, "2026-11-27T11:00:00",
+                          [{"kind": "all_reduce", "nbytes": 16 << 20, "busbw_gbps": 300.0},
+                           {"kind": "all_reduce", "nbytes": 64 << 20, "busbw_gbps": 340.0}],
+                          environment={"NCCL_NVLS_ENABLE": "0"})
+    expected = doctor.busbw_at("all_reduce", mib27)
+    assert expected == pytest.approx(300 + 40 * math.log(27 / 16) / math.log(4))
+    assert doctor.busbw_at("all_reduce", 1 << 10) == 300.0 and doctor.busbw_at("all_gather", mib27) is None
+
+    def rank(k, env):
+        r = _rank(k, **RANK1)
+        r.trace.meta = {"roofline": {"nccl_env": env}}
+        r.calls = [Call("all_reduce", mib27, 0.0, 1000.0 * i, 1000.0 * i + 450, LINE, None, i, True, True)
+                   for i in range(110)]   # 11 a step over the 10 recorded steps
+        return r
+
+    # DDP's gradient buckets, 11 a step: NCCL timed each transfer at 400 us outside the window (70.8 GB/s)
+    env = {"NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"}
+    merged = _merged([rank(0, env), rank(1, env)])
+    merged.ledger = _timed([0.0, 0.0], [0.0, 0.0], comm=(4.4, 4.4))
+    merged.ledger.transfers = {("all_reduce", mib27): [0.4] * 77}
+    slow = {f.id: f for f in findings(merged, doctor)}["slow-collectives"]
+    busbw = mib27 / 400e-6 / 1e9
+    assert slow.gain_ms == pytest.approx(11 * 0.4 * (1 - busbw / expected))
+    assert f"{busbw:,.1f} GB/s of bus bandwidth, where roofline doctor measured {expected:,.1f}" in slow.message
+    assert "NCCL_ALGO=Tree, NCCL_PROTO=Simple" in slow.message and "NCCL_NVLS_ENABLE" not in slow.message
+    # no ceiling measured, or a transfer near it: no finding
+    assert "slow-collectives" not in {f.id for f in findings(merged)}
+    merged.ledger.transfers = {("all_reduce", mib27): [0.1] * 77}
+    assert "slow-collectives" not in {f.id for f in findings(merged, doctor)}

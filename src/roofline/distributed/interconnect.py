@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import math
 import re
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from roofline.bench.collective import KINDS, time_collective
+from roofline.distributed import ledger
 from roofline.distributed.launch import backend, spawn
 
 SIZES = tuple(1 << k for k in range(10, 31, 2))       # 1 KiB to 1 GiB, by 4x
@@ -37,6 +39,7 @@ class Interconnect:
     measured_at: str
     rows: list = field(default_factory=list)    # CollectiveTiming.to_dict() for each kind and size
     p2p_gbps: float | None = None                # one GPU's memory to another's, one direction
+    environment: dict = field(default_factory=dict)   # the NCCL settings it was measured with (ledger.environment)
 
     def sizes(self, kind: str) -> dict[int, dict]:
         """kind's rows by the size asked for."""
@@ -46,6 +49,20 @@ class Interconnect:
         """The best bus bandwidth over the sizes measured (the largest messages', in practice)."""
         found = [r["busbw_gbps"] for r in self.rows if r["kind"] == kind]
         return max(found) if found else None
+
+    def busbw_at(self, kind: str, nbytes: int) -> float | None:
+        """The bus bandwidth measured for a message of nbytes: between the two sizes measured around it, linear in
+        the size's logarithm (the ends beyond the sizes measured); None where kind was not measured."""
+        points = sorted((r["nbytes"], r["busbw_gbps"]) for r in self.rows if r["kind"] == kind and r["nbytes"] > 0)
+        if not points:
+            return None
+        if nbytes <= points[0][0]:
+            return points[0][1]
+        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+            if nbytes <= x1:
+                t = math.log(nbytes / x0) / math.log(x1 / x0) if x1 > x0 else 1.0
+                return y0 + t * (y1 - y0)
+        return points[-1][1]
 
     def latency_us(self, kind: str) -> float | None:
         """The smallest message's time."""
@@ -118,7 +135,8 @@ def measure(ranks: int | None = None, *, kinds: tuple = KINDS, sizes: tuple = SI
         raise ValueError(f"kinds: {sorted(unknown)} are not collectives timed here ({', '.join(KINDS)})")
     rows = spawn(_sweep, ranks, tuple(kinds), tuple(sizes), rep_ms)[0]
     found = Interconnect(ranks, _devices(ranks), backend(), topology(), _versions(),
-                         datetime.datetime.now().isoformat(timespec="seconds"), rows, peer_copy_gbps())
+                         datetime.datetime.now().isoformat(timespec="seconds"), rows, peer_copy_gbps(),
+                         ledger.environment())
     if save:
         from roofline.device import write_cache
 

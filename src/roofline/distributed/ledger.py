@@ -45,6 +45,11 @@ _KINDS = (("all_gather", "all_gather"), ("allgather", "all_gather"), ("reduce_sc
           ("barrier", "barrier"), ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"))
 
 
+def environment() -> dict[str, str]:
+    """The NCCL settings this process runs with (NCCL_* variables), for telling a measurement's from another's."""
+    return {name: value for name, value in sorted(os.environ.items()) if name.startswith("NCCL_")}
+
+
 def enable() -> None:
     """Have the process groups this process makes keep their calls, timed on the GPU; the user's own settings
     stand. Before the program makes its first process group: ProcessGroupNCCL reads these when it is made."""

@@ -11,6 +11,7 @@ from roofline.distributed.merge import Merged, collective_rows
 from roofline.tables import Column, Row, show
 
 EXPOSED_SHARE = 0.05   # exposed communication worth a finding: this share of a step, at least
+SLOW_SHARE = 0.5       # a transfer under this share of the bus bandwidth doctor measured at its size is slow
 SMALL_BYTES = 1 << 20  # messages under this are latency-bound on NVLink (busbw under a tenth of the peak at 1 MiB)
 
 
@@ -28,7 +29,9 @@ class Finding:
 
 
 
-def findings(merged: Merged) -> list[Finding]:
+def findings(merged: Merged, ceiling=None) -> list[Finding]:
+    """The findings across the ranks, largest estimated gain first. ceiling: doctor's Interconnect for these GPUs,
+    where it measured them (the collectives' transfers are held against it)."""
     out = []
     step = next((r.step_ms for r in merged.ranks if r.step_ms), None)
     s, timed = merged.straggler, merged.ledger
@@ -86,6 +89,7 @@ def findings(merged: Merged) -> list[Finding]:
                        "nothing." if least.stretch else ""))
         out.append(Finding("exposed-communication", "communication no computation hides", f"{said} {advice}", top,
                            estimate))
+    out += _slow_transfers(merged, ceiling)
     for row in collective_rows(merged):
         if row["bytes"] and row["bytes"] < SMALL_BYTES and row["calls"] >= 4 and step and row["ms"] > 0.01 * step:
             out.append(Finding(
@@ -94,6 +98,42 @@ def findings(merged: Merged) -> list[Finding]:
                 "this small are bound by each call's latency, not by the interconnect's bandwidth. Put them in one "
                 "tensor (a bucket) and reduce it once.", row["where"], row["ms"] * (1 - 1 / row["calls"])))
     return sorted(out, key=lambda f: -f.gain_ms)
+
+
+def _slow_transfers(merged: Merged, ceiling) -> list[Finding]:
+    """Collectives whose transfers (timed by NCCL outside the window, waits aside) reach under SLOW_SHARE of the
+    bus bandwidth doctor measured for a message of their size on these GPUs: with the NCCL settings the ranks had
+    and doctor's did not, which can be why."""
+    step = _unrecorded_step(merged)
+    if ceiling is None or merged.ledger is None or not step:
+        return []
+    ranks_env = (merged.ranks[0].trace.meta.get("roofline") or {}).get("nccl_env") or {}
+    changed = {k: v for k, v in ranks_env.items() if ceiling.environment.get(k) != v}
+    dropped = sorted(set(ceiling.environment) - set(ranks_env))
+    out = []
+    for row in collective_rows(merged):
+        expected = ceiling.busbw_at(row["kind"], row["bytes"]) if row["bytes"] else None
+        if not (row["unrecorded"] and row["busbw_gbps"] and expected and row["busbw_gbps"] < SLOW_SHARE * expected):
+            continue
+        transfer_ms = row["calls"] * row["call_us"] / 1e3
+        gain = transfer_ms * (1 - row["busbw_gbps"] / expected)
+        if gain <= 0.01 * step:
+            continue
+        if changed or dropped:
+            settings = ("The ranks ran with NCCL settings doctor measured without: "
+                        + ", ".join([*(f"{k}={v}" for k, v in changed.items()), *(f"{k} unset" for k in dropped)])
+                        + ". Try the program without them, or measure them with roofline doctor.")
+        else:
+            settings = ("The ranks had the NCCL settings doctor measured with: look for other traffic on the links "
+                        "(another job, a second process group at once) or a topology that differs from doctor's.")
+        out.append(Finding(
+            "slow-collectives", f"{row['kind']}s of {_size(row['bytes'])} at {row['busbw_gbps'] / expected:.0%} of "
+            "the interconnect",
+            f"Unrecorded, a {row['kind']} of {_size(row['bytes'])} moves its data in {row['call_us']:,.0f} us: "
+            f"{row['busbw_gbps']:,.1f} GB/s of bus bandwidth, where roofline doctor measured {expected:,.1f} GB/s for "
+            f"that size on these GPUs. {settings} The gain assumes the transfers are exposed; hidden under compute, "
+            "they cost nothing.", row["where"], gain))
+    return out
 
 
 def _unrecorded_step(merged: Merged) -> float | None:
@@ -182,7 +222,7 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
              [Column("collective", "coll", justify="left"), Column("size"), Column("line", justify="left", fold=True),
               Column("calls"), Column("ms"), Column("us a call", "us"), Column("busbw GB/s", "busbw"),
               Column("of peak", "peak")], rows)
-    found = findings(merged)
+    found = findings(merged, ceiling)
     if found:
         show(console, "findings across the ranks (estimated gains a step overlap; do not add them up)",
              [Column("finding", justify="left", fold=True), Column("where", justify="left", fold=True),

@@ -227,7 +227,9 @@ def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None,
     the user call stacks that the line marks refer to, the steps timed outside the window, what each
     optimizer updates (costs.ParameterSet), and how many whole steps the window recorded (trace.load leaves
     out the work after the last of them: a program's tail is no step)."""
-    return {"version": 1, "cwd": os.getcwd(), "argv": sys.argv[:],
+    from roofline.distributed.ledger import environment
+
+    return {"version": 1, "cwd": os.getcwd(), "argv": sys.argv[:], "nccl_env": environment(),
             "sys_path": [p or os.getcwd() for p in sys.path], "library_roots": _library_roots(),
             "stacks": stacks or [], "unprofiled_steps": unprofiled_steps or {"wall_ms": [], "gpu_ms": []},
             "optimizers": optimizers or [], "window_steps": window_steps}
