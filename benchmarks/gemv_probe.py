@@ -28,7 +28,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from roofline import bench
 
-lin = importlib.import_module("roofline.ops.linear")
+lin = importlib.import_module("roofline.ops.int8_linear")
 _gemv_loads, _int8_to_float32 = lin._gemv_loads, lin._int8_to_float32   # the library GEMV's K step and conversion
 CONVERSIONS = ("magic", "via_bf16", "i2f")
 # (N, K, a torch kernel before it in the model's step) for one layer, and the head

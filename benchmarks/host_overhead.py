@@ -45,7 +45,7 @@ try:
     from roofline.ops import _launch
 except ImportError:   # a checkout from before the launch plans (a "before" run): no plans to count
     _launch = None
-from roofline.ops.linear import dequantize_int8
+from roofline.ops.int8_linear import dequantize_int8
 from roofline.ops.norm import add_rms_norm_reference
 from roofline.ops.rope import rope_reference
 

@@ -16,7 +16,7 @@ import triton
 
 from roofline import bench
 
-lin = importlib.import_module("roofline.ops.linear")
+lin = importlib.import_module("roofline.ops.int8_linear")
 SHAPES = ((4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192), (4096, 16384), (14336, 4096))   # (N, K)
 
 

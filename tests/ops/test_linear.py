@@ -16,10 +16,11 @@ import pytest
 import torch
 from ops_checks import DEVICE, DTYPES, assert_within_twice_torchs_error, outputs_and_grads, patched
 
-from roofline.ops.linear import (ACTIVATIONS, dequantize_int8, int8_linear, int8_linear_reference, linear,
-                                 linear_reference, quantize_int8)
+from roofline.ops.int8_linear import dequantize_int8, int8_linear, int8_linear_reference, quantize_int8
+from roofline.ops.linear import ACTIVATIONS, linear, linear_reference
 
 linear_module = importlib.import_module("roofline.ops.linear")
+int8_module = importlib.import_module("roofline.ops.int8_linear")
 
 
 def check(x, weight, bias=None, residual=None, activation=None):
@@ -182,7 +183,7 @@ def test_int8_single_row_takes_the_gemv(monkeypatch, k, n, dtype):
         def __getitem__(self, grid):
             raise AssertionError("one row with per-channel scales must not take the MMA decode kernel")
 
-    monkeypatch.setattr(linear_module, "int8_decode_kernel", Refused())
+    monkeypatch.setattr(int8_module, "int8_decode_kernel", Refused())
     q, scale = quantize_int8(heavy_tailed(n, k))
     x = torch.randn(3, k + 5, device=DEVICE, dtype=dtype)[1:2, 5:]   # a row of a wider tensor
     for bias in (None, torch.randn(n, device=DEVICE, dtype=dtype)):
@@ -210,7 +211,7 @@ def test_the_gemv_converts_every_int8_value_exactly():
 @pytest.mark.parametrize("group_size", [None, 64])
 def test_int8_decode_split_along_k(monkeypatch, split, group_size):
     # shares of K: 640 = 10 steps of 64 (the interpreter's config), 5, 3 and 2 of them a share, the last short
-    monkeypatch.setattr(linear_module, "decode_split_k", lambda n, k, device: split)
+    monkeypatch.setattr(int8_module, "decode_split_k", lambda n, k, device: split)
     k, n = 640, 45
     q, scale = quantize_int8(heavy_tailed(n, k), group_size)
     for m in (1, 16):
@@ -224,7 +225,7 @@ def test_int8_decode_split_along_k(monkeypatch, split, group_size):
 
 def test_autotuning_gives_every_timed_split_launch_fresh_tickets():
     # a launch leaves each column block's ticket at SPLIT_K; the next timed launch must start from zero again
-    kernel = linear_module.int8_decode_kernel
+    kernel = int8_module.int8_decode_kernel
     tickets = torch.full((7,), 4, dtype=torch.int32)
     kernel.pre_hook(dict(ticket_ptr=tickets))
     assert tickets.eq(0).all()
@@ -232,9 +233,9 @@ def test_autotuning_gives_every_timed_split_launch_fresh_tickets():
 
 
 def test_decode_splits_k_only_when_n_gives_too_few_programs():
-    split = linear_module.decode_split_k
+    split = int8_module.decode_split_k
     cuda = torch.device("cuda")
-    with patched(linear_module, "sm_count", lambda device: 132):
+    with patched(int8_module, "sm_count", lambda device: 132):
         assert split(4096, 14336, cuda) == 2    # 128 column blocks of 32, 2 shares of 7168
         assert split(1024, 16384, cuda) == 4    # 32 column blocks, 4 shares of 4096
         assert split(4096, 4096, cuda) == 1     # shares would be shorter than 4096

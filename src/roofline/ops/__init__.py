@@ -8,7 +8,8 @@ from roofline.ops._target_check import wait_for_target_checks
 from roofline.ops.attention import flash_attention
 from roofline.ops.cross_entropy import cross_entropy
 from roofline.ops.gelu import gelu
-from roofline.ops.linear import int8_linear, linear, quantize_int8
+from roofline.ops.int8_linear import int8_linear, quantize_int8
+from roofline.ops.linear import linear
 from roofline.ops.linear_cross_entropy import linear_cross_entropy
 from roofline.ops.matmul_ladder import matmul_ladder
 from roofline.ops.norm import add_rms_norm, layer_norm, rms_norm
