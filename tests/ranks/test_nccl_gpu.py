@@ -54,8 +54,8 @@ def test_profile_two_gpus_of_ddp_training(tmp_path):
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "report.json"
     done = subprocess.run([sys.executable, "-m", "roofline", "profile", "--nproc-per-node", "2", "--skip", "4",
-                           "--steps", "3", "--json", str(out), "examples/ddp_train.py", "--steps", "9", "--slow-rank", "1",
-                           "--slow-ms", "30"], cwd=root, capture_output=True, text=True, timeout=600,
+                           "--steps", "3", "--json", str(out), "examples/ddp_train.py", "--steps", "9",
+                           "--slow-rank", "1", "--slow-ms", "30"], cwd=root, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "COLUMNS": "120"})
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = json.loads(out.read_text())["ranks"]

@@ -67,6 +67,16 @@ def busbw_gbps(kind: str, nbytes: int | None, us: float, ranks: int) -> float | 
     return nbytes / (us * 1e-6) / 1e9 * bus_factor(kind, ranks)
 
 
+def size_text(nbytes: int | None) -> str:
+    """A message's size as the tables show it: "27.0 MiB", "512 B"; "" where unknown."""
+    if not nbytes:
+        return ""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes} B"
+
+
 _BUS_KINDS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv"}
 
 

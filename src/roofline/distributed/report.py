@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from roofline.distributed import comms
 from roofline.distributed.merge import Merged, collective_rows
 from roofline.tables import Column, Row, show
 
@@ -126,10 +127,10 @@ def _slow_transfers(merged: Merged, ceiling) -> list[Finding]:
         else:
             settings = ("The ranks had the NCCL settings doctor measured with: look for other traffic on the links "
                         "(another job, a second process group at once) or a topology that differs from doctor's.")
+        size = comms.size_text(row["bytes"])
         out.append(Finding(
-            "slow-collectives", f"{row['kind']}s of {_size(row['bytes'])} at {row['busbw_gbps'] / expected:.0%} of "
-            "the interconnect",
-            f"Unrecorded, a {row['kind']} of {_size(row['bytes'])} moves its data in {row['call_us']:,.0f} us: "
+            "slow-collectives", f"{row['kind']}s of {size} at {row['busbw_gbps'] / expected:.0%} of the interconnect",
+            f"Unrecorded, a {row['kind']} of {size} moves its data in {row['call_us']:,.0f} us: "
             f"{row['busbw_gbps']:,.1f} GB/s of bus bandwidth, where roofline doctor measured {expected:,.1f} GB/s for "
             f"that size on these GPUs. {settings} The gain assumes the transfers are exposed; hidden under compute, "
             "they cost nothing.", row["where"], gain))
@@ -169,15 +170,6 @@ def _exposed_unrecorded(merged: Merged, rank) -> tuple[float, float] | None:
     return exposed, uncapped - exposed
 
 
-def _size(nbytes: int | None) -> str:
-    if not nbytes:
-        return ""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:,.1f} {unit}"
-    return f"{nbytes} B"
-
-
 def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
     """The ranks side by side, their collectives, the straggler and the findings. ceiling: doctor's Interconnect."""
     ranks = merged.ranks
@@ -214,7 +206,7 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
     rows = []
     for c in collective_rows(merged)[:top]:
         peak = ceiling.peak_busbw(c["kind"]) if ceiling is not None else None
-        rows.append(Row([c["kind"], _size(c["bytes"]), c["where"] or "", f"{c['calls']:g}", _ms(c["ms"]),
+        rows.append(Row([c["kind"], comms.size_text(c["bytes"]), c["where"] or "", f"{c['calls']:g}", _ms(c["ms"]),
                          f"{c['call_us']:,.0f}", "" if c["busbw_gbps"] is None else _gbps(c["busbw_gbps"]),
                          f"{c['busbw_gbps'] / peak:.0%}" if peak and c["busbw_gbps"] else ""]))
     if rows:

@@ -14,6 +14,7 @@ import json
 import math
 from html import escape
 
+from roofline.distributed.comms import size_text
 from roofline.profiler.costs import roofline_cell
 from roofline.profiler.kernels import CATEGORIES
 from roofline.profiler.ncu import COLUMNS as NCU_COLUMNS, row_note
@@ -260,15 +261,6 @@ def _timeline(d: dict) -> str:
 RANK_COLORS = {"compute": "#3b6fd4", "communication": "#d98a1c"}
 
 
-def _size(nbytes) -> str:
-    if not nbytes:
-        return ""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:,.1f} {unit}"
-    return f"{nbytes} B"
-
-
 def _rank_lanes(lanes: dict | None) -> str:
     """Each rank's recorded window, side by side on rank 0's clock: two lanes a rank, the share of each bin its
     compute and its communication took."""
@@ -313,7 +305,7 @@ def _ranks(d: dict) -> str:
                *([("unrecorded comm ms", "u_comm_ms:n"), ("unrecorded wait ms", "u_wait_ms:n")] if timed else []),
                ("recorded step ms", "step_ms:n"), ("compute ms", "compute_ms:n"), ("comm ms", "comm_ms:n"),
                ("exposed ms", "exposed_ms:n"), ("overlap", "overlap:n"), ("waited ms", "wait_ms:n")]
-    collectives = [{**c, "size": _size(c["bytes"]), "timed": "outside the window" if c.get("unrecorded") else
+    collectives = [{**c, "size": size_text(c["bytes"]), "timed": "outside the window" if c.get("unrecorded") else
                     "recorded"} for c in ranks["collectives"]]
     cards = "".join(
         f'<div class="card rank-finding" data-id="{escape(f["id"])}"><span class="gain">~{f["gain_ms"]:,.2f} ms'
