@@ -97,3 +97,27 @@ def test_one_early_step_s_lag_is_not_the_program_s():
     early = ledger.match([_calls([[21.0]] + [[1.2]] * 4), _calls([[1.0]] * 5)])
     assert early.held_ms == pytest.approx([0.0, 0.2]) and early.waits_ms == pytest.approx([0.2, 0.0])
     assert early.per_step["held_ms"][0] == pytest.approx([0.0, 20.0])   # kept, step by step
+
+
+def _entry(name, pg_id, seq, created, ms, kind="nccl:all_reduce", sizes=((1024,),), dtypes=("BFloat16",)):
+    """One flight-recorder entry as NCCL's dump gives it (torch 2.11's keys)."""
+    return {"pg_id": pg_id, "process_group": (name, ""), "collective_seq_id": seq, "p2p_seq_id": 0, "is_p2p": False,
+            "profiling_name": kind, "time_created_ns": created, "input_sizes": [list(s) for s in sizes],
+            "input_dtypes": list(dtypes), "output_sizes": [list(s) for s in sizes], "output_dtypes": list(dtypes),
+            "duration_ms": ms}
+
+
+def test_nccl_s_entries_are_read_by_group_name_not_by_the_process_s_own_group_number(monkeypatch):
+    # on this rank pg_id 1 is the subgroup named "3" (the ranks {0, 2}); another rank numbers its own subgroup 1 too
+    entries = [_entry("0", 0, 1, 100, 2.5), _entry("3", 1, 1, 150, 0.4),
+               _entry("0", 0, 2, 250, None, kind="nccl:_all_gather_base", sizes=((512,),)),
+               _entry("0", 0, 3, 400, 1.0)]   # created at the second span's end: in no step
+    monkeypatch.setattr(ledger, "_dumps", lambda: [("nccl", e) for e in entries])
+    calls = ledger.read([(0, 200), (200, 400)])
+    assert [(c["step"], c["group"], c["seq"], c["kind"], c["bytes"], c["ms"]) for c in calls] == [
+        (0, "nccl:0", 1, "all_reduce", 2048, 2.5), (0, "nccl:3", 1, "all_reduce", 2048, 0.4),
+        (1, "nccl:0", 2, "all_gather", 1024, None)]
+    # rank 1 made the subgroup "4" (ranks {1, 3}), also its pg_id 1: its calls match nothing of rank 0's
+    other = [dict(c, group="nccl:4") if c["group"] == "nccl:3" else c for c in calls]
+    matched = ledger.match([calls, other])
+    assert matched.calls == 1 and matched.steps == 1   # step 1's all-gather was not timed: the step is left out

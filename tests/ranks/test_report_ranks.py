@@ -151,6 +151,10 @@ def test_a_transfer_far_under_doctor_s_bus_bandwidth_names_the_nccl_settings_doc
     assert slow.gain_ms == pytest.approx(11 * 0.4 * (1 - busbw / expected))
     assert f"{busbw:,.1f} GB/s of bus bandwidth, where roofline doctor measured {expected:,.1f}" in slow.message
     assert "NCCL_ALGO=Tree, NCCL_PROTO=Simple" in slow.message and "NCCL_NVLS_ENABLE" not in slow.message
+    # a measurement from before doctor kept its settings: none are blamed, the ranks' are listed
+    doctor.environment = None
+    unknown = {f.id: f for f in findings(merged, doctor)}["slow-collectives"].message
+    assert "does not say which NCCL settings it had" in unknown and "NCCL_ALGO=Tree" in unknown
     # no ceiling measured, or a transfer near it: no finding
     assert "slow-collectives" not in {f.id for f in findings(merged)}
     merged.ledger.transfers = {("all_reduce", mib27): [0.1] * 77}

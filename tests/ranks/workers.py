@@ -80,8 +80,9 @@ def failing_task():
 
 
 def steps_with_a_late_rank(late_rank: int, late_s: float):
-    """Four steps of two all_reduces each, timed as capture's StepClock times the steps outside a window; rank
-    `late_rank` sleeps before each step's first call. The flight recorder's calls of those steps (ledger.read)."""
+    """Four steps of an all_reduce and an all_gather each, spanned as capture's StepClock spans the steps outside a
+    window, rank `late_rank` sleeping before each step's first call (gloo's calls carry no GPU time: the sleep only
+    makes the ranks' steps differ). The flight recorder's calls of those steps (ledger.read)."""
     from roofline.distributed import ledger
 
     spans, x = [], torch.ones(1000)

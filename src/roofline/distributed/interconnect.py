@@ -39,7 +39,8 @@ class Interconnect:
     measured_at: str
     rows: list = field(default_factory=list)    # CollectiveTiming.to_dict() for each kind and size
     p2p_gbps: float | None = None                # one GPU's memory to another's, one direction
-    environment: dict = field(default_factory=dict)   # the NCCL settings it was measured with (ledger.environment)
+    environment: dict | None = None   # the NCCL settings it was measured with (ledger.environment); None in a
+                                      # measurement older than roofline's keeping them
 
     def sizes(self, kind: str) -> dict[int, dict]:
         """kind's rows by the size asked for."""

@@ -54,6 +54,8 @@ def enable() -> None:
     """Have the process groups this process makes keep their calls, timed on the GPU; the user's own settings
     stand. Before the program makes its first process group: ProcessGroupNCCL reads these when it is made."""
     for name, value in ENV.items():
+        if name == "TORCH_FR_BUFFER_SIZE" and "TORCH_NCCL_TRACE_BUFFER_SIZE" in os.environ:
+            continue   # the user's, by the name torch before 2.8 read (an alias since)
         os.environ.setdefault(name, value)
 
 
@@ -75,19 +77,19 @@ def _nbytes(sizes, dtypes) -> int | None:
     return total
 
 
-def _dumps() -> list[dict]:
-    """Every flight recorder's calls in this process: NCCL's and gloo's (they keep one each)."""
+def _dumps() -> list[tuple[str, dict]]:
+    """Every flight recorder's calls in this process, each with its recorder: NCCL's and gloo's keep one each."""
     try:
         import torch._C._distributed_c10d as c10d
     except ImportError:   # torch built without distributed
         return []
     out = []
-    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+    for recorder, name in (("nccl", "_dump_nccl_trace"), ("gloo", "_dump_fr_trace")):
         dump = getattr(c10d, name, None)
         if dump is None:
             continue
         try:
-            out.extend(pickle.loads(dump(True, False, False)).get("entries") or [])
+            out.extend((recorder, e) for e in pickle.loads(dump(True, False, False)).get("entries") or [])
         except Exception:   # a recorder not built in, or never used
             continue
     return out
@@ -101,7 +103,7 @@ def read(spans_ns: list[tuple[int, int]]) -> list[dict]:
         return []
     starts = [a for a, _ in spans_ns]   # in order: the steps ran one after another
     out = []
-    for entry in _dumps():
+    for recorder, entry in _dumps():
         created = entry.get("time_created_ns") or 0
         step = bisect.bisect_right(starts, created) - 1
         if step < 0 or created >= spans_ns[step][1]:
@@ -109,7 +111,10 @@ def read(spans_ns: list[tuple[int, int]]) -> list[dict]:
         nbytes = [_nbytes(entry.get("input_sizes"), entry.get("input_dtypes")),
                   _nbytes(entry.get("output_sizes"), entry.get("output_dtypes"))]
         p2p = bool(entry.get("is_p2p"))
-        out.append({"step": step, "group": str(entry.get("pg_id", entry.get("process_group"))), "p2p": p2p,
+        # a group by its name, the same on each of its ranks (pg_id only counts the groups a process made), and
+        # the recorder that kept it (NCCL's and gloo's count their groups apart)
+        name = (entry.get("process_group") or (entry.get("pg_id"),))[0]
+        out.append({"step": step, "group": f"{recorder}:{name}", "p2p": p2p,
                     "seq": entry.get("p2p_seq_id" if p2p else "collective_seq_id"), "created_ns": created,
                     "kind": kind_of(str(entry.get("profiling_name", ""))),
                     # nccl-tests' message: an all-gather's output, a reduce-scatter's input, either for the rest
@@ -127,7 +132,7 @@ def union(*reads: list[dict]) -> list[dict]:
             key = (c["group"], c["p2p"], c["seq"])
             if key not in calls or calls[key]["ms"] is None:
                 calls[key] = c
-    return sorted(calls.values(), key=lambda c: (c["step"], c["group"], c["p2p"], c["seq"]))
+    return sorted(calls.values(), key=lambda c: (c["step"], c["group"], c["p2p"], c["seq"] or 0))
 
 
 # --------------------------------------------------------------------------- the ranks together
@@ -135,7 +140,7 @@ def union(*reads: list[dict]) -> list[dict]:
 @dataclass
 class Ledger:
     """The ranks' timed calls, matched: each figure a rank's, the median over the steps."""
-    steps: int                   # steps in which every rank timed its calls
+    steps: int                   # steps in which every rank timed every call
     calls: int                   # matched calls, all steps
     comm_ms: list[float]         # the calls' time on the GPU (their waits included, hidden or not)
     waits_ms: list[float]        # the largest wait at one of the step's collectives
@@ -170,7 +175,10 @@ def match(per_rank: list[list[dict]]) -> Ledger | None:
              for calls in per_rank]
     if len(timed) < 2:
         return None
-    keys = set.intersection(*(set(t) for t in timed))
+    # a step with a call some rank did not time (its watchdog had not retired it) is left out whole: its figures
+    # would miss that call
+    partial = {c["step"] for calls in per_rank for c in calls if c.get("ms") is None and not c["p2p"]}
+    keys = {k for k in set.intersection(*(set(t) for t in timed)) if timed[0][k]["step"] not in partial}
     if not keys:
         return None
     n = len(timed)

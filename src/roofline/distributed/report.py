@@ -108,9 +108,12 @@ def _slow_transfers(merged: Merged, ceiling) -> list[Finding]:
     step = _unrecorded_step(merged)
     if ceiling is None or merged.ledger is None or not step:
         return []
-    ranks_env = (merged.ranks[0].trace.meta.get("roofline") or {}).get("nccl_env") or {}
-    changed = {k: v for k, v in ranks_env.items() if ceiling.environment.get(k) != v}
-    dropped = sorted(set(ceiling.environment) - set(ranks_env))
+    ranks_env: dict = {}
+    for r in merged.ranks:   # every rank's settings (a setting one rank alone has counts too)
+        ranks_env.update((r.trace.meta.get("roofline") or {}).get("nccl_env") or {})
+    measured = ceiling.environment
+    changed = {k: v for k, v in ranks_env.items() if measured is not None and measured.get(k) != v}
+    dropped = sorted(set(measured or ()) - set(ranks_env))
     out = []
     for row in collective_rows(merged):
         expected = ceiling.busbw_at(row["kind"], row["bytes"]) if row["bytes"] else None
@@ -120,7 +123,12 @@ def _slow_transfers(merged: Merged, ceiling) -> list[Finding]:
         gain = transfer_ms * (1 - row["busbw_gbps"] / expected)
         if gain <= 0.01 * step:
             continue
-        if changed or dropped:
+        if measured is None:
+            settings = ("Doctor's measurement does not say which NCCL settings it had (it predates roofline keeping "
+                        "them): measure again with roofline doctor --remeasure"
+                        + (f"; the ranks had {', '.join(f'{k}={v}' for k, v in ranks_env.items())}." if ranks_env
+                           else "."))
+        elif changed or dropped:
             settings = ("The ranks ran with NCCL settings doctor measured without: "
                         + ", ".join([*(f"{k}={v}" for k, v in changed.items()), *(f"{k} unset" for k in dropped)])
                         + ". Try the program without them, or measure them with roofline doctor.")
@@ -200,14 +208,15 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
         console.print(f"Unrecorded comm and wait: {timed.calls} collective calls of {timed.steps} steps outside the "
                       "window, timed on each GPU by NCCL (TORCH_NCCL_ENABLE_TIMING, read from its flight recorder): "
                       "the calls' time, waits included, and a step's largest wait at one collective (its waits do "
-                      "not add up: compute hides most). The collectives' transfer times and bus bandwidth below are "
-                      "theirs too.",
+                      "not add up: compute hides most). Below, a transfer time marked u and its bus bandwidth are "
+                      "theirs too (the shortest over the ranks: no wait); the others are the window's.",
                       highlight=False)
     rows = []
     for c in collective_rows(merged)[:top]:
         peak = ceiling.peak_busbw(c["kind"]) if ceiling is not None else None
         rows.append(Row([c["kind"], comms.size_text(c["bytes"]), c["where"] or "", f"{c['calls']:g}", _ms(c["ms"]),
-                         f"{c['call_us']:,.0f}", "" if c["busbw_gbps"] is None else _gbps(c["busbw_gbps"]),
+                         f"{c['call_us']:,.0f}" + ("u" if c["unrecorded"] else ""),
+                         "" if c["busbw_gbps"] is None else _gbps(c["busbw_gbps"]),
                          f"{c['busbw_gbps'] / peak:.0%}" if peak and c["busbw_gbps"] else ""]))
     if rows:
         show(console, "collectives (the median rank, a step)",

@@ -306,7 +306,7 @@ def _ranks(d: dict) -> str:
                ("recorded step ms", "step_ms:n"), ("compute ms", "compute_ms:n"), ("comm ms", "comm_ms:n"),
                ("exposed ms", "exposed_ms:n"), ("overlap", "overlap:n"), ("waited ms", "wait_ms:n")]
     collectives = [{**c, "size": size_text(c["bytes"]), "timed": "outside the window" if c.get("unrecorded") else
-                    "recorded"} for c in ranks["collectives"]]
+                    "in the window"} for c in ranks["collectives"]]
     cards = "".join(
         f'<div class="card rank-finding" data-id="{escape(f["id"])}"><span class="gain">~{f["gain_ms"]:,.2f} ms'
         f'</span><b>{escape(f["title"])}</b> <span class="where">{escape(f["where"] or "(no single line)")}</span>'
@@ -324,7 +324,7 @@ def _ranks(d: dict) -> str:
         "<h3>Collectives</h3>",
         _table([("collective", "kind"), ("size", "size"), ("line", "where"), ("calls a step", "calls:n"),
                 ("ms a step", "ms:n"), ("us a call", "call_us:n"), ("busbw GB/s", "busbw_gbps:n"),
-                ("timed", "timed")], collectives, "collectives"),
+                ("us and busbw timed", "timed")], collectives, "collectives"),
         "<h3>Findings across the ranks</h3>",
         cards or '<p class="note">No finding across the ranks.</p>',
     ])
