@@ -137,6 +137,16 @@ def union(*reads: list[dict]) -> list[dict]:
 
 # --------------------------------------------------------------------------- the ranks together
 
+def dominant(shares: list[float]) -> int | None:
+    """The index whose share makes at least DOMINANT of the total: the rank that holds the others back, by what
+    each held them back; None where the shares are spread (ranks taking turns: noise) or there are none."""
+    total = sum(shares)
+    if total <= 0:
+        return None
+    culprit = max(range(len(shares)), key=shares.__getitem__)
+    return culprit if shares[culprit] >= DOMINANT * total else None
+
+
 @dataclass
 class Ledger:
     """The ranks' timed calls, matched: each figure a rank's, the median over the steps."""
@@ -151,13 +161,8 @@ class Ledger:
 
     @property
     def straggler(self) -> int | None:
-        """The rank (its index in the ranks' order) that holds the others back: the one whose lead makes at least
-        DOMINANT of all the leads; None where the leads are spread (noise) or there are none."""
-        total = sum(self.held_ms)
-        if total <= 0:
-            return None
-        culprit = max(range(len(self.held_ms)), key=self.held_ms.__getitem__)
-        return culprit if self.held_ms[culprit] >= DOMINANT * total else None
+        """The rank (its index in the ranks' order) that holds the others back, by its leads (dominant)."""
+        return dominant(self.held_ms)
 
     def to_dict(self) -> dict:
         return {"steps": self.steps, "calls": self.calls, "comm_ms": self.comm_ms, "waits_ms": self.waits_ms,

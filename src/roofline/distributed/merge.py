@@ -219,7 +219,7 @@ def _straggler(ranks: list[Rank], matched: int, offsets: list[float],
                timed: ledger.Ledger | None) -> tuple[Straggler | None, list[float]]:
     """The rank that holds the others back, and each rank's wait a step (ms), recorded. Where NCCL timed the
     steps outside the window, they say whether a rank holds the others back (the recorder's stretch can make one
-    look late); else the recorded calls do. Either way one rank must make most of the waits (ledger.DOMINANT):
+    look late); else the recorded calls do. Either way one rank must make most of the waits (ledger.dominant):
     ranks that take turns arriving last are noise."""
     n, steps = len(ranks), max(ranks[0].steps, 1)
     waits, caused, lasts = [0.0] * n, [0.0] * n, []
@@ -231,13 +231,8 @@ def _straggler(ranks: list[Rank], matched: int, offsets: list[float],
             waits[k] += arrived[last] - arrived[k]
             caused[last] += arrived[last] - arrived[k]
     waits = [w / steps / 1e3 for w in waits]
-    if timed is not None:
-        culprit = timed.straggler
-    else:
-        culprit = max(range(n), key=lambda k: caused[k]) if matched and n > 1 else None
-        if culprit is not None and caused[culprit] < ledger.DOMINANT * sum(caused):
-            culprit = None
-    if culprit is None or (timed is None and caused[culprit] <= 0):
+    culprit = timed.straggler if timed is not None else ledger.dominant(caused) if n > 1 else None
+    if culprit is None:
         return None, waits
     # Where it lost the time: the line at which its host spent the most beyond the other ranks' (the median), over
     # the window. Not only before the calls it held up: on a GPU the host runs ahead, and the GPU's wait for it

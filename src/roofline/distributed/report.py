@@ -28,14 +28,12 @@ class Finding:
         return asdict(self)
 
 
-
-
 def findings(merged: Merged, ceiling=None) -> list[Finding]:
     """The findings across the ranks, largest estimated gain first. ceiling: doctor's Interconnect for these GPUs,
     where it measured them (the collectives' transfers are held against it)."""
     out = []
     step = next((r.step_ms for r in merged.ranks if r.step_ms), None)
-    s, timed = merged.straggler, merged.ledger
+    s, timed, rows = merged.straggler, merged.ledger, collective_rows(merged)
     # a gain measured outside the window against the step there; a recorded one against the recorded step
     if s is not None and step and s.gain_ms > 0.01 * ((_unrecorded_step(merged) or step) if s.held_ms is not None
                                                       else step):
@@ -61,7 +59,6 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
     unrecorded, idle = split if split is not None else (None, 0.0)
     estimate = exposed if unrecorded is None else unrecorded
     if step and estimate > EXPOSED_SHARE * (least.unprofiled_ms if unrecorded is not None else step):
-        rows = collective_rows(merged)
         top = rows[0]["where"] if rows else None
         if rows and rows[0]["asynchronous"]:
             advice = ("DDP: larger buckets (DistributedDataParallel(bucket_cap_mb=...)) send fewer, larger messages; "
@@ -90,8 +87,8 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
                        "nothing." if least.stretch else ""))
         out.append(Finding("exposed-communication", "communication no computation hides", f"{said} {advice}", top,
                            estimate))
-    out += _slow_transfers(merged, ceiling)
-    for row in collective_rows(merged):
+    out += _slow_transfers(merged, rows, ceiling)
+    for row in rows:
         if row["bytes"] and row["bytes"] < SMALL_BYTES and row["calls"] >= 4 and step and row["ms"] > 0.01 * step:
             out.append(Finding(
                 "small-collectives", f"{row['calls']:.0f} small {row['kind']}s a step",
@@ -101,7 +98,7 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
     return sorted(out, key=lambda f: -f.gain_ms)
 
 
-def _slow_transfers(merged: Merged, ceiling) -> list[Finding]:
+def _slow_transfers(merged: Merged, rows: list[dict], ceiling) -> list[Finding]:
     """Collectives whose transfers (timed by NCCL outside the window, waits aside) reach under SLOW_SHARE of the
     bus bandwidth doctor measured for a message of their size on these GPUs: with the NCCL settings the ranks had
     and doctor's did not, which can be why."""
@@ -115,7 +112,7 @@ def _slow_transfers(merged: Merged, ceiling) -> list[Finding]:
     changed = {k: v for k, v in ranks_env.items() if measured is not None and measured.get(k) != v}
     dropped = sorted(set(measured or ()) - set(ranks_env))
     out = []
-    for row in collective_rows(merged):
+    for row in rows:   # collective_rows(merged)
         expected = ceiling.busbw_at(row["kind"], row["bytes"]) if row["bytes"] else None
         if not (row["unrecorded"] and row["busbw_gbps"] and expected and row["busbw_gbps"] < SLOW_SHARE * expected):
             continue
