@@ -121,3 +121,11 @@ def test_nccl_s_entries_are_read_by_group_name_not_by_the_process_s_own_group_nu
     other = [dict(c, group="nccl:4") if c["group"] == "nccl:3" else c for c in calls]
     matched = ledger.match([calls, other])
     assert matched.calls == 1 and matched.steps == 1   # step 1's all-gather was not timed: the step is left out
+
+
+def test_a_gloo_group_beside_nccl_s_leaves_the_steps_whole():
+    # FSDP's checkpointing keeps a gloo group beside NCCL's: its calls are never timed, and its steps still count
+    nccl = [dict(c, group="nccl:0") for c in _calls([[1.0], [1.0]])]
+    gloo = [dict(c, group="gloo:1", seq=1, ms=None) for c in _calls([[1.0]])]
+    matched = ledger.match([nccl + gloo, nccl + gloo])
+    assert matched.steps == 2 and matched.calls == 2

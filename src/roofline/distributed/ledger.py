@@ -181,8 +181,10 @@ def match(per_rank: list[list[dict]]) -> Ledger | None:
     if len(timed) < 2:
         return None
     # a step with a call some rank did not time (its watchdog had not retired it) is left out whole: its figures
-    # would miss that call
-    partial = {c["step"] for calls in per_rank for c in calls if c.get("ms") is None and not c["p2p"]}
+    # would miss that call. Only in groups whose calls are timed: a gloo group beside NCCL's never is
+    timed_groups = {group for t in timed for group, _ in t}
+    partial = {c["step"] for calls in per_rank for c in calls
+               if c.get("ms") is None and not c["p2p"] and c["group"] in timed_groups}
     keys = {k for k in set.intersection(*(set(t) for t in timed)) if timed[0][k]["step"] not in partial}
     if not keys:
         return None
