@@ -31,7 +31,6 @@ OUT_DIR/recording.md and .json.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -39,6 +38,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -214,20 +214,6 @@ def recorded_steps(rounds: int, steps: int, only: list[str] | None = None) -> di
 LEDGER_TURNS = 3   # launches of each, in turns: two launches of one program differ by several ms a step here
 
 
-@contextlib.contextmanager
-def _environment(settings: dict):
-    saved = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
-
-
 def recording(out: Path, nproc: int, rounds: int = 3, steps: int = 10) -> None:
     from roofline.distributed import ledger, spawn
 
@@ -245,7 +231,7 @@ def recording(out: Path, nproc: int, rounds: int = 3, steps: int = 10) -> None:
     turns: dict[str, list[float]] = {"plain": [], "calls timed by NCCL (profile's ledger)": []}
     for _ in range(LEDGER_TURNS):
         for name, settings in zip(turns, ({}, ledger.ENV)):
-            with _environment(settings):
+            with mock.patch.dict(os.environ, settings):   # restored after, added names removed
                 launched = spawn(recorded_steps, nproc, 1, steps, ["plain"])
             turns[name].append(max(statistics.median(r["plain"]) for r in launched))
     ratios = [b / a for a, b in zip(*turns.values())]
