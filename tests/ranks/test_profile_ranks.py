@@ -77,8 +77,10 @@ def test_two_ranks_a_straggler_and_an_exposed_all_reduce_at_their_lines(two_rank
     assert row["where"].startswith(f"train.py:{_line('planted: an all_reduce')}")
     straggler = ranks["straggler"]
     assert straggler["rank"] == 1 and straggler["last_at"] >= 4
-    assert straggler["where"].startswith(f"train.py:{_line('time.sleep')}") and straggler["waited_ms"] > 20
-    assert ranks["waits_ms"][0] > 20 > ranks["waits_ms"][1]
+    # rank 1 sleeps 30 ms a step; on a loaded 2-core machine rank 0's own step runs longer than rank 1's and eats
+    # into that lead (CI once measured 17.95 ms), so the test asks for a third of it
+    assert straggler["where"].startswith(f"train.py:{_line('time.sleep')}") and straggler["waited_ms"] > 10
+    assert ranks["waits_ms"][0] > max(10, 2 * ranks["waits_ms"][1])
     found = {f["id"]: f for f in ranks["findings"]}
     assert found["straggler"]["where"].startswith(f"train.py:{_line('time.sleep')}")
     assert found["exposed-communication"]["where"].startswith(f"train.py:{_line('planted: an all_reduce')}")
@@ -118,15 +120,25 @@ def test_chromium_renders_the_ranks_page_without_script_errors(two_ranks):
     assert "Uncaught" not in log and '<svg id="ranks-timeline"' in rendered
 
 
-def test_four_ranks_classify_their_collectives(tmp_path):
+def test_four_ranks_classify_their_collectives_and_name_ddp_s_buckets_and_fsdp2_s_layers(tmp_path):
     path = tmp_path / "collectives.py"
     path.write_text(textwrap.dedent('''\
         import torch, torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
         dist.init_process_group("gloo")
         n, w = dist.get_world_size(), torch.nn.Parameter(torch.randn(8))
-        opt = torch.optim.SGD([w], lr=0.1)
+        # DDP with buckets of 5 KiB: each layer's gradients in a bucket of their own (its weight passes the cap)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)), bucket_cap_mb=5 / 1024)
+        sharded = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 32))
+        for layer in sharded:
+            fully_shard(layer)
+        fully_shard(sharded)
+        opt = torch.optim.SGD([w, *ddp.parameters(), *sharded.parameters()], lr=0.1)
         for _ in range(3):
             w.sum().backward()
+            ddp(torch.randn(2, 64)).sum().backward()
+            sharded(torch.randn(2, 32)).sum().backward()
             out = torch.empty(4 * n)
             dist.all_gather_into_tensor(out, torch.ones(4))
             dist.broadcast(torch.ones(100), src=0)
@@ -137,9 +149,24 @@ def test_four_ranks_classify_their_collectives(tmp_path):
     done = _roofline("profile", "--nproc-per-node", "4", "--skip", "1", "--json", str(out), str(path), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = json.loads(out.read_text())["ranks"]
-    assert ranks["world_size"] == 4 and ranks["matched"] == 4
-    kinds = {(row["kind"], row["bytes"]) for row in ranks["collectives"]}
-    assert kinds == {("all_gather", 4 * 4 * 4), ("broadcast", 100 * 4)}   # all_gather: the gathered message
+    assert ranks["world_size"] == 4 and ranks["mismatch"] is None
+    rows = {(row["kind"], row["bytes"]): row for row in ranks["collectives"]}
+    # the program's own calls: the all_gather's message is the gathered one; they move no module's tensors
+    assert rows[("all_gather", 4 * 4 * 4)]["owner"] is None and rows[("broadcast", 100 * 4)]["owner"] is None
+    # DDP reduces the last layer's gradients first (bucket 0), each bucket one all_reduce of its size
+    last, first = rows[("all_reduce", (64 * 32 + 32) * 4)], rows[("all_reduce", (64 * 64 + 64) * 4)]
+    assert last["owner"].startswith("DDP bucket 0 (1.") and last["owner"].endswith(", 2 tensors)")
+    assert first["owner"].startswith("DDP bucket 1 (0.") and first["calls"] == 1
+    # FSDP2: each layer's parameters gathered before its forward and their gradients reduce-scattered after its
+    # backward; both layers are the same size, one row each
+    fsdp = {row["kind"]: row["owner"] for row in ranks["collectives"] if (row["owner"] or "").startswith("FSDP2")}
+    assert set(fsdp) == {"all_gather", "reduce_scatter"}
+    assert all(owner in ("FSDP2 0 … 1 (2)", "FSDP2 1 … 0 (2)") for owner in fsdp.values()), fsdp
+    said = " ".join(done.stdout.split())
+    assert "DDP bucket 0" in said and ("FSDP2 0 … 1 (2)" in said or "FSDP2 1 … 0 (2)" in said)   # the terminal too
+    # FSDP2's small all-gathers get FSDP2's advice, not a bucket of the program's own
+    small = next(f for f in ranks["findings"] if f["id"] == "small-collectives" and "all_gather" in f["title"])
+    assert "fully_shard" in small["message"] and "reshard_after_forward" in small["message"]
 
 
 def test_a_program_that_never_communicates_is_told_so(tmp_path):

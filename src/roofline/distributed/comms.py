@@ -50,6 +50,7 @@ class Call:
     op: int                         # the c10d op's index in the rank's trace
     on_gpu: bool                    # a kernel moved the data (else a host thread)
     asynchronous: bool              # called with async_op=True (as DDP's and FSDP's hooks call them)
+    owner: str | None = None        # whose tensors it moves: "DDP bucket 2", "FSDP2 layers.3" (see owners())
 
     @property
     def us(self) -> float:
@@ -146,8 +147,88 @@ def calls(trace: Trace, resolver: Resolver | None = None) -> list[Call]:
             on_gpu = False
         stack, _, module, _ = resolver.resolve(i)
         found.append(Call(kind, _message_bytes(kind, _count(op.shapes), itemsize, ranks), op.ts, start, end,
-                          stack[-1] if stack else None, module, i, on_gpu, _asynchronous(op)))
+                          stack[-1] if stack else None, module, i, on_gpu, _asynchronous(op), _fsdp_owner(trace, i)))
+    _name_ddp_buckets(found, (trace.meta.get("roofline") or {}).get("ddp_buckets") or [])
     return found
+
+
+# FSDP2 wraps each collective it issues in a record_function that names the module whose parameters it moves:
+# "FSDP::all_gather (layers.3)" (a prefetch too, inside "FSDP::forward_prefetch for layers.3"),
+# "FSDP::post_backward_reduce (layers.3)"; the root module's carry no name.
+_FSDP_MARK = re.compile(r"^FSDP::(?:all_gather|post_backward_reduce)(?: \((.+)\))?$")
+
+
+def _fsdp_owner(trace: Trace, i: int) -> str | None:
+    while i >= 0:
+        op = trace.ops[i]
+        found = _FSDP_MARK.match(op.name) if op.annotation else None
+        if found:
+            return f"FSDP2 {found[1] or 'root'}"
+        i = op.parent
+    return None
+
+
+def ddp_buckets(modules) -> list[list[dict]]:
+    """For each DistributedDataParallel among `modules`, its gradient buckets in the order its reducer reduces
+    them: [{"bytes": ..., "params": [names]}, ...]. DDP rebuilds its buckets in the order the first backward made
+    the gradients ready, and its logging data names their parameters from then on; before, only their sizes."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    out = []
+    for ddp in modules:
+        if not isinstance(ddp, DistributedDataParallel):
+            continue
+        try:
+            data = ddp._get_ddp_logging_data()   # DDP's own record of its buckets (a private API: it may change)
+        except (AttributeError, RuntimeError):
+            continue
+        rebuilt = bool(data.get("has_rebuilt_buckets"))
+        sizes = str(data.get("rebuilt_bucket_sizes" if rebuilt else "bucket_sizes") or "")
+        members = str(data.get("rebuilt_per_bucket_param_indices") or "") if rebuilt else ""
+        params = getattr(ddp, "_module_parameters", None) or [p for p in ddp.module.parameters() if p.requires_grad]
+        names = {id(p): n for n, p in ddp.module.named_parameters()}
+        indices = [[int(x) for x in part.split()] for part in members.split(",")] if members else []
+        buckets = []
+        for k, size in enumerate(x for x in sizes.split(",") if x.strip()):
+            held = indices[k] if k < len(indices) else []
+            buckets.append({"bytes": int(size), "params": [names.get(id(params[j]), f"#{j}") for j in held
+                                                           if j < len(params)]})
+        if buckets:
+            out.append(buckets)
+    return out
+
+
+def _name_ddp_buckets(found: list[Call], ddps: list[list[dict]]) -> None:
+    """Name DDP's gradient all-reduces by bucket: its reducer launches them strictly in bucket order, each of its
+    bucket's size, so the calls are matched to the buckets in turn (a call of another size is someone else's)."""
+    for buckets in ddps:
+        k = 0
+        for call in found:
+            if call.kind == "all_reduce" and call.owner is None and call.nbytes == buckets[k]["bytes"]:
+                call.owner = bucket_name(k, buckets[k]["params"])
+                k = (k + 1) % len(buckets)
+
+
+def bucket_name(index: int, params: list[str]) -> str:
+    """"DDP bucket 0 (lm_head.weight … h.11.ln_2.bias, 14 tensors)": its first and last parameter."""
+    if not params:
+        return f"DDP bucket {index}"
+    held = params[0] if len(params) == 1 else f"{params[0]} … {params[-1]}, {len(params)} tensors"
+    return f"DDP bucket {index} ({held})"
+
+
+def owners(calls: list[Call]) -> str | None:
+    """What a group of calls moves, in the order they came: one owner by name, several by the first and last."""
+    seen = list(dict.fromkeys(c.owner for c in calls if c.owner))
+    if len(seen) <= 1:
+        return seen[0] if seen else None
+    buckets = [_BUCKET.match(o) for o in seen]
+    if all(buckets):
+        return "DDP buckets " + ", ".join(b[1] for b in buckets)
+    return f"{seen[0]} … {seen[-1].removeprefix('FSDP2 ')} ({len(seen)})"
+
+
+_BUCKET = re.compile(r"^DDP bucket (\d+)")
 
 
 def _asynchronous(op) -> bool:

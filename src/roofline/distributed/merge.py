@@ -324,7 +324,8 @@ def collective_rows(merged: Merged) -> list[dict]:
         transfers = merged.ledger.transfers.get((kind, nbytes)) if merged.ledger else None
         call_us = statistics.median(transfers) * 1e3 if transfers else median_call.us
         busbw = comms.busbw_gbps(kind, nbytes, call_us, merged.world)
-        rows.append({"kind": kind, "bytes": nbytes, "where": where, "calls": len(per_rank[0]) / steps,
+        rows.append({"kind": kind, "bytes": nbytes, "where": where, "owner": comms.owners(per_rank[0]),
+                     "calls": len(per_rank[0]) / steps,
                      "ms": statistics.median(totals) / steps / 1e3, "call_us": call_us, "busbw_gbps": busbw,
                      "unrecorded": bool(transfers), "on_gpu": median_call.on_gpu,
                      "asynchronous": median_call.asynchronous})

@@ -93,9 +93,21 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
             out.append(Finding(
                 "small-collectives", f"{row['calls']:.0f} small {row['kind']}s a step",
                 f"{row['calls']:.0f} calls a step of {row['bytes']:,} bytes each take {row['ms']:,.2f} ms: messages "
-                "this small are bound by each call's latency, not by the interconnect's bandwidth. Put them in one "
-                "tensor (a bucket) and reduce it once.", row["where"], row["ms"] * (1 - 1 / row["calls"])))
+                f"this small are bound by each call's latency, not by the interconnect's bandwidth. {_fewer(row)}",
+                row["where"], row["ms"] * (1 - 1 / row["calls"])))
     return sorted(out, key=lambda f: -f.gain_ms)
+
+
+def _fewer(row: dict) -> str:
+    """How to send a row's small messages in fewer calls, by whose tensors they move."""
+    owner = row.get("owner") or ""
+    if owner.startswith("FSDP2"):
+        return (f"FSDP2 moves each fully_shard unit's parameters in one call ({owner}): put several layers in one "
+                "unit (fully_shard on a group of blocks), or reshard_after_forward=False to gather once a step.")
+    if owner.startswith("DDP"):
+        return (f"DDP sends a call per gradient bucket ({owner}): a larger bucket_cap_mb makes fewer, larger "
+                "ones.")
+    return "Put them in one tensor (a bucket) and reduce it once."
 
 
 def _slow_transfers(merged: Merged, rows: list[dict], ceiling) -> list[Finding]:
@@ -211,7 +223,8 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
     rows = []
     for c in collective_rows(merged)[:top]:
         peak = ceiling.peak_busbw(c["kind"]) if ceiling is not None else None
-        rows.append(Row([c["kind"], comms.size_text(c["bytes"]), c["where"] or "", f"{c['calls']:g}", _ms(c["ms"]),
+        line = "\n".join(x for x in (c["where"], c.get("owner")) if x)   # the tensors it moves under the line
+        rows.append(Row([c["kind"], comms.size_text(c["bytes"]), line, f"{c['calls']:g}", _ms(c["ms"]),
                          f"{c['call_us']:,.0f}" + ("u" if c["unrecorded"] else ""),
                          "" if c["busbw_gbps"] is None else _gbps(c["busbw_gbps"]),
                          f"{c['busbw_gbps'] / peak:.0%}" if peak and c["busbw_gbps"] else ""]))

@@ -55,6 +55,7 @@ class _ModulePaths:
         self._stack: list[tuple[torch.nn.Module, str, object]] = []
         self._names: dict[tuple[int, int], str] = {}
         self._handles = []
+        self.roots: dict[int, torch.nn.Module] = {}   # the outermost modules called (a DDP wrapper, a model)
 
     def _child_name(self, parent: torch.nn.Module, child: torch.nn.Module) -> str:
         key = (id(parent), id(child))
@@ -71,6 +72,7 @@ class _ModulePaths:
             path = f"{parent_path}.{self._child_name(parent, module)}"
         else:
             path = type(module).__name__
+            self.roots.setdefault(id(module), module)
         annotation = _RecordFunctionFast(MODULE_MARK + path)
         annotation.__enter__()
         self._stack.append((module, path, annotation))
@@ -222,17 +224,19 @@ class _LineMarks:
 
 
 def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None,
-              optimizers: list | None = None, window_steps: int | None = None) -> dict:
+              optimizers: list | None = None, window_steps: int | None = None,
+              ddp_buckets: list | None = None) -> dict:
     """What the analysis needs to know about this process: how to tell the user's code from libraries,
     the user call stacks that the line marks refer to, the steps timed outside the window, what each
-    optimizer updates (costs.ParameterSet), and how many whole steps the window recorded (trace.load leaves
-    out the work after the last of them: a program's tail is no step)."""
+    optimizer updates (costs.ParameterSet), how many whole steps the window recorded (trace.load leaves
+    out the work after the last of them: a program's tail is no step), and DDP's gradient buckets (which
+    parameters each all-reduce moves: distributed.comms)."""
     from roofline.distributed.ledger import environment
 
     return {"version": 1, "cwd": os.getcwd(), "argv": sys.argv[:], "nccl_env": environment(),
             "sys_path": [p or os.getcwd() for p in sys.path], "library_roots": _library_roots(),
             "stacks": stacks or [], "unprofiled_steps": unprofiled_steps or {"wall_ms": [], "gpu_ms": []},
-            "optimizers": optimizers or [], "window_steps": window_steps}
+            "optimizers": optimizers or [], "window_steps": window_steps, "ddp_buckets": ddp_buckets or []}
 
 
 def _parameter_facts(optimizer) -> dict:
@@ -397,6 +401,7 @@ class Profiler:
         self._optimizers: dict[int, dict] = {}   # id -> _parameter_facts, for every optimizer stepped in the window
         self._optimizer_hook = None
         self._in_window = False
+        self._ddp_buckets: list = []   # distributed.comms.ddp_buckets of the DDP modules called in the window
 
     @property
     def window(self) -> tuple[int, float]:
@@ -428,6 +433,9 @@ class Profiler:
     def _hooks_off(self) -> None:
         self._in_window = False
         if self._modules is not None:
+            from roofline.distributed.comms import ddp_buckets
+
+            self._ddp_buckets = ddp_buckets(self._modules.roots.values())
             self._modules.__exit__()
             self._modules = None
         if self._lines is not None:
@@ -453,7 +461,8 @@ class Profiler:
             raw = Path(tmp) / "torch.json"
             prof.export_chrome_trace(str(raw))
             _with_metadata(raw, self.trace_path, run_facts(lines.table() if lines else None, self.clock.facts(),
-                                                           list(self._optimizers.values()), self.window_steps))
+                                                           list(self._optimizers.values()), self.window_steps,
+                                                           self._ddp_buckets))
         self._exported = True
 
     def __enter__(self) -> "Profiler":

@@ -322,7 +322,8 @@ def _ranks(d: dict) -> str:
         "their matched collectives): for each bin, the share of it the rank computed (top lane) and communicated "
         "(bottom lane).</p>", _rank_lanes(ranks.get("lanes")),
         "<h3>Collectives</h3>",
-        _table([("collective", "kind"), ("size", "size"), ("line", "where"), ("calls a step", "calls:n"),
+        _table([("collective", "kind"), ("size", "size"), ("line", "where"), ("moves", "owner"),
+                ("calls a step", "calls:n"),
                 ("ms a step", "ms:n"), ("us a call", "call_us:n"), ("busbw GB/s", "busbw_gbps:n"),
                 ("us and busbw timed", "timed")], collectives, "collectives"),
         "<h3>Findings across the ranks</h3>",
