@@ -75,7 +75,7 @@ def test_the_fused_head_and_loss_give_the_separate_ones_loss_and_gradients(name)
 @pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
     code = benchmark.main([str(tmp_path), "--tiny", "--train", "eager", "patch-all", "compile+patch",
-                           "--generate", "eager", "patch-all", "int8", "--batches", "2", "--steps", "2", "--warmup", "2",
+                           "--generate", "eager", "patch-all", "int8", "--batches", "2", "--steps", "2", "--warmup", "1",
                            "--tokens", "3"])
     assert code == 0
     result = json.loads((tmp_path / "models.json").read_text())
@@ -195,7 +195,7 @@ def test_transformers_models_train_and_decode_through_their_own_cache(tmp_path):
     against eager's."""
     # Llama only: Qwen2 goes through the same adapter (tests/test_transformers_models.py patches both)
     code = benchmark.main([str(tmp_path), "--tiny", "--models", "hf-llama", "--train", "eager", "patch-all",
-                           "--generate", "eager", "patch-all", "--batches", "1", "--steps", "2", "--warmup", "2",
+                           "--generate", "eager", "patch-all", "--batches", "1", "--steps", "2", "--warmup", "1",
                            "--tokens", "3"])
     assert code == 0
     result = json.loads((tmp_path / "models.json").read_text())

@@ -68,8 +68,8 @@ def test_matches_float64_reference(shape, dtype, reduction, smoothing, block):
 def test_a_thousand_classes_match_float64_reference(dtype, reduction, block):
     """Rows of many blocks at either block size; smoothed, so that every class's term counts (the small shapes
     above check each smoothing on and off)."""
-    logits = torch.randn(13, 1000, device=DEVICE, dtype=dtype) * 3
-    check(logits, targets(13, 1000), reduction=reduction, label_smoothing=0.1)
+    logits = torch.randn(5, 1000, device=DEVICE, dtype=dtype) * 3
+    check(logits, targets(5, 1000), reduction=reduction, label_smoothing=0.1)
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
@@ -242,10 +242,10 @@ def test_under_autocast_the_loss_is_fp32_as_torchs(reduction, compiled):
 
 @pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_poisoned_gradient_memory_is_overwritten(block):
-    logits = torch.randn(64, 300, device=DEVICE)
-    t = targets(64, 300)
+    logits = torch.randn(16, 300, device=DEVICE)
+    t = targets(16, 300)
     for _ in range(3):   # NaN-filled blocks freed right before: the gradient buffer comes from them
-        poison = torch.full((64, 300), math.nan, device=DEVICE)
+        poison = torch.full((16, 300), math.nan, device=DEVICE)
         del poison
         check(logits, t, reduction="sum")
 

@@ -40,6 +40,17 @@ if triton is not None:
     def _prune_decode(configs, named_args, **kwargs):
         return [c for c in configs if _fits_groups(c, kwargs["GROUP_K"])]
 
+    def _tuned(configs, **autotune):
+        """triton.autotune over `configs`; under the interpreter, which times nothing, a block by N instead. There
+        each program runs as Python, its time about proportional to its K steps whatever its block: K steps of
+        64 (the tests' K of 70-4095 still take several), and blocks of 32 columns up to N = 64 (the tests' N = 33
+        still splits into a full block and a masked one), of 128 beyond (a decode step's wider layers in a
+        quarter of the programs)."""
+        if interpreting():
+            return triton.heuristics(dict(BLOCK_N=lambda args: 32 if args["N"] <= 64 else 128,
+                                          BLOCK_K=lambda args: 64))
+        return triton.autotune(configs=configs, **autotune)
+
     def _fresh_tickets(nargs, reset_only=False):
         """Autotuning's hook before each launch it times: a split K's tickets zeroed again (DecodePlan zeroes
         them once; without this the later launches would never see the last ticket, skip the epilogue, and time
@@ -47,12 +58,8 @@ if triton is not None:
         if nargs["ticket_ptr"] is not None:
             nargs["ticket_ptr"].zero_()
 
-    # Under the interpreter each program runs as Python, its time about proportional to its K steps whatever its
-    # block: the interpreter's configs take steps of 64 (the tests' K of 70-4095 still take several) and blocks of
-    # 32 columns (the tests' N = 33 still splits into a full block and a masked one).
-    @triton.autotune(configs=[_decode_config(32, 64, 1, 4)] if interpreting() else INT8_DECODE,
-                     key=["N", "K", "GROUP_K", "SPLIT_K"], prune_configs_by=dict(early_config_prune=_prune_decode),
-                     pre_hook=_fresh_tickets)
+    @_tuned(INT8_DECODE, key=["N", "K", "GROUP_K", "SPLIT_K"], prune_configs_by=dict(early_config_prune=_prune_decode),
+            pre_hook=_fresh_tickets)
     @triton.heuristics(dict(EVEN_K=lambda args: args["K"] % args["BLOCK_K"] == 0))
     @triton.jit
     def int8_decode_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, y_ptr, partial_ptr, ticket_ptr, M, N, K, GROUPS,
@@ -126,9 +133,9 @@ if triton is not None:
     def _int8_to_float32(w):
         """int8 to fp32 exactly, in two full-rate ALU instructions and a bitcast: the float with bits 0x4B000000 +
         (w + 128) is 2^23 + 128 + w. The conversion instruction (I2F) runs at a quarter of that rate on
-        sm_90 (16 a cycle per SM), about the rate at which W arrives at full bandwidth. On the H100 the GEMV was
-        up to 7% faster with this at one of a decode step's shapes, 2-5% over the step's chain of matmuls (two
-        runs of benchmarks/gemv_probe.py)."""
+        sm_90 (16 a cycle per SM), about the rate at which W arrives at full bandwidth, so the GEMV is faster
+        with this at a decode step's shapes, alone and in the step's chain of matmuls (benchmarks/gemv_probe.py;
+        measured: benchmarks/results/h100-models.md)."""
         return (w.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
 
     @triton.jit
@@ -141,8 +148,7 @@ if triton is not None:
         return (tl.load(x_ptr + k + ks, mask=k + ks < K, other=0.0, eviction_policy="evict_last"),
                 tl.load(w_ptrs, mask=(k + ks)[None, :] < K, other=0, eviction_policy="evict_first"))
 
-    @triton.autotune(configs=[_gemv_config(32, 64, 4)] if interpreting() else INT8_GEMV, key=["N", "K"],   # as above
-                     prune_configs_by=dict(early_config_prune=_prune_gemv))
+    @_tuned(INT8_GEMV, key=["N", "K"], prune_configs_by=dict(early_config_prune=_prune_gemv))
     @triton.heuristics(dict(EVEN_K=lambda args: args["K"] % args["BLOCK_K"] == 0))
     @triton.jit
     def int8_gemv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, y_ptr, N, K, stride_w, HAS_BIAS: tl.constexpr,
@@ -212,8 +218,9 @@ class DecodePlan:
 
 DECODE_MIN_BLOCK_N = 16      # the narrowest column block of the decode kernel's configs
 DECODE_PROGRAMS_PER_SM = 4   # split K until there are about this many programs per SM (narrowest blocks)
-DECODE_MIN_SHARE = 4096      # ...but no share is shorter than this: on the H100 splitting K = 4096 in 2, 4 or 8
-                             # cost 12-30% (the tickets' memset, the shares' round trip), K = 14336 in 2 gained 7%
+DECODE_MIN_SHARE = 4096      # ...but no share is shorter than this: splitting K = 4096 in 2, 4 or 8 made the kernel
+                             # slower (the tickets' memset, the shares' round trip), K = 14336 in 2 faster
+                             # (measured: benchmarks/results/h100-linear.md, "Reading (run 4)")
 
 
 def decode_split_k(n: int, k: int, device: torch.device) -> int:
