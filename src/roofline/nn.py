@@ -145,10 +145,11 @@ class SharedInput:
     of its rows, so no byte is stored twice) and the run's first call computes every output of the run in one
     kernel; the later calls return their part, if they come in the order seen, with the same tensor, unchanged.
 
-    A decode step at batch 1 is bound by its weights' bytes and by the number of kernels that stream them: on
-    the H100 the Llama decode step's matmuls took 612 us as 113 kernels and 505 as 65, the bytes being the same
-    (benchmarks/gemv_probe.py). Models written with fused projections (gpt-fast's wqkv) get this by hand; this
-    gets it for model code as written, without changing the model's forward.
+    A decode step at batch 1 is bound by its weights' bytes and by the number of kernels that stream them: the
+    Llama decode step's matmuls took markedly less time as 65 kernels than as 113, the bytes being the same
+    (benchmarks/gemv_probe.py; measured: benchmarks/results/h100-models.md). Models written with fused projections
+    (gpt-fast's wqkv) get this by hand; this gets it for model code as written, without changing the model's
+    forward.
 
     Only one row of input is served fused: its outputs are then each contiguous, as nn.Linear's are (with more
     rows they would be strided column slices, which a model's `.view` may refuse). Any other call (out of order,

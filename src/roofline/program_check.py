@@ -3,8 +3,8 @@
 The Router decides each call signature by timing roofline's call against torch's in a loop, with a fixed charge
 for what a routed call costs more in a program. A loop cannot say what a call costs among the program's other
 calls (colder caches, a host-bound decode step's every microsecond), so the decisions can be wrong both ways:
-transformers' Llama decoded 0.69x as fast patched on one H100 machine and 1.65x on another. Here the program
-itself is the measurement.
+transformers' Llama decoded slower patched than unpatched on one machine and much faster on another. Here the
+program itself is the measurement.
 
 Once the routes' decisions are made and the program is in its steady state (QUIET forwards of the model in a row
 with no signature measured: a measurement takes milliseconds of the program's time), each op that roofline serves somewhere (layer_norm, swiglu, attention, ...) is put on

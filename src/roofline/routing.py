@@ -56,15 +56,11 @@ MARGIN = 0.97        # roofline must take at most this fraction of torch's time:
 # torch's call costs more there: roofline's path (the route, the look-up, the entry point, the replay) is longer
 # and meets colder caches between a program's other calls, and the calls after it can slow too. Added to roofline's
 # side before the comparison: only a call that wins by more is routed (a tiny op wins by a few us or loses; a
-# large one's time is its GPU's, where 10 us is nothing). Measured on the H100 machine
-# (benchmarks/results/h100-models.md, "2026-11-26" and "2026-11-26, intervals"):
-# - GPT-2's decode layer_norm took 10.5 against torch's 12.2 us a call in the loop and 17.8 against 14.4 in the
-#   model: 5.1 us more. The model decoded 0.93x as fast with it routed.
-# - Llama's decode SwiGLU won 9.6 against 15.9 us in the loop, and the patched MLP 73.0 against 78.0 us a call;
-#   yet the model decoded 0.975x as fast with it routed as without (11 of 12 alternating rounds, 5.47 against
-#   5.34 ms a token): about 8.5 us a call lost, some 15 us more than the loop showed.
-# 5 us (the first case) let the second through; 10 keeps both out, and every route the benchmarks' training and
-# prefill took wins by tens of us or more.
+# large one's time is its GPU's, where 10 us is nothing). Two decode ops won in the loop and made their model
+# decode slower routed: GPT-2's layer_norm, and Llama's SwiGLU, whose call lost about three times as much in the
+# model as the layer_norm's (measured: benchmarks/results/h100-models.md, "2026-11-26" and "2026-11-26, the route
+# charge"). A charge of 5 us, about the first case's loss, let the second through; 10 keeps both out, and every
+# route the benchmarks' training and prefill took wins by far more.
 IN_PROGRAM_US = 10.0
 ROUNDS = 7           # alternating rounds of back-to-back calls; the median round counts
 ROUND_S = 2e-3       # host and GPU time per round and implementation, about
@@ -294,9 +290,9 @@ class Route:
 def _as_routed(op: str, ours, theirs, inputs, kwargs) -> Route:
     """ours, as a patched program's calls reach it: through a route and a router's look-up of the call's decision
     (the signature's key, built on every call). That host time is paid on top of roofline's op, and torch's
-    unpatched call does not pay it: at GPT-2's decode shape roofline's layer_norm measured 1.34x faster than
-    torch's as an op, and the patched module 1.15-1.38x slower than the unpatched one
-    (benchmarks/results/h100-models.md, "2026-11-25, defaults")."""
+    unpatched call does not pay it: at GPT-2's decode shape roofline's layer_norm measured faster than torch's
+    as an op, and the patched module slower than the unpatched one (measured: benchmarks/results/h100-models.md,
+    "2026-11-25, defaults")."""
     probe = Router("always", persist=False)
     probe.decisions[_key(op, inputs, kwargs)] = Decision(True, "being measured")
     return Route(probe, op, _nothing_against, ours, theirs, "(measurement)")
@@ -316,8 +312,8 @@ AWAITING = ("wants a gradient: torch serves it until a backward shows the layout
 def _key(op: str, args, kwargs) -> tuple:
     """What a decision is kept under: op, whether a gradient is wanted, whether autocast is on (it changes what
     torch's side returns), each tensor argument's shape, strides, dtype and device, and the other arguments'
-    values. Paid on every call, so built in C++ (eager_node.cpp's route_key: 1.6 to 0.6 us for layer_norm's five
-    arguments on our 2-core CPU host), here where the extension cannot be built."""
+    values. Paid on every call, so built in C++ (eager_node.cpp's route_key, a fraction of this Python's cost),
+    here where the extension cannot be built."""
     module = _eager_node.extension()
     if module is not None:
         return module.route_key(op, args, kwargs or None, torch._C._is_any_autocast_enabled())

@@ -35,8 +35,8 @@ def _details(prefix: str, m, **facts) -> dict:
     return details
 
 
-# Budgets as in bench.time: long runs of matmuls hit the power cap (an H100 went from 1980 to
-# 1425 MHz in 300 ms), and a ceiling should be what a benchmark of usual length can reach.
+# Budgets as in bench.time: long runs of matmuls soon hit the power cap and the clock drops (measured:
+# docs/measurement.md), and a ceiling should be what a benchmark of usual length can reach.
 def measure_bandwidth_gbps(device=None, nbytes: int | None = None, rep_ms: float = 100) -> tuple[float, dict]:
     """DRAM bandwidth of a large device-to-device copy, counting bytes read plus written."""
     device = resolve(device)
@@ -53,8 +53,8 @@ def measure_l2_gbps(device=None, rep_ms: float = 100) -> tuple[float, dict]:
     device = resolve(device)
     nbytes = info(device).l2_bytes // 4
     # fp32, so that the copy moves 16 bytes an instruction (at L2's rate a byte-wise copy is bound by
-    # instructions: 1.29 TB/s on an H100, under its DRAM's 3.0); in a CUDA graph, so that the launches of a
-    # copy of ~10 us do not count
+    # instructions, and reads below even the DRAM's bandwidth); in a CUDA graph, so that the launches of so
+    # short a copy do not count
     src = torch.randn(nbytes // 4, device=device)
     dst = torch.empty_like(src)
     m = time_op(dst.copy_, src, flush=False, cuda_graph=True, rep_ms=rep_ms, warn=False)

@@ -116,10 +116,10 @@ def speedup_ci(
     sign test's: two of their order statistics, picked by the binomial distribution so that the interval holds
     the true median with at least `confidence` whatever the noise's distribution, if rounds are independent.
     Rounds nearly are, samples are not: a neighbour's burst or a clock change outlasts a call and hits a block
-    of samples, both halves of a round alike. On the 2-core machine beside a bursty neighbour, resampling
-    samples as if independent called identical functions different in 7-17% of compares at a nominal 5%, a
-    bootstrap of whole rounds in 6-17%, the sign test in 4% (6 of 150); the per-round speedups' lag-1
-    autocorrelation there was 0.04. At 95% it needs at least 6 rounds.
+    of samples, both halves of a round alike. On a small machine beside a bursty neighbour, resampling samples
+    as if independent called identical functions different far more often than the nominal rate, and so did a
+    bootstrap of whole rounds; the sign test stayed within it, and the per-round speedups there were nearly
+    uncorrelated. At 95% it needs at least 6 rounds.
     Without rounds, the ratio of medians with a percentile bootstrap, each sample set resampled independently
     (seeded, so the same samples always give the same interval).
     """

@@ -147,8 +147,8 @@ def flush_cache(dev=None) -> None:
     """Evict the device's last-level cache (GPU L2, CPU LLC) by reading a buffer twice its size.
 
     Reading, not writing: a write would leave the cache full of dirty lines, and
-    the timed call would then pay for writing them back to memory (seen on an
-    H100 as +9% on a 90 us kernel against Nsight Compute). A read evicts the
+    the timed call would then pay for writing them back to memory (measured
+    against Nsight Compute: docs/measurement.md). A read evicts the
     previous call's dirty lines here, outside the timed window, and leaves clean ones.
     """
     _flush_buffer(_device.resolve(dev)).sum()
@@ -470,8 +470,8 @@ def finish(runner: _Runner, warn: bool) -> Measurement:
     floor = _timer_floor_ms(runner.device, runner.mode)
     m = Measurement(
         # The timer's own reading for an empty region is its bias (event nodes, perf_counter
-        # calls): subtract it, so back-to-back work adds up. Against Nsight Compute on an H100,
-        # in graph mode, this took a 6.9 us kernel from +24% to -1.4%, and an 87 us one from +1.7% to 0.0%.
+        # calls): subtract it, so back-to-back work adds up. Without it a microsecond kernel in graph mode
+        # reads well above Nsight Compute's duration; with it, close to it (measured: benchmarks/results/h100.md).
         samples_ms=[max(t - floor, 1e-6) for t in runner.samples],
         mode=runner.mode,
         device=str(runner.device),

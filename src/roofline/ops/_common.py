@@ -59,7 +59,8 @@ def rows_per_program(rows: int, n: int, block: int, longest_packed: int | None =
 
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for launch code. triton.cdiv and triton.next_power_of_2 are constexpr functions in Triton 3.6,
-    which cost ~5 us a call from plain Python (more than a whole torch op's host time on a slow host)."""
+    which are slow to call from plain Python (on a slow host, more than a whole torch op's host time; measured:
+    benchmarks/results/h100-ops.md, "Addendum 3")."""
     return -(-a // b)
 
 
@@ -203,9 +204,9 @@ class KernelOp:
     Otherwise it attaches a C++ autograd node to the outputs (roofline.ops._eager_node), whose backward calls
     plan.backward through the backward rule the first time a signature is seen and replays what it did
     afterwards, without Python. Where that node cannot be built, the call goes through a
-    torch.autograd.Function entered at torch's C entry point (Function.apply's Python wrapper costs ~12 us a
-    call on a 2-core host, more than a torch op). torch.library's Python dispatch costs ~100 us a call on our
-    H100 machine's host: eager calls never take it.
+    torch.autograd.Function entered at torch's C entry point (Function.apply's Python wrapper costs a call more
+    host time than a torch op). torch.library's Python dispatch costs several times a small op's host time:
+    eager calls never take it.
 
     forward(*args) and backward(...) run the kernels (their type annotations give the ops' schemas; each finds
     its plan and calls it); forward_fake and backward_fake give outputs' shapes without running anything;

@@ -1,13 +1,13 @@
 """The autograd node of an eager call, in C++ (eager_node.cpp), and the recorder that lets it run backwards
 without Python.
 
-A torch.autograd.Function costs an eager program twice: ~20 us in the forward (its context object, saving
-tensors, wrapping outputs) and 40-60 us in the backward (the engine hands a Python node the GIL, four Python
-frames, unpacking) on our H100 machine's host, where torch's own ops use C++ nodes. A small op's whole kernel
-time is less than that. Here the forward makes a C++ node (`attach`), and the node's backward replays a record
-of what the op's Python backward did for the same signature (the layouts of the saved tensors and the
-gradients): its aten calls and its kernel launches. The first backward of each signature runs in Python, under
-`Recording`, which writes that record.
+A torch.autograd.Function costs an eager program twice: in the forward (its context object, saving tensors,
+wrapping outputs) and, more, in the backward (the engine hands a Python node the GIL, four Python frames,
+unpacking), where torch's own ops use C++ nodes. A small op's whole kernel time is less than that (measured:
+benchmarks/results/h100-host.md, "Run of 2026-11-24"). Here the forward makes a C++ node (`attach`), and the
+node's backward replays a record of what the op's Python backward did for the same signature (the layouts of the
+saved tensors and the gradients): its aten calls and its kernel launches. The first backward of each signature
+runs in Python, under `Recording`, which writes that record.
 
 What a record may hold is checked while recording, and a backward that does something else is not recorded (it
 runs in Python every time, as it did before): a launch through Triton's JIT (a misaligned pointer; the
@@ -206,9 +206,9 @@ def backward(backward_rule, node_name: str, ctx: EagerContext, saved, grads, pro
 
 
 # Eager forwards replayed from C++ (ForwardPrograms in eager_node.cpp), the plans' and the entry points'; off with
-# ROOFLINE_FORWARD_REPLAY=0. On the H100 they cut forwards' host time to 0.12-1.13x torch's (0.20-1.54x in Python),
-# and a patched int8 Llama's eager decoding went from 1.27-1.31x to 1.42-1.47x bf16 eager (processes alternating;
-# benchmarks/results/h100-host.md, "2026-11-25, defaults").
+# ROOFLINE_FORWARD_REPLAY=0. They cut forwards' host time below what the same forwards cost in Python, and a
+# patched int8 Llama decodes faster eagerly with them than without (measured: benchmarks/results/h100-host.md,
+# "2026-11-25, defaults").
 REPLAY_FORWARDS = os.environ.get("ROOFLINE_FORWARD_REPLAY", "1") == "1"
 
 

@@ -1,11 +1,11 @@
 """The eager launch path: launch plans, and Triton kernels launched straight through their compiled launchers.
 
 An op called from eager Python pays host time on every call, and on a slow host that time, not the kernel, is
-what the program waits for. On our H100 machine `kernel[grid](...)` of a trivial Triton kernel costs 15 us a
-call (torch's `x + 1`: 11 us): the JIT binds the arguments, computes every argument's specialization, hashes
-them into a cache key and looks the compiled kernel up, before the C launcher it generated runs. Around that,
-our ops checked their arguments, reshaped views and went through torch.autograd.Function.apply, whose Python
-wrapper alone costs more than a torch op.
+what the program waits for. `kernel[grid](...)` of a trivial Triton kernel costs more host time a call than
+torch's `x + 1` (measured: benchmarks/results/h100-host.md, "Launching a trivial kernel"): the JIT binds the
+arguments, computes every argument's specialization, hashes them into a cache key and looks the compiled kernel
+up, before the C launcher it generated runs. Around that, our ops checked their arguments, reshaped views and
+went through torch.autograd.Function.apply, whose Python wrapper alone costs more than a torch op.
 
 What replaces it:
 
@@ -19,8 +19,8 @@ What replaces it:
   hashed. A kernel that takes no tensor descriptor is launched by roofline's own C++ instead (eager_node.cpp's
   `launch`: cuLaunchKernel with the kinds of its arguments fixed), skipping what Triton's launcher does on every
   call (a format string parsed over every argument, the metadata unpacked, the driver asked about every pointer):
-  1.4-2.8 us less a forward on our H100 machine (benchmarks/results/h100-host.md). ROOFLINE_NATIVE_LAUNCH=0 keeps
-  Triton's launcher.
+  less host time a forward (measured: benchmarks/results/h100-host.md, "2026-11-25, last"). ROOFLINE_NATIVE_LAUNCH=0
+  keeps Triton's launcher.
 
 Specialization: Triton compiles a kernel for the values of its integer arguments (1, multiples of 16) and for
 whether each pointer is 16-byte aligned. A plan's key fixes every integer a kernel takes. Pointers change from

@@ -2,10 +2,11 @@
 
 cross_entropy and linear_cross_entropy count the targets out of range on the GPU, in their first kernel. Reading
 that count at once is a host sync. Made in the middle of a training step's forward, it lets the GPU run dry while
-the host launches the backward: on GPT-2's step at 8 x 1024 tokens, the fused head with the check took 32.4 ms
-against 29.3 without it (benchmarks/results/h100-ladder.md). Made by a call without a gradient it cost a small
-loss 2.3-3.3x the host time of torch's (benchmarks/results/h100-host.md). And reading it later through a copy to
-pinned memory and an event still cost a small call 45 us of Python's CUDA calls on our H100 machine's host. So:
+the host launches the backward: on GPT-2's training step the fused head ran slower with the check than without
+it (measured: benchmarks/results/h100-ladder.md). Made by a call without a gradient it cost a small loss several
+times the host time of torch's (measured: benchmarks/results/h100-host.md). And reading it later through a copy to
+pinned memory and an event still cost a small call, in Python's CUDA calls, more host time than torch's whole loss
+(measured: benchmarks/results/h100-host.md, "Run of 2026-11-25 (later)"). So:
 
 - The kernel that counts writes the count straight into a slot of pinned host memory, which the GPU reaches over
   the bus (pinned memory is mapped into every device's address space where addresses are unified, as on every

@@ -38,11 +38,11 @@ REDUCTIONS = ("mean", "sum", "none")
 # One program of 32 warps per SM, 16 elements per thread per step: the fastest of the configurations tried on
 # the H100 at [8192 x 128256] bf16 (8 to 32 warps, blocks of 4096 to 16384, 1 or 2 programs per SM, Triton
 # loop pipelining of 1 to 4 stages, L2 eviction hints; benchmarks/tune_ops.py, results in
-# benchmarks/results/h100-tune.md). The forward kernel takes 1.63 ms there, 1.16x the time of one read of the
-# logits and one write of the gradient at the measured copy bandwidth. It was issue-bound (1.75 ms) until the
-# first pass kept a lane's online softmax over 16-byte chunks and the second folded the gradient's scale into
-# the exponent and compared offsets with the target only in the target's block: 26 instructions an element
-# down to 14 (benchmarks/sass_loops.py).
+# benchmarks/results/h100-tune.md). There the forward kernel takes little more than the time of one read of the
+# logits and one write of the gradient at the measured copy bandwidth (run 8 of that file). It was issue-bound
+# until the first pass kept a lane's online softmax over 16-byte chunks and the second folded the gradient's
+# scale into the exponent and compared offsets with the target only in the target's block: 26 instructions an
+# element down to 14 (benchmarks/sass_loops.py).
 BLOCK = 16384           # elements of a row per step
 PROGRAMS_PER_SM = 1     # resident rows per SM: more would push the second pass's reads out of L2
 NUM_WARPS = 32
@@ -50,11 +50,10 @@ STATS_BLOCK = 1024      # targets per step of a program's count, and losses per 
 # Logits up to this size are done by one program in one launch (counts, losses, gradient, reduction), larger ones
 # up to SPREAD_BYTES by one launch of many programs (SPREAD: each counts the targets itself, the last to finish
 # sums the losses), larger still by three launches (count, rows, sum), whose host time the GPU's then hides (and
-# the counting would be repeated by every program over ever more targets). On our H100 machine, forwards of
-# [rows, 32768] bf16 logits called back to back, us a call (torch's in the same rounds): 256 KB one program 16.4
-# (14.8), one launch 20.2 (14.7), three 31.8 (15.6); 512 KB 23.4 (16.2), 29.2 (19.5), 33.5 (16.3); 1 MB 43.2
-# (14.6), 19.6 (14.4), 31.0 (14.5): one program streams about 24 GB/s. 16 MB: one launch 22.3 (20.8), three 33.0
-# (19.5) (benchmarks/results/h100-host.md, "2026-11-26").
+# the counting would be repeated by every program over ever more targets). Timed as forwards of [rows, 32768] bf16
+# logits called back to back, one program is the cheapest call for small logits, since it launches least, but a
+# single program streams the logits slowly (at 1 MB it is the slowest of the three), and one spread launch still
+# beats three at 16 MB (measured: benchmarks/results/h100-host.md, "2026-11-26").
 ALONE_BYTES = 1 << 18
 SPREAD_BYTES = 1 << 25
 SPREAD_ROWS = 16384   # ...and rows up to this: every program of a spread launch reads every target (128 KB of int64)
@@ -276,8 +275,8 @@ class CrossEntropyPlan:
         self.unread = torch.empty(1, device=device, dtype=torch.int32)
         # A one-launch call that reduces its losses reads its counts in registers: what it stores of them is read
         # by nobody, so it goes to the plan's words instead of a tensor allocated per call (an allocation from
-        # Python costs 2-3.5 us on our H100 machine's host). Calls that leave the reduction to a compiled graph, or
-        # that count in a launch of their own, need their own.
+        # Python is a noticeable part of a small call's host time). Calls that leave the reduction to a compiled
+        # graph, or that count in a launch of their own, need their own.
         self.unread_stats = torch.empty(2, device=device, dtype=torch.int32) \
             if (alone or self.spread) and reduction != "none" else None
 
@@ -315,9 +314,9 @@ class CrossEntropyPlan:
     def _scratch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """What a spread launch that reduces works in: the int32 its programs count themselves off on, 0 before the
         launch (its last program sets it back), and the rows' losses, which that program sums. One pair per stream,
-        whose calls run one after another (an allocation from Python costs a call 2-3.5 us on our H100 machine's
-        host, a sixth of torch's whole loss); a fresh pair in a CUDA graph's capture (the ticket zeroed at every
-        replay, in the graph's own memory)."""
+        whose calls run one after another (an allocation from Python costs a call a noticeable part of torch's
+        whole loss; measured: benchmarks/results/h100-host.md, "2026-11-26, later"); a fresh pair in a CUDA
+        graph's capture (the ticket zeroed at every replay, in the graph's own memory)."""
         if capturing(self.device):
             return self._new_scratch()
         stream = torch._C._cuda_getCurrentStream(self.index)[0] if self.device.type == "cuda" else 0

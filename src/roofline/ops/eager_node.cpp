@@ -1,13 +1,13 @@
 // The backward node of roofline's ops in eager mode, in C++.
 //
 // A torch.autograd.Function's backward is a Python node: on every backward the engine takes the GIL, wraps the
-// gradients in Python objects and runs several Python frames before the first kernel launches. On our H100
-// machine that costs 40-60 us more than one of torch's own C++ nodes, which is more than the kernels of a small
-// op take. This node is a C++ one. The first backward of each signature runs the op's Python backward and
-// records what it did (roofline/ops/_eager_node.py): the aten calls it made (allocations, views, small
-// reductions) and the Triton kernels it launched. Later backwards with that signature replay the record here,
-// without Python: each aten call through the dispatcher, each kernel through cuLaunchKernel with the compiled
-// kernel's handle, as Triton's own launcher does.
+// gradients in Python objects and runs several Python frames before the first kernel launches. Against one of
+// torch's own C++ nodes that costs more host time than the kernels of a small op take (measured:
+// benchmarks/results/h100-host.md, "Run of 2026-11-24"). This node is a C++ one. The first backward of each
+// signature runs the op's Python backward and records what it did (roofline/ops/_eager_node.py): the aten calls
+// it made (allocations, views, small reductions) and the Triton kernels it launched. Later backwards with that
+// signature replay the record here, without Python: each aten call through the dispatcher, each kernel through
+// cuLaunchKernel with the compiled kernel's handle, as Triton's own launcher does.
 //
 // A backward whose signature has no record, or that runs where the record does not hold (grad mode on, i.e.
 // create_graph=True; a Python dispatch mode active), goes to the Python backward.
@@ -171,9 +171,10 @@ struct AtenStep {
 
 // An allocation (torch.empty, empty_like, new_empty, empty_strided) whose result's layout the signature fixes:
 // made by the device's allocator directly, as torch's own kernels make their outputs. Through the dispatcher,
-// boxed, torch.empty_like cost a replay 1.3 us on the H100 machine's host, a fifth of a small op's time; torch's
-// gelu, which a replayed gelu is compared with, pays no such call for its output. The recorded call runs instead
-// where the direct path would skip something the dispatcher does: a profiler's record of the op, the NaN fill of
+// boxed, torch.empty_like cost a replay a sizeable share of a small op's host time (measured:
+// benchmarks/results/h100-host.md, "2026-11-26"); torch's gelu, which a replayed gelu is compared with, pays no
+// such call for its output. The recorded call runs instead where the direct path would skip something the
+// dispatcher does: a profiler's record of the op, the NaN fill of
 // torch.use_deterministic_algorithms(fill_uninitialized_memory), another current device than the recorded one.
 struct AllocationStep {
   AtenStep call;
@@ -556,7 +557,8 @@ struct ForwardProgram {
 // signatures a program is calling now before the others, and past kLimit a new signature takes the place of the
 // one unused the longest. (It was the first 16 forever: a process that had decoded with one model then ran every
 // int8_linear call of the next one through Python, the replay's search and a recording's checks included; the
-// second model's int8 decoding measured 0.88-0.97x bf16 eager where the first's was 1.15x, on the H100.)
+// second model's int8 decoding ran slower than bf16 eager where the first's ran faster; measured:
+// benchmarks/results/h100-models.md, "2026-11-26: the replays' signature limit".)
 // Recording costs a call several times its Python run (a dispatch mode sees every aten call), so it stops once
 // kWasteLimit recordings were wasted: a program that cannot replay, or one forgotten without having matched a
 // call. Calls of ever new shapes (every prefill length, or the interpreter's launches in the CPU tests, which
@@ -670,7 +672,8 @@ class ForwardPrograms {
 
 // ForwardPrograms::replay as a builtin bound to its programs, called with (args: tuple, kwargs: dict | None): the
 // replays' entry from Python without pybind11's method call, whose argument casting and overload dispatch cost a
-// replay about 0.3 us on a 2-core CPU host, where torch's whole sin is 1.6 us.
+// replay a noticeable share of a call as cheap as torch's sin (measured: benchmarks/results/h100-host.md,
+// "2026-11-26, evening").
 constexpr const char* kReplayer = "roofline.ForwardPrograms";
 
 PyObject* replay_from_python(PyObject* self, PyObject* const* args, Py_ssize_t count) {

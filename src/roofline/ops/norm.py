@@ -43,9 +43,9 @@ SHORT_ROW_BLOCK = 512      # forward: the longest rows (as a power of two) that 
 # torch's rms_norm with eps=None takes the epsilon of the type it computes in: float32, also for fp16 and bf16.
 DEFAULT_RMS_EPS = torch.finfo(torch.float32).eps
 BACKWARD_PREFETCH_BLOCK = 4096   # backward: up to this block the next row's loads are issued before this row
-                                 # is reduced (H100, 256 MB bf16: rms_norm 343 -> 309 us at 1024 columns, 292 ->
-                                 # 274 at 4096; layer_norm 367 -> 327, 311 -> 283); at 8192 no change, and a block
-                                 # of 16384 spills registers (369 -> 4240 us)
+                                 # is reduced, which hides part of their latency for both norms; at 8192 it gains
+                                 # nothing, and a block of 16384 spills registers and runs many times slower
+                                 # (measured: benchmarks/results/h100-tune.md, run 8)
 
 
 # --------------------------------------------------------------------------- references
@@ -296,11 +296,10 @@ def _programs_per_wave(device: torch.device, per_sm: int) -> int:
 def forward_config(rows: int, n: int) -> tuple[int, int, int]:
     """(block, rows per program, warps) of the forward kernel for `rows` rows of n elements.
 
-    Rows of up to SHORT_ROW_BLOCK elements go several to a program. On the H100 (benchmarks/tune_ops.py,
-    256 MB of bf16, the kernel alone) a row held in registers ran at 175-178 us with 4 warps up to 2048
-    elements and 8 above (16 warps cost layer_norm 8% at 4096 and 34% at 16384), and a looped row ran
-    fastest with 32 warps (at 65536: rms_norm 192 us against 256 with 16). Rows of 256 one to a program
-    took 319 us."""
+    Rows of up to SHORT_ROW_BLOCK elements go several to a program: short rows one to a program leave the
+    kernel far from the bandwidth. A row held in registers runs fastest with 4 warps up to 2048 elements and 8
+    above (16 warps were slower for layer_norm at 4096 and 16384), and a looped row with 32 warps. Chosen by
+    benchmarks/tune_ops.py on 256 MB of bf16, the kernel alone (measured: benchmarks/results/h100-tune.md)."""
     block = _block(n, MAX_BLOCK)
     per_program = rows_per_program(rows, n, block, SHORT_ROW_BLOCK)
     if n > block:
@@ -311,11 +310,11 @@ def forward_config(rows: int, n: int) -> tuple[int, int, int]:
 def backward_config(rows: int, n: int, rms: bool, device: torch.device) -> tuple[int, int, int]:
     """(column block, row groups, warps) of the backward kernel.
 
-    From the H100 (benchmarks/tune_ops.py, 256 MB of bf16 x and dy, the kernels alone): a warp per 512
-    columns (4 to 16); 4 programs per SM for blocks up to 2048 columns, 2 above (at 4096: layer_norm 311 us
-    against 343 with 4 and 16 warps); rms_norm holds rows of up to 16384 in one block (370 us at 16384
-    against 467 split in two with the row-means pre-pass), layer_norm, which also keeps db, up to 8192 (its
-    16384-column block measured slower, 551 us against 472)."""
+    Chosen by benchmarks/tune_ops.py on 256 MB of bf16 x and dy, the kernels alone (measured:
+    benchmarks/results/h100-tune.md, run 4): a warp per 512 columns (4 to 16); 4 programs per SM for blocks up
+    to 2048 columns, 2 above (where 4 ran slower); rms_norm holds rows of up to 16384 in one block (faster than
+    splitting them in two with the row-means pre-pass), layer_norm, which also keeps db, up to 8192 (its
+    16384-column block measured slower than two of 8192)."""
     block = _block(n, min(MAX_BLOCK, RMS_BACKWARD_BLOCK if rms else BACKWARD_BLOCK))
     per_sm = 4 if block <= 2048 else 2
     groups = max(1, min(rows, _programs_per_wave(device, per_sm) // cdiv(n, block)))
@@ -348,8 +347,8 @@ class NormPlan:
         self.row_means_launch = Launch(norm_row_means_kernel, (rows,), index, RMS=rms, HAS_W=has_weight,
                                        BLOCK=block, num_warps=warps)
         # One row group (a few rows, or columns enough to fill the GPU) sums dw and db whole: the kernel stores
-        # them itself, and the partial sums' buffer and the second launch are not needed (on the H100 host each
-        # costs a few us of a tiny forward+backward's ~100).
+        # them itself, and the partial sums' buffer and the second launch are not needed (each costs host time
+        # that a tiny forward+backward, bound by its host, pays in full).
         direct = groups == 1
         backward = dict(RMS=rms, HAS_W=has_weight, HAS_B=has_bias, BLOCK=block, SINGLE=self.single,
                         PREFETCH=block <= BACKWARD_PREFETCH_BLOCK, DIRECT=direct, num_warps=warps)

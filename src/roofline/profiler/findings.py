@@ -19,7 +19,8 @@ from roofline.profiler.kernels import category
 
 MIN_SHARE = 0.01              # a finding must be worth at least 1% of the profiled wall time
 PINNED_H2D_GBPS = 25.0        # host<->device rate assumed for pinned copies (PCIe 4 x16 achieves ~25)
-SDPA_EFFICIENCY = 0.45        # share of the matmul ceiling a flash kernel reaches (H100: FA2 349 of ~730 TFLOP/s)
+SDPA_EFFICIENCY = 0.45        # share of the matmul ceiling a flash kernel reaches (SDPA's flash forward in
+                              # benchmarks/results/h100-tune.md, run 7, against doctor's measured bf16 ceiling)
 ALIGNED_EFFICIENCY = 0.7      # share of the matmul ceiling an aligned matmul of the same size is assumed to reach
 
 
@@ -75,8 +76,8 @@ def host_sync_in_loop(report) -> list[Finding]:
     out = []
     # The sync's own bound (the host's lead) holds with or without the profiler; what the profiler changes is
     # how much idle there is to remove: no more than the unprofiled program's. (Scaling the gain by the window's
-    # idle ratio, whose host idle the profiler inflates most, cut item_sync's 1.26 ms to 0.37 where removing the
-    # sync saved 1.3.)
+    # idle ratio, whose host idle the profiler inflates most, cut item_sync's estimate to under a third of what
+    # removing the sync saved; measured: benchmarks/results/h100-profile.md.)
     unprofiled_idle = report.timeline.idle_total_us * report.idle_scale
     for s in report.timeline.syncs:
         if s.location is None or s.count < 3:
@@ -325,8 +326,8 @@ def _out_numel_of_matmul(o) -> int | None:
 def _sdpa_ceiling(peaks, dtype: str) -> tuple[str, float | None]:
     """The matmul ceiling SDPA's kernels work against for scores of this dtype: bf16/fp16 tensor cores, and for
     fp32 the memory-efficient kernel's 3xTF32 (three TF32 products per fp32 one, so a third of the TF32
-    ceiling; on the H100 its fp32 results for GPT-2's attention agreed with float64 to 9e-7, as 3xTF32's do and
-    TF32's alone would not)."""
+    ceiling; its fp32 results for GPT-2's attention agreed with float64 as closely as 3xTF32's do and TF32's
+    alone would not)."""
     key = MATMUL_KEY.get(dtype, "bf16")
     if key == "fp32" and peaks.matmul_tflops.get("tf32"):
         return "3xTF32", peaks.matmul_tflops["tf32"] / 3

@@ -15,7 +15,7 @@ and block are read back: where they are not the trace's, or ncu's duration is fa
 says so.
 
 ncu locks the clocks to their base rate (its default, so that counters compare across runs): its durations run
-longer than the trace's (an H100 GEMM of 94 us in the trace took 111 us under ncu).
+longer than the trace's (measured: benchmarks/results/h100-profile.md, "`roofline profile --ncu 3`").
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ COLUMNS = [("occupancy %", "occ %", "occupancy_pct", "{:.0f}"), ("DRAM %", "DRAM
 _SCALE = {"%": 1.0, "register/thread": 1.0, "": 1.0, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9,
           "nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
 TIMEOUT_S = 900
-# Where ncu's duration and the trace's may part before the row says so: ncu runs at base clocks (up to ~1.3x
-# longer on an H100); beyond 2x either way it measured other work than the profile timed.
+# Where ncu's duration and the trace's may part before the row says so: ncu runs at base clocks, somewhat longer
+# than the trace's boosted ones; beyond 2x either way it measured other work than the profile timed.
 DURATION_AGREES = (0.5, 2.0)
 
 

@@ -2,11 +2,11 @@
 
 torch.profiler stretches the host's time (every op recorded, every launch traced by CUPTI, roofline's line
 marks), not the GPU's work. A program that waits on its host therefore looks slower and idler under the
-profiler than without it: on a GPT-2 training step, 61 ms a step recorded against 35 ms unrecorded, with
-28.6 ms of GPU work either way. capture times steps outside the recorded window (wall clock, and CUDA events
-where CUDA runs) and leaves them among the trace's facts ("unprofiled_steps"); here they become the step time
-of the program as it runs unwatched, and the factor by which the window's idle time shrinks without the
-profiler:
+profiler than without it: a GPT-2 training step, recorded, took far longer than unrecorded with the same GPU
+work either way (measured: benchmarks/results/h100-profile.md). capture times steps outside the recorded window
+(wall clock, and CUDA events where CUDA runs) and leaves them among the trace's facts ("unprofiled_steps"); here
+they become the step time of the program as it runs unwatched, and the factor by which the window's idle time
+shrinks without the profiler:
 
     idle per unprofiled step = max(unprofiled step - GPU busy per recorded step, 0)
     idle_scale               = idle per unprofiled step / idle per recorded step      (at most 1)
