@@ -4,7 +4,8 @@ activation, read off their SASS, with no GPU.
     python benchmarks/sass_loops.py
 
 Triton compiles for a target it is told (here sm_90, the H100) without a device, and ships ptxas, cuobjdump and
-nvdisasm; so a kernel's registers, spills and loop bodies can be read on a CPU machine. Integer and pointer
+nvdisasm; so a kernel's registers, spills and loop bodies can be read on a CPU machine (roofline.inspect.sass reads
+them; `roofline inspect` shows them for any function's kernels). Integer and pointer
 arguments are marked divisible by 16, as Triton marks them at launch for the benchmark shapes, so that the loads
 come out vectorized as they do on the GPU. A loop is a backward branch; its body's instructions divided by the
 elements a thread handles per iteration is the figure that made cross_entropy's first pass issue-bound (15.25
@@ -18,16 +19,13 @@ from __future__ import annotations
 
 import collections
 import importlib
-import os
-import re
-import subprocess
-import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+from roofline.inspect import sass
+
 
 
 def compile_for_sm90(fn, signature: dict, constexprs: dict, num_warps: int, divisible_by_16=()):
@@ -38,46 +36,20 @@ def compile_for_sm90(fn, signature: dict, constexprs: dict, num_warps: int, divi
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-def _tool(name: str, kernel) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        args = ["-res-usage"] if name == "cuobjdump" else ["-c"]
-        return subprocess.run([os.path.join(BIN, name), *args, f.name], capture_output=True, text=True,
-                              check=True).stdout
-
-
 def resources(kernel) -> str:
-    """Registers, stack (spills) and shared memory a thread, as cuobjdump reports them."""
-    return _tool("cuobjdump", kernel).strip().splitlines()[-1].strip()
-
-
-def _disassembly(kernel) -> tuple[list[str], dict[str, int]]:
-    """The kernel's SASS instructions, and the index of the instruction each label marks."""
-    instructions, labels = [], {}
-    for line in _tool("nvdisasm", kernel).splitlines():
-        label = re.match(r"^\s*(\.L_x_\d+):", line)
-        if label:
-            labels[label.group(1)] = len(instructions)
-        elif (found := re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?);", line)):
-            instructions.append(found.group(1))
-    return instructions, labels
+    """Registers, spills (local memory) and shared memory, as cuobjdump reports them."""
+    used = sass.resources(kernel.asm["cubin"])[kernel.metadata.name]
+    return (f"{used.registers} registers, {used.local_bytes} bytes of local memory a thread, "
+            f"{kernel.metadata.shared + used.static_shared_bytes} bytes of shared memory")
 
 
 def _opcodes(instructions) -> collections.Counter:
-    return collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", i).split()[0].split(".")[0]   # no predicate
-                               for i in instructions)
+    return collections.Counter(i.base for i in instructions)
 
 
 def loops(kernel) -> list[collections.Counter]:
-    """The opcode counts of each loop body (from a label to a branch back to it), the shortest first."""
-    instructions, labels = _disassembly(kernel)
-    bodies = []
-    for end, instruction in enumerate(instructions):
-        target = re.search(r"\bBRA\b.*?(\.L_x_\d+)", instruction)
-        if target and labels.get(target.group(1), end + 1) < end:
-            bodies.append(_opcodes(instructions[labels[target.group(1)]:end + 1]))
-    return sorted(bodies, key=lambda c: sum(c.values()))
+    """The opcode counts of each loop body (roofline.inspect.sass.loops), the shortest first."""
+    return [_opcodes(body) for body in sass.loops(sass.disassemble(kernel.asm["cubin"]))]
 
 
 def _row_kernels():
@@ -119,7 +91,7 @@ def linear_epilogues() -> None:
     for code, name in enumerate(lin.ACTIVATIONS):
         compiled = compile_for_sm90(lin.linear_kernel.fn, signature, dict(constexprs, ACTIVATION=code), warps,
                                     ("bias_ptr", "N", "K"))
-        ops = _opcodes(_disassembly(compiled)[0])
+        ops = _opcodes(sass.parse_disassembly(sass.disassemble(compiled.asm["cubin"])))
         plain = plain or ops
         extra = (sum(ops.values()) - sum(plain.values())) / per_thread
         top = ", ".join(f"{op} {n / per_thread:+.1f}" for op, n in (ops - plain).most_common(6))

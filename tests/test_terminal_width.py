@@ -83,7 +83,7 @@ def _run(argv, **kwargs):
     return result
 
 
-@pytest.mark.parametrize("command", [[], ["doctor"], ["bench"], ["profile"], ["analyze"], ["ladder"]])
+@pytest.mark.parametrize("command", [[], ["doctor"], ["bench"], ["profile"], ["analyze"], ["ladder"], ["inspect"]])
 def test_help_reads_at_80_columns(command):
     result = _run([*command, "--help"])
     assert result.exit_code == 0, result.output

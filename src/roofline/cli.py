@@ -564,5 +564,45 @@ def analyze(
     _show_report(report, json_path, html_path, top)
 
 
+@app.command()
+def inspect(
+    target: str = typer.Argument(..., help="FILE_OR_MODULE:FUNCTION: a function of no arguments that launches the "
+                                 "Triton kernels to inspect (roofline's ops, or kernels of your own)."),
+    arch: Optional[str] = typer.Option(None, help="The GPU to compile for, e.g. sm_90 (default: this machine's GPU, "
+                                       "else sm_90)."),
+    sms: Optional[int] = typer.Option(None, min=1, help="The GPU's SM count, for the findings about the grid "
+                                      "(default: this machine's GPU's)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write every kernel's report as JSON."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write each kernel's TTIR, TTGIR, LLVM IR, PTX and SASS "
+                                       "(with its source lines) into this folder."),
+    top: int = typer.Option(8, min=1, help="Source lines shown per kernel."),
+):
+    """Look inside the Triton kernels a function launches: registers, spills, shared memory, occupancy and what
+    limits it, the instruction mix, and the source lines the machine code comes from. Without a GPU, the kernels
+    run through Triton's interpreter and are compiled here for --arch."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")   # before the target's kernels are made
+    from roofline.inspect.kernels import target as gpu_target
+    from roofline.inspect.report import inspect_function, render, write_sections
+
+    try:
+        gpu_target(arch)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--arch") from exc
+    fn = _load_name(target, object)
+    if not callable(fn):
+        raise typer.BadParameter(f"{target} must be a function", param_hint="TARGET")
+    reports = inspect_function(fn, arch=arch, sms=sms)
+    render(reports, console, top)
+    if json_path:
+        json_path.write_text(json.dumps({"kernels": [r.to_dict() for r in reports]}, indent=1))
+        console.print(f"report written to {json_path}", highlight=False)
+    if out:
+        written = write_sections(reports, out)
+        console.print(f"{len(written)} files of code written to {out}", highlight=False)
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,55 @@
+"""Kernels to look inside with `roofline inspect` (docs/inspect.md):
+
+    roofline inspect examples/inspect_kernels.py:softmax_forward_and_backward --arch sm_90
+    roofline inspect examples/inspect_kernels.py:matmuls --out kernels/
+
+Each function launches Triton kernels once, at shapes small enough for Triton's interpreter on a machine without
+a GPU (the kernels are then compiled for --arch there); on a GPU, pass the shapes you run.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from roofline import ops
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def softmax_forward_and_backward(rows: int = 8, columns: int = 1000):
+    """roofline's softmax, forward and backward, on rows of an odd length (1000 bf16: 2,000 bytes, no multiple of
+    16: see what that does to its loads)."""
+    x = torch.randn(rows, columns, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    ops.softmax(x, backend="triton").sum().backward()
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """C = A B for row-major A [M, K], B [K, N], C [M, N] (M, N, K multiples of the blocks)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = tl.load(a_ptr + rows[:, None] * K + (k + ks)[None, :])
+        b = tl.load(b_ptr + (k + ks)[:, None] * N + cols[None, :])
+        acc += tl.dot(a, b, input_precision=PRECISION)
+    tl.store(c_ptr + rows[:, None] * N + cols[None, :], acc.to(c_ptr.dtype.element_ty))
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, precision: str = "tf32", block: int = 64) -> torch.Tensor:
+    c = torch.empty(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)
+    grid = (a.shape[0] // block, b.shape[1] // block)
+    matmul_kernel[grid](a, b, c, a.shape[0], b.shape[1], a.shape[1], BLOCK_M=block, BLOCK_N=block, BLOCK_K=32,
+                        PRECISION=precision, num_warps=4)
+    return c
+
+
+def matmuls(size: int = 128):
+    """The same kernel three ways: bf16 (tensor cores), fp32 as TF32 (tensor cores), and fp32 in IEEE precision
+    (CUDA cores: no tensor core takes fp32 at full precision)."""
+    a, b = (torch.randn(size, size, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    matmul(a, b)
+    matmul(a.float(), b.float(), "tf32")
+    matmul(a.float(), b.float(), "ieee")

@@ -1,0 +1,264 @@
+"""One view of each kernel a function launches: its launch, its resources, its occupancy and what limits it, its
+instruction mix, the source lines its machine code comes from, and findings at those lines.
+
+    reports = inspect_function(fn, arch="sm_90")      # roofline inspect FILE:FUNCTION
+"""
+
+from __future__ import annotations
+
+import inspect as _inspect
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from roofline.inspect import kernels, occupancy, sass
+from roofline.tables import Column, Row, show
+
+OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
+           "launch_pdl")   # launch keywords that are compile options, not the kernel's constexprs
+LOW_OCCUPANCY = 0.5        # below this share of the SM's warps, a limit other than the block's own size is named
+
+
+@dataclass
+class Finding:
+    id: str
+    title: str
+    message: str
+    where: str | None          # file:line
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "title": self.title, "message": self.message, "where": self.where}
+
+
+@dataclass
+class LineRow:
+    """What one source line of the kernel compiled to."""
+    file: str
+    line: int
+    source: str
+    mix: sass.Mix
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "line": self.line, "source": self.source, **self.mix.to_dict()}
+
+
+@dataclass
+class KernelReport:
+    name: str
+    where: str                 # file:line of its definition
+    arch: str
+    grid: tuple
+    num_warps: int
+    num_stages: int
+    constexprs: dict
+    resources: sass.Resources
+    shared_bytes: int          # a block's, static and dynamic
+    occupancy: occupancy.Occupancy
+    mix: sass.Mix
+    lines: list[LineRow]
+    findings: list[Finding]
+    compiled_here: bool        # compiled for `arch` on this machine (its launch ran under the interpreter)
+    sms: int | None            # the GPU's SMs, where known
+    asm: dict = field(default_factory=dict, repr=False)   # ttgir, ptx, sass, ... as text
+
+    @property
+    def blocks(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def waves(self) -> float | None:
+        """The grid's blocks over what the GPU holds at once."""
+        if not self.sms or not self.occupancy.blocks:
+            return None
+        return self.blocks / (self.sms * self.occupancy.blocks)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "where": self.where, "arch": self.arch, "grid": list(self.grid),
+                "blocks": self.blocks, "num_warps": self.num_warps, "num_stages": self.num_stages,
+                "constexprs": {k: repr(v) for k, v in self.constexprs.items()},
+                "registers": self.resources.registers, "local_bytes": self.resources.local_bytes,
+                "stack_bytes": self.resources.stack_bytes, "shared_bytes": self.shared_bytes,
+                "occupancy": self.occupancy.to_dict(), "mix": self.mix.to_dict(), "sms": self.sms,
+                "waves": self.waves, "compiled_here": self.compiled_here,
+                "lines": [r.to_dict() for r in self.lines], "findings": [f.to_dict() for f in self.findings]}
+
+
+def inspect_function(fn, *args, arch: str | None = None, sms: int | None = None, **kwargs) -> list[KernelReport]:
+    """Run fn(*args, **kwargs) once and inspect every Triton kernel it launched, compiled for `arch` ("sm_90"; by
+    default this machine's GPU, else the H100's). sms: the GPU's SM count (this GPU's by default, where there is
+    one) for the findings about the grid."""
+    import torch
+
+    gpu = kernels.target(arch)
+    if sms is None and torch.cuda.is_available() and arch is None:
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    found = kernels.launches(fn, *args, **kwargs)
+    return [analyze(launch, built, sms) for launch, built in zip(found, kernels.compiled(found, gpu))]
+
+
+def analyze(launch: kernels.Launch, built: dict, sms: int | None = None) -> KernelReport:
+    """The report of one launch, from its kernel compiled (kernels.compiled's dict)."""
+    meta, cubin = built["metadata"], built["asm"]["cubin"]
+    listing = sass.disassemble(cubin)
+    instructions = sass.parse_disassembly(listing)
+    used = sass.resources(cubin).get(meta["name"]) or sass.Resources(0, 0, 0, 0)
+    shared = meta["shared"] + used.static_shared_bytes
+    occ = occupancy.occupancy(meta["arch"], meta["num_warps"] * 32, used.registers, shared)
+    file, first = launch.where
+    rows = _line_rows(instructions, file)
+    report = KernelReport(
+        launch.name, _where(file, first), meta["arch"], launch.grid, meta["num_warps"], meta["num_stages"],
+        {k: v for k, v in launch.kwargs.items() if k not in OPTIONS}, used, shared, occ, sass.mix(instructions),
+        rows, [], launch.compiled is None, sms,
+        {**{k: v for k, v in built["asm"].items() if isinstance(v, str)}, "sass": listing})
+    report.findings = findings(report, launch, instructions)
+    return report
+
+
+def _line_rows(instructions: list[sass.Instruction], file: str) -> list[LineRow]:
+    """The source lines the kernel's instructions come from, most instructions first: its own file's, and the
+    lines of what it inlined from other files (Triton's reductions: triton/language/standard.py)."""
+    texts: dict[str, list[str]] = {}
+    out = []
+    for (path, line), m in sass.by_line(instructions).items():
+        if path not in texts:
+            try:
+                texts[path] = Path(path).read_text().splitlines()
+            except OSError:
+                texts[path] = []
+        source = texts[path][line - 1].strip() if 0 < line <= len(texts[path]) else ""
+        out.append(LineRow(path, line, source, m))
+    return sorted(out, key=lambda r: (-r.mix.total, r.file != file, r.line))
+
+
+def _where(file: str, line: int) -> str:
+    """file:line as a user finds it: relative to the working folder where it lies inside, else its name."""
+    path = Path(file)
+    try:
+        shown = path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        shown = path.name
+    return f"{shown}:{line}"
+
+
+def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sass.Instruction]) -> list[Finding]:
+    """What the compiled kernel says about itself, each at its line where it has one."""
+    out = []
+    used, occ, m = report.resources, report.occupancy, report.mix
+    spills = [i for i in instructions if sass.kind(i) == "spill"]
+    if used.local_bytes or spills:
+        lines = sorted({(i.file, i.line) for i in spills if i.file})
+        out.append(Finding(
+            "spills", f"{used.local_bytes} bytes of local memory a thread: registers spill",
+            f"The compiler keeps {used.local_bytes} bytes a thread in local memory, which lives in DRAM behind the "
+            f"caches: {len(spills)} spill loads and stores (LDL/STL)"
+            + (f" at {', '.join(_where(f, n) for f, n in lines[:4])}" if lines else "") + f", at "
+            f"{used.registers} registers a thread. Smaller blocks, fewer pipeline stages (num_stages) or more warps "
+            "(num_warps) give each thread less to hold.", _where(*lines[0]) if lines else report.where))
+    if occ.occupancy < LOW_OCCUPANCY and occ.limiter in ("registers", "shared memory"):
+        held = (f"{used.registers} registers a thread" if occ.limiter == "registers"
+                else f"{report.shared_bytes:,} bytes of shared memory a block")
+        out.append(Finding(
+            "occupancy", f"occupancy {occ.occupancy:.0%}, limited by {occ.limiter}",
+            f"An SM holds {occ.blocks} block{'s' if occ.blocks != 1 else ''} of {report.num_warps} warps at once "
+            f"({occ.warps} of its {round(occ.warps / occ.occupancy) if occ.occupancy else 0} warps): {held}. A "
+            "memory-bound kernel needs many warps in flight to hide DRAM's latency; one that keeps its tensor "
+            "cores busy from shared memory can run well like this.", report.where))
+    dots = _source_lines(launch, r"\btl\.dot\(|\.dot\(")
+    if dots and not m.counts.get("tensor core"):
+        out.append(Finding(
+            "no-tensor-cores", "tl.dot runs on the CUDA cores",
+            "The kernel calls tl.dot, but its machine code has no tensor-core instruction (HMMA, HGMMA): the "
+            "products run as scalar FMAs. fp32 inputs take the tensor cores with input_precision='tf32' (or "
+            "torch.backends.cuda.matmul.allow_tf32); bf16 and fp16 inputs take them always, where each dimension "
+            "of the product is at least 16.", _where(launch.where[0], dots[0])))
+    loads = m.load_bits
+    if sum(loads.values()) >= 2 and max(loads) < 64:
+        named = list(zip(launch.parameters, launch.args))
+        odd = [f"{n}={v}" for n, v in named if isinstance(v, int) and not isinstance(v, bool) and v % 16 and v != 1]
+        misaligned = [n for n, v in named if hasattr(v, "data_ptr") and v.data_ptr() % 16]
+        why = ([f"integer arguments not divisible by 16 ({', '.join(odd)})"] if odd else []) + (
+            [f"pointers not 16-byte aligned ({', '.join(misaligned)})"] if misaligned else [])
+        out.append(Finding(
+            "narrow-loads", f"global loads of {max(loads)} bits a thread",
+            f"Every global load moves {max(loads)} bits or fewer a thread ({_widths(loads)}), where 128 bits move "
+            "four to eight times the bytes an instruction. Triton vectorizes a load where it can prove the "
+            "addresses contiguous and 16-byte aligned: from pointers 16-byte aligned and integer arguments (sizes, "
+            "strides) divisible by 16."
+            + (f" Here: {'; '.join(why)}." if why else " Check the layout's fastest axis is contiguous."),
+            report.where))
+    if report.sms and report.blocks < report.sms:
+        out.append(Finding(
+            "small-grid", f"{report.blocks} blocks for {report.sms} SMs",
+            f"The grid has {report.blocks} block{'s' if report.blocks != 1 else ''}, fewer than the GPU's "
+            f"{report.sms} SMs: {report.sms - report.blocks} SMs have nothing to do. Smaller blocks, or splitting "
+            "the work along another axis (split-K, more rows a launch), fill the GPU.", report.where))
+    return out
+
+
+def _widths(bits) -> str:
+    """Accesses by width: "24 x 128-bit, 2 x 32-bit" (instructions, widest first)."""
+    return ", ".join(f"{n} x {b}-bit" for b, n in sorted(bits.items(), reverse=True))
+
+
+def _source_lines(launch: kernels.Launch, pattern: str) -> list[int]:
+    """The lines of the kernel's source that match `pattern` (numbered as in its file)."""
+    fn = launch.kernel.fn
+    try:
+        lines, first = _inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return []
+    return [first + k for k, text in enumerate(lines) if re.search(pattern, text.split("#")[0])]
+
+
+def render(reports: list[KernelReport], console, top: int = 8) -> None:
+    """The kernels side by side, then each one's hottest lines and findings."""
+    if not reports:
+        console.print("[yellow]The function launched no Triton kernel.[/yellow]")
+        return
+    arch = reports[0].arch
+    here = any(r.compiled_here for r in reports)
+    console.print(f"[bold]{len(reports)} kernel{'s' if len(reports) != 1 else ''}[/bold], compiled for {arch}"
+                  + (" here: the launches ran under Triton's interpreter, so each is compiled with the configuration "
+                     "the interpreter ran (an autotuner on the GPU may pick another)" if here else ""),
+                  highlight=False)
+    rows = []
+    for r in reports:
+        occ = r.occupancy
+        tc = r.mix.counts.get("tensor core", 0)
+        rows.append(Row([r.name, "x".join(str(g) for g in r.grid if g > 1) or "1", str(r.num_warps),
+                         str(r.resources.registers), str(r.resources.local_bytes), f"{r.shared_bytes / 1024:,.1f}",
+                         f"{occ.occupancy:.0%} {occ.limiter}", str(tc), _widths(r.mix.load_bits) or "-"]))
+    show(console, None, [Column("kernel", justify="left", fold=True), Column("grid"), Column("warps"),
+                         Column("registers", "regs"), Column("spill B", "spill"), Column("shared KiB", "smem"),
+                         Column("occupancy (limit)", "occ", justify="left"), Column("tensor-core instr.", "tc"),
+                         Column("global loads", "loads", justify="left", fold=True)], rows)
+    for r in reports:
+        console.print(f"\n[bold]{r.name}[/bold] {r.where}  "
+                      + " ".join(f"{k}={v}" for k, v in r.constexprs.items()), highlight=False)
+        spills = bool(r.mix.counts.get("spill"))   # a column only where the kernel spills
+        lines = [Row([f"{Path(x.file).name}:{x.line}", x.source, str(x.mix.total),
+                      str(x.mix.counts.get("tensor core", 0)), _widths(x.mix.load_bits),
+                      *([str(x.mix.counts.get("spill", 0) or "")] if spills else [])]) for x in r.lines[:top]]
+        show(console, f"lines by instructions ({r.mix.total} in all)",
+             [Column("line", justify="left"), Column("source", justify="left", fold=True), Column("instr."),
+              Column("tensor core", "tc"), Column("global loads", "loads", justify="left", fold=True),
+              *([Column("spills")] if spills else [])], lines)
+        for f in r.findings:
+            console.print(f"[bold yellow]{f.title}[/bold yellow] ({f.where}): {f.message}", highlight=False)
+
+
+def write_sections(reports: list[KernelReport], folder: Path) -> list[Path]:
+    """Each kernel's TTGIR, PTX and SASS (with its source lines) as files in `folder`: NAME.ttgir, NAME.ptx,
+    NAME.sass (a kernel launched in several configurations: NAME-2.ptx, ...)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written, seen = [], {}
+    for r in reports:
+        seen[r.name] = seen.get(r.name, 0) + 1
+        stem = r.name if seen[r.name] == 1 else f"{r.name}-{seen[r.name]}"
+        for section in ("ttir", "ttgir", "llir", "ptx", "sass"):
+            if section in r.asm:
+                path = folder / f"{stem}.{section}"
+                path.write_text(r.asm[section])
+                written.append(path)
+    return written

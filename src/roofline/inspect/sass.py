@@ -1,0 +1,205 @@
+"""A kernel's machine code (SASS) and resources, read from its cubin with NVIDIA's own tools.
+
+Triton ships cuobjdump and nvdisasm beside its ptxas (triton/backends/nvidia/bin), so this works wherever Triton
+does, a machine without a GPU included; a CUDA toolkit's on PATH serves otherwise.
+- `cuobjdump --dump-resource-usage`: registers a thread, local memory a thread (spills live there), static shared
+  memory and stack, as the driver will allocate them.
+- `nvdisasm -c -g`: the instructions, each under the source line the compiler's line table gives it
+  (`//## File "...", line N`); Triton writes the kernel's Python lines into that table.
+
+The instruction mix sorts opcodes into what a performance engineer looks for: tensor-core MMAs (HMMA on sm_80,
+HGMMA, the warpgroup MMA, on sm_90), global loads and stores by width (a 128-bit LDG.E.128 moves four times a
+32-bit LDG.E's bytes per instruction), asynchronous copies into shared memory (LDGSTS: cp.async) and the Tensor
+Memory Accelerator's (UTMALDG, UBLKCP), shared-memory traffic, barriers, and spills (local memory: LDL/STL).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOOLS = ("cuobjdump", "nvdisasm")
+
+
+def tool(name: str) -> str:
+    """The path of cuobjdump or nvdisasm: Triton's own, else the one on PATH."""
+    try:
+        import triton
+
+        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return str(bundled)
+    except ImportError:
+        pass
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} was not found: it comes with Triton's NVIDIA backend (pip install triton) or "
+                           "with the CUDA toolkit")
+    return found
+
+
+def _run_on(cubin: bytes, *argv: str) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        done = subprocess.run([*argv, f.name], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"{Path(argv[0]).name} failed on the cubin: {done.stderr.strip()[:500]}")
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a thread and a block of the kernel take, as the driver allocates them."""
+    registers: int          # a thread's
+    local_bytes: int        # a thread's local memory: spilled registers and arrays the compiler could not keep
+    stack_bytes: int
+    static_shared_bytes: int
+
+
+_RESOURCE = re.compile(r"Function\s+(\S+):\s*\n\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
+
+
+def parse_resources(text: str) -> dict[str, Resources]:
+    """cuobjdump --dump-resource-usage's report, by function."""
+    return {m[1]: Resources(int(m[2]), int(m[5]), int(m[3]), int(m[4])) for m in _RESOURCE.finditer(text)}
+
+
+def resources(cubin: bytes) -> dict[str, Resources]:
+    return parse_resources(_run_on(cubin, tool("cuobjdump"), "--dump-resource-usage"))
+
+
+@dataclass(frozen=True)
+class Instruction:
+    offset: int
+    opcode: str             # with its modifiers: "LDG.E.128", "HGMMA.64x128x16.F32.BF16"
+    text: str               # the whole instruction, predicate and operands included
+    file: str | None        # the source line the line table gives it
+    line: int | None
+
+    @property
+    def base(self) -> str:
+        """The opcode without modifiers: "LDG", "HGMMA"."""
+        return self.opcode.split(".", 1)[0]
+
+
+_FILE_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)[^;]*);")
+
+
+def parse_disassembly(text: str) -> list[Instruction]:
+    """nvdisasm -c -g's listing: each instruction with the source line above it (a line holds until the next)."""
+    out, file, line = [], None, None
+    for raw in text.splitlines():
+        marked = _FILE_LINE.search(raw)
+        if marked:
+            file, line = marked[1], int(marked[2])
+            continue
+        found = _INSTRUCTION.search(raw)
+        if found:
+            out.append(Instruction(int(found[1], 16), found[3], " ".join(found[2].split()), file, line))
+    return out
+
+
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_BRANCH = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
+
+
+def loops(listing: str) -> list[list[Instruction]]:
+    """The loop bodies of an nvdisasm listing (from a label to a branch back to it), the shortest first. A body
+    with an if/else holds both arms; an outer loop holds its inner loops."""
+    instructions, labels = [], {}
+    for raw in listing.splitlines():
+        label = _LABEL.match(raw)
+        if label:
+            labels[label[1]] = len(instructions)
+        else:
+            instructions += parse_disassembly(raw)
+    bodies = []
+    for end, ins in enumerate(instructions):
+        target = _BRANCH.search(ins.text)
+        if target and labels.get(target[1], end + 1) < end:
+            bodies.append(instructions[labels[target[1]]:end + 1])
+    return sorted(bodies, key=len)
+
+
+def disassemble(cubin: bytes) -> str:
+    """The cubin's SASS listing, each instruction under its source line (parse_disassembly reads it)."""
+    return _run_on(cubin, tool("nvdisasm"), "-c", "-g")
+
+
+# What each class of instruction is, by opcode (the first match wins)
+_CLASSES = (
+    ("tensor core", re.compile(r"^(HGMMA|HMMA|IMMA|QGMMA|IGMMA|BGMMA|DMMA|UTCHMMA|UTCQMMA|UTCIMMA)\b")),
+    ("spill", re.compile(r"^(LDL|STL)\b")),
+    ("TMA", re.compile(r"^(UTMALDG|UTMASTG|UTMAREDG|UTMAPF|UBLKCP|UBLKRED)\b")),
+    ("async copy", re.compile(r"^LDGSTS\b")),
+    ("global load", re.compile(r"^(LDG|LD)\b")),
+    ("global store", re.compile(r"^(STG|ST|RED|ATOMG|ATOM)\b")),
+    ("shared", re.compile(r"^(LDS|STS|LDSM|STSM|ATOMS)\b")),
+    ("barrier", re.compile(r"^(BAR|SYNCS|WARPSYNC|MEMBAR|DEPBAR|WARPGROUP|ARRIVES)\b")),
+    ("special function", re.compile(r"^MUFU\b")),
+    ("shuffle", re.compile(r"^SHFL\b")),
+    ("float", re.compile(r"^(FFMA|FADD|FMUL|FMNMX|FSETP|FSEL|HFMA2|HADD2|HMUL2|HMNMX2|F2F|F2FP|F2I|I2F|FCHK|DFMA|DADD|"
+                         r"DMUL|FRND)\b")),
+)
+
+
+def kind(instruction: Instruction) -> str:
+    """The class of one instruction (see _CLASSES); "other" for integer math, moves and branches."""
+    for name, pattern in _CLASSES:
+        if pattern.match(instruction.opcode):
+            return name
+    return "other"
+
+
+def access_bits(opcode: str) -> int:
+    """The width of one thread's global or shared access, in bits: LDG.E.128 -> 128, LDG.E.U16 -> 16; 32 where
+    the opcode names no width (LDG.E)."""
+    for part in opcode.split(".")[1:]:
+        digits = re.fullmatch(r"[US]?(8|16|32|64|128)", part)
+        if digits:
+            return int(digits[1])
+    return 32
+
+
+@dataclass
+class Mix:
+    """The instruction mix of one kernel: counts by class, and the global accesses by width (static counts: an
+    instruction in a loop counts once)."""
+    counts: Counter = field(default_factory=Counter)
+    load_bits: Counter = field(default_factory=Counter)    # global loads (LDG, LDGSTS) by width
+    store_bits: Counter = field(default_factory=Counter)   # global stores by width
+    total: int = 0
+
+    def to_dict(self) -> dict:
+        return {"total": self.total, "counts": dict(self.counts),
+                "load_bits": {str(k): v for k, v in sorted(self.load_bits.items())},
+                "store_bits": {str(k): v for k, v in sorted(self.store_bits.items())}}
+
+
+def mix(instructions: list[Instruction]) -> Mix:
+    out = Mix(total=len(instructions))
+    for ins in instructions:
+        name = kind(ins)
+        out.counts[name] += 1
+        if name in ("global load", "async copy"):
+            out.load_bits[access_bits(ins.opcode)] += 1
+        elif name == "global store" and ins.base in ("STG", "ST"):
+            out.store_bits[access_bits(ins.opcode)] += 1
+    return out
+
+
+def by_line(instructions: list[Instruction]) -> dict[tuple[str, int], Mix]:
+    """The mix of each source line's instructions."""
+    grouped: dict[tuple[str, int], list[Instruction]] = {}
+    for ins in instructions:
+        if ins.file is not None:
+            grouped.setdefault((ins.file, ins.line), []).append(ins)
+    return {where: mix(group) for where, group in grouped.items()}

@@ -1,0 +1,106 @@
+"""`roofline inspect` end to end on a machine without a GPU: the launches run through Triton's interpreter, and
+each kernel is compiled here for the H100 (sm_90) by Triton's own toolchain, as its JIT would compile it there."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from roofline.inspect import sass
+from roofline.inspect.report import inspect_function
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from examples import inspect_kernels  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def matmuls(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("inspect")
+    done = subprocess.run([sys.executable, "-m", "roofline", "inspect", "examples/inspect_kernels.py:matmuls",
+                           "--arch", "sm_90", "--sms", "132", "--json", str(folder / "kernels.json"),
+                           "--out", str(folder / "code")], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "80"})
+    return done, folder
+
+
+def test_the_same_matmul_three_ways_on_and_off_the_tensor_cores(matmuls):
+    done, folder = matmuls
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels = json.loads((folder / "kernels.json").read_text())["kernels"]
+    assert [k["constexprs"]["PRECISION"] for k in kernels] == ["'tf32'"] * 2 + ["'ieee'"]
+    bf16, tf32, ieee = kernels
+    assert all(k["name"] == "matmul_kernel" and k["arch"] == "sm_90" and k["grid"] == [2, 2, 1] for k in kernels)
+    assert bf16["mix"]["counts"]["tensor core"] > 0 and tf32["mix"]["counts"]["tensor core"] > 0
+    assert "tensor core" not in ieee["mix"]["counts"]
+    (finding,) = [f for f in ieee["findings"] if f["id"] == "no-tensor-cores"]
+    line = next(i for i, text in enumerate((ROOT / "examples/inspect_kernels.py").read_text().splitlines(), 1)
+                if "tl.dot(" in text)
+    assert finding["where"] == f"examples/inspect_kernels.py:{line}"
+    assert not [f for f in bf16["findings"] if f["id"] == "no-tensor-cores"]
+    # 4 blocks for 132 SMs, said of each
+    assert all(any(f["id"] == "small-grid" for f in k["findings"]) for k in kernels)
+    said = " ".join(done.stdout.split())
+    assert "3 kernels, compiled for sm_90 here" in said and "tl.dot runs on the CUDA cores" in said
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+
+
+def test_registers_agree_with_ptxas_and_the_code_is_written(matmuls):
+    """The registers read from the cubin (cuobjdump) are those ptxas reports compiling the same PTX, and the
+    occupancy follows from them."""
+    done, folder = matmuls
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels = json.loads((folder / "kernels.json").read_text())["kernels"]
+    written = sorted(p.name for p in (folder / "code").iterdir())
+    assert {"matmul_kernel.ptx", "matmul_kernel.sass", "matmul_kernel.ttgir", "matmul_kernel-3.ptx"} <= set(written)
+    for k, stem in zip(kernels, ("matmul_kernel", "matmul_kernel-2", "matmul_kernel-3")):
+        said = subprocess.run([sass.tool("ptxas"), "--gpu-name", "sm_90a", "-v", str(folder / "code" / f"{stem}.ptx"),
+                               "-o", os.devnull], capture_output=True, text=True, check=True).stderr
+        assert int(re.search(r"Used (\d+) registers", said)[1]) == k["registers"], said
+        assert k["occupancy"]["registers"] == k["registers"] and k["occupancy"]["blocks"] >= 1
+    assert "HGMMA" in (folder / "code" / "matmul_kernel.sass").read_text()
+
+
+@pytest.mark.parametrize("columns, narrow", [(1000, True), (1024, False)])
+def test_rows_of_an_odd_length_load_an_element_at_a_time(columns, narrow):
+    """The JIT specializes on integers divisible by 16: rows of 1,024 bf16 load 128 bits a thread, rows of 1,000
+    16 (their starts are not provably aligned), and the finding names the argument."""
+    reports = inspect_function(inspect_kernels.softmax_forward_and_backward, 8, columns, arch="sm_90")
+    assert [r.name for r in reports] == ["softmax_forward_kernel", "softmax_backward_kernel"]
+    for r in reports:
+        found = {f.id: f for f in r.findings}
+        assert r.compiled_here and r.resources.registers > 0 and r.sms is None
+        assert ("narrow-loads" in found) == narrow
+        if narrow:
+            assert max(r.mix.load_bits) == 16 and f"n={columns}" in found["narrow-loads"].message
+        else:
+            assert max(r.mix.load_bits) == 128
+
+
+def test_a_function_that_launches_nothing_says_so(capsys):
+    from rich.console import Console
+
+    from roofline.inspect.report import render
+
+    assert inspect_function(lambda: torch.ones(3) + 1, arch="sm_90") == []
+    render([], Console(width=80))
+    assert "launched no Triton kernel" in capsys.readouterr().out
+
+
+def test_bad_input_is_named_before_anything_runs(tmp_path):
+    def run(*argv):
+        return subprocess.run([sys.executable, "-m", "roofline", "inspect", *argv], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
+
+    done = run("examples/inspect_kernels.py:matmuls", "--arch", "volta")
+    assert done.returncode == 2 and "--arch" in done.stderr and "sm_90" in done.stderr
+    done = run("examples/inspect_kernels.py:DEVICE")
+    assert done.returncode == 2 and "must be a function" in " ".join(done.stderr.split())
+    done = run("examples/no_such_file.py:f")
+    assert done.returncode == 2 and "no such file" in done.stderr
