@@ -19,6 +19,11 @@ sys.path.insert(0, str(ROOT))
 
 from examples import inspect_kernels  # noqa: E402
 
+# the path of a machine without a GPU (launches interpreted, kernels compiled here); test_inspect_gpu.py has the GPU's
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the launches compile there: "
+                                 "tests/inspection/test_inspect_gpu.py"),
+              pytest.mark.long]   # processes of their own that compile: run first (conftest)
+
 
 @pytest.fixture(scope="module")
 def matmuls(tmp_path_factory):
@@ -48,6 +53,7 @@ def test_the_same_matmul_three_ways_on_and_off_the_tensor_cores(matmuls):
     assert all(any(f["id"] == "small-grid" for f in k["findings"]) for k in kernels)
     said = " ".join(done.stdout.split())
     assert "3 kernels, compiled for sm_90 here" in said and "tl.dot runs on the CUDA cores" in said
+    assert "could not be compiled" not in said
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
 
 
@@ -83,6 +89,19 @@ def test_rows_of_an_odd_length_load_an_element_at_a_time(columns, narrow):
             assert max(r.mix.load_bits) == 128
 
 
+def test_a_kernel_that_takes_tensor_descriptors_compiles_too():
+    """linear's kernel reads its operands through TMA descriptors: passed to the compiling process as their dtype,
+    alignment, shape, strides and block."""
+    from roofline import ops
+
+    def run():
+        x, w = torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(96, 128, dtype=torch.bfloat16)
+        ops.linear(x, w, backend="triton")
+
+    (report,) = inspect_function(run, arch="sm_90")
+    assert report.name == "linear_kernel" and report.resources.registers > 0 and report.mix.total > 100
+
+
 def test_a_function_that_launches_nothing_says_so(capsys):
     from rich.console import Console
 
@@ -93,14 +112,22 @@ def test_a_function_that_launches_nothing_says_so(capsys):
     assert "launched no Triton kernel" in capsys.readouterr().out
 
 
-def test_bad_input_is_named_before_anything_runs(tmp_path):
-    def run(*argv):
-        return subprocess.run([sys.executable, "-m", "roofline", "inspect", *argv], cwd=ROOT, capture_output=True,
-                              text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
+def test_bad_input_is_named_before_anything_runs(monkeypatch):
+    from typer.testing import CliRunner
 
-    done = run("examples/inspect_kernels.py:matmuls", "--arch", "volta")
-    assert done.returncode == 2 and "--arch" in done.stderr and "sm_90" in done.stderr
-    done = run("examples/inspect_kernels.py:DEVICE")
-    assert done.returncode == 2 and "must be a function" in " ".join(done.stderr.split())
-    done = run("examples/no_such_file.py:f")
-    assert done.returncode == 2 and "no such file" in done.stderr
+    from roofline.cli import app
+
+    monkeypatch.chdir(ROOT)
+
+    def run(*argv):
+        done = CliRunner().invoke(app, ["inspect", *argv], env={"COLUMNS": "80"})
+        return done.exit_code, " ".join(done.output.split())
+
+    code, said = run("examples/inspect_kernels.py:matmuls", "--arch", "volta")
+    assert code == 2 and "--arch" in said and "sm_90" in said
+    code, said = run("examples/inspect_kernels.py:matmuls", "--arch", "sm_61")
+    assert code == 2 and "arch must be one of" in said
+    code, said = run("examples/inspect_kernels.py:DEVICE")
+    assert code == 2 and "must be a function" in said
+    code, said = run("examples/no_such_file.py:f")
+    assert code == 2 and "no such file" in said

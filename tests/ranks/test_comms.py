@@ -35,3 +35,32 @@ def _trace(tmp_path, op: str, dims, dtype: str, kernel: str):
 def test_the_message_size_of_an_nccl_call(tmp_path, op, dims, dtype, kernel, nbytes):
     call, = comms.calls(_trace(tmp_path, op, dims, dtype, kernel))
     assert (call.nbytes, call.start, call.end, call.arrived, call.on_gpu) == (nbytes, 120.0, 150.0, 100.0, True)
+
+
+def _call(kind: str, nbytes: int) -> comms.Call:
+    return comms.Call(kind, nbytes, 0.0, 0.0, 1.0, None, None, 0, True, True)
+
+
+def test_ddp_s_all_reduces_are_named_by_bucket_in_turn_and_another_size_is_someone_else_s():
+    buckets = [[{"bytes": 400, "params": ["head.weight", "head.bias"]}, {"bytes": 800, "params": []}]]
+    calls = [_call("all_reduce", 400), _call("broadcast", 400), _call("all_reduce", 64), _call("all_reduce", 800),
+             _call("all_reduce", 400), _call("all_reduce", 800)]   # two steps, and the program's own calls
+    comms._name_ddp_buckets(calls, buckets)
+    assert [c.owner for c in calls] == ["DDP bucket 0 (head.weight … head.bias, 2 tensors)", None, None,
+                                        "DDP bucket 1", "DDP bucket 0 (head.weight … head.bias, 2 tensors)",
+                                        "DDP bucket 1"]
+    assert comms.owners(calls) == "DDP buckets 0, 1"
+    assert comms.owners(calls[:1]) == "DDP bucket 0 (head.weight … head.bias, 2 tensors)"
+    assert comms.owners([_call("all_reduce", 8)]) is None
+    layers = [_call("all_gather", 64) for _ in range(3)]
+    for c, name in zip(layers, ("FSDP2 layers.0", "FSDP2 layers.1", "FSDP2 layers.2")):
+        c.owner = name
+    assert comms.owners(layers) == "FSDP2 layers.0 … layers.2 (3)"
+
+
+def test_fsdp2_s_record_functions_name_the_module():
+    mark = comms._FSDP_MARK
+    assert mark.match("FSDP::all_gather (layers.3)")[1] == "layers.3"
+    assert mark.match("FSDP::post_backward_reduce (h.0.mlp) [pg=2]")[1] == "h.0.mlp"
+    assert mark.match("FSDP::all_gather")[1] is None   # the root module
+    assert mark.match("FSDP::pre_forward (layers.3)") is None

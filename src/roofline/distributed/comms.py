@@ -154,8 +154,9 @@ def calls(trace: Trace, resolver: Resolver | None = None) -> list[Call]:
 
 # FSDP2 wraps each collective it issues in a record_function that names the module whose parameters it moves:
 # "FSDP::all_gather (layers.3)" (a prefetch too, inside "FSDP::forward_prefetch for layers.3"),
-# "FSDP::post_backward_reduce (layers.3)"; the root module's carry no name.
-_FSDP_MARK = re.compile(r"^FSDP::(?:all_gather|post_backward_reduce)(?: \((.+)\))?$")
+# "FSDP::post_backward_reduce (layers.3)"; the root module's carry no name, and a module with several parameter
+# groups adds " [pg=N]".
+_FSDP_MARK = re.compile(r"^FSDP::(?:all_gather|post_backward_reduce)(?: \((.+?)\))?(?: \[pg=\d+\])?$")
 
 
 def _fsdp_owner(trace: Trace, i: int) -> str | None:
@@ -185,7 +186,9 @@ def ddp_buckets(modules) -> list[list[dict]]:
         rebuilt = bool(data.get("has_rebuilt_buckets"))
         sizes = str(data.get("rebuilt_bucket_sizes" if rebuilt else "bucket_sizes") or "")
         members = str(data.get("rebuilt_per_bucket_param_indices") or "") if rebuilt else ""
-        params = getattr(ddp, "_module_parameters", None) or [p for p in ddp.module.parameters() if p.requires_grad]
+        # the reducer's parameters, which its indices count: those that want a gradient (a frozen embedding or a
+        # LoRA base is in _module_parameters too)
+        params = [p for p in (getattr(ddp, "_module_parameters", None) or ddp.module.parameters()) if p.requires_grad]
         names = {id(p): n for n, p in ddp.module.named_parameters()}
         indices = [[int(x) for x in part.split()] for part in members.split(",")] if members else []
         buckets = []

@@ -62,18 +62,19 @@ class KernelReport:
     asm: dict = field(default_factory=dict, repr=False)   # ttgir, ptx, sass, ... as text
 
     @property
-    def blocks(self) -> int:
-        return self.grid[0] * self.grid[1] * self.grid[2]
+    def blocks(self) -> int | None:
+        return None if self.grid is None else self.grid[0] * self.grid[1] * self.grid[2]
 
     @property
     def waves(self) -> float | None:
         """The grid's blocks over what the GPU holds at once."""
-        if not self.sms or not self.occupancy.blocks:
+        if not self.sms or not self.occupancy.blocks or self.blocks is None:
             return None
         return self.blocks / (self.sms * self.occupancy.blocks)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "where": self.where, "arch": self.arch, "grid": list(self.grid),
+        return {"name": self.name, "where": self.where, "arch": self.arch,
+                "grid": None if self.grid is None else list(self.grid),
                 "blocks": self.blocks, "num_warps": self.num_warps, "num_stages": self.num_stages,
                 "constexprs": {k: repr(v) for k, v in self.constexprs.items()},
                 "registers": self.resources.registers, "local_bytes": self.resources.local_bytes,
@@ -83,17 +84,31 @@ class KernelReport:
                 "lines": [r.to_dict() for r in self.lines], "findings": [f.to_dict() for f in self.findings]}
 
 
-def inspect_function(fn, *args, arch: str | None = None, sms: int | None = None, **kwargs) -> list[KernelReport]:
+def inspect_function(fn, *args, arch: str | None = None, sms: int | None = None, **kwargs) -> list:
     """Run fn(*args, **kwargs) once and inspect every Triton kernel it launched, compiled for `arch` ("sm_90"; by
     default this machine's GPU, else the H100's). sms: the GPU's SM count (this GPU's by default, where there is
-    one) for the findings about the grid."""
+    one) for the findings about the grid. Returns a KernelReport for each kernel, or an Uncompiled saying why
+    not."""
     import torch
 
     gpu = kernels.target(arch)
     if sms is None and torch.cuda.is_available() and arch is None:
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     found = kernels.launches(fn, *args, **kwargs)
-    return [analyze(launch, built, sms) for launch, built in zip(found, kernels.compiled(found, gpu))]
+    return [analyze(launch, built, sms) if "error" not in built else Uncompiled(launch.name, _where(*launch.where),
+                                                                                 built["error"])
+            for launch, built in zip(found, kernels.compiled(found, gpu))]
+
+
+@dataclass
+class Uncompiled:
+    """A launch whose kernel could not be compiled for the GPU asked for, and why."""
+    name: str
+    where: str
+    error: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "where": self.where, "error": self.error}
 
 
 def analyze(launch: kernels.Launch, built: dict, sms: int | None = None) -> KernelReport:
@@ -101,7 +116,10 @@ def analyze(launch: kernels.Launch, built: dict, sms: int | None = None) -> Kern
     meta, cubin = built["metadata"], built["asm"]["cubin"]
     listing = sass.disassemble(cubin)
     instructions = sass.parse_disassembly(listing)
-    used = sass.resources(cubin).get(meta["name"]) or sass.Resources(0, 0, 0, 0)
+    found = sass.resources(cubin)
+    if meta["name"] not in found:
+        raise RuntimeError(f"cuobjdump reports no function {meta['name']} in its cubin (it has: {', '.join(found)})")
+    used = found[meta["name"]]
     shared = meta["shared"] + used.static_shared_bytes
     occ = occupancy.occupancy(meta["arch"], meta["num_warps"] * 32, used.registers, shared)
     file, first = launch.where
@@ -109,7 +127,7 @@ def analyze(launch: kernels.Launch, built: dict, sms: int | None = None) -> Kern
     report = KernelReport(
         launch.name, _where(file, first), meta["arch"], launch.grid, meta["num_warps"], meta["num_stages"],
         {k: v for k, v in launch.kwargs.items() if k not in OPTIONS}, used, shared, occ, sass.mix(instructions),
-        rows, [], launch.compiled is None, sms,
+        rows, [], built["here"], sms,
         {**{k: v for k, v in built["asm"].items() if isinstance(v, str)}, "sass": listing})
     report.findings = findings(report, launch, instructions)
     return report
@@ -155,7 +173,15 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
             + (f" at {', '.join(_where(f, n) for f, n in lines[:4])}" if lines else "") + f", at "
             f"{used.registers} registers a thread. Smaller blocks, fewer pipeline stages (num_stages) or more warps "
             "(num_warps) give each thread less to hold.", _where(*lines[0]) if lines else report.where))
-    if occ.occupancy < LOW_OCCUPANCY and occ.limiter in ("registers", "shared memory"):
+    if occ.blocks == 0:
+        out.append(Finding(
+            "cannot-launch", f"a block does not fit an SM of {report.arch}",
+            f"A block asks for {report.shared_bytes:,} bytes of shared memory and {used.registers} registers a "
+            f"thread for {report.num_warps * 32} threads; an SM of {report.arch} gives a block at most "
+            f"{occupancy.limits(report.arch).max_shared_per_block:,} bytes and {occupancy.REGISTERS_PER_SM:,} "
+            "registers: the launch would fail. Fewer pipeline stages or smaller blocks ask for less.",
+            report.where))
+    elif occ.occupancy < LOW_OCCUPANCY and occ.limiter in ("registers", "shared memory"):
         held = (f"{used.registers} registers a thread" if occ.limiter == "registers"
                 else f"{report.shared_bytes:,} bytes of shared memory a block")
         out.append(Finding(
@@ -164,14 +190,15 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
             f"({occ.warps} of its {round(occ.warps / occ.occupancy) if occ.occupancy else 0} warps): {held}. A "
             "memory-bound kernel needs many warps in flight to hide DRAM's latency; one that keeps its tensor "
             "cores busy from shared memory can run well like this.", report.where))
-    dots = _source_lines(launch, r"\btl\.dot\(|\.dot\(")
+    compiled_lines = {(x.file, x.line) for x in report.lines}   # a tl.dot a constexpr left out compiled to nothing
+    dots = [n for n in _source_lines(launch, r"\.dot\(") if (launch.where[0], n) in compiled_lines]
     if dots and not m.counts.get("tensor core"):
         out.append(Finding(
             "no-tensor-cores", "tl.dot runs on the CUDA cores",
             "The kernel calls tl.dot, but its machine code has no tensor-core instruction (HMMA, HGMMA): the "
-            "products run as scalar FMAs. fp32 inputs take the tensor cores with input_precision='tf32' (or "
-            "torch.backends.cuda.matmul.allow_tf32); bf16 and fp16 inputs take them always, where each dimension "
-            "of the product is at least 16.", _where(launch.where[0], dots[0])))
+            "products run as scalar FMAs. fp32 inputs take the tensor cores as TF32 (tl.dot's input_precision="
+            "'tf32', its default unless TRITON_F32_DEFAULT says otherwise), bf16 and fp16 inputs always, where each "
+            "dimension of the product is at least 16.", _where(launch.where[0], dots[0])))
     loads = m.load_bits
     if sum(loads.values()) >= 2 and max(loads) < 64:
         named = list(zip(launch.parameters, launch.args))
@@ -187,7 +214,7 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
             "strides) divisible by 16."
             + (f" Here: {'; '.join(why)}." if why else " Check the layout's fastest axis is contiguous."),
             report.where))
-    if report.sms and report.blocks < report.sms:
+    if report.sms and report.blocks is not None and report.blocks < report.sms:
         out.append(Finding(
             "small-grid", f"{report.blocks} blocks for {report.sms} SMs",
             f"The grid has {report.blocks} block{'s' if report.blocks != 1 else ''}, fewer than the GPU's "
@@ -211,22 +238,30 @@ def _source_lines(launch: kernels.Launch, pattern: str) -> list[int]:
     return [first + k for k, text in enumerate(lines) if re.search(pattern, text.split("#")[0])]
 
 
-def render(reports: list[KernelReport], console, top: int = 8) -> None:
+def render(reports: list, console, top: int = 8) -> None:
     """The kernels side by side, then each one's hottest lines and findings."""
-    if not reports:
+    failed = [r for r in reports if isinstance(r, Uncompiled)]
+    reports = [r for r in reports if not isinstance(r, Uncompiled)]
+    if not reports and not failed:
         console.print("[yellow]The function launched no Triton kernel.[/yellow]")
+        return
+    for r in failed:
+        console.print(f"[yellow]{r.name}[/yellow] ({r.where}) could not be compiled for the GPU asked for: {r.error}",
+                      highlight=False)
+    if not reports:
         return
     arch = reports[0].arch
     here = any(r.compiled_here for r in reports)
     console.print(f"[bold]{len(reports)} kernel{'s' if len(reports) != 1 else ''}[/bold], compiled for {arch}"
-                  + (" here: the launches ran under Triton's interpreter, so each is compiled with the configuration "
-                     "the interpreter ran (an autotuner on the GPU may pick another)" if here else ""),
+                  + (" here, each with the configuration its launch ran (under Triton's interpreter, or on "
+                     "another GPU): an autotuner on this GPU may pick another" if here else ""),
                   highlight=False)
     rows = []
     for r in reports:
         occ = r.occupancy
         tc = r.mix.counts.get("tensor core", 0)
-        rows.append(Row([r.name, "x".join(str(g) for g in r.grid if g > 1) or "1", str(r.num_warps),
+        grid = "?" if r.grid is None else "x".join(str(g) for g in r.grid if g > 1) or "1"
+        rows.append(Row([r.name, grid, str(r.num_warps),
                          str(r.resources.registers), str(r.resources.local_bytes), f"{r.shared_bytes / 1024:,.1f}",
                          f"{occ.occupancy:.0%} {occ.limiter}", str(tc), _widths(r.mix.load_bits) or "-"]))
     show(console, None, [Column("kernel", justify="left", fold=True), Column("grid"), Column("warps"),
@@ -248,12 +283,12 @@ def render(reports: list[KernelReport], console, top: int = 8) -> None:
             console.print(f"[bold yellow]{f.title}[/bold yellow] ({f.where}): {f.message}", highlight=False)
 
 
-def write_sections(reports: list[KernelReport], folder: Path) -> list[Path]:
+def write_sections(reports: list, folder: Path) -> list[Path]:
     """Each kernel's TTGIR, PTX and SASS (with its source lines) as files in `folder`: NAME.ttgir, NAME.ptx,
     NAME.sass (a kernel launched in several configurations: NAME-2.ptx, ...)."""
     folder.mkdir(parents=True, exist_ok=True)
     written, seen = [], {}
-    for r in reports:
+    for r in (r for r in reports if isinstance(r, KernelReport)):
         seen[r.name] = seen.get(r.name, 0) + 1
         stem = r.name if seen[r.name] == 1 else f"{r.name}-{seen[r.name]}"
         for section in ("ttir", "ttgir", "llir", "ptx", "sass"):
