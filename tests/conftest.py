@@ -82,8 +82,9 @@ def pytest_collection_modifyitems(config, items):
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if not unavailable & set(item.keywords)]
-    # the long sweeps first: spread over pytest -n's workers from the start, not left to one of them at the end
-    items.sort(key=lambda item: "sweep" not in item.keywords)
+    # the longest tests first, then the sweeps: spread over pytest -n's workers from the start, not left to one of
+    # them at the end while the other idles
+    items.sort(key=lambda item: 0 if "long" in item.keywords else 1 if "sweep" in item.keywords else 2)
 
 
 def pytest_report_header(config):

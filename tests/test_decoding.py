@@ -78,7 +78,7 @@ def test_speculative_decoding_refuses_what_it_cannot_do():
 
 
 @pytest.mark.parametrize("family, int8", [("llama", False), ("gpt2", False),
-                                          pytest.param("llama", True, marks=pytest.mark.sweep)],
+                                          pytest.param("llama", True, marks=[pytest.mark.sweep, pytest.mark.long])],
                          ids=["llama-bf16", "gpt2-bf16", "llama-int8"])
 def test_the_generation_ladder_on_a_tiny_trained_pair(tmp_path, family, int8):
     """The int8 rungs run roofline's int8 kernel through Triton's interpreter here (0.6 s a call): in the CI tier,

@@ -72,6 +72,7 @@ def test_the_fused_head_and_loss_give_the_separate_ones_loss_and_gradients(name)
         type(tiny)(loss="chunked")
 
 
+@pytest.mark.long
 @pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
     code = benchmark.main([str(tmp_path), "--tiny", "--train", "eager", "patch-all", "compile+patch",
@@ -141,6 +142,7 @@ def test_profiling_a_model_s_training_times_the_steps_outside_the_window(tmp_pat
     assert "| llama |" in (tmp_path / "profile_models.md").read_text()
 
 
+@pytest.mark.long
 def test_a_finding_s_advice_is_applied_to_the_program_and_timed(tmp_path):
     import profile_models
 
@@ -188,6 +190,7 @@ def test_decode_breakdown_groups_kernels_and_bounds_int8():
     assert breakdown.bound(bf16, int8, 3.0)["matmul_gbs_needed"] is None   # beyond the bound: not reachable
 
 
+@pytest.mark.long
 @pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_transformers_models_train_and_decode_through_their_own_cache(tmp_path):
     """transformers' Llama in the benchmark: the training step's loss computed by transformers, decoding

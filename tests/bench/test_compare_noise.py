@@ -25,6 +25,7 @@ while True:
 COMPARES = 60
 
 
+@pytest.mark.long
 @pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_identical_functions_beside_a_bursty_neighbour_rarely_differ():
     x = torch.randn(64, 64)

@@ -11,6 +11,8 @@ from roofline.distributed import RankFailed, spawn
 
 from .workers import every_collective, fail
 
+pytestmark = pytest.mark.long   # processes of their own: run first (conftest)
+
 
 @pytest.mark.parametrize("ranks", [2, 4, 8])
 def test_bus_bandwidth_is_nccl_tests(ranks):

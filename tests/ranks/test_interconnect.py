@@ -11,6 +11,8 @@ from roofline.cli import app
 from roofline.device import write_cache
 from roofline.distributed import interconnect
 
+pytestmark = pytest.mark.long   # processes of their own: run first (conftest)
+
 # `nvidia-smi topo -m` on the lent machine with 2 H100s
 TOPOLOGY = """\
 \tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID

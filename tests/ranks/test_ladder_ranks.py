@@ -10,6 +10,8 @@ from roofline.ladder_results import LadderResult, RungResult
 
 from .workers import tiny_task
 
+pytestmark = pytest.mark.long   # processes of their own: run first (conftest)
+
 TARGET = "tests/ranks/workers.py:tiny_task"
 RUNGS = ("fp32 baseline", "bf16 autocast", "fused optimizer")   # what runs on CPUs in seconds
 
