@@ -159,3 +159,20 @@ def test_a_transfer_far_under_doctor_s_bus_bandwidth_names_the_nccl_settings_doc
     assert "slow-collectives" not in {f.id for f in findings(merged)}
     merged.ledger.transfers = {("all_reduce", mib27): [0.1] * 77}
     assert "slow-collectives" not in {f.id for f in findings(merged, doctor)}
+
+
+@pytest.mark.parametrize("owner, said, unsaid", [("DDP bucket 0 (head.weight … wte.weight, 28 tensors)",
+                                                  "bucket_cap_mb", "FSDP2"),
+                                                 ("FSDP2 layers.0 … layers.11 (12)", "reshard_after_forward", "DDP"),
+                                                 (None, "bucket_cap_mb", "async_op")])
+def test_the_exposed_collective_s_advice_is_for_whoever_s_tensors_it_moves(owner, said, unsaid):
+    from roofline.distributed import comms
+
+    def calls():   # one asynchronous all-reduce of 1 MiB a step, as DDP's and FSDP2's hooks make them
+        return [comms.Call("all_reduce", 1 << 20, 0.0, 0.0, 2000.0, LINE, None, 0, False, True, owner)]
+
+    ranks = [_rank(0, gpu=False, **RANK0), _rank(1, gpu=False, **{**RANK1, "exposed_ms": 4.0})]
+    for r in ranks:
+        r.calls = calls()
+    message = {f.id: f for f in findings(_merged(ranks))}["exposed-communication"].message
+    assert said in message and unsaid not in message

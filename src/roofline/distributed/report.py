@@ -60,11 +60,14 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
     estimate = exposed if unrecorded is None else unrecorded
     if step and estimate > EXPOSED_SHARE * (least.unprofiled_ms if unrecorded is not None else step):
         top = rows[0]["where"] if rows else None
-        if rows and rows[0]["asynchronous"]:
-            advice = ("DDP: larger buckets (DistributedDataParallel(bucket_cap_mb=...)) send fewer, larger messages; "
-                      "gradient_as_bucket_view=True saves a copy; under gradient accumulation, no_sync() on all but the "
-                      "last micro-batch reduces once. FSDP2: prefetch the next layer's all-gather, and "
-                      "reshard_after_forward=False keeps the parameters gathered for the backward.")
+        owner = (rows[0].get("owner") or "") if rows else ""
+        ddp = ("DDP: larger buckets (DistributedDataParallel(bucket_cap_mb=...)) send fewer, larger messages; "
+               "gradient_as_bucket_view=True saves a copy; under gradient accumulation, no_sync() on all but the "
+               "last micro-batch reduces once.")
+        fsdp = ("FSDP2: prefetch the next layer's all-gather, and reshard_after_forward=False keeps the parameters "
+                "gathered for the backward.")
+        if rows and rows[0]["asynchronous"]:   # advice for whoever's tensors the top collective moves
+            advice = ddp if owner.startswith("DDP") else fsdp if owner.startswith("FSDP2") else f"{ddp} {fsdp}"
         else:
             advice = ("The program waits for each collective where it calls it: async_op=True and a wait() just "
                       "before the result is needed let computation run meanwhile.")

@@ -6,6 +6,7 @@ instruction mix, the source lines its machine code comes from, and findings at t
 
 from __future__ import annotations
 
+import dataclasses
 import inspect as _inspect
 import re
 from dataclasses import dataclass, field
@@ -115,14 +116,14 @@ def analyze(launch: kernels.Launch, built: dict, sms: int | None = None) -> Kern
     """The report of one launch, from its kernel compiled (kernels.compiled's dict)."""
     meta, cubin = built["metadata"], built["asm"]["cubin"]
     listing = sass.disassemble(cubin)
-    instructions = sass.parse_disassembly(listing)
+    file, first = launch.where
+    instructions = [_in_file(i, file) for i in sass.parse_disassembly(listing)]
     found = sass.resources(cubin)
     if meta["name"] not in found:
         raise RuntimeError(f"cuobjdump reports no function {meta['name']} in its cubin (it has: {', '.join(found)})")
     used = found[meta["name"]]
     shared = meta["shared"] + used.static_shared_bytes
     occ = occupancy.occupancy(meta["arch"], meta["num_warps"] * 32, used.registers, shared)
-    file, first = launch.where
     rows = _line_rows(instructions, file)
     report = KernelReport(
         launch.name, _where(file, first), meta["arch"], launch.grid, meta["num_warps"], meta["num_stages"],
@@ -131,6 +132,15 @@ def analyze(launch: kernels.Launch, built: dict, sms: int | None = None) -> Kern
         {**{k: v for k, v in built["asm"].items() if isinstance(v, str)}, "sass": listing})
     report.findings = findings(report, launch, instructions)
     return report
+
+
+def _in_file(instruction: sass.Instruction, file: str) -> sass.Instruction:
+    """The instruction with the kernel's file where its line table names a file of that name elsewhere: Triton's
+    cache keys a kernel by its source, not its path, so a binary compiled from another checkout of the same file
+    carries that checkout's path."""
+    if instruction.file is None or instruction.file == file or Path(instruction.file).name != Path(file).name:
+        return instruction
+    return dataclasses.replace(instruction, file=file)
 
 
 def _line_rows(instructions: list[sass.Instruction], file: str) -> list[LineRow]:
