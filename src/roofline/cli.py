@@ -67,6 +67,7 @@ def doctor(
         dev = dev_mod.resolve(device)
     except (ValueError, RuntimeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--device") from exc
+    ranks = _interconnect_ranks(nproc)   # a bad --nproc refused before anything is measured
     d = dev_mod.info(dev)
     show(console, "device", [Column("", justify="left", style="bold"), Column("", justify="left", fold=True)],
          [Row([k, v]) for k, v in _device_facts(d)], show_header=False)
@@ -102,27 +103,32 @@ def doctor(
                 console.print(f"[yellow]{key.removesuffix('_warnings').replace('_', ' ')}: {w}[/yellow]")
     if d.kind == "cpu":
         console.print("No CUDA GPU here: these are the CPU's ceilings; GPU measurements need a GPU.")
-    links = _interconnect(nproc, remeasure, plot_path)
+    links = _interconnect(ranks, remeasure, plot_path) if ranks >= 2 else None
     if json_path:
         json_path.write_text(json.dumps({"device": d.to_dict(), "ceilings": c.to_dict(),
                                          "datasheet": sheet.__dict__ if sheet else None,
                                          "interconnect": links.to_dict() if links else None}, indent=1))
 
 
-def _interconnect(nproc: int | None, remeasure: bool, plot_path: Path | None):
-    """The interconnect's ceilings (measured, or from the cache), shown; None where there is none to measure."""
+def _interconnect_ranks(nproc: int | None) -> int:
+    """The ranks doctor times the interconnect over (under 2: none), or a usage error naming --nproc."""
+    import torch
+
+    ranks = torch.cuda.device_count() if nproc is None else nproc
+    if nproc == 1:
+        raise typer.BadParameter("an interconnect needs at least 2 ranks", param_hint="--nproc")
+    if ranks >= 2 and torch.cuda.is_available() and ranks > torch.cuda.device_count():
+        raise typer.BadParameter(f"{ranks} ranks need {ranks} GPUs; this machine has {torch.cuda.device_count()}",
+                                 param_hint="--nproc")
+    return ranks
+
+
+def _interconnect(ranks: int, remeasure: bool, plot_path: Path | None):
+    """The interconnect's ceilings over `ranks` (measured, or from the cache), shown."""
     import torch
 
     from roofline.distributed import RankFailed, interconnect
 
-    ranks = torch.cuda.device_count() if nproc is None else nproc
-    if ranks < 2:
-        if nproc is not None and nproc == 1:
-            raise typer.BadParameter("an interconnect needs at least 2 ranks", param_hint="--nproc")
-        return None
-    if torch.cuda.is_available() and ranks > torch.cuda.device_count():
-        raise typer.BadParameter(f"{ranks} ranks need {ranks} GPUs; this machine has {torch.cuda.device_count()}",
-                                 param_hint="--nproc")
     found = None if remeasure else interconnect.cached(ranks)
     note = f"measured {found.measured_at}, cached" if found else "measured now, cached"
     if found is None:
