@@ -264,7 +264,7 @@ def render(reports: list, console, top: int = 8) -> None:
     here = any(r.compiled_here for r in reports)
     console.print(f"[bold]{len(reports)} kernel{'s' if len(reports) != 1 else ''}[/bold], compiled for {arch}"
                   + (" here, each with the configuration its launch ran (under Triton's interpreter, or on "
-                     "another GPU): an autotuner on this GPU may pick another" if here else ""),
+                     "another GPU): on the GPU an autotuner may pick another" if here else ""),
                   highlight=False)
     rows = []
     for r in reports:
