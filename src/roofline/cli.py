@@ -597,7 +597,7 @@ def inspect(
         gpu_target(arch)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--arch") from exc
-    fn = _load_name(target, object)
+    fn = _load_name(target, object)   # every object is a `kind` of object: the function loaded, not called
     if not callable(fn):
         raise typer.BadParameter(f"{target} must be a function", param_hint="TARGET")
     reports = inspect_function(fn, arch=arch, sms=sms)

@@ -25,8 +25,9 @@ try:
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
+    from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:   # roofline works without Triton; inspecting Triton kernels does not
-    triton = Autotuner = InterpretedFunction = JITFunction = None
+    triton = Autotuner = InterpretedFunction = JITFunction = TensorDescriptor = None
 
 
 @dataclass
@@ -68,7 +69,7 @@ def _specialized(value):
 
 
 def _is_descriptor(value) -> bool:
-    return type(value).__name__ == "TensorDescriptor" and hasattr(value, "block_shape")
+    return TensorDescriptor is not None and isinstance(value, TensorDescriptor)
 
 
 def _parameters(kernel) -> list[str]:
@@ -159,11 +160,8 @@ def target(arch: str | None = None):
             arch = f"sm_{major}{minor}"
         else:
             arch = "sm_90"
-    text = str(arch).removeprefix("sm_").rstrip("a")
-    if not text.isdigit():
-        raise ValueError(f"arch must look like sm_90, got {arch!r}")
-    occupancy.limits(text)   # an arch whose limits roofline knows (its occupancy), or a ValueError naming them
-    return GPUTarget("cuda", int(text), 32)
+    known = occupancy.limits(arch)   # an arch whose limits roofline knows, or a ValueError naming them
+    return GPUTarget("cuda", int(known.arch.removeprefix("sm_")), 32)
 
 
 def compiled(found: list[Launch], gpu) -> list[dict]:
@@ -257,23 +255,24 @@ def _child() -> None:
 
     with open(sys.argv[1], "rb") as f:
         specs, gpu = pickle.load(f)
+    from triton.compiler import make_backend
+
     gpu = GPUTarget(*gpu)
-    modules: dict = {}
-    results = []
+    backend, modules, results = make_backend(gpu), {}, []
     for spec in specs:
         try:
-            results.append(_compile_one(spec, gpu, modules))
+            results.append(_compile_one(spec, gpu, backend, modules))
         except Exception as exc:   # one kernel that does not compile leaves the others theirs
             results.append({"error": f"{type(exc).__name__}: {exc}"[:2000]})
     with open(sys.argv[2], "wb") as f:
         pickle.dump(results, f)
 
 
-def _compile_one(spec: dict, gpu, modules: dict) -> dict:
+def _compile_one(spec: dict, gpu, backend, modules: dict) -> dict:
     import importlib
     import importlib.util
 
-    from triton.compiler import ASTSource, compile, make_backend
+    from triton.compiler import ASTSource, compile
     from triton.runtime.jit import create_function_from_signature
 
     where = spec["module"] or spec["file"]
@@ -295,8 +294,6 @@ def _compile_one(spec: dict, gpu, modules: dict) -> dict:
         if value[0] == "value":
             return value[1]
         if value[0] == "descriptor":
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
             return TensorDescriptor(real(value[1]), value[2], value[3], value[4], value[5])
         dtype = getattr(torch, value[1])
         size = torch.empty(0, dtype=dtype).element_size()
@@ -305,7 +302,6 @@ def _compile_one(spec: dict, gpu, modules: dict) -> dict:
     args = [real(a) for a in spec["args"]]
     kwargs = {k: real(v) for k, v in spec["kwargs"].items()}
     kwargs.setdefault("debug", spec["debug"])
-    backend = make_backend(gpu)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)

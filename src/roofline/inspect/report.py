@@ -6,10 +6,9 @@ instruction mix, the source lines its machine code comes from, and findings at t
 
 from __future__ import annotations
 
-import dataclasses
 import inspect as _inspect
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from roofline.inspect import kernels, occupancy, sass
@@ -28,7 +27,7 @@ class Finding:
     where: str | None          # file:line
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "title": self.title, "message": self.message, "where": self.where}
+        return asdict(self)
 
 
 @dataclass
@@ -48,7 +47,7 @@ class KernelReport:
     name: str
     where: str                 # file:line of its definition
     arch: str
-    grid: tuple
+    grid: tuple | None         # None where a grid function could not be read again
     num_warps: int
     num_stages: int
     constexprs: dict
@@ -58,7 +57,7 @@ class KernelReport:
     mix: sass.Mix
     lines: list[LineRow]
     findings: list[Finding]
-    compiled_here: bool        # compiled for `arch` on this machine (its launch ran under the interpreter)
+    compiled_here: bool        # compiled on this machine (its launch ran under the interpreter, or for another GPU)
     sms: int | None            # the GPU's SMs, where known
     asm: dict = field(default_factory=dict, repr=False)   # ttgir, ptx, sass, ... as text
 
@@ -140,7 +139,7 @@ def _in_file(instruction: sass.Instruction, file: str) -> sass.Instruction:
     carries that checkout's path."""
     if instruction.file is None or instruction.file == file or Path(instruction.file).name != Path(file).name:
         return instruction
-    return dataclasses.replace(instruction, file=file)
+    return replace(instruction, file=file)
 
 
 def _line_rows(instructions: list[sass.Instruction], file: str) -> list[LineRow]:
@@ -197,7 +196,7 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
         out.append(Finding(
             "occupancy", f"occupancy {occ.occupancy:.0%}, limited by {occ.limiter}",
             f"An SM holds {occ.blocks} block{'s' if occ.blocks != 1 else ''} of {report.num_warps} warps at once "
-            f"({occ.warps} of its {round(occ.warps / occ.occupancy) if occ.occupancy else 0} warps): {held}. A "
+            f"({occ.warps} of its {occupancy.limits(report.arch).max_warps} warps): {held}. A "
             "memory-bound kernel needs many warps in flight to hide DRAM's latency; one that keeps its tensor "
             "cores busy from shared memory can run well like this.", report.where))
     compiled_lines = {(x.file, x.line) for x in report.lines}   # a tl.dot a constexpr left out compiled to nothing

@@ -93,34 +93,38 @@ _FILE_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)[^;]*);")
 
 
-def parse_disassembly(text: str) -> list[Instruction]:
-    """nvdisasm -c -g's listing: each instruction with the source line above it (a line holds until the next)."""
-    out, file, line = [], None, None
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_BRANCH = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
+
+
+def _read(text: str) -> tuple[list[Instruction], dict[str, int]]:
+    """nvdisasm -c -g's listing read once: its instructions, each with the source line above it (a line holds
+    until the next), and the index of the instruction each branch label marks."""
+    out, labels, file, line = [], {}, None, None
     for raw in text.splitlines():
         marked = _FILE_LINE.search(raw)
         if marked:
             file, line = marked[1], int(marked[2])
             continue
+        label = _LABEL.match(raw)
+        if label:
+            labels[label[1]] = len(out)
+            continue
         found = _INSTRUCTION.search(raw)
         if found:
             out.append(Instruction(int(found[1], 16), found[3], " ".join(found[2].split()), file, line))
-    return out
+    return out, labels
 
 
-_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
-_BRANCH = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
+def parse_disassembly(text: str) -> list[Instruction]:
+    """nvdisasm -c -g's listing: each instruction with the source line above it."""
+    return _read(text)[0]
 
 
 def loops(listing: str) -> list[list[Instruction]]:
     """The loop bodies of an nvdisasm listing (from a label to a branch back to it), the shortest first. A body
     with an if/else holds both arms; an outer loop holds its inner loops."""
-    instructions, labels = [], {}
-    for raw in listing.splitlines():
-        label = _LABEL.match(raw)
-        if label:
-            labels[label[1]] = len(instructions)
-        else:
-            instructions += parse_disassembly(raw)
+    instructions, labels = _read(listing)
     bodies = []
     for end, ins in enumerate(instructions):
         target = _BRANCH.search(ins.text)
