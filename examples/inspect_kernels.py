@@ -2,16 +2,24 @@
 
     roofline inspect examples/inspect_kernels.py:softmax_forward_and_backward --arch sm_90
     roofline inspect examples/inspect_kernels.py:matmuls --out kernels/
+    roofline inspect examples/inspect_kernels.py:gpt2_block
 
 Each function launches Triton kernels once, at shapes small enough for Triton's interpreter on a machine without
 a GPU (the kernels are then compiled for --arch there); on a GPU, pass the shapes you run.
 """
 
+import functools
+import sys
+from pathlib import Path
+
 import torch
 import triton
 import triton.language as tl
 
-from roofline import ops
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.models.gpt2 import Block, GPT2Config  # noqa: E402
+from roofline import ops  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -53,3 +61,19 @@ def matmuls(size: int = 128):
     matmul(a, b)
     matmul(a.float(), b.float(), "tf32")
     matmul(a.float(), b.float(), "ieee")
+
+
+def gpt2_block(batch: int = 2, seq: int = 32, d_model: int = 64, heads: int = 4):
+    """One GPT-2 block (examples/models/gpt2.py) under torch.compile, forward and backward: the kernels Inductor
+    generates for it, each with the lines of gpt2.py it fused. Small by default, for a machine without a GPU; on a
+    GPU pass GPT-2 small's sizes (seq 1024, d_model 768, heads 12)."""
+    block, x = _compiled_block(batch, seq, d_model, heads)
+    block(x).sum().backward()
+
+
+@functools.cache
+def _compiled_block(batch: int, seq: int, d_model: int, heads: int):
+    """Made once: inspect calls the function again to time it, and a new module would be compiled again."""
+    config = GPT2Config(max_seq=seq, n_head=heads, d_model=d_model)
+    block = torch.compile(Block(config).to(DEVICE))
+    return block, torch.randn(batch, seq, d_model, device=DEVICE, requires_grad=True)

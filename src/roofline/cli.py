@@ -581,11 +581,16 @@ def inspect(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write every kernel's report as JSON."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write each kernel's TTIR, TTGIR, LLVM IR, PTX and SASS "
                                        "(with its source lines) into this folder."),
-    top: int = typer.Option(8, min=1, help="Source lines shown per kernel."),
+    top: int = typer.Option(8, min=1, help="Source lines shown per kernel, and kernels of torch.compile's shown "
+                            "with their lines."),
+    compile: bool = typer.Option(False, "--compile", help="Run the function under torch.compile (a function that "
+                                 "compiles its own modules needs no flag)."),
+    runs: int = typer.Option(3, min=1, help="Runs timing torch.compile's kernels."),
 ):
     """Look inside the Triton kernels a function launches: registers, spills, shared memory, occupancy and what
     limits it, the instruction mix, and the source lines the machine code comes from. Without a GPU, the kernels
-    run through Triton's interpreter and are compiled here for --arch."""
+    run through Triton's interpreter and are compiled here for --arch. Every kernel torch.compile generates for
+    the function is listed with its time, the lines of yours it fused, and (on a GPU) the same view of its code."""
     import torch
 
     if not torch.cuda.is_available():
@@ -600,13 +605,13 @@ def inspect(
     fn = _load_name(target, object)   # every object is a `kind` of object: the function loaded, not called
     if not callable(fn):
         raise typer.BadParameter(f"{target} must be a function", param_hint="TARGET")
-    reports = inspect_function(fn, arch=arch, sms=sms)
-    render(reports, console, top)
+    found = inspect_function(torch.compile(fn) if compile else fn, arch=arch, sms=sms, runs=runs)
+    render(found, console, top)
     if json_path:
-        json_path.write_text(json.dumps({"kernels": [r.to_dict() for r in reports]}, indent=1))
+        json_path.write_text(json.dumps(found.to_dict(), indent=1))
         console.print(f"report written to {json_path}", highlight=False)
     if out:
-        written = write_sections(reports, out)
+        written = write_sections(found, out)
         console.print(f"{len(written)} files of code written to {out}", highlight=False)
 
 

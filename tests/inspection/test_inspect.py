@@ -77,7 +77,7 @@ def test_registers_agree_with_ptxas_and_the_code_is_written(matmuls):
 def test_rows_of_an_odd_length_load_an_element_at_a_time(columns, narrow):
     """The JIT specializes on integers divisible by 16: rows of 1,024 bf16 load 128 bits a thread, rows of 1,000
     16 (their starts are not provably aligned), and the finding names the argument."""
-    reports = inspect_function(inspect_kernels.softmax_forward_and_backward, 8, columns, arch="sm_90")
+    reports = inspect_function(inspect_kernels.softmax_forward_and_backward, 8, columns, arch="sm_90").launched
     assert [r.name for r in reports] == ["softmax_forward_kernel", "softmax_backward_kernel"]
     for r in reports:
         found = {f.id: f for f in r.findings}
@@ -98,7 +98,7 @@ def test_a_kernel_that_takes_tensor_descriptors_compiles_too():
         x, w = torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(96, 128, dtype=torch.bfloat16)
         ops.linear(x, w, backend="triton")
 
-    (report,) = inspect_function(run, arch="sm_90")
+    (report,) = inspect_function(run, arch="sm_90").launched
     assert report.name == "linear_kernel" and report.resources.registers > 0 and report.mix.total > 100
 
 
@@ -107,9 +107,10 @@ def test_a_function_that_launches_nothing_says_so(capsys):
 
     from roofline.inspect.report import render
 
-    assert inspect_function(lambda: torch.ones(3) + 1, arch="sm_90") == []
-    render([], Console(width=80))
-    assert "launched no Triton kernel" in capsys.readouterr().out
+    found = inspect_function(lambda: torch.ones(3) + 1, arch="sm_90")
+    assert found.launched == [] and found.made == []
+    render(found, Console(width=80))
+    assert "launched no Triton kernel, and torch.compile generated none" in capsys.readouterr().out
 
 
 def test_bad_input_is_named_before_anything_runs(monkeypatch):
@@ -131,3 +132,5 @@ def test_bad_input_is_named_before_anything_runs(monkeypatch):
     assert code == 2 and "must be a function" in said
     code, said = run("examples/no_such_file.py:f")
     assert code == 2 and "no such file" in said
+    code, said = run("examples/inspect_kernels.py:gpt2_block", "--runs", "0")
+    assert code == 2 and "--runs" in said

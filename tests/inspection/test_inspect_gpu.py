@@ -20,7 +20,7 @@ from examples import inspect_kernels  # noqa: E402
 def test_registers_and_spills_are_triton_s_for_the_binary_that_ran(fn, count):
     found = kernels.launches(fn)
     assert len(found) == count and all(launch.compiled is not None for launch in found)
-    reports = inspect_function(fn)
+    reports = inspect_function(fn).launched
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     for launch, report in zip(found, reports):
         compiled = launch.compiled

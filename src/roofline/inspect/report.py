@@ -1,7 +1,8 @@
 """One view of each kernel a function launches: its launch, its resources, its occupancy and what limits it, its
-instruction mix, the source lines its machine code comes from, and findings at those lines.
+instruction mix, the source lines its machine code comes from, and findings at those lines. Kernels that
+torch.compile generated for the function come beside them: the user's lines each fused, its time, its code.
 
-    reports = inspect_function(fn, arch="sm_90")      # roofline inspect FILE:FUNCTION
+    found = inspect_function(fn, arch="sm_90")      # roofline inspect FILE:FUNCTION
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from roofline.inspect import kernels, occupancy, sass
+from roofline.inspect import generated, kernels, occupancy, sass
 from roofline.tables import Column, Row, show
 
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
@@ -84,20 +85,41 @@ class KernelReport:
                 "lines": [r.to_dict() for r in self.lines], "findings": [f.to_dict() for f in self.findings]}
 
 
-def inspect_function(fn, *args, arch: str | None = None, sms: int | None = None, **kwargs) -> list:
+@dataclass
+class Inspection:
+    launched: list     # a KernelReport, or an Uncompiled, for each Triton launch the function made itself
+    made: list         # generated.GeneratedKernel for each kernel torch.compile generated, timed, with its
+                       # KernelReport where a GPU compiled it
+
+    def to_dict(self) -> dict:
+        return {"kernels": [r.to_dict() for r in self.launched], "generated": [k.to_dict() for k in self.made]}
+
+
+def inspect_function(fn, *args, arch: str | None = None, sms: int | None = None, runs: int = 3,
+                     **kwargs) -> Inspection:
     """Run fn(*args, **kwargs) once and inspect every Triton kernel it launched, compiled for `arch` ("sm_90"; by
-    default this machine's GPU, else the H100's). sms: the GPU's SM count (this GPU's by default, where there is
-    one) for the findings about the grid. Returns a KernelReport for each kernel, or an Uncompiled saying why
-    not."""
+    default this machine's GPU, else the H100's), and every kernel torch.compile generated for it, timed over
+    `runs` more calls. sms: the GPU's SM count (this GPU's by default, where there is one) for the findings about
+    the grid."""
     import torch
 
     gpu = kernels.target(arch)
     if sms is None and torch.cuda.is_available() and arch is None:
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    found = kernels.launches(fn, *args, **kwargs)
-    return [analyze(launch, built, sms) if "error" not in built else Uncompiled(launch.name, _where(*launch.where),
-                                                                                 built["error"])
-            for launch, built in zip(found, kernels.compiled(found, gpu))]
+    with generated.recording() as graphs:
+        found = kernels.launches(fn, *args, **kwargs)
+    made = generated.timed(graphs, fn, args, kwargs, runs)
+    with_binary = [k for k in made if k.launch is not None]
+    for k, built in zip(with_binary, kernels.compiled([k.launch for k in with_binary], gpu)):
+        k.report = _report(k.launch, built, sms)
+    return Inspection([_report(launch, built, sms) for launch, built in zip(found, kernels.compiled(found, gpu))],
+                      made)
+
+
+def _report(launch: kernels.Launch, built: dict, sms: int | None):
+    if "error" in built:
+        return Uncompiled(launch.name, _where(*launch.where), built["error"])
+    return analyze(launch, built, sms)
 
 
 @dataclass
@@ -247,13 +269,61 @@ def _source_lines(launch: kernels.Launch, pattern: str) -> list[int]:
     return [first + k for k, text in enumerate(lines) if re.search(pattern, text.split("#")[0])]
 
 
-def render(reports: list, console, top: int = 8) -> None:
-    """The kernels side by side, then each one's hottest lines and findings."""
+def render(found: Inspection, console, top: int = 8) -> None:
+    """The Triton kernels the function launched, then those torch.compile generated for it."""
+    if not found.launched and not found.made:
+        console.print("[yellow]The function launched no Triton kernel, and torch.compile generated none for it."
+                      "[/yellow]")
+        return
+    _render_reports(found.launched, console, top)
+    if found.made:
+        _render_generated(found.made, console, top)
+        _render_reports([k.report for k in found.made if k.report is not None], console, top)
+
+
+def _render_generated(made: list, console, top: int) -> None:
+    """torch.compile's kernels in the order they run, each with its time and the user's lines it fused; then the
+    heaviest kernels' lines with their code."""
+    import torch
+
+    graphs = len({k.graph for k in made})
+    total = sum(k.ms or 0.0 for k in made)
+    console.print(f"\n[bold]{len(made)} kernel{'s' if len(made) != 1 else ''} torch.compile generated[/bold] in "
+                  f"{graphs} graph{'s' if graphs != 1 else ''} (a backward is a graph of its own; aten:: is a "
+                  f"library call), {'GPU' if torch.cuda.is_available() else 'CPU'} time a run:", highlight=False)
+    rows = [Row([str(k.graph), k.label, _number(k.calls), "-" if k.ms is None else _us(k.ms),
+                 f"{k.ms / total:.0%}" if k.ms is not None and total else "-", _compact(k.lines)]) for k in made]
+    show(console, None, [Column("graph", "g"), Column("kernel", justify="left", fold=True), Column("calls"),
+                         Column("us"), Column("share", "%"), Column("your lines", "lines", justify="left",
+                                                                    fold=True)], rows)
+    for k in sorted((k for k in made if k.ms), key=lambda k: -k.ms)[:top]:
+        console.print(f"\n[bold]{k.label}[/bold] (graph {k.graph}): {_us(k.ms)} us a run, {k.ms / total:.0%}",
+                      highlight=False)
+        for x in k.lines:
+            console.print(f"  {x}  {x.code}", highlight=False)
+
+
+def _us(ms: float) -> str:
+    us = ms * 1e3
+    return f"{us:,.0f}" if us >= 100 else f"{us:.3g}"
+
+
+def _number(x: float) -> str:
+    return f"{x:g}" if x == int(x) else f"{x:.2f}"
+
+
+def _compact(lines: list) -> str:
+    """"model.py:7,9,12 utils.py:3": the lines grouped by file."""
+    files: dict[str, list[int]] = {}
+    for x in lines:
+        files.setdefault(Path(x.file).name, []).append(x.line)
+    return " ".join(f"{name}:{','.join(map(str, numbers))}" for name, numbers in files.items()) or "-"
+
+
+def _render_reports(reports: list, console, top: int) -> None:
+    """Kernels' reports side by side, then each one's hottest lines and findings."""
     failed = [r for r in reports if isinstance(r, Uncompiled)]
     reports = [r for r in reports if not isinstance(r, Uncompiled)]
-    if not reports and not failed:
-        console.print("[yellow]The function launched no Triton kernel.[/yellow]")
-        return
     for r in failed:
         console.print(f"[yellow]{r.name}[/yellow] ({r.where}) could not be compiled for the GPU asked for: {r.error}",
                       highlight=False)
@@ -292,17 +362,32 @@ def render(reports: list, console, top: int = 8) -> None:
             console.print(f"[bold yellow]{f.title}[/bold yellow] ({f.where}): {f.message}", highlight=False)
 
 
-def write_sections(reports: list, folder: Path) -> list[Path]:
+def write_sections(found: Inspection, folder: Path) -> list[Path]:
     """Each kernel's TTGIR, PTX and SASS (with its source lines) as files in `folder`: NAME.ttgir, NAME.ptx,
-    NAME.sass (a kernel launched in several configurations: NAME-2.ptx, ...)."""
+    NAME.sass (a kernel launched in several configurations: NAME-2.ptx, ...); each kernel torch.compile generated
+    as its source too, NAME.py (Triton) or NAME.cpp (two graphs may each have a kernel of a name: NAME-2.cpp)."""
     folder.mkdir(parents=True, exist_ok=True)
-    written, seen = [], {}
+    written = []
+    code_stems, asm_stems = _Stems(), _Stems()
+    for k in found.made:
+        if k.code is not None:
+            written.append(folder / f"{code_stems(k.name)}.{'py' if k.kind == 'triton' else k.kind}")
+            written[-1].write_text(k.code + "\n")
+    reports = found.launched + [k.report for k in found.made if k.report is not None]
     for r in (r for r in reports if isinstance(r, KernelReport)):
-        seen[r.name] = seen.get(r.name, 0) + 1
-        stem = r.name if seen[r.name] == 1 else f"{r.name}-{seen[r.name]}"
+        stem = asm_stems(r.name)
         for section in ("ttir", "ttgir", "llir", "ptx", "sass"):
             if section in r.asm:
-                path = folder / f"{stem}.{section}"
-                path.write_text(r.asm[section])
-                written.append(path)
+                written.append(folder / f"{stem}.{section}")
+                written[-1].write_text(r.asm[section])
     return written
+
+
+class _Stems:
+    """File stems for names that may repeat: NAME, NAME-2, NAME-3, ..."""
+    def __init__(self):
+        self.seen: dict[str, int] = {}
+
+    def __call__(self, name: str) -> str:
+        self.seen[name] = self.seen.get(name, 0) + 1
+        return name if self.seen[name] == 1 else f"{name}-{self.seen[name]}"

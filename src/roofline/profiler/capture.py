@@ -101,7 +101,7 @@ class _ModulePaths:
             self._stack.pop()[2].__exit__(None, None, None)
 
 
-def _library_roots() -> list[str]:
+def library_roots() -> list[str]:
     import sysconfig
 
     roots = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
@@ -124,7 +124,7 @@ class _LineMarks:
     """
 
     def __init__(self):
-        self.roots = tuple(_library_roots())
+        self.roots = tuple(library_roots())
         self.stacks: dict[tuple, int] = {}
         self._library: dict[str, bool] = {}
         self._cwd = os.path.join(os.getcwd(), "")
@@ -234,7 +234,7 @@ def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None,
     from roofline.distributed.ledger import environment
 
     return {"version": 1, "cwd": os.getcwd(), "argv": sys.argv[:], "nccl_env": environment(),
-            "sys_path": [p or os.getcwd() for p in sys.path], "library_roots": _library_roots(),
+            "sys_path": [p or os.getcwd() for p in sys.path], "library_roots": library_roots(),
             "stacks": stacks or [], "unprofiled_steps": unprofiled_steps or {"wall_ms": [], "gpu_ms": []},
             "optimizers": optimizers or [], "window_steps": window_steps, "ddp_buckets": ddp_buckets or []}
 

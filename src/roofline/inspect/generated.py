@@ -1,0 +1,262 @@
+"""The kernels torch.compile generated for a function: each with the user's lines it fused, its time and its code.
+
+Inductor can note, for each kernel it writes, the stack traces of the operations the kernel holds (its provenance
+tracking, off by default). `generated(fn)` turns that on for one call of fn, keeps the module each compiled graph
+became (its kernels' source), then runs fn again under torch.profiler, each graph's call inside a range of its
+own, and reads every kernel's time there:
+
+- a Triton kernel (GPU): its launches' device time, by its name;
+- a C++ kernel (CPU): its own profiler range, `graph_N_NAME`, which Inductor writes where asked (cpp's
+  enable_kernel_profile);
+- a call Inductor leaves to a library (extern_kernels.mm, a fallback aten op): the k-th such call of a graph is
+  the k-th op of its name within that graph's range.
+
+The lines come from Dynamo's stack traces: each operation's innermost frame in the user's code (not torch's,
+roofline's or another library's), so that nn.Linear's matmul is charged to the line that called the layer. A backward kernel is charged
+to the forward lines whose gradients it computes. On a GPU each Triton kernel's binary is kept too (Inductor's
+store_cubin), for the SASS view of report.analyze.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import re
+import statistics
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from roofline.inspect import kernels
+from roofline.profiler.capture import library_roots
+
+_LOCK = threading.Lock()                   # one recording at a time: it patches Inductor's class
+_RANGE = "roofline::graph "                # + the graph's index: its call's range in the profile
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n([^\n]*)')
+_GRAPH_PREFIX = re.compile(r"^graph_\d+_")  # C++ kernels' profiler ranges: graph_N_<kernel name>
+
+
+@dataclass(frozen=True)
+class Line:
+    """A line of the user's code."""
+    file: str
+    line: int
+    code: str
+
+    def __str__(self) -> str:
+        return f"{Path(self.file).name}:{self.line}"
+
+
+@dataclass
+class GeneratedKernel:
+    """One kernel of a compiled graph."""
+    name: str                  # as Inductor named it (unique within its graph)
+    graph: int                 # its graph, in the order compiled: a forward before its backward
+    kind: str                  # "triton", "cpp", or "library" (a call Inductor leaves to a library: mm, conv, ...)
+    lines: list[Line]          # the user's lines whose operations it holds
+    code: str | None           # its generated source; None for a library call
+    calls: float = 0.0         # a run of the function
+    ms: float | None = None    # a run: device time on a GPU, CPU time on a CPU; None where the profile lacks it
+    launch: kernels.Launch | None = field(default=None, repr=False)   # a Triton kernel a GPU compiled: its binary
+    report: object = None      # report.KernelReport (or Uncompiled) of that binary
+
+    @property
+    def label(self) -> str:
+        """Its name as the profiler shows it: a library call as its aten op (aten::mm)."""
+        return _aten_name(self.name) if self.kind == "library" else self.name
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "graph": self.graph, "kind": self.kind, "calls": self.calls, "ms": self.ms,
+                "lines": [{"file": x.file, "line": x.line, "code": x.code} for x in self.lines],
+                "config": self.launch.kwargs if self.launch else {}, "code": self.code,
+                "report": self.report.to_dict() if self.report is not None else None}
+
+
+@dataclass
+class _Graph:
+    index: int
+    path: str                             # the module's file: Inductor's wrapper, with its kernels' source
+    module: object = field(repr=False)
+    traces: dict[str, list[str]]          # "kernel:handle" -> the stack traces of the operations it holds
+
+
+def generated(fn, *args, runs: int = 3, **kwargs) -> list[GeneratedKernel]:
+    """Call fn(*args, **kwargs) once, compiling what it compiles with torch.compile (fn compiles its own
+    functions or modules, or is one; `torch.compile(fn)` inspects a function of plain eager code), then `runs`
+    times more under the profiler. Returns every kernel of every graph, in each graph's order, with its time a
+    run."""
+    with recording() as graphs:
+        fn(*args, **kwargs)
+    return timed(graphs, fn, args, kwargs, runs)
+
+
+def timed(graphs: list[_Graph], fn, args=(), kwargs=None, runs: int = 3) -> list[GeneratedKernel]:
+    """The kernels of the graphs `recording` kept, each timed over `runs` more calls of fn."""
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}")
+    found = [k for g in graphs for k in _kernels(g)]
+    if found:
+        _time(found, fn, args, kwargs or {}, runs)
+    return found
+
+
+@contextlib.contextmanager
+def recording():
+    """Within it, what torch.compile compiles is kept: Inductor's provenance tracking on and its caches off (a
+    graph read from a cache is not compiled, and so notes nothing), each compiled graph kept, its call put in a
+    profiler range of its own. Dynamo's caches are cleared first, so that every graph is compiled here."""
+    from torch._inductor import config, debug
+    from torch._inductor.graph import GraphLowering
+
+    graphs: list[_Graph] = []
+    compile_to_module = GraphLowering.compile_to_module
+
+    @functools.wraps(compile_to_module)
+    def keeping(self, *a, **kw):
+        module = compile_to_module(self, *a, **kw)
+        index = len(graphs)
+        graphs.append(_Graph(index, module.__file__, module,
+                             {k: list(v) for k, v in debug._inductor_kernel_stack_trace.items()}))
+        module.call = _in_range(module.call, f"{_RANGE}{index}")   # compile_fx takes module.call after this
+        return module
+
+    settings = {"trace.provenance_tracking_level": 1, "fx_graph_cache": False, "fx_graph_remote_cache": False,
+                "cpp.enable_kernel_profile": True, "triton.store_cubin": True,
+                # the static launcher keeps no CompiledKernel to read the SASS of
+                "use_static_cuda_launcher": False}
+    with _LOCK, config.patch(settings), torch._functorch.config.patch(enable_autograd_cache=False):
+        torch._dynamo.reset()
+        GraphLowering.compile_to_module = keeping
+        try:
+            yield graphs
+        finally:
+            GraphLowering.compile_to_module = compile_to_module
+
+
+def _in_range(call, name: str):
+    def ranged(*args, **kwargs):
+        with torch.profiler.record_function(name):
+            return call(*args, **kwargs)
+    return ranged
+
+
+def _kernels(graph: _Graph) -> list[GeneratedKernel]:
+    """The graph's kernels in the order Inductor wrote them, each with its lines, code and (on a GPU) binary."""
+    sources = _sources(graph.path)
+    found = []
+    for key, traces in sorted(graph.traces.items(), key=lambda kv: int(kv[0].rpartition(":")[2] or 0)):
+        name = key.rpartition(":")[0] or key
+        kind, code = sources.get(name, ("library", None))
+        kernel = GeneratedKernel(name, graph.index, kind, _user_lines(traces), code)
+        if kind == "triton":
+            _keep_binary(kernel, getattr(graph.module, name, None))
+        found.append(kernel)
+    return found
+
+
+def _sources(path: str) -> dict[str, tuple[str, str]]:
+    """{kernel name: (kind, source)} from Inductor's wrapper module, where each kernel is written as
+    `NAME = async_compile.triton('NAME', '''source''', ...)` or `async_compile.cpp_pybinding([...], '''source''')`."""
+    out = {}
+    for node in ast.parse(Path(path).read_text()).body:
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Attribute)
+                and getattr(node.value.func.value, "id", None) == "async_compile"
+                and isinstance(node.targets[0], ast.Name)):
+            continue
+        strings = [a.value for a in node.value.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        if strings:
+            how = node.value.func.attr
+            out[node.targets[0].id] = ("cpp" if how.startswith("cpp") else how, max(strings, key=len).strip("\n"))
+    return out
+
+
+def _user_lines(traces: list[str]) -> list[Line]:
+    """Each stack trace's innermost frame in the user's code (its innermost frame where all are a library's)."""
+    lines = {}
+    for trace in traces:
+        frames = [Line(f, int(n), code.strip()) for f, n, code in _FRAME.findall(trace)]
+        if frames:
+            user = [x for x in frames if not _library(x.file)]
+            lines[(user or frames)[-1]] = None
+    return sorted(lines, key=lambda x: (x.file, x.line))
+
+
+@functools.cache
+def _library(file: str) -> bool:
+    """torch's, roofline's, the standard library's or an installed package's file (roofline's op is charged to
+    the line that called it)."""
+    roots = tuple(library_roots())
+    return file.startswith(roots) or str(Path(file).resolve()).startswith(roots)
+
+
+def _keep_binary(kernel: GeneratedKernel, autotuner) -> None:
+    """A Triton kernel's binary and the configuration it runs with (XBLOCK, ...), from Inductor's autotuner (one
+    launcher once tuned). Its grid is worked out at each call, and is not kept."""
+    launchers = getattr(autotuner, "launchers", None) or []
+    if launchers and getattr(launchers[0], "bin", None) is not None:
+        launcher = launchers[0]
+        config = {**launcher.config.kwargs, "num_warps": launcher.config.num_warps,
+                  "num_stages": launcher.config.num_stages}
+        kernel.launch = kernels.Launch(launcher.fn, (), config, None, launcher.bin)
+
+
+def _time(found: list[GeneratedKernel], fn, args, kwargs, runs: int) -> None:
+    """Each kernel's calls and time a run, from `runs` calls of fn under the profiler: the median of its calls'
+    times, by its calls a run (a median, since a loaded machine stretches a call now and then)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    fn(*args, **kwargs)   # warm: the first call after compiling may still tune or load
+    if gpu:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        for _ in range(runs):
+            fn(*args, **kwargs)
+        if gpu:
+            torch.cuda.synchronize()
+    times: dict[int, list[float]] = {i: [] for i in range(len(found))}   # by index in `found`, us
+    for event in prof.events():
+        if event.name.startswith(_RANGE):
+            _one_call(found, int(event.name.removeprefix(_RANGE)), event, times, gpu)
+    for i, k in enumerate(found):
+        if times[i]:
+            k.calls = len(times[i]) / runs
+            k.ms = statistics.median(times[i]) * k.calls / 1e3
+
+
+def _one_call(found: list[GeneratedKernel], graph: int, event, times: dict[int, list[float]], gpu: bool) -> None:
+    """The times of a graph's kernels in one call of the graph (its range in the profile)."""
+    named = {k.name: i for i, k in enumerate(found) if k.graph == graph and k.kind != "library"}
+    library: dict[str, list[int]] = {}   # by profiler name, in the order the graph calls them
+    for i, k in enumerate(found):
+        if k.graph == graph and k.kind == "library":
+            library.setdefault(_aten_name(k.name), []).append(i)
+    for inner in (event, *_within(event)):
+        for kernel in inner.kernels:   # a GPU's kernels launched right under this op
+            if kernel.name in named:
+                times[named[kernel.name]].append(kernel.duration)
+        name = _GRAPH_PREFIX.sub("", inner.name)
+        if inner.name.startswith("graph_") and name in named:   # a C++ kernel's own range
+            times[named[name]].append(inner.cpu_time_total)
+        elif library.get(name):
+            times[library[name].pop(0)].append(inner.device_time_total if gpu else inner.cpu_time_total)
+
+
+def _within(event):
+    """The profiler events under `event`, depth first, not descending into a library call (an aten op's own
+    inner ops belong to it)."""
+    for child in event.cpu_children:
+        yield child
+        if not child.name.startswith("aten::"):
+            yield from _within(child)
+
+
+def _aten_name(name: str) -> str:
+    """The profiler's name of a library call Inductor writes as extern_kernels.mm or aten.sort.default."""
+    op = name.removeprefix("extern_kernels.").removeprefix("torch.ops.").removeprefix("aten.").split(".")[0]
+    return f"aten::{op}"

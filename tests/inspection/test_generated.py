@@ -1,0 +1,117 @@
+"""The kernels torch.compile generates for a function, each with the user's lines it fused, its time and its code:
+on this machine Inductor writes C++ kernels and leaves matmuls to a library, which is what these tests read."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from roofline.inspect import generated
+from roofline.inspect.generated import Line
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).read_text().splitlines()
+BLOCK = ("Block", "CausalSelfAttention", "MLP")   # examples/models/gpt2.py's classes in a block
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU Inductor writes Triton kernels: "
+                              "tests/inspection/test_inspect_gpu.py")
+
+
+def _line(text: str, lines=HERE) -> int:
+    return next(i for i, line in enumerate(lines, 1) if text in line and "_line(" not in line)
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 32)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x):
+        h = self.fc(x)                      # planted: a library call
+        h = F.gelu(h) * 2 + 1               # planted: fused
+        return self.norm(h).softmax(-1)     # planted: fused too
+
+
+@cpu_only
+def test_every_kernel_with_the_lines_it_fused_its_time_and_its_code():
+    block = torch.compile(_Block())
+    x = torch.randn(8, 16, requires_grad=True)
+    made = generated.generated(lambda: block(x).sum().backward(), runs=2)
+    fc, gelu, norm = (_line(f"planted: {what}") for what in ("a library call", "fused", "fused too"))
+    forward, backward = ([k for k in made if k.graph == g] for g in (0, 1))
+    assert forward and backward and {k.graph for k in made} == {0, 1}
+    # the layer's matmul, charged to the line that called the layer (not to torch's linear.py)
+    assert [(k.label, [x.line for x in k.lines]) for k in forward if k.kind == "library"] == [("aten::addmm", [fc])]
+    assert all(x.file == __file__ for k in made for x in k.lines)
+    fused = [k for k in forward if k.kind == "cpp"]
+    assert {x.line for k in fused for x in k.lines} == {gelu, norm}
+    assert Line(__file__, gelu, "h = F.gelu(h) * 2 + 1               # planted: fused") in fused[0].lines
+    # backward: the weight's and the input's gradients are matmuls at the layer's line; gelu's gradient is fused
+    assert sorted(k.label for k in backward if k.kind == "library") == ["aten::mm", "aten::mm"]
+    assert all([x.line for x in k.lines] == [fc] for k in backward if k.kind == "library")
+    assert any("gelu_backward" in k.name and gelu in {x.line for x in k.lines} for k in backward)
+    for k in made:
+        assert k.calls == 1 and k.ms is not None and k.ms > 0, k.name
+        assert (k.code is None) == (k.kind == "library")
+        if k.kind == "cpp":
+            assert 'extern "C"' in k.code and "kernel(" in k.code
+
+
+def test_the_wrapper_s_kernels_are_read_as_inductor_writes_them(tmp_path):
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(
+        "async_compile = AsyncCompile()\n"
+        "triton_poi_fused_add_0 = async_compile.triton('triton_poi_fused_add_0', '''\n"
+        "@triton.jit\ndef triton_poi_fused_add_0(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):\n    pass\n"
+        "''', device_str='cuda')\n"
+        "cpp_fused_sum_1 = async_compile.cpp_pybinding(['const float*', 'float*'], r'''\n"
+        "extern \"C\" void kernel(const float* in_ptr0, float* out_ptr0) {}\n''')\n"
+        "other = something.else_('not a kernel')\n")
+    sources = generated._sources(str(wrapper))
+    assert set(sources) == {"triton_poi_fused_add_0", "cpp_fused_sum_1"}
+    kind, code = sources["triton_poi_fused_add_0"]
+    assert kind == "triton" and code.startswith("@triton.jit") and code.endswith("pass")
+    assert sources["cpp_fused_sum_1"] == ("cpp", 'extern "C" void kernel(const float* in_ptr0, float* out_ptr0) {}')
+
+
+def test_a_kernel_is_charged_to_the_user_s_innermost_line_not_to_torch_s():
+    torch_file = str(Path(torch.__file__).parent / "nn/modules/linear.py")
+    trace = (f'  File "/home/me/model.py", line 12, in forward\n    y = self.proj(x)\n    ^^^^\n'
+             f'  File "{torch_file}", line 134, in forward\n    return F.linear(input, self.weight, self.bias)\n')
+    only_torch = f'  File "{torch_file}", line 134, in forward\n    return F.linear(input, self.weight, self.bias)\n'
+    assert generated._user_lines([trace, trace]) == [Line("/home/me/model.py", 12, "y = self.proj(x)")]
+    assert generated._user_lines([only_torch]) == [Line(torch_file, 134, "return F.linear(input, self.weight, "
+                                                                         "self.bias)")]
+    assert generated._aten_name("extern_kernels.addmm") == "aten::addmm"
+    assert generated._aten_name("torch.ops.aten.sort.stable") == "aten::sort"
+
+
+@cpu_only
+@pytest.mark.long   # a process of its own that compiles a GPT-2 block: run first (conftest)
+def test_a_compiled_gpt2_block_names_every_kernel_with_its_lines(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "roofline", "inspect", "examples/inspect_kernels.py:gpt2_block",
+                           "--runs", "2", "--json", str(tmp_path / "block.json"), "--out", str(tmp_path / "code")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    made = json.loads((tmp_path / "block.json").read_text())["generated"]
+    gpt2 = (ROOT / "examples/models/gpt2.py").read_text()
+    forwards = {n for c in ast.parse(gpt2).body if isinstance(c, ast.ClassDef) and c.name in BLOCK
+                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "forward"
+                for n in range(f.body[0].lineno, f.end_lineno + 1)}   # the lines of the block's forwards
+    assert len(made) >= 10 and {k["graph"] for k in made} == {0, 1}
+    for k in made:
+        assert k["ms"] is not None and k["ms"] > 0 and k["lines"], k["name"]
+        assert all(x["file"].endswith("examples/models/gpt2.py") and x["line"] in forwards for x in k["lines"])
+    sdpa = _line("y = F.scaled_dot_product_attention(q, k, v, is_causal=True)", gpt2.splitlines())
+    assert any("scaled_dot_product" in k["name"] and sdpa in [x["line"] for x in k["lines"]] for k in made)
+    written = sorted(p.name for p in (tmp_path / "code").iterdir())
+    assert written == sorted(f"{k['name']}.cpp" for k in made if k["kind"] == "cpp")
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+    assert "torch.compile generated" in done.stdout and "gpt2.py:" in done.stdout
