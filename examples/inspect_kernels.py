@@ -2,7 +2,7 @@
 
     roofline inspect examples/inspect_kernels.py:softmax_forward_and_backward --arch sm_90
     roofline inspect examples/inspect_kernels.py:matmuls --out kernels/
-    roofline inspect examples/inspect_kernels.py:gpt2_block
+    roofline inspect examples/inspect_kernels.py:gpt2_block          (on a GPU: gpt2_small_block)
 
 Each function launches Triton kernels once, at shapes small enough for Triton's interpreter on a machine without
 a GPU (the kernels are then compiled for --arch there); on a GPU, pass the shapes you run.
@@ -65,10 +65,15 @@ def matmuls(size: int = 128):
 
 def gpt2_block(batch: int = 2, seq: int = 32, d_model: int = 64, heads: int = 4):
     """One GPT-2 block (examples/models/gpt2.py) under torch.compile, forward and backward: the kernels Inductor
-    generates for it, each with the lines of gpt2.py it fused. Small by default, for a machine without a GPU; on a
-    GPU pass GPT-2 small's sizes (seq 1024, d_model 768, heads 12)."""
+    generates for it, each with the lines of gpt2.py it fused. Small, for a machine without a GPU."""
     block, x = _compiled_block(batch, seq, d_model, heads)
     block(x).sum().backward()
+
+
+def gpt2_small_block():
+    """gpt2_block at GPT-2 small's sizes, 8 x 1024 tokens, under bf16 autocast as it trains on a GPU."""
+    with torch.autocast("cuda", torch.bfloat16):
+        gpt2_block(batch=8, seq=1024, d_model=768, heads=12)
 
 
 @functools.cache

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from roofline.inspect import kernels
-from roofline.inspect.report import inspect_function
+from roofline.inspect.report import KernelReport, inspect_function
 
 pytestmark = pytest.mark.gpu
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -30,3 +30,21 @@ def test_registers_and_spills_are_triton_s_for_the_binary_that_ran(fn, count):
         assert (report.resources.local_bytes > 0) == (compiled.n_spills > 0), report.name
         assert report.sms == props.multi_processor_count
     assert any(r.mix.counts.get("tensor core") for r in reports) == (fn is inspect_kernels.matmuls)
+
+
+def test_torch_compile_s_triton_kernels_get_the_view_of_the_binary_that_ran():
+    """A compiled GPT-2 block: every kernel timed on the GPU and charged to lines of gpt2.py; every Triton kernel
+    Inductor wrote inspected from the binary it launched (Triton's own register count)."""
+    found = inspect_function(inspect_kernels.gpt2_block, runs=2)
+    made = found.made
+    triton = [k for k in made if k.kind == "triton"]
+    assert found.launched == [] and triton and {k.graph for k in made} == {0, 1}
+    for k in made:
+        assert k.ms is not None and k.ms > 0 and k.lines, k.name
+        assert all(x.file.endswith("examples/models/gpt2.py") for x in k.lines), k.name
+    for k in triton:
+        assert isinstance(k.report, KernelReport), (k.name, k.report)
+        k.launch.compiled._init_handles()
+        assert k.report.resources.registers == k.launch.compiled.n_regs, k.name
+        assert k.report.name == k.name and k.report.mix.total > 0 and not k.report.compiled_here
+        assert "XBLOCK" in k.launch.kwargs or "R0_BLOCK" in k.launch.kwargs or "YBLOCK" in k.launch.kwargs

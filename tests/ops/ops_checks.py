@@ -19,6 +19,16 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
 
+def poisoned_passes(shape, dtype=torch.float32):
+    """One pass per yield, each right after a NaN-filled block of `shape` is freed: the op's outputs then come from
+    memory that held NaN, which its kernels must overwrite. Three passes on a GPU, where the caching allocator may
+    hand out another of its blocks first; one on a CPU, where malloc hands back the chunk just freed."""
+    for _ in range(3 if DEVICE == "cuda" else 1):
+        poison = torch.full(shape, math.nan, device=DEVICE, dtype=dtype)
+        del poison
+        yield
+
+
 def as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
 

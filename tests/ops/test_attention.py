@@ -7,11 +7,10 @@ at a language model's sizes.
 """
 
 import importlib
-import math
 
 import pytest
 import torch
-from ops_checks import DEVICE, DTYPES, assert_within_twice_torchs_error, outputs_and_grads
+from ops_checks import DEVICE, DTYPES, assert_within_twice_torchs_error, outputs_and_grads, poisoned_passes
 
 from roofline.ops.attention import HEAD_DIMS, attention_reference, flash_attention
 
@@ -41,10 +40,12 @@ def check(q, k, v, causal=False, scale=None, grad=True):
     return ours[0]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("nq,nk", [(1, 1), (113, 113), (1, 70)])
+@pytest.mark.parametrize("nq,nk,dtype", [(nq, nk, dtype) for nq, nk in [(1, 1), (113, 113), (1, 70)]
+                                         for dtype in DTYPES if nq > 1 or dtype != torch.float16 or DEVICE == "cuda"])
 def test_matches_float64_within_twice_torchs_error(nq, nk, causal, dtype):
+    # fp16 takes bf16's code path, rounded finer: under the interpreter the one-query shapes (64 programs, ten
+    # seconds or more each) leave it to the 113 x 113 case
     # Enough outputs that the largest error is not one lucky element of torch's (in bf16, a few queries' can
     # be: over 15 draws the ratio reached 1.94 with 2 x 8 heads of one query, 1.17 with 4 x 16).
     batch, heads = (4, 16) if nq == 1 else (2, 8)
@@ -91,9 +92,7 @@ def test_tiles_smaller_than_the_lengths_and_poisoned_memory(monkeypatch, held, w
     # Several blocks each way, so that the unmasked and masked loops both run, and the causal diagonal cuts
     # blocks of either size at an offset (nk - nq) that is no multiple of them.
     monkeypatch.setattr(attention_module, "tiles", lambda kernel, dtype, d: attention_module.Tiles(held, walked, 4, 1))
-    for _ in range(2):
-        poison = torch.full((1, 3, max(nq, nk), 64), math.nan, device=DEVICE)
-        del poison
+    for _ in poisoned_passes((1, 3, max(nq, nk), 64)):
         for causal in (True, False):
             out = check(*inputs(1, 3, 1, nq, nk, 64, torch.float32), causal=causal)
             assert not out.isnan().any()

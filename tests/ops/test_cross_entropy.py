@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_checks import DEVICE, DTYPES, assert_matches_float64, block_size_fixture, patched
+from ops_checks import DEVICE, DTYPES, assert_matches_float64, block_size_fixture, patched, poisoned_passes
 
 from roofline.ops import cross_entropy, wait_for_target_checks
 from roofline.ops._target_check import CHECK_SLOTS, target_checks
@@ -244,9 +244,7 @@ def test_under_autocast_the_loss_is_fp32_as_torchs(reduction, compiled):
 def test_poisoned_gradient_memory_is_overwritten(block):
     logits = torch.randn(16, 300, device=DEVICE)
     t = targets(16, 300)
-    for _ in range(3):   # NaN-filled blocks freed right before: the gradient buffer comes from them
-        poison = torch.full((16, 300), math.nan, device=DEVICE)
-        del poison
+    for _ in poisoned_passes((16, 300)):   # the gradient buffer comes from NaN-filled memory
         check(logits, t, reduction="sum")
 
 

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from ops_checks import DEVICE, DTYPES, assert_within_twice_torchs_error, outputs_and_grads, patched
+from ops_checks import DEVICE, DTYPES, assert_within_twice_torchs_error, outputs_and_grads, patched, poisoned_passes
 
 from roofline.ops._common import interpreting
 from roofline.ops.int8_linear import dequantize_int8, int8_linear, int8_linear_reference, quantize_int8
@@ -94,9 +94,7 @@ def test_the_epilogue_by_halves_of_the_tile(monkeypatch, persistent):
 
 
 def test_poisoned_output_memory_is_overwritten():
-    for _ in range(2):
-        poison = torch.full((64, 64), math.nan, device=DEVICE, dtype=torch.float16)
-        del poison
+    for _ in poisoned_passes((64, 64), torch.float16):
         x, w, b, _ = operands(33, 40, 50, torch.float16, residual=False)
         assert not linear(x, w, b, "relu", backend="triton").isnan().any()
 

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_checks import DEVICE, DTYPES, SHAPES, as_tuple, assert_matches_float64, block_size_fixture, patched
+from ops_checks import (DEVICE, DTYPES, SHAPES, as_tuple, assert_matches_float64, block_size_fixture, patched,
+                        poisoned_passes)
 
 import roofline.ops.norm as norm_module
 from roofline.ops import add_rms_norm, layer_norm, rms_norm
@@ -123,9 +124,7 @@ def test_strided_inputs_and_eps(op, max_block):
 @pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_poisoned_output_memory_is_overwritten(op, max_block):
     args = inputs(op, (64, 200), torch.float32)
-    for _ in range(3):   # NaN-filled blocks freed right before: the kernel's outputs come from them
-        poison = torch.full((4, 64, 200), math.nan, device=DEVICE)
-        del poison
+    for _ in poisoned_passes((4, 64, 200)):
         check(op, *args)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_checks import DEVICE, DTYPES, assert_matches_float64
+from ops_checks import DEVICE, DTYPES, assert_matches_float64, poisoned_passes
 
 from roofline.ops import rope
 from roofline.ops.rope import rope_reference
@@ -115,9 +115,7 @@ def test_gradient_of_only_one_output_and_poisoned_outputs():
     cos, sin = angles(2, 5, 8)
     q = torch.randn(2, 3, 5, 8, device=DEVICE, requires_grad=True)
     k = torch.randn(2, 1, 5, 8, device=DEVICE, requires_grad=True)
-    for _ in range(2):
-        poison = torch.full((4, 3, 5, 8), float("nan"), device=DEVICE)
-        del poison
+    for _ in poisoned_passes((4, 3, 5, 8)):
         q_rot, _ = rope(q, k, cos, sin, backend="triton")
         q_rot.sum().backward()
     ref_q = q.detach().double().requires_grad_()

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_checks import SHAPES, block_size_fixture, patched
+from ops_checks import SHAPES, block_size_fixture, patched, poisoned_passes
 
 from roofline.ops import log_softmax, softmax
 from roofline.ops.softmax import softmax_by_hand
@@ -67,9 +67,7 @@ def test_any_dim_and_strided_inputs(op, dim, max_block):
 @pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
 def test_poisoned_output_memory_is_overwritten(op, max_block):
     x = torch.randn(64, 200, device=DEVICE)
-    for _ in range(3):   # NaN-filled blocks freed right before: the kernel's output comes from them
-        poison = torch.full((64, 200), math.nan, device=DEVICE)
-        del poison
+    for _ in poisoned_passes((64, 200)):
         check(x, op)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_checks import DEVICE, DTYPES, SHAPES, assert_matches_float64
+from ops_checks import DEVICE, DTYPES, SHAPES, assert_matches_float64, poisoned_passes
 
 from roofline.ops import swiglu
 from roofline.ops.swiglu import _as_rows, swiglu_reference
@@ -46,9 +46,7 @@ def test_other_strided_views():
 
 def test_poisoned_output_memory_is_overwritten():
     gate, up = torch.randn(64, 300, device=DEVICE), torch.randn(64, 300, device=DEVICE)
-    for _ in range(3):
-        poison = torch.full((3, 64, 300), math.nan, device=DEVICE)
-        del poison
+    for _ in poisoned_passes((3, 64, 300)):
         check(gate, up)
 
 

@@ -12,9 +12,10 @@ own, and reads every kernel's time there:
   the k-th op of its name within that graph's range.
 
 The lines come from Dynamo's stack traces: each operation's innermost frame in the user's code (not torch's,
-roofline's or another library's), so that nn.Linear's matmul is charged to the line that called the layer. A backward kernel is charged
-to the forward lines whose gradients it computes. On a GPU each Triton kernel's binary is kept too (Inductor's
-store_cubin), for the SASS view of report.analyze.
+roofline's or another library's), so that nn.Linear's matmul is charged to the line that called the layer. A
+backward kernel is charged to the forward lines whose gradients it computes. On a GPU each Triton kernel's binary
+is kept too (Inductor's store_cubin), for the SASS view of report.analyze. These are Inductor's internals
+(torch._inductor.debug's provenance tables, GraphLowering.compile_to_module): tested with torch 2.13.
 """
 
 from __future__ import annotations
@@ -123,10 +124,10 @@ def recording():
         module.call = _in_range(module.call, f"{_RANGE}{index}")   # compile_fx takes module.call after this
         return module
 
+    # store_cubin: each launcher keeps its CompiledKernel (and its launches bypass the static launcher, which
+    # keeps none); enable_kernel_profile: each C++ kernel in a profiler range of its own
     settings = {"trace.provenance_tracking_level": 1, "fx_graph_cache": False, "fx_graph_remote_cache": False,
-                "cpp.enable_kernel_profile": True, "triton.store_cubin": True,
-                # the static launcher keeps no CompiledKernel to read the SASS of
-                "use_static_cuda_launcher": False}
+                "cpp.enable_kernel_profile": True, "triton.store_cubin": True}
     with _LOCK, config.patch(settings), torch._functorch.config.patch(enable_autograd_cache=False):
         torch._dynamo.reset()
         GraphLowering.compile_to_module = keeping
