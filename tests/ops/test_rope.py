@@ -115,13 +115,14 @@ def test_gradient_of_only_one_output_and_poisoned_outputs():
     cos, sin = angles(2, 5, 8)
     q = torch.randn(2, 3, 5, 8, device=DEVICE, requires_grad=True)
     k = torch.randn(2, 1, 5, 8, device=DEVICE, requires_grad=True)
-    for _ in poisoned_passes((4, 3, 5, 8)):
-        q_rot, _ = rope(q, k, cos, sin, backend="triton")
-        q_rot.sum().backward()
     ref_q = q.detach().double().requires_grad_()
     rope_reference(ref_q, k.detach().double(), cos.double(), sin.double())[0].sum().backward()
-    torch.testing.assert_close(q.grad.double(), 2 * ref_q.grad, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(k.grad, torch.zeros_like(k))
+    for _ in poisoned_passes((4, 3, 5, 8)):
+        q.grad = k.grad = None
+        q_rot, _ = rope(q, k, cos, sin, backend="triton")
+        q_rot.sum().backward()
+        torch.testing.assert_close(q.grad.double(), ref_q.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k.grad, torch.zeros_like(k))
 
 
 def test_empty_and_torch_backends():
