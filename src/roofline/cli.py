@@ -579,6 +579,8 @@ def inspect(
     sms: Optional[int] = typer.Option(None, min=1, help="The GPU's SM count, for the findings about the grid "
                                       "(default: this machine's GPU's)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write every kernel's report as JSON."),
+    html_path: Optional[Path] = typer.Option(None, "--html", help="Write a page: each kernel's source beside what "
+                                             "each line compiled to, its findings, PTX and SASS."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write each kernel's TTIR, TTGIR, LLVM IR, PTX and SASS "
                                        "(with its source lines) into this folder."),
     top: int = typer.Option(8, min=1, help="Source lines shown per kernel, and kernels of torch.compile's shown "
@@ -610,6 +612,11 @@ def inspect(
     if json_path:
         json_path.write_text(json.dumps(found.to_dict(), indent=1))
         console.print(f"report written to {json_path}", highlight=False)
+    if html_path:
+        from roofline.inspect.html import render as render_html
+
+        html_path.write_text(render_html(found, f"roofline inspect {target}"))
+        console.print(f"page written to {html_path}", highlight=False)
     if out:
         written = write_sections(found, out)
         console.print(f"{len(written)} files of code written to {out}", highlight=False)

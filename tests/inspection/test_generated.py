@@ -97,7 +97,8 @@ def test_a_kernel_is_charged_to_the_user_s_innermost_line_not_to_torch_s():
 @pytest.mark.long   # a process of its own that compiles a GPT-2 block: run first (conftest)
 def test_a_compiled_gpt2_block_names_every_kernel_with_its_lines(tmp_path):
     done = subprocess.run([sys.executable, "-m", "roofline", "inspect", "examples/inspect_kernels.py:gpt2_block",
-                           "--runs", "2", "--json", str(tmp_path / "block.json"), "--out", str(tmp_path / "code")],
+                           "--runs", "2", "--json", str(tmp_path / "block.json"), "--out", str(tmp_path / "code"),
+                           "--html", str(tmp_path / "block.html")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "80"})
     assert done.returncode == 0, done.stderr[-3000:]
     made = json.loads((tmp_path / "block.json").read_text())["generated"]
@@ -115,3 +116,9 @@ def test_a_compiled_gpt2_block_names_every_kernel_with_its_lines(tmp_path):
     assert written == sorted(f"{k['name']}.cpp" for k in made if k["kind"] == "cpp")
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
     assert "torch.compile generated" in done.stdout and "gpt2.py:" in done.stdout
+    page = (tmp_path / "block.html").read_text()
+    rows = page[page.index('id="generated"'):]
+    rows = rows[:rows.index("</table>")]
+    assert rows.count("<tr") == 1 + len(made)   # every kernel a row, then a card with its lines and code
+    assert page.count("<div class='card'>") == len(made) and page.count("its code (") == len(written)
+    assert "y = F.scaled_dot_product_attention(q, k, v, is_causal=True)" in page

@@ -30,8 +30,8 @@ def matmuls(tmp_path_factory):
     folder = tmp_path_factory.mktemp("inspect")
     done = subprocess.run([sys.executable, "-m", "roofline", "inspect", "examples/inspect_kernels.py:matmuls",
                            "--arch", "sm_90", "--sms", "132", "--json", str(folder / "kernels.json"),
-                           "--out", str(folder / "code")], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "80"})
+                           "--out", str(folder / "code"), "--html", str(folder / "kernels.html")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "80"})
     return done, folder
 
 
@@ -71,6 +71,41 @@ def test_registers_agree_with_ptxas_and_the_code_is_written(matmuls):
         assert int(re.search(r"Used (\d+) registers", said)[1]) == k["registers"], said
         assert k["occupancy"]["registers"] == k["registers"] and k["occupancy"]["blocks"] >= 1
     assert "HGMMA" in (folder / "code" / "matmul_kernel.sass").read_text()
+
+
+def test_the_page_shows_each_kernel_s_source_beside_its_machine_code(matmuls):
+    done, folder = matmuls
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = (folder / "kernels.html").read_text()
+    kernels = json.loads((folder / "kernels.json").read_text())["kernels"]
+    source = (ROOT / "examples/inspect_kernels.py").read_text().splitlines()
+    dot = next(i for i, text in enumerate(source, 1) if "tl.dot(" in text)
+    assert all(k["source"]["file"].endswith("examples/inspect_kernels.py") for k in kernels)
+    assert kernels[0]["source"]["lines"][dot - kernels[0]["source"]["first_line"]] == source[dot - 1]
+    # each kernel's source table: every line of the kernel, the line of its tl.dot with its tensor-core count
+    for i, k in enumerate(kernels):
+        table = page[page.index(f'id="launched-{i}-source"'):]
+        table = table[:table.index("</table>")]
+        assert table.count("<tr") == 1 + len(k["source"]["lines"])
+        row = re.search(rf"<tr[^>]*><td>{dot}</td><td class=\"code\">[^<]*tl\.dot\(.*?</tr>", table)[0]
+        tc = sum(x["counts"].get("tensor core", 0) for x in k["lines"] if x["line"] == dot)
+        assert f'data-v="{tc}"' in row
+    assert page.count("<summary>SASS, each instruction under its source line</summary>") == 3
+    assert "HGMMA" in page and "could not be compiled" not in page
+
+
+@pytest.mark.browser
+def test_chromium_renders_the_inspect_page_without_script_errors(matmuls):
+    import browser
+
+    done, folder = matmuls
+    assert done.returncode == 0, done.stderr[-3000:]
+    dom, log = browser.dom((folder / "kernels.html").as_uri() + "#selftest")
+    body = re.search(r"<body[^>]*>", dom)[0]
+    assert 'data-ready="1"' in body and "data-script-error" not in body, body
+    assert "Uncaught" not in log
+    tables = dom.count('<table class="sortable"')
+    assert tables == 4 and f'data-selftest="{len(re.findall(r"<th[ >]", dom))} {tables}"' in body
 
 
 @pytest.mark.parametrize("columns, narrow", [(1000, True), (1024, False)])

@@ -61,6 +61,9 @@ class KernelReport:
     compiled_here: bool        # compiled on this machine (its launch ran under the interpreter, or for another GPU)
     sms: int | None            # the GPU's SMs, where known
     asm: dict = field(default_factory=dict, repr=False)   # ttgir, ptx, sass, ... as text
+    file: str = ""             # the kernel's source: its file,
+    source: list[str] = field(default_factory=list, repr=False)   # its function's lines,
+    first_line: int = 0        # numbered from this line of its file
 
     @property
     def blocks(self) -> int | None:
@@ -82,7 +85,8 @@ class KernelReport:
                 "stack_bytes": self.resources.stack_bytes, "shared_bytes": self.shared_bytes,
                 "occupancy": self.occupancy.to_dict(), "mix": self.mix.to_dict(), "sms": self.sms,
                 "waves": self.waves, "compiled_here": self.compiled_here,
-                "lines": [r.to_dict() for r in self.lines], "findings": [f.to_dict() for f in self.findings]}
+                "lines": [r.to_dict() for r in self.lines], "findings": [f.to_dict() for f in self.findings],
+                "source": {"file": self.file, "first_line": self.first_line, "lines": self.source}}
 
 
 @dataclass
@@ -150,7 +154,8 @@ def analyze(launch: kernels.Launch, built: dict, sms: int | None = None) -> Kern
         launch.name, _where(file, first), meta["arch"], launch.grid, meta["num_warps"], meta["num_stages"],
         {k: v for k, v in launch.kwargs.items() if k not in OPTIONS}, used, shared, occ, sass.mix(instructions),
         rows, [], built["here"], sms,
-        {**{k: v for k, v in built["asm"].items() if isinstance(v, str)}, "sass": listing})
+        {**{k: v for k, v in built["asm"].items() if isinstance(v, str)}, "sass": listing},
+        file, *_kernel_source(launch))
     report.findings = findings(report, launch, instructions)
     return report
 
@@ -239,7 +244,7 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
             [f"pointers not 16-byte aligned ({', '.join(misaligned)})"] if misaligned else [])
         out.append(Finding(
             "narrow-loads", f"global loads of {max(loads)} bits a thread",
-            f"Every global load moves {max(loads)} bits or fewer a thread ({_widths(loads)}), where 128 bits move "
+            f"Every global load moves {max(loads)} bits or fewer a thread ({widths(loads)}), where 128 bits move "
             "four to eight times the bytes an instruction. Triton vectorizes a load where it can prove the "
             "addresses contiguous and 16-byte aligned: from pointers 16-byte aligned and integer arguments (sizes, "
             "strides) divisible by 16."
@@ -254,18 +259,23 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
     return out
 
 
-def _widths(bits) -> str:
+def widths(bits) -> str:
     """Accesses by width: "24 x 128-bit, 2 x 32-bit" (instructions, widest first)."""
     return ", ".join(f"{n} x {b}-bit" for b, n in sorted(bits.items(), reverse=True))
 
 
+def _kernel_source(launch: kernels.Launch) -> tuple[list[str], int]:
+    """The kernel function's lines and the line of its file they start at (none where Python cannot find them)."""
+    try:
+        lines, first = _inspect.getsourcelines(launch.kernel.fn)
+    except (OSError, TypeError):
+        return [], launch.where[1]
+    return [line.rstrip("\n") for line in lines], first
+
+
 def _source_lines(launch: kernels.Launch, pattern: str) -> list[int]:
     """The lines of the kernel's source that match `pattern` (numbered as in its file)."""
-    fn = launch.kernel.fn
-    try:
-        lines, first = _inspect.getsourcelines(fn)
-    except (OSError, TypeError):
-        return []
+    lines, first = _kernel_source(launch)
     return [first + k for k, text in enumerate(lines) if re.search(pattern, text.split("#")[0])]
 
 
@@ -291,28 +301,28 @@ def _render_generated(made: list, console, top: int) -> None:
     console.print(f"\n[bold]{len(made)} kernel{'s' if len(made) != 1 else ''} torch.compile generated[/bold] in "
                   f"{graphs} graph{'s' if graphs != 1 else ''} (a backward is a graph of its own; aten:: is a "
                   f"library call), {'GPU' if torch.cuda.is_available() else 'CPU'} time a run:", highlight=False)
-    rows = [Row([str(k.graph), k.label, _number(k.calls), "-" if k.ms is None else _us(k.ms),
-                 f"{k.ms / total:.0%}" if k.ms is not None and total else "-", _compact(k.lines)]) for k in made]
+    rows = [Row([str(k.graph), k.label, count_text(k.calls), "-" if k.ms is None else us_text(k.ms),
+                 f"{k.ms / total:.0%}" if k.ms is not None and total else "-", compact_lines(k.lines)]) for k in made]
     show(console, None, [Column("graph", "g"), Column("kernel", justify="left", fold=True), Column("calls"),
                          Column("us"), Column("share", "%"), Column("your lines", "lines", justify="left",
                                                                     fold=True)], rows)
     for k in sorted((k for k in made if k.ms), key=lambda k: -k.ms)[:top]:
-        console.print(f"\n[bold]{k.label}[/bold] (graph {k.graph}): {_us(k.ms)} us a run, {k.ms / total:.0%}",
+        console.print(f"\n[bold]{k.label}[/bold] (graph {k.graph}): {us_text(k.ms)} us a run, {k.ms / total:.0%}",
                       highlight=False)
         for x in k.lines:
             console.print(f"  {x}  {x.code}", highlight=False)
 
 
-def _us(ms: float) -> str:
+def us_text(ms: float) -> str:
     us = ms * 1e3
     return f"{us:,.0f}" if us >= 100 else f"{us:.3g}"
 
 
-def _number(x: float) -> str:
+def count_text(x: float) -> str:
     return f"{x:g}" if x == int(x) else f"{x:.2f}"
 
 
-def _compact(lines: list) -> str:
+def compact_lines(lines: list) -> str:
     """"model.py:7,9,12 utils.py:3": the lines grouped by file."""
     files: dict[str, list[int]] = {}
     for x in lines:
@@ -342,7 +352,7 @@ def _render_reports(reports: list, console, top: int) -> None:
         grid = "?" if r.grid is None else "x".join(str(g) for g in r.grid if g > 1) or "1"
         rows.append(Row([r.name, grid, str(r.num_warps),
                          str(r.resources.registers), str(r.resources.local_bytes), f"{r.shared_bytes / 1024:,.1f}",
-                         f"{occ.occupancy:.0%} {occ.limiter}", str(tc), _widths(r.mix.load_bits) or "-"]))
+                         f"{occ.occupancy:.0%} {occ.limiter}", str(tc), widths(r.mix.load_bits) or "-"]))
     show(console, None, [Column("kernel", justify="left", fold=True), Column("grid"), Column("warps"),
                          Column("registers", "regs"), Column("spill B", "spill"), Column("shared KiB", "smem"),
                          Column("occupancy (limit)", "occ", justify="left"), Column("tensor-core instr.", "tc"),
@@ -352,7 +362,7 @@ def _render_reports(reports: list, console, top: int) -> None:
                       + " ".join(f"{k}={v}" for k, v in r.constexprs.items()), highlight=False)
         spills = bool(r.mix.counts.get("spill"))   # a column only where the kernel spills
         lines = [Row([f"{Path(x.file).name}:{x.line}", x.source, str(x.mix.total),
-                      str(x.mix.counts.get("tensor core", 0)), _widths(x.mix.load_bits),
+                      str(x.mix.counts.get("tensor core", 0)), widths(x.mix.load_bits),
                       *([str(x.mix.counts.get("spill", 0) or "")] if spills else [])]) for x in r.lines[:top]]
         show(console, f"lines by instructions ({r.mix.total} in all)",
              [Column("line", justify="left"), Column("source", justify="left", fold=True), Column("instr."),

@@ -1,7 +1,7 @@
 """The HTML report: one self-contained file (no network, no external script or font), made from the JSON form
 of a Report, so `roofline analyze --html` can make it from any saved analysis.
 
-Charts are SVG drawn here; the page's only script sorts tables when a header is clicked.
+Charts are SVG drawn here, on roofline.page's page (its only script sorts tables when a header is clicked).
 Sections: summary, findings, every rank (where the program ran on several: the ranks side by side, their
 collectives and the findings across them), timeline (GPU busy by kernel category and idle by cause over the
 window), roofline chart (each op a point against the device's ceilings), top-down tree, and
@@ -15,6 +15,7 @@ import math
 from html import escape
 
 from roofline.distributed.comms import size_text
+from roofline.page import page, table
 from roofline.profiler.costs import roofline_cell
 from roofline.profiler.kernels import CATEGORIES
 from roofline.profiler.ncu import COLUMNS as NCU_COLUMNS, row_note
@@ -26,71 +27,8 @@ CATEGORY_COLORS = dict(zip(CATEGORIES, ("#3b6fd4", "#7b4fd0", "#2fa36b", "#d98a1
 IDLE_COLORS = {"sync": "#e0463a", "launch": "#f2a33a", "host": "#c9c9c9", "gpu": "#9fb7d9"}
 IDLE_WORDS = {"sync": "host sync", "launch": "launch-bound", "host": "other host work", "gpu": "GPU-side wait"}
 
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
-main{max-width:1180px;margin:0 auto;padding:20px 24px 60px}
-h1{font-size:22px;margin:8px 0 2px}h3{font-size:15px;margin:18px 0 6px}h2{font-size:17px;margin:30px 0 8px;border-bottom:1px solid #d8dce3;padding-bottom:4px}
-.sub{color:#5b6474}.card{background:#fff;border:1px solid #dde1e8;border-radius:6px;padding:12px 14px;margin:10px 0}
-.sev{display:inline-block;min-width:56px;text-align:center;border-radius:4px;color:#fff;font-size:12px;padding:1px 6px;margin-right:8px}
-.high{background:#c9372c}.medium{background:#d68a00}.low{background:#7a8494}
-.gain{float:right;font-weight:600}.where{font-family:ui-monospace,monospace;color:#3b4a66}
-.evidence{color:#5b6474;font-size:12.5px;margin-top:4px}
-.verified{color:#1d5f8a;margin:4px 0}.verified.none{color:#8a6d1d}.cases{margin:2px 0 4px 18px;font-size:12.5px}
-table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}
-th,td{padding:4px 8px;border-bottom:1px solid #eceef2;text-align:left;vertical-align:top}
-th{background:#eef1f5;cursor:pointer;user-select:none;white-space:nowrap}th.sorted-asc:after{content:" \\25B2"}
-th.sorted-desc:after{content:" \\25BC"}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
-.legend span{display:inline-block;margin-right:14px;font-size:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
-.bar{display:flex;height:16px;border-radius:3px;overflow:hidden;margin:6px 0}.bar div{height:100%}
-details{margin-left:14px}summary{cursor:pointer}.tree{background:#fff;border:1px solid #dde1e8;border-radius:6px;padding:8px}
-.note{color:#5b6474;font-size:12.5px}.scroll{overflow-x:auto}svg text{font:11px system-ui,sans-serif;fill:#3a4252}
-"""
-
-# Sorting by clicking a header; errors are recorded on <body> so a headless browser test can see them.
-_SCRIPT = """
-window.addEventListener('error', function (e) {
-  document.body.setAttribute('data-script-error', String(e.message || e));
-});
-function cellValue(td) {
-  var v = td.getAttribute('data-v');
-  if (v !== null) { return parseFloat(v); }
-  return td.textContent.trim().toLowerCase();
-}
-document.querySelectorAll('table.sortable').forEach(function (table) {
-  table.querySelectorAll('th').forEach(function (th, col) {
-    th.addEventListener('click', function () {
-      var body = table.tBodies[0];
-      var rows = Array.prototype.slice.call(body.rows);
-      var desc = !th.classList.contains('sorted-desc');
-      rows.sort(function (a, b) {
-        var x = cellValue(a.cells[col]), y = cellValue(b.cells[col]);
-        if (x === y) { return 0; }
-        return (x < y ? -1 : 1) * (desc ? -1 : 1);
-      });
-      rows.forEach(function (r) { body.appendChild(r); });
-      table.querySelectorAll('th').forEach(function (h) { h.classList.remove('sorted-asc', 'sorted-desc'); });
-      th.classList.add(desc ? 'sorted-desc' : 'sorted-asc');
-    });
-  });
-});
-// #selftest (used by the tests in a headless browser): sort every table both ways, then say how it went.
-if (location.hash === '#selftest') {
-  var clicked = 0;
-  document.querySelectorAll('table.sortable th').forEach(function (th) { th.click(); th.click(); clicked += 1; });
-  document.body.setAttribute('data-selftest', clicked + ' ' + document.querySelectorAll('th.sorted-asc').length);
-}
-document.body.setAttribute('data-ready', '1');
-"""
-
 
 # --------------------------------------------------------------------------- small pieces
-
-def _num(x, digits: int = 2) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return ""
-    return f"{x:,}" if isinstance(x, int) else f"{x:,.{digits}f}"
-
 
 def _rate(x: float) -> str:
     """A ceiling: whole numbers where large (an H100's 684 TFLOP/s), three digits where small (a CPU's 0.041)."""
@@ -113,28 +51,6 @@ def _shapes(shapes) -> str:
         elif isinstance(s, list) and s:
             parts.append("[...]")
     return ", ".join(parts)
-
-
-def _table(columns: list[tuple[str, str]], rows: list[dict], table_id: str) -> str:
-    """A sortable table. columns: (header, key); a key ending in ':n' is numeric (right-aligned, sorts by value)."""
-    head = "".join(f"<th>{escape(h)}</th>" for h, _ in columns)
-    body = []
-    for row in rows:
-        cells = []
-        for _, key in columns:
-            value = row.get(key.removesuffix(":n"))
-            if key.endswith(":n"):
-                raw = value[0] if isinstance(value, tuple) else value
-                text = value[1] if isinstance(value, tuple) else _num(value)
-                data = f' data-v="{raw}"' if isinstance(raw, (int, float)) else ' data-v="-1e308"'
-                cells.append(f'<td class="n"{data}>{escape(str(text))}</td>')
-            else:
-                cells.append(f"<td>{escape('' if value is None else str(value))}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    if not rows:
-        body.append(f'<tr><td colspan="{len(columns)}" class="note">none</td></tr>')
-    return (f'<div class="scroll"><table class="sortable" id="{table_id}"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
 def _legend(colors: dict, words: dict | None = None) -> str:
@@ -317,12 +233,12 @@ def _ranks(d: dict) -> str:
     return "\n".join([
         f'<p class="note">{escape(matched)}. Figures a step. Recorded figures are the window\'s, which the recorder '
         "stretches; unrecorded ones come from the steps outside it, as the program runs.</p>",
-        _table(columns, rows, "ranks"),
+        table(columns, rows, "ranks"),
         "<h3>Timeline</h3><p class='note'>The recorded window, every rank on rank 0's clock (aligned on the ends of "
         "their matched collectives): for each bin, the share of it the rank computed (top lane) and communicated "
         "(bottom lane).</p>", _rank_lanes(ranks.get("lanes")),
         "<h3>Collectives</h3>",
-        _table([("collective", "kind"), ("size", "size"), ("line", "where"), ("moves", "owner"),
+        table([("collective", "kind"), ("size", "size"), ("line", "where"), ("moves", "owner"),
                 ("calls a step", "calls:n"),
                 ("ms a step", "ms:n"), ("us a call", "call_us:n"), ("busbw GB/s", "busbw_gbps:n"),
                 ("us and busbw timed", "timed")], collectives, "collectives"),
@@ -424,37 +340,37 @@ def _tables(d: dict, top: int) -> str:
     syncs = [{**s, "where": _where(s)} for s in d["syncs"][:top]]
     host = [{**h, "where": _where(h)} for h in d.get("host_lines", [])[:top]]
     return "\n".join([
-        f"<h2>Source lines</h2><p class='note'>Flat view by line: self is work launched on the line itself, total "
-        f"includes the functions it called; backward work counts on the forward line that created it.</p>",
-        _table([("line", "where"), ("function", "function"), (f"self {ms_unit}", "self_ms:n"),
+        "<h2>Source lines</h2><p class='note'>Flat view by line: self is work launched on the line itself, total "
+        "includes the functions it called; backward work counts on the forward line that created it.</p>",
+        table([("line", "where"), ("function", "function"), (f"self {ms_unit}", "self_ms:n"),
                 (f"total {ms_unit}", "total_ms:n"), ("backward ms", "backward_ms:n"), ("count", "count:n")],
                lines, "lines"),
         "<h2>Host time by line</h2><p class='note'>Per step: the program's main thread at each line (waits on the "
         "GPU left out), with the autograd engine's work for the line's ops; scaled to the program without the "
         "profiler where steps outside the window were timed.</p>",
-        _table([("line", "where"), ("function", "function"), ("host ms a step", "host_ms_per_step:n"),
+        table([("line", "where"), ("function", "function"), ("host ms a step", "host_ms_per_step:n"),
                 ("of which backward ms (window)", "backward_ms:n")], host, "host"),
         "<h2>Ops on the roofline</h2>",
-        _table([("op", "name"), ("inputs", "shapes_text"), ("pass", "pass"), ("calls", "count:n"), ("ms", "ms:n"),
+        table([("op", "name"), ("inputs", "shapes_text"), ("pass", "pass"), ("calls", "count:n"), ("ms", "ms:n"),
                 ("TFLOP/s", "tflops:n"), ("GB/s", "gbps:n"), ("FLOP/B", "intensity:n"), ("bound", "bound"),
                 ("of roofline", "pct:n"), ("headroom ms", "headroom_ms:n"), ("line", "where"), ("module", "module")],
                ops, "ops"),
         "<h2>Kernels</h2>",
-        _table([("kernel", "name"), ("category", "category"), ("count", "count:n"), ("total ms", "total_ms:n"),
+        table([("kernel", "name"), ("category", "category"), ("count", "count:n"), ("total ms", "total_ms:n"),
                 ("avg us", "avg_us:n"), ("share", "share:n")], kernels, "kernels"),
         "<h2>Modules</h2>",
-        _table([("module", "path"), ("total ms", "total_ms:n"), ("forward ms", "forward_ms:n"),
+        table([("module", "path"), ("total ms", "total_ms:n"), ("forward ms", "forward_ms:n"),
                 ("backward ms", "backward_ms:n"), ("self ms", "self_ms:n")], d["modules"][:top], "modules"),
         "<h2>Memory operations</h2>",
-        _table([("kind", "kind"), ("memory", "memory"), ("count", "count:n"), ("MB", "mb:n"), ("ms", "total_ms:n"),
+        table([("kind", "kind"), ("memory", "memory"), ("count", "count:n"), ("MB", "mb:n"), ("ms", "total_ms:n"),
                 ("GB/s", "gbps:n")], memory, "memory"),
         *([f"<h2>Nsight Compute: the top kernels</h2><p class='note'>The heaviest launches of each (by grid and "
            f"block), {d['ncu']['seconds']:,.0f} s of ncu runs (the program run again per launch).</p>",
-           _table([("kernel", "name"), *((header, f"{key}:n") for header, _, key, _ in NCU_COLUMNS),
+           table([("kernel", "name"), *((header, f"{key}:n") for header, _, key, _ in NCU_COLUMNS),
                    ("launch; note", "said")], [{**k, "said": row_note(k)} for k in d["ncu"]["kernels"]], "ncu")]
           if d.get("ncu") else []),
         "<h2>Host synchronizations</h2>",
-        _table([("call", "call"), ("line", "where"), ("count", "count:n"), ("host wait ms", "wait_ms:n"),
+        table([("call", "call"), ("line", "where"), ("count", "count:n"), ("host wait ms", "wait_ms:n"),
                 ("GPU idle after ms", "idle_ms:n"), ("saved without it ms", "gain_ms:n")], syncs, "syncs"),
     ])
 
@@ -473,6 +389,4 @@ def render(d: dict, title: str = "roofline profile", top: int = 50) -> str:
         f'<div class="tree" id="tree">{_tree(d["tree"], total) if d.get("tree") else ""}</div>',
         _tables(d, top),
     ])
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_CSS}</style></head>'
-            f"<body><main>{body}</main><script>{_SCRIPT}</script></body></html>")
+    return page(title, body)
