@@ -82,7 +82,7 @@ def test_default_backend_follows_the_device():
     torch.testing.assert_close(gelu(x), F.gelu(x))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     shape=st.lists(st.integers(0, 40), min_size=1, max_size=3),
     dtype=st.sampled_from(DTYPES),

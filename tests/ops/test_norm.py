@@ -177,7 +177,7 @@ def test_torch_backend_and_default_on_cpu(op):
     check(op, *inputs(op, (9, 33), torch.float32), backend=None)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     op=st.sampled_from(sorted(OURS)),
     shape=SHAPES,

@@ -133,7 +133,7 @@ def test_empty_and_torch_backends():
     check(torch.randn(2, 3, 5, 8, device=DEVICE), torch.randn(2, 1, 5, 8, device=DEVICE), cos, sin, backend=None)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(B=st.integers(1, 3), HQ=st.integers(1, 6), HK=st.integers(1, 6), T=st.integers(1, 9),
        half=st.integers(1, 20), dtype=st.sampled_from(DTYPES), transpose=st.booleans(),
        per_batch=st.booleans())

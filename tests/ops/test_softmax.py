@@ -102,7 +102,7 @@ def test_by_hand_version_and_default_backend():
     torch.testing.assert_close(softmax(x), F.softmax(x, dim=-1))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     shape=SHAPES,
     dtype=st.sampled_from(DTYPES),

@@ -64,7 +64,7 @@ def test_empty_and_torch_backends():
     check(torch.randn(9, 33, device=DEVICE), torch.randn(9, 33, device=DEVICE), backend=None)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(shape=SHAPES, dtype=st.sampled_from(DTYPES),
        transpose=st.booleans(), scale=st.sampled_from([0.1, 1.0, 30.0]))
 @pytest.mark.sweep   # long under the interpreter: ROOFLINE_ALL_TESTS=1 (CI) runs it
