@@ -32,9 +32,10 @@ from pathlib import Path
 import torch
 
 from roofline.inspect import kernels
-from roofline.profiler.capture import library_roots
+from roofline.libraries import library_roots
 
-_LOCK = threading.Lock()                   # one recording at a time: it patches Inductor's class
+_LOCK = threading.RLock()   # one recording at a time, or one in another (a profiled inspection): each patches
+                            # Inductor's class over the last
 _RANGE = "roofline::graph "                # + the graph's index: its call's range in the profile
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n([^\n]*)')
 _GRAPH_PREFIX = re.compile(r"^graph_\d+_")  # C++ kernels' profiler ranges: graph_N_<kernel name>
@@ -49,6 +50,14 @@ class Line:
 
     def __str__(self) -> str:
         return f"{Path(self.file).name}:{self.line}"
+
+
+def compact(lines: list[Line]) -> str:
+    """"model.py:7,9,12 utils.py:3": lines grouped by file; "-" for none."""
+    files: dict[str, list[int]] = {}
+    for x in lines:
+        files.setdefault(Path(x.file).name, []).append(x.line)
+    return " ".join(f"{name}:{','.join(map(str, numbers))}" for name, numbers in files.items()) or "-"
 
 
 @dataclass
@@ -98,17 +107,22 @@ def timed(graphs: list[_Graph], fn, args=(), kwargs=None, runs: int = 3) -> list
     """The kernels of the graphs `recording` kept, each timed over `runs` more calls of fn."""
     if runs < 1:
         raise ValueError(f"runs must be at least 1, got {runs}")
-    found = [k for g in graphs for k in _kernels(g)]
+    found = kernels_of(graphs)
     if found:
         _time(found, fn, args, kwargs or {}, runs)
     return found
 
 
 @contextlib.contextmanager
-def recording():
+def recording(inspecting: bool = True):
     """Within it, what torch.compile compiles is kept: Inductor's provenance tracking on and its caches off (a
-    graph read from a cache is not compiled, and so notes nothing), each compiled graph kept, its call put in a
-    profiler range of its own. Dynamo's caches are cleared first, so that every graph is compiled here."""
+    graph read from a cache is not compiled, and so notes nothing), and each compiled graph kept.
+
+    inspecting (roofline inspect): Dynamo's caches are cleared first, so that every graph is compiled here; each
+    graph's call goes in a profiler range of its own, for `timed`; each Triton launcher keeps its binary
+    (Inductor's store_cubin, which costs host time at every launch). Without it (a profiled program), only what
+    costs nothing at run time: the kernels' lines, and each C++ kernel in a profiler range of its own."""
+    from torch._functorch import config as functorch_config
     from torch._inductor import config, debug
     from torch._inductor.graph import GraphLowering
 
@@ -118,18 +132,24 @@ def recording():
     @functools.wraps(compile_to_module)
     def keeping(self, *a, **kw):
         module = compile_to_module(self, *a, **kw)
-        index = len(graphs)
-        graphs.append(_Graph(index, module.__file__, module,
-                             {k: list(v) for k, v in debug._inductor_kernel_stack_trace.items()}))
-        module.call = _in_range(module.call, f"{_RANGE}{index}")   # compile_fx takes module.call after this
+        if getattr(module, "__file__", None):   # what is noted here is for reading: it never fails a compile
+            index = len(graphs)
+            noted = getattr(debug, "_inductor_kernel_stack_trace", None) or {}   # (a torch without: no lines)
+            graphs.append(_Graph(index, module.__file__, module, {k: list(v) for k, v in noted.items()}))
+            if inspecting:
+                module.call = _in_range(module.call, f"{_RANGE}{index}")   # compile_fx takes module.call after this
         return module
 
     # store_cubin: each launcher keeps its CompiledKernel (and its launches bypass the static launcher, which
-    # keeps none); enable_kernel_profile: each C++ kernel in a profiler range of its own
-    settings = {"trace.provenance_tracking_level": 1, "fx_graph_cache": False, "fx_graph_remote_cache": False,
-                "cpp.enable_kernel_profile": True, "triton.store_cubin": True}
-    with _LOCK, config.patch(settings), torch._functorch.config.patch(enable_autograd_cache=False):
-        torch._dynamo.reset()
+    # keeps none); enable_kernel_profile: each C++ kernel in a profiler range of its own. Settings this torch's
+    # Inductor lacks are left out.
+    wanted = {"trace.provenance_tracking_level": 1, "fx_graph_cache": False, "fx_graph_remote_cache": False,
+              "cpp.enable_kernel_profile": True, "triton.store_cubin": inspecting}
+    settings = {k: v for k, v in wanted.items() if k in config.get_config_copy()}
+    autograd = {k: False for k in ("enable_autograd_cache",) if k in functorch_config.get_config_copy()}
+    with _LOCK, config.patch(settings), functorch_config.patch(autograd):
+        if inspecting:
+            torch._dynamo.reset()
         GraphLowering.compile_to_module = keeping
         try:
             yield graphs
@@ -142,6 +162,11 @@ def _in_range(call, name: str):
         with torch.profiler.record_function(name):
             return call(*args, **kwargs)
     return ranged
+
+
+def kernels_of(graphs: list[_Graph]) -> list[GeneratedKernel]:
+    """The kernels of the graphs `recording` kept, untimed."""
+    return [k for g in graphs for k in _kernels(g)]
 
 
 def _kernels(graph: _Graph) -> list[GeneratedKernel]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from roofline.inspect.report import Inspection, KernelReport, Uncompiled, compact_lines, count_text, us_text, widths
+from roofline.inspect.generated import compact
+from roofline.inspect.report import Inspection, KernelReport, Uncompiled, count_text, us_text, widths
 from roofline.page import page, table
 
 
@@ -103,7 +104,7 @@ def _generated(made: list) -> str:
     rows = [{"graph": k.graph, "kernel": k.label, "kind": k.kind, "calls": (k.calls, count_text(k.calls)),
              "us": (k.ms * 1e3, us_text(k.ms)) if k.ms is not None else None,
              "share": (k.ms / total, f"{k.ms / total:.0%}") if k.ms is not None and total else None,
-             "lines": compact_lines(k.lines)} for k in made]
+             "lines": compact(k.lines)} for k in made]
     out = ("<p class='note'>In the order each graph runs them (a backward is a graph of its own; aten:: is a "
            "library call); time a run, the median of its calls.</p>"
            + table([("graph", "graph:n"), ("kernel", "kernel"), ("kind", "kind"), ("calls", "calls:n"),

@@ -302,7 +302,7 @@ def _render_generated(made: list, console, top: int) -> None:
                   f"{graphs} graph{'s' if graphs != 1 else ''} (a backward is a graph of its own; aten:: is a "
                   f"library call), {'GPU' if torch.cuda.is_available() else 'CPU'} time a run:", highlight=False)
     rows = [Row([str(k.graph), k.label, count_text(k.calls), "-" if k.ms is None else us_text(k.ms),
-                 f"{k.ms / total:.0%}" if k.ms is not None and total else "-", compact_lines(k.lines)]) for k in made]
+                 f"{k.ms / total:.0%}" if k.ms is not None and total else "-", generated.compact(k.lines)]) for k in made]
     show(console, None, [Column("graph", "g"), Column("kernel", justify="left", fold=True), Column("calls"),
                          Column("us"), Column("share", "%"), Column("your lines", "lines", justify="left",
                                                                     fold=True)], rows)
@@ -320,14 +320,6 @@ def us_text(ms: float) -> str:
 
 def count_text(x: float) -> str:
     return f"{x:g}" if x == int(x) else f"{x:.2f}"
-
-
-def compact_lines(lines: list) -> str:
-    """"model.py:7,9,12 utils.py:3": the lines grouped by file."""
-    files: dict[str, list[int]] = {}
-    for x in lines:
-        files.setdefault(Path(x.file).name, []).append(x.line)
-    return " ".join(f"{name}:{','.join(map(str, numbers))}" for name, numbers in files.items()) or "-"
 
 
 def _render_reports(reports: list, console, top: int) -> None:

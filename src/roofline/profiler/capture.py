@@ -20,6 +20,7 @@ its attribute path instead ("MLP.layers.3"), which is what a user can find.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import runpy
@@ -33,6 +34,8 @@ from pathlib import Path
 import torch
 from torch._C._profiler import _RecordFunctionFast
 
+from roofline.inspect import generated
+from roofline.libraries import library_roots
 from roofline.profiler.trace import LINE_MARK, MODULE_MARK
 
 _active: "Profiler | None" = None
@@ -99,15 +102,6 @@ class _ModulePaths:
         self._handles = []
         while self._stack:
             self._stack.pop()[2].__exit__(None, None, None)
-
-
-def library_roots() -> list[str]:
-    import sysconfig
-
-    roots = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    roots |= {str(Path(torch.__file__).resolve().parent.parent), str(Path(__file__).resolve().parents[1]),
-              tempfile.gettempdir() + os.sep + "torchinductor_"}   # code torch.compile generated
-    return sorted(os.path.join(r, "") if not r.endswith("_") else r for r in roots if r)
 
 
 class _LineMarks:
@@ -225,18 +219,61 @@ class _LineMarks:
 
 def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None,
               optimizers: list | None = None, window_steps: int | None = None,
-              ddp_buckets: list | None = None) -> dict:
+              ddp_buckets: list | None = None, compiled_kernels: list | None = None) -> dict:
     """What the analysis needs to know about this process: how to tell the user's code from libraries,
     the user call stacks that the line marks refer to, the steps timed outside the window, what each
     optimizer updates (costs.ParameterSet), how many whole steps the window recorded (trace.load leaves
-    out the work after the last of them: a program's tail is no step), and DDP's gradient buckets (which
-    parameters each all-reduce moves: distributed.comms)."""
+    out the work after the last of them: a program's tail is no step), DDP's gradient buckets (which
+    parameters each all-reduce moves: distributed.comms), and the kernels torch.compile generated with the
+    lines each fused (inspect.generated)."""
     from roofline.distributed.ledger import environment
 
     return {"version": 1, "cwd": os.getcwd(), "argv": sys.argv[:], "nccl_env": environment(),
             "sys_path": [p or os.getcwd() for p in sys.path], "library_roots": library_roots(),
             "stacks": stacks or [], "unprofiled_steps": unprofiled_steps or {"wall_ms": [], "gpu_ms": []},
-            "optimizers": optimizers or [], "window_steps": window_steps, "ddp_buckets": ddp_buckets or []}
+            "optimizers": optimizers or [], "window_steps": window_steps, "ddp_buckets": ddp_buckets or [],
+            "compiled_kernels": compiled_kernels or []}
+
+
+class _CompiledKernels:
+    """The kernels torch.compile generates while the program runs, with the lines of the program each fused
+    (inspect.generated's recording). Noted only where the program compiles: from the start where it used
+    torch.compile already, else from its first call of torch.compile. Inductor's modules take seconds to import,
+    which a program that never compiles does not pay."""
+
+    def __init__(self):
+        self._recording = contextlib.ExitStack()
+        self._graphs: list | None = None
+        self._compile = None   # torch.compile, while watched for its first call
+
+    def __enter__(self) -> "_CompiledKernels":
+        if "torch._dynamo" in sys.modules:
+            self._start()
+        else:
+            self._compile = compile_ = torch.compile
+
+            @functools.wraps(compile_)
+            def first_compile(*args, **kwargs):
+                self._start()
+                return compile_(*args, **kwargs)
+
+            torch.compile = first_compile
+        return self
+
+    def _start(self) -> None:
+        if self._graphs is None:
+            self._graphs = self._recording.enter_context(generated.recording(inspecting=False))
+
+    def __exit__(self, *exc) -> None:
+        if self._compile is not None:
+            torch.compile, self._compile = self._compile, None
+        self._recording.close()
+
+    def kernels(self) -> list[dict]:
+        """Each kernel noted, as the run facts keep it."""
+        return [{"name": k.name, "graph": k.graph, "kind": k.kind,
+                 "lines": [[x.file, x.line, x.code] for x in k.lines]}
+                for k in generated.kernels_of(self._graphs or [])]
 
 
 def _parameter_facts(optimizer) -> dict:
@@ -402,6 +439,7 @@ class Profiler:
         self._optimizer_hook = None
         self._in_window = False
         self._ddp_buckets: list = []   # distributed.comms.ddp_buckets of the DDP modules called in the window
+        self._compiled = _CompiledKernels()
 
     @property
     def window(self) -> tuple[int, float]:
@@ -462,7 +500,7 @@ class Profiler:
             prof.export_chrome_trace(str(raw))
             _with_metadata(raw, self.trace_path, run_facts(lines.table() if lines else None, self.clock.facts(),
                                                            list(self._optimizers.values()), self.window_steps,
-                                                           self._ddp_buckets))
+                                                           self._ddp_buckets, self._compiled.kernels()))
         self._exported = True
 
     def __enter__(self) -> "Profiler":
@@ -482,6 +520,7 @@ class Profiler:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._compiled.__enter__()
         if self.window[0] == 0:
             self._hooks_on()
         self._previous, _active = _active, self
@@ -519,8 +558,11 @@ class Profiler:
             self._hooks_off()
             self._optimizer_hook.remove()
             _active = self._previous
-        if self._trace_ready:
-            self._export(self._torch)
+        try:
+            if self._trace_ready:
+                self._export(self._torch)
+        finally:
+            self._compiled.__exit__(None, None, None)
         return False
 
     @property

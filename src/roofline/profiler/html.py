@@ -339,6 +339,9 @@ def _tables(d: dict, top: int) -> str:
     memory = [{**m, "memory": f"{m['source']} -> {m['destination']}", "mb": m["bytes"] / 1e6} for m in d["memory_ops"]]
     syncs = [{**s, "where": _where(s)} for s in d["syncs"][:top]]
     host = [{**h, "where": _where(h)} for h in d.get("host_lines", [])[:top]]
+    compiled = [{**c, "share": (c["share"], _pct(c["share"])),
+                 "where": "; ".join(f"{x['file'].rsplit('/', 1)[-1]}:{x['line']} {x['code']}" for x in c["lines"])}
+                for c in d.get("compiled", [])[:top]]
     return "\n".join([
         "<h2>Source lines</h2><p class='note'>Flat view by line: self is work launched on the line itself, total "
         "includes the functions it called; backward work counts on the forward line that created it.</p>",
@@ -358,6 +361,10 @@ def _tables(d: dict, top: int) -> str:
         "<h2>Kernels</h2>",
         table([("kernel", "name"), ("category", "category"), ("count", "count:n"), ("total ms", "total_ms:n"),
                 ("avg us", "avg_us:n"), ("share", "share:n")], kernels, "kernels"),
+        *(["<h2>torch.compile's kernels</h2><p class='note'>Each kernel Inductor generated that ran in the window, "
+            "with the lines of the program whose operations it holds (`roofline inspect` shows inside each).</p>",
+            table([("kernel", "name"), ("kind", "kind"), ("count", "count:n"), ("total ms", "total_ms:n"),
+                   ("share", "share:n"), ("lines fused", "where")], compiled, "compiled")] if compiled else []),
         "<h2>Modules</h2>",
         table([("module", "path"), ("total ms", "total_ms:n"), ("forward ms", "forward_ms:n"),
                 ("backward ms", "backward_ms:n"), ("self ms", "self_ms:n")], d["modules"][:top], "modules"),

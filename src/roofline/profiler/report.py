@@ -30,6 +30,8 @@ JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
                         (host.py), scaled by host_scale to the program without the profiler where known
     host_scale          unprofiled host pace / recorded (1: unknown)
     findings[]          {id, severity, title, message, evidence, location: {file, line}, est_gain_ms}
+    compiled[]          {name, kind, count, total_ms, share, lines[]: {file, line, code}}: the kernels torch.compile
+                        generated that ran in the window, with the lines of the program whose operations each holds
     ncu                 null, or {seconds, kernels[]: {name, occupancy_pct, dram_pct, sm_pct, l2_hit_pct, registers,
                         spill_bytes, duration_us, grid_size, block_size, grid, block, trace_us, launches, share, note,
                         error}}: Nsight Compute on the heaviest launches of the top kernels (--ncu K): the grid and
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from roofline.profiler import attribution, costs, kernels, timeline
+from roofline.profiler.compiled import CompiledRow, compiled_table
 from roofline.profiler.host import HostLine, host_lines
 from roofline.profiler.ncu import NcuRun
 from roofline.profiler.overhead import Overhead, measure as measure_overhead
@@ -67,6 +70,7 @@ class Report:
     overhead: Overhead | None = None   # the program timed outside the window, if it was
     host: list[HostLine] = field(default_factory=list)   # host time by line, as recorded
     ncu: NcuRun | None = None     # Nsight Compute's counters for the top kernels, where asked for (--ncu)
+    compiled: list[CompiledRow] = field(default_factory=list)   # torch.compile's kernels with the lines they fused
 
     @property
     def steps(self) -> int:
@@ -160,6 +164,7 @@ class Report:
             "host_scale": self.host_scale,
             "findings": [f.to_dict() for f in self.findings],
             "ncu": self.ncu.to_dict() if self.ncu else None,
+            "compiled": [c.to_dict(self.attribution.total_us / 1e3) for c in self.compiled],
         }
 
     def write_json(self, path) -> None:
@@ -277,5 +282,6 @@ def analyze(source, peaks: costs.Peaks | None = None) -> Report:
                     kernels=kernels.kernel_table(trace), memory=kernels.memory_table(trace),
                     timeline=tl, ops=costs.op_table(trace, attr, peaks),
                     overhead=measure_overhead(trace, tl), host=host_lines(trace, resolver))
+    report.compiled = compiled_table(trace, report.kernels)
     report.findings = findings.find(report)
     return report

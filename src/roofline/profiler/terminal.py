@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
+from roofline.inspect.generated import compact
 from roofline.profiler.costs import roofline_cell
 from roofline.profiler.kernels import short_name
 from roofline.profiler.ncu import COLUMNS as NCU_COLUMNS, row_note
@@ -116,6 +117,13 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
                 for k in report.kernels[:top]]
         show(console, "top kernels", [C("kernel", justify="left", fold=True), C("category", "kind", justify="left"),
                                       C("count", "n"), C("total ms", "ms"), C("avg us", "avg us"), C("share")], rows)
+
+    if report.compiled:
+        rows = [Row([c.name, str(c.count), _ms(c.total_us), _pct(c.total_us / at.total_us), compact(c.lines)])
+                for c in report.compiled[:top]]
+        show(console, "torch.compile's kernels, with the lines of yours each fused (roofline inspect shows inside)",
+             [C("kernel", justify="left", fold=True), C("count", "n"), C("ms"), C("share"),
+              C("your lines", "lines", justify="left", fold=True)], rows)
 
     if report.ncu:
         rows = [Row([short_name(k.name), *("" if getattr(k, key) is None else fmt.format(getattr(k, key))
