@@ -14,6 +14,6 @@ import torch
 
 def library_roots() -> list[str]:
     roots = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    roots |= {str(Path(torch.__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent),
+    roots |= {str(Path(torch.__file__).resolve().parent.parent), str(Path(__file__).resolve().parent),
               tempfile.gettempdir() + os.sep + "torchinductor_"}   # code torch.compile generated
     return sorted(os.path.join(r, "") if not r.endswith("_") else r for r in roots if r)

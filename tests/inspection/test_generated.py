@@ -96,3 +96,20 @@ def test_a_compiled_gpt2_block_names_every_kernel_with_the_lines_it_fused_its_ti
     assert rows.count("<tr") == 1 + len(made)   # every kernel a row, then a card with its lines and code
     assert page.count("<div class='card'>") == len(made) and page.count("its code (") == len(written)
     assert "y = F.scaled_dot_product_attention(q, k, v, is_causal=True)" in page
+
+
+@cpu_only
+def test_each_graph_lists_its_own_kernels_when_several_compile_in_one_call():
+    """Two compiled functions, each a forward and a backward: four graphs, each with its own kernel and lines
+    (Inductor notes kernels in a table that its later compiles may share with earlier ones)."""
+    import torch.nn.functional as F
+
+    first = torch.compile(lambda x: F.gelu(x).sin().sum())       # planted: first
+    second = torch.compile(lambda x: (x.cos() * 3).tanh().sum())  # planted: second
+    x = torch.randn(16, 16, requires_grad=True)
+    made = generated.generated(lambda: (first(x).backward(), second(x).backward()), runs=1)
+    here = Path(__file__).read_text().splitlines()
+    lines = [_line("# planted: first", here), _line("# planted: second", here)]
+    assert [k.graph for k in made] == [0, 1, 2, 3] and all(k.kind == "cpp" and k.ms for k in made)
+    assert [[x.line for x in k.lines] for k in made] == [[lines[0]]] * 2 + [[lines[1]]] * 2
+    assert "gelu" in made[0].name and "gelu_backward" in made[1].name and "tanh_backward" in made[3].name

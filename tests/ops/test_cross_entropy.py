@@ -314,7 +314,9 @@ def test_with_a_gradient_the_check_raises_at_the_backward_without_stopping_the_f
     good = torch.tensor([1, 2, 3, 4], device=DEVICE)
     with pytest.raises(ValueError, match=r"target\[2\] = 12.*found after that call"):
         cross_entropy(logits, good, backend="triton")
-    for _ in range(CHECK_SLOTS + 8):   # good targets: more calls than slots, so counts are read and slots reused
+    # good targets: on a GPU more calls than slots, so that counts in flight are read and their slots reused; the
+    # interpreter writes each count at once, and the next call reads it
+    for _ in range(CHECK_SLOTS + 8 if DEVICE == "cuda" else 3):
         cross_entropy(logits, good, backend="triton").backward()
     assert len(target_checks._free) == CHECK_SLOTS and not target_checks._pending
 

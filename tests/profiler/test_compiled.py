@@ -85,8 +85,11 @@ def test_a_compiled_program_s_profile_names_the_lines_each_kernel_fused(tmp_path
 def test_a_program_that_never_compiles_never_imports_inductor():
     """Inductor's modules take seconds to import: the profiler starts noting compiled kernels only at the
     program's first torch.compile, and puts torch.compile back as it was."""
-    code = ("import sys, torch, roofline; compile = torch.compile; roofline.profile(lambda: torch.ones(3) + 1); "
-            "print('torch._inductor.graph' in sys.modules, torch.compile is compile)")
+    code = ("import sys, torch, roofline; from roofline.inspect import generated; compile = torch.compile; "
+            "kept = []; roofline.profile(lambda: kept.append(torch.compile) or torch.ones(3) + 1); "
+            "print('torch._inductor.graph' in sys.modules, torch.compile is compile, kept[0] is not compile); "
+            # the watched torch.compile, kept and called after the profile: torch.compile's work alone
+            "kept[0](lambda x: x + 1); print(generated._Patch.undo is None)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-2:] == ["False", "True"]
+    assert done.stdout.split()[-4:] == ["False", "True", "True", "True"]

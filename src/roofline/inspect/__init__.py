@@ -1,8 +1,10 @@
 """Inside a kernel: `roofline inspect FILE:FUNCTION` (cli), or in Python:
 
     from roofline.inspect.report import inspect_function, render
-    reports = inspect_function(fn, arch="sm_90")   # every Triton kernel fn launches, compiled for the H100
+    found = inspect_function(fn, arch="sm_90")   # every Triton kernel fn launches, compiled for the H100, and
+                                                 # every kernel torch.compile generated for it (found.made)
 
 kernels.py finds the launches and compiles them, sass.py reads the machine code, occupancy.py applies CUDA's
-occupancy rules, report.py puts them together with findings at the kernel's source lines.
+occupancy rules, generated.py finds torch.compile's kernels and the lines each fused, report.py puts them together
+with findings at the kernel's source lines, html.py draws the page.
 """

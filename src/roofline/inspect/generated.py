@@ -26,6 +26,7 @@ import functools
 import re
 import statistics
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,11 +35,10 @@ import torch
 from roofline.inspect import kernels
 from roofline.libraries import library_roots
 
-_LOCK = threading.RLock()   # one recording at a time, or one in another (a profiled inspection): each patches
-                            # Inductor's class over the last
-_RANGE = "roofline::graph "                # + the graph's index: its call's range in the profile
+_LOCK = threading.Lock()    # over _Patch's state
+_RANGE = "roofline::graph "                # + a number: a graph's calls' range in the profile
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n([^\n]*)')
-_GRAPH_PREFIX = re.compile(r"^graph_\d+_")  # C++ kernels' profiler ranges: graph_N_<kernel name>
+GRAPH_PREFIX = re.compile(r"^graph_\d+_")   # C++ kernels' profiler ranges: graph_N_<kernel name> (or the name)
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,11 @@ class GeneratedKernel:
 
 @dataclass
 class _Graph:
-    index: int
+    index: int                            # in its recording, in the order compiled
     path: str                             # the module's file: Inductor's wrapper, with its kernels' source
     module: object = field(repr=False)
     traces: dict[str, list[str]]          # "kernel:handle" -> the stack traces of the operations it holds
+    range: str | None = None              # its calls' profiler range, where an inspection asked for one
 
 
 def generated(fn, *args, runs: int = 3, **kwargs) -> list[GeneratedKernel]:
@@ -109,52 +110,107 @@ def timed(graphs: list[_Graph], fn, args=(), kwargs=None, runs: int = 3) -> list
         raise ValueError(f"runs must be at least 1, got {runs}")
     found = kernels_of(graphs)
     if found:
-        _time(found, fn, args, kwargs or {}, runs)
+        _time(found, {g.range: g.index for g in graphs if g.range}, fn, args, kwargs or {}, runs)
     return found
 
 
 @contextlib.contextmanager
 def recording(inspecting: bool = True):
-    """Within it, what torch.compile compiles is kept: Inductor's provenance tracking on and its caches off (a
-    graph read from a cache is not compiled, and so notes nothing), and each compiled graph kept.
+    """Within it, each graph torch.compile compiles is kept (a list of _Graph, yielded), with its kernels' lines:
+    Inductor's provenance tracking on, and its caches off (a graph read from a cache is not compiled, and so notes
+    nothing). Recordings may be open in several threads, or one inside another: they share one patch of Inductor,
+    made by the first to open and undone by the last to close, and each keeps every graph compiled while it is
+    open.
 
     inspecting (roofline inspect): Dynamo's caches are cleared first, so that every graph is compiled here; each
     graph's call goes in a profiler range of its own, for `timed`; each Triton launcher keeps its binary
-    (Inductor's store_cubin, which costs host time at every launch). Without it (a profiled program), only what
-    costs nothing at run time: the kernels' lines, and each C++ kernel in a profiler range of its own."""
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config, debug
-    from torch._inductor.graph import GraphLowering
-
+    (Inductor's store_cubin, which costs host time at every launch). Without it (a profiled program), only the
+    kernels' lines, and each C++ kernel in a profiler range of its own (a record-function handle a call)."""
     graphs: list[_Graph] = []
-    compile_to_module = GraphLowering.compile_to_module
-
-    @functools.wraps(compile_to_module)
-    def keeping(self, *a, **kw):
-        module = compile_to_module(self, *a, **kw)
-        if getattr(module, "__file__", None):   # what is noted here is for reading: it never fails a compile
-            index = len(graphs)
-            noted = getattr(debug, "_inductor_kernel_stack_trace", None) or {}   # (a torch without: no lines)
-            graphs.append(_Graph(index, module.__file__, module, {k: list(v) for k, v in noted.items()}))
-            if inspecting:
-                module.call = _in_range(module.call, f"{_RANGE}{index}")   # compile_fx takes module.call after this
-        return module
-
-    # store_cubin: each launcher keeps its CompiledKernel (and its launches bypass the static launcher, which
-    # keeps none); enable_kernel_profile: each C++ kernel in a profiler range of its own. Settings this torch's
-    # Inductor lacks are left out.
-    wanted = {"trace.provenance_tracking_level": 1, "fx_graph_cache": False, "fx_graph_remote_cache": False,
-              "cpp.enable_kernel_profile": True, "triton.store_cubin": inspecting}
-    settings = {k: v for k, v in wanted.items() if k in config.get_config_copy()}
-    autograd = {k: False for k in ("enable_autograd_cache",) if k in functorch_config.get_config_copy()}
-    with _LOCK, config.patch(settings), functorch_config.patch(autograd):
+    with _LOCK:
+        _Patch.open(graphs, inspecting)
+    try:
         if inspecting:
             torch._dynamo.reset()
-        GraphLowering.compile_to_module = keeping
-        try:
-            yield graphs
-        finally:
-            GraphLowering.compile_to_module = compile_to_module
+        yield graphs
+    finally:
+        with _LOCK:
+            _Patch.close(graphs)
+
+
+class _Patch:
+    """The one patch of Inductor that the open recordings share (class state, under _LOCK): its settings, and
+    GraphLowering.compile_to_module wrapped to hand each compiled graph to every open recording."""
+    recordings: list[tuple[list, bool]] = []   # (graphs, inspecting) of each open recording
+    undo: contextlib.ExitStack | None = None
+    ranges = 0                                   # graphs put in a range so far: each range's name is its own
+
+    @classmethod
+    def open(cls, graphs: list, inspecting: bool) -> None:
+        from torch._functorch import config as functorch_config
+        from torch._inductor import config
+        from torch._inductor.graph import GraphLowering
+
+        if cls.undo is None:
+            cls.undo = contextlib.ExitStack()
+            # Settings this torch's Inductor lacks are left out. enable_kernel_profile: each C++ kernel in a
+            # profiler range of its own.
+            wanted = {"trace.provenance_tracking_level": 1, "fx_graph_cache": False, "fx_graph_remote_cache": False,
+                      "cpp.enable_kernel_profile": True}
+            cls.undo.enter_context(config.patch(_known(config, wanted)))
+            cls.undo.enter_context(functorch_config.patch(_known(functorch_config, {"enable_autograd_cache": False})))
+            original = GraphLowering.compile_to_module
+
+            @functools.wraps(original)
+            def keeping(self, *args, **kwargs):
+                return _keeping(original, self, *args, **kwargs)
+
+            GraphLowering.compile_to_module = keeping
+            cls.undo.callback(setattr, GraphLowering, "compile_to_module", original)
+        if inspecting and not any(inspects for _, inspects in cls.recordings):
+            # each launcher keeps its CompiledKernel (and its launches bypass the static launcher, which keeps none)
+            cls.undo.enter_context(config.patch(_known(config, {"triton.store_cubin": True})))
+        cls.recordings.append((graphs, inspecting))
+
+    @classmethod
+    def close(cls, graphs: list) -> None:
+        cls.recordings = [r for r in cls.recordings if r[0] is not graphs]
+        if not cls.recordings and cls.undo is not None:
+            undo, cls.undo = cls.undo, None
+            undo.close()
+
+
+def _known(config, settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k in config.get_config_copy()}
+
+
+def _keeping(compile_to_module, self, *args, **kwargs):
+    """GraphLowering.compile_to_module, and the module handed to every open recording with the kernels its compile
+    noted. Inductor notes them in a table its compile may swap for a fresh one, and puts back after: the kernels
+    of this graph are those of a fresh table, or those added to the same one. What is noted is for reading: no
+    error of its own fails the compile."""
+    from torch._inductor import debug
+
+    before = getattr(debug, "_inductor_kernel_stack_trace", None)   # (a torch without: no lines)
+    known = set(before or ())
+    module = compile_to_module(self, *args, **kwargs)
+    try:
+        table = getattr(debug, "_inductor_kernel_stack_trace", None) or {}
+        noted = {k: list(v) for k, v in table.items() if table is not before or k not in known}
+        path = getattr(module, "__file__", None)
+        with _LOCK:
+            recordings = list(_Patch.recordings)
+            name = None
+            if path and any(inspects for _, inspects in recordings):
+                name = f"{_RANGE}{_Patch.ranges}"
+                _Patch.ranges += 1
+                module.call = _in_range(module.call, name)   # compile_fx takes module.call after this
+            for graphs, _ in recordings:
+                if path:
+                    graphs.append(_Graph(len(graphs), path, module, noted, name))
+    except Exception as exc:   # noqa: BLE001 (Inductor's internals move between releases)
+        warnings.warn(f"roofline could not note the kernels of a compiled graph: {exc!r}", stacklevel=2)
+    return module
 
 
 def _in_range(call, name: str):
@@ -173,14 +229,20 @@ def _kernels(graph: _Graph) -> list[GeneratedKernel]:
     """The graph's kernels in the order Inductor wrote them, each with its lines, code and (on a GPU) binary."""
     sources = _sources(graph.path)
     found = []
-    for key, traces in sorted(graph.traces.items(), key=lambda kv: int(kv[0].rpartition(":")[2] or 0)):
-        name = key.rpartition(":")[0] or key
+    for key, traces in sorted(graph.traces.items(), key=lambda kv: _handle(kv[0])):
+        name = key.rpartition(":")[0] if ":" in key else key
         kind, code = sources.get(name, ("library", None))
         kernel = GeneratedKernel(name, graph.index, kind, _user_lines(traces), code)
         if kind == "triton":
             _keep_binary(kernel, getattr(graph.module, name, None))
         found.append(kernel)
     return found
+
+
+def _handle(key: str) -> int:
+    """The order Inductor noted a kernel in: "name:3" -> 3 (0 where the key has no number)."""
+    number = key.rpartition(":")[2]
+    return int(number) if ":" in key and number.isdigit() else 0
 
 
 def _sources(path: str) -> dict[str, tuple[str, str]]:
@@ -230,9 +292,10 @@ def _keep_binary(kernel: GeneratedKernel, autotuner) -> None:
         kernel.launch = kernels.Launch(launcher.fn, (), config, None, launcher.bin)
 
 
-def _time(found: list[GeneratedKernel], fn, args, kwargs, runs: int) -> None:
+def _time(found: list[GeneratedKernel], ranges: dict[str, int], fn, args, kwargs, runs: int) -> None:
     """Each kernel's calls and time a run, from `runs` calls of fn under the profiler: the median of its calls'
-    times, by its calls a run (a median, since a loaded machine stretches a call now and then)."""
+    times, by its calls a run (a median, since a loaded machine stretches a call now and then). ranges: each
+    graph's profiler range, to its index."""
     from torch.profiler import ProfilerActivity, profile
 
     gpu = torch.cuda.is_available()
@@ -247,16 +310,17 @@ def _time(found: list[GeneratedKernel], fn, args, kwargs, runs: int) -> None:
             torch.cuda.synchronize()
     times: dict[int, list[float]] = {i: [] for i in range(len(found))}   # by index in `found`, us
     for event in prof.events():
-        if event.name.startswith(_RANGE):
-            _one_call(found, int(event.name.removeprefix(_RANGE)), event, times, gpu)
+        if event.name in ranges:
+            _one_call(found, ranges[event.name], event, times)
     for i, k in enumerate(found):
         if times[i]:
             k.calls = len(times[i]) / runs
             k.ms = statistics.median(times[i]) * k.calls / 1e3
 
 
-def _one_call(found: list[GeneratedKernel], graph: int, event, times: dict[int, list[float]], gpu: bool) -> None:
-    """The times of a graph's kernels in one call of the graph (its range in the profile)."""
+def _one_call(found: list[GeneratedKernel], graph: int, event, times: dict[int, list[float]]) -> None:
+    """The times of a graph's kernels in one call of the graph (its range in the profile): a Triton kernel's on
+    the GPU, a C++ kernel's range's, a library call's on the GPU where it ran there, else on the CPU."""
     named = {k.name: i for i, k in enumerate(found) if k.graph == graph and k.kind != "library"}
     library: dict[str, list[int]] = {}   # by profiler name, in the order the graph calls them
     for i, k in enumerate(found):
@@ -266,11 +330,11 @@ def _one_call(found: list[GeneratedKernel], graph: int, event, times: dict[int, 
         for kernel in inner.kernels:   # a GPU's kernels launched right under this op
             if kernel.name in named:
                 times[named[kernel.name]].append(kernel.duration)
-        name = _GRAPH_PREFIX.sub("", inner.name)
-        if inner.name.startswith("graph_") and name in named:   # a C++ kernel's own range
+        name = GRAPH_PREFIX.sub("", inner.name)
+        if name in named and found[named[name]].kind == "cpp":   # a C++ kernel's own range
             times[named[name]].append(inner.cpu_time_total)
         elif library.get(name):
-            times[library[name].pop(0)].append(inner.device_time_total if gpu else inner.cpu_time_total)
+            times[library[name].pop(0)].append(inner.device_time_total or inner.cpu_time_total)
 
 
 def _within(event):

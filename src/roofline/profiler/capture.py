@@ -237,17 +237,20 @@ def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None,
 
 class _CompiledKernels:
     """The kernels torch.compile generates while the program runs, with the lines of the program each fused
-    (inspect.generated's recording). Noted only where the program compiles: from the start where it used
-    torch.compile already, else from its first call of torch.compile. Inductor's modules take seconds to import,
-    which a program that never compiles does not pay."""
+    (inspect.generated's recording). Noted only where the program compiles: from the start where Inductor has
+    compiled already, else from the program's first call of torch.compile (a torch.compile called before the
+    profile began, whose graphs compile in it, goes unnoted). Inductor's modules take seconds to import, which a
+    program that never compiles does not pay. Nothing here may fail the program: what goes wrong is a warning,
+    and the kernels go unnoted."""
 
     def __init__(self):
         self._recording = contextlib.ExitStack()
         self._graphs: list | None = None
         self._compile = None   # torch.compile, while watched for its first call
+        self._closed = False
 
     def __enter__(self) -> "_CompiledKernels":
-        if "torch._dynamo" in sys.modules:
+        if "torch._inductor.graph" in sys.modules:   # (torch.profiler loads torch._inductor itself, not this)
             self._start()
         else:
             self._compile = compile_ = torch.compile
@@ -261,19 +264,28 @@ class _CompiledKernels:
         return self
 
     def _start(self) -> None:
-        if self._graphs is None:
-            self._graphs = self._recording.enter_context(generated.recording(inspecting=False))
+        if self._graphs is None and not self._closed:   # (a torch.compile kept from the window, called after it)
+            try:
+                self._graphs = self._recording.enter_context(generated.recording(inspecting=False))
+            except Exception as exc:   # noqa: BLE001 (Inductor's internals move between releases)
+                self._graphs = []
+                warnings.warn(f"roofline could not watch torch.compile's kernels: {exc!r}", stacklevel=3)
 
     def __exit__(self, *exc) -> None:
+        self._closed = True
         if self._compile is not None:
             torch.compile, self._compile = self._compile, None
         self._recording.close()
 
     def kernels(self) -> list[dict]:
         """Each kernel noted, as the run facts keep it."""
-        return [{"name": k.name, "graph": k.graph, "kind": k.kind,
-                 "lines": [[x.file, x.line, x.code] for x in k.lines]}
-                for k in generated.kernels_of(self._graphs or [])]
+        try:
+            return [{"name": k.name, "graph": k.graph, "kind": k.kind,
+                     "lines": [[x.file, x.line, x.code] for x in k.lines]}
+                    for k in generated.kernels_of(self._graphs or [])]
+        except Exception as exc:   # noqa: BLE001 (a wrapper file gone, or one Inductor wrote otherwise)
+            warnings.warn(f"roofline could not read torch.compile's kernels: {exc!r}", stacklevel=2)
+            return []
 
 
 def _parameter_facts(optimizer) -> dict:
@@ -520,11 +532,11 @@ class Profiler:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
-        self._compiled.__enter__()
         if self.window[0] == 0:
             self._hooks_on()
         self._previous, _active = _active, self
         self._torch.__enter__()
+        self._compiled.__enter__()   # last: nothing after it can fail and leave torch.compile watched
         return self
 
     def step(self) -> None:
@@ -552,17 +564,17 @@ class Profiler:
     def __exit__(self, exc_type, exc, tb):
         global _active
         try:
-            _sync_if_cuda()   # let queued GPU work finish inside the window, so its kernels are recorded
-        finally:
-            self._torch.__exit__(None, None, None)
-            self._hooks_off()
-            self._optimizer_hook.remove()
-            _active = self._previous
-        try:
+            try:
+                _sync_if_cuda()   # let queued GPU work finish inside the window, so its kernels are recorded
+            finally:
+                self._torch.__exit__(None, None, None)
+                self._hooks_off()
+                self._optimizer_hook.remove()
+                _active = self._previous
             if self._trace_ready:
                 self._export(self._torch)
         finally:
-            self._compiled.__exit__(None, None, None)
+            self._compiled.__exit__(None, None, None)   # whatever failed above: torch.compile as it was
         return False
 
     @property

@@ -5,19 +5,16 @@ A profile charges a compiled region's kernels to the line that called the region
 inside come from Inductor itself, noted while the program compiled (roofline.inspect.generated, kept in the
 trace's run facts as "compiled_kernels"). A Triton kernel is found on the GPU by its name; a C++ kernel (a CPU) by
 its own profiler range, graph_N_<name>. The calls Inductor leaves to a library (mm, attention) are not among them:
-they are the ops of the op table.
+they are the ops of the op table. Inductor names a kernel uniquely within its graph only: kernels of one name in
+two graphs (a forward's and its backward's) are one row here, with the lines of both.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from roofline.inspect.generated import Line
+from roofline.inspect.generated import GRAPH_PREFIX, Line
 from roofline.profiler.trace import Trace
-
-_GRAPH_PREFIX = re.compile(r"^graph_\d+_")   # a C++ kernel's range: graph_N_<kernel name>
-
 
 @dataclass
 class CompiledRow:
@@ -52,11 +49,10 @@ def compiled_table(trace: Trace, kernel_rows: list) -> list[CompiledRow]:
             row.count += kernel.count
             row.total_us += kernel.total_us
     for op in trace.ops:
-        if op.name.startswith("graph_"):
-            row = rows.get(_GRAPH_PREFIX.sub("", op.name))
-            if row is not None and row.kind == "cpp":
-                row.count += 1
-                row.total_us += op.end - op.ts
+        row = rows.get(GRAPH_PREFIX.sub("", op.name))
+        if row is not None and row.kind == "cpp":
+            row.count += 1
+            row.total_us += op.end - op.ts
     for row in rows.values():
         row.lines.sort(key=lambda x: (x.file, x.line))
     return sorted((r for r in rows.values() if r.count), key=lambda r: -r.total_us)

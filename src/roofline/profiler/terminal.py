@@ -119,7 +119,8 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
                                       C("count", "n"), C("total ms", "ms"), C("avg us", "avg us"), C("share")], rows)
 
     if report.compiled:
-        rows = [Row([c.name, str(c.count), _ms(c.total_us), _pct(c.total_us / at.total_us), compact(c.lines)])
+        rows = [Row([c.name, str(c.count), _ms(c.total_us), _pct(c.total_us / at.total_us if at.total_us else None),
+                     compact(c.lines)])
                 for c in report.compiled[:top]]
         show(console, "torch.compile's kernels, with the lines of yours each fused (roofline inspect shows inside)",
              [C("kernel", justify="left", fold=True), C("count", "n"), C("ms"), C("share"),
