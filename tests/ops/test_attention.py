@@ -57,7 +57,8 @@ def test_matches_float64_within_twice_torchs_error(nq, nk, causal, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("nq,nk", [(203, 113), (113, 203)])
 def test_more_queries_than_keys_and_fewer_match_float64(nq, nk, causal, dtype):
-    check(*inputs(2, 8, 8, nq, nk, 64, dtype), causal)
+    # 4 heads of 113 or 203 queries: over 28,000 outputs, for errors that are no one element's luck
+    check(*inputs(1, 4, 4, nq, nk, 64, dtype), causal)
 
 
 @pytest.mark.parametrize("d", HEAD_DIMS)
