@@ -64,3 +64,19 @@ def test_fsdp2_s_record_functions_name_the_module():
     assert mark.match("FSDP::post_backward_reduce (h.0.mlp) [pg=2]")[1] == "h.0.mlp"
     assert mark.match("FSDP::all_gather")[1] is None   # the root module
     assert mark.match("FSDP::pre_forward (layers.3)") is None
+
+
+@pytest.mark.parametrize("compute_stream, serialized", [(20, 30.0), (7, 0.0)])
+def test_nccl_kernels_on_the_stream_that_computes_are_serialized(tmp_path, compute_stream, serialized):
+    from roofline.distributed.merge import _serialized
+
+    trace = _trace(tmp_path, "c10d::allreduce_", [[[1024, 4]]], "float", "ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    path = tmp_path / "rank0.json"
+    data = json.loads(path.read_text())
+    data["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0,
+                                "tid": compute_stream, "ts": 200.0, "dur": 40.0,
+                                "args": {"correlation": 9, "device": 0, "stream": compute_stream}})
+    path.write_text(json.dumps(data))
+    trace = load(path)
+    us, streams, at = _serialized(trace, comms.calls(trace))
+    assert (us, streams) == (serialized, [20] if serialized else [])

@@ -176,3 +176,12 @@ def test_the_exposed_collective_s_advice_is_for_whoever_s_tensors_it_moves(owner
         r.calls = calls()
     message = {f.id: f for f in findings(_merged(ranks))}["exposed-communication"].message
     assert said in message and unsaid not in message
+
+
+def test_collectives_on_the_stream_that_computes_are_named_with_their_stream_and_line():
+    serial = dict(RANK1, serialized_ms=2.5, serialized_streams=[7], serialized_at=LINE)
+    found = {f.id: f for f in findings(_merged([_rank(0, **RANK0), _rank(1, **serial)]))}
+    f = found["serialized-communication"]
+    assert f.where == str(LINE) and f.gain_ms == pytest.approx(min(2.5, RANK1["exposed_ms"]))
+    assert "rank 1, NCCL's kernels run on stream 7" in f.message and "2.50 ms a step" in f.message
+    assert "serialized-communication" not in {f.id for f in findings(_merged([_rank(0, **RANK0), _rank(1, **RANK1)]))}

@@ -74,6 +74,11 @@ class Rank:
     unprofiled_ms: float | None = None
     compute_spans: list = field(default_factory=list, repr=False)   # the window's, unions, on this rank's clock
     comm_spans: list = field(default_factory=list, repr=False)
+    # a step's NCCL kernel time on streams that run the rank's computation too (a stream runs its kernels in
+    # turn: there no transfer overlaps computation), those streams, and the line of the first call there
+    serialized_ms: float = 0.0
+    serialized_streams: list = field(default_factory=list)
+    serialized_at: Location | None = None
 
     @property
     def overlap(self) -> float | None:
@@ -97,7 +102,8 @@ class Rank:
         return {"rank": self.rank, "steps": self.steps, "step_ms": self.step_ms, "compute_ms": self.compute_ms,
                 "comm_ms": self.comm_ms, "exposed_ms": self.exposed_ms, "overlap": self.overlap,
                 "collectives": len(self.calls), "unprofiled_ms": self.unprofiled_ms, "stretch": self.stretch,
-                "not_computing_ms": self.not_computing_ms}
+                "not_computing_ms": self.not_computing_ms, "serialized_ms": self.serialized_ms,
+                "serialized_streams": self.serialized_streams}
 
 
 def _compute_spans(trace: Trace, calls: list[comms.Call]) -> list[tuple[float, float]]:
@@ -111,6 +117,24 @@ def _compute_spans(trace: Trace, calls: list[comms.Call]) -> list[tuple[float, f
                   if op.parent < 0 and not op.annotation and i not in called and op.tid not in comm_threads)
 
 
+def _serialized(trace: Trace, calls: list[comms.Call]) -> tuple[float, list[int], Location | None]:
+    """NCCL's kernel time (us) on the streams that run computation too, those streams, and the line of the first
+    call whose transfer ran there."""
+    comm: dict[int, float] = {}
+    compute: set[int] = set()
+    for g in trace.gpu:
+        if g.kind == "kernel" and comms.is_comm_kernel(g.name):
+            comm[g.stream] = comm.get(g.stream, 0.0) + g.end - g.ts
+        elif g.kind == "kernel":
+            compute.add(g.stream)
+    shared = sorted(set(comm) & compute)
+    if not shared:
+        return 0.0, [], None
+    starts = {g.ts for g in trace.gpu if g.stream in shared and comms.is_comm_kernel(g.name)}
+    at = next((c.location for c in calls if c.on_gpu and c.start in starts), None)
+    return sum(comm[s] for s in shared), shared, at
+
+
 def rank_of(trace: Trace, rank: int) -> Rank:
     calls = comms.calls(trace, Resolver(trace))
     comm = _union((c.start, c.end) for c in calls)
@@ -119,9 +143,10 @@ def rank_of(trace: Trace, rank: int) -> Rank:
     step_ms = statistics.median(e - s for s, e in trace.steps) / 1e3 if trace.steps else None
     exposed = _length(comm) - _overlap(comm, compute)
     timed = unprofiled_steps(trace)["gpu_ms" if trace.gpu else "wall_ms"]
+    serialized, streams, at = _serialized(trace, calls)
     return Rank(rank, trace, calls, len(trace.steps), step_ms, _length(compute) / steps / 1e3,
                 _length(comm) / steps / 1e3, exposed / steps / 1e3, statistics.median(timed) if timed else None,
-                compute, comm)
+                compute, comm, serialized / steps / 1e3, streams, at)
 
 
 # --------------------------------------------------------------------------- the ranks together

@@ -90,6 +90,7 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
                        "nothing." if least.stretch else ""))
         out.append(Finding("exposed-communication", "communication no computation hides", f"{said} {advice}", top,
                            estimate))
+    out += _serialized(merged, step)
     out += _slow_transfers(merged, rows, ceiling)
     for row in rows:
         if row["bytes"] and row["bytes"] < SMALL_BYTES and row["calls"] >= 4 and step and row["ms"] > 0.01 * step:
@@ -99,6 +100,27 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
                 f"this small are bound by each call's latency, not by the interconnect's bandwidth. {_fewer(row)}",
                 row["where"], row["ms"] * (1 - 1 / row["calls"])))
     return sorted(out, key=lambda f: -f.gain_ms)
+
+
+def _serialized(merged: Merged, step: float | None) -> list[Finding]:
+    """Collectives whose NCCL kernels run on a stream the rank computes on: there, in a stream's order, no
+    transfer overlaps computation."""
+    ranks = [r for r in merged.ranks if step and r.serialized_ms > 0.01 * step]
+    if not ranks:
+        return []
+    worst = max(ranks, key=lambda r: r.serialized_ms)
+    streams = sorted({s for r in ranks for s in r.serialized_streams})
+    return [Finding(
+        "serialized-communication", "collectives run on the stream that computes",
+        f"On rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r.rank) for r in ranks)}, NCCL's kernels run on "
+        f"stream{'s' if len(streams) > 1 else ''} {', '.join(map(str, streams))}, where the computation runs too: "
+        f"{worst.serialized_ms:,.2f} ms a step of transfers (rank {worst.rank}) that wait for the kernels before "
+        "them and hold up those after, overlapping none. torch.distributed's process groups run collectives on "
+        "streams of their own; a collective launched on the current stream (a library's own NCCL communicator, "
+        "or one launched under a stream context) runs in its order. Launch it on a side stream "
+        "(torch.cuda.Stream) and have the work that reads its result wait on an event. At most the transfers' "
+        "time, where computation that does not need them is there to overlap.",
+        str(worst.serialized_at) if worst.serialized_at else None, min(worst.serialized_ms, worst.exposed_ms))]
 
 
 def _fewer(row: dict) -> str:
