@@ -68,8 +68,8 @@ PROGRAM = textwrap.dedent('''\
 def test_a_compiled_program_s_profile_names_the_lines_each_kernel_fused(tmp_path):
     (tmp_path / "train.py").write_text(PROGRAM)
     done = subprocess.run([sys.executable, "-m", "roofline", "profile", "--skip", "2", "--steps", "2", "--json",
-                           "out.json", "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "80"})
+                           "out.json", "--html", "out.html", "train.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "COLUMNS": "80"})
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = json.loads((tmp_path / "out.json").read_text())["compiled"]
     lines = PROGRAM.splitlines()
@@ -80,6 +80,10 @@ def test_a_compiled_program_s_profile_names_the_lines_each_kernel_fused(tmp_path
     assert any("gelu" in c["name"] and gelu in {x["line"] for x in c["lines"]} for c in compiled)
     assert "torch.compile's kernels" in done.stdout and f"train.py:{gelu}" in " ".join(done.stdout.split())
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
+    page = (tmp_path / "out.html").read_text()
+    table = page[page.index('id="compiled"'):]
+    table = table[:table.index("</table>")]
+    assert table.count("<tr") == 1 + len(compiled) and all(c["name"] in table for c in compiled)
 
 
 def test_a_program_that_never_compiles_never_imports_inductor():
