@@ -152,21 +152,25 @@ class _Patch:
         from torch._inductor.graph import GraphLowering
 
         if cls.undo is None:
-            cls.undo = contextlib.ExitStack()
-            # Settings this torch's Inductor lacks are left out. enable_kernel_profile: each C++ kernel in a
-            # profiler range of its own.
-            wanted = {"trace.provenance_tracking_level": 1, "fx_graph_cache": False, "fx_graph_remote_cache": False,
-                      "cpp.enable_kernel_profile": True}
-            cls.undo.enter_context(config.patch(_known(config, wanted)))
-            cls.undo.enter_context(functorch_config.patch(_known(functorch_config, {"enable_autograd_cache": False})))
-            original = GraphLowering.compile_to_module
+            undo = contextlib.ExitStack()
+            with contextlib.ExitStack() as failing:   # a patch half made is undone at once
+                failing.push(undo)
+                # Settings this torch's Inductor lacks are left out. enable_kernel_profile: each C++ kernel in a
+                # profiler range of its own.
+                wanted = {"trace.provenance_tracking_level": 1, "fx_graph_cache": False,
+                          "fx_graph_remote_cache": False, "cpp.enable_kernel_profile": True}
+                undo.enter_context(config.patch(_known(config, wanted)))
+                undo.enter_context(functorch_config.patch(_known(functorch_config, {"enable_autograd_cache": False})))
+                original = GraphLowering.compile_to_module
 
-            @functools.wraps(original)
-            def keeping(self, *args, **kwargs):
-                return _keeping(original, self, *args, **kwargs)
+                @functools.wraps(original)
+                def keeping(self, *args, **kwargs):
+                    return _keeping(original, self, *args, **kwargs)
 
-            GraphLowering.compile_to_module = keeping
-            cls.undo.callback(setattr, GraphLowering, "compile_to_module", original)
+                GraphLowering.compile_to_module = keeping
+                undo.callback(setattr, GraphLowering, "compile_to_module", original)
+                failing.pop_all()
+            cls.undo = undo
         if inspecting and not any(inspects for _, inspects in cls.recordings):
             # each launcher keeps its CompiledKernel (and its launches bypass the static launcher, which keeps none)
             cls.undo.enter_context(config.patch(_known(config, {"triton.store_cubin": True})))
