@@ -113,3 +113,12 @@ def test_each_graph_lists_its_own_kernels_when_several_compile_in_one_call():
     assert [k.graph for k in made] == [0, 1, 2, 3] and all(k.kind == "cpp" and k.ms for k in made)
     assert [[x.line for x in k.lines] for k in made] == [[lines[0]]] * 2 + [[lines[1]]] * 2
     assert "gelu" in made[0].name and "gelu_backward" in made[1].name and "tanh_backward" in made[3].name
+
+
+def test_without_inductor_s_provenance_the_wrapper_s_kernels_are_listed_without_lines(tmp_path):
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text("cpp_fused_sum_0 = async_compile.cpp_pybinding(['float*'], r'''\nvoid kernel() {}\n''')\n"
+                       "cpp_fused_add_1 = async_compile.cpp_pybinding(['float*'], r'''\nvoid kernel() {}\n''')\n")
+    graph = generated._Graph(0, str(wrapper), object(), {})
+    assert [(k.name, k.kind, k.lines) for k in generated.kernels_of([graph])] == [
+        ("cpp_fused_sum_0", "cpp", []), ("cpp_fused_add_1", "cpp", [])]

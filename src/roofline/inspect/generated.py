@@ -195,7 +195,10 @@ def _keeping(compile_to_module, self, *args, **kwargs):
     error of its own fails the compile."""
     from torch._inductor import debug
 
-    before = getattr(debug, "_inductor_kernel_stack_trace", None)   # (a torch without: no lines)
+    before = getattr(debug, "_inductor_kernel_stack_trace", None)
+    if before is None:
+        warnings.warn("this torch's Inductor notes no kernel provenance: its kernels are listed without the lines "
+                      "they fused", stacklevel=2)
     known = set(before or ())
     module = compile_to_module(self, *args, **kwargs)
     try:
@@ -232,8 +235,10 @@ def kernels_of(graphs: list[_Graph]) -> list[GeneratedKernel]:
 def _kernels(graph: _Graph) -> list[GeneratedKernel]:
     """The graph's kernels in the order Inductor wrote them, each with its lines, code and (on a GPU) binary."""
     sources = _sources(graph.path)
+    # a torch whose Inductor notes no provenance: the kernels of the wrapper, without lines or library calls
+    noted = graph.traces or {name: [] for name in sources}
     found = []
-    for key, traces in sorted(graph.traces.items(), key=lambda kv: _handle(kv[0])):
+    for key, traces in sorted(noted.items(), key=lambda kv: _handle(kv[0])):
         name = key.rpartition(":")[0] if ":" in key else key
         kind, code = sources.get(name, ("library", None))
         kernel = GeneratedKernel(name, graph.index, kind, _user_lines(traces), code)
