@@ -96,7 +96,7 @@ def test_a_lead_only_the_recorder_made_is_no_straggler():
     # recorded, rank 1 arrives last at every call, 3 ms late; NCCL's timing outside the window shows the ranks
     # taking turns (the recorder slowed rank 1's host, not the program)
     def calls(late):
-        return [SimpleNamespace(start=1000.0 * i + late) for i in range(14)]
+        return [SimpleNamespace(start=1000.0 * i + late, on_gpu=True) for i in range(14)]
 
     ranks = [_rank(0, **RANK0), _rank(1, **RANK1)]
     ranks[0].calls, ranks[1].calls = calls(0.0), calls(3000.0)

@@ -240,6 +240,13 @@ def _line_times(trace: Trace, spans: list[tuple[float, float]]) -> dict[Location
     return out
 
 
+def _arrival(call: comms.Call) -> float:
+    """When a rank arrived at a collective: on a GPU when its stream reached NCCL's kernel (the host runs ahead);
+    over gloo when the host called it (gloo's worker thread may start the transfer later, as a loaded host
+    schedules it)."""
+    return call.start if call.on_gpu else call.arrived
+
+
 def _straggler(ranks: list[Rank], matched: int, offsets: list[float],
                timed: ledger.Ledger | None) -> tuple[Straggler | None, list[float]]:
     """The rank that holds the others back, and each rank's wait a step (ms), recorded. Where NCCL timed the
@@ -249,7 +256,7 @@ def _straggler(ranks: list[Rank], matched: int, offsets: list[float],
     n, steps = len(ranks), max(ranks[0].steps, 1)
     waits, caused, lasts = [0.0] * n, [0.0] * n, []
     for i in range(matched):
-        arrived = [r.calls[i].start - offsets[k] for k, r in enumerate(ranks)]
+        arrived = [_arrival(r.calls[i]) - offsets[k] for k, r in enumerate(ranks)]
         last = max(range(n), key=lambda k: arrived[k])
         lasts.append(last)
         for k in range(n):
