@@ -29,11 +29,14 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from roofline.inspect import kernels
 from roofline.libraries import library_roots
+
+if TYPE_CHECKING:
+    from roofline.inspect import kernels
 
 _LOCK = threading.Lock()    # over _Patch's state
 _RANGE = "roofline::graph "                # + a number: a graph's calls' range in the profile
@@ -293,6 +296,9 @@ def _library(file: str) -> bool:
 def _keep_binary(kernel: GeneratedKernel, autotuner) -> None:
     """A Triton kernel's binary and the configuration it runs with (XBLOCK, ...), from Inductor's autotuner (one
     launcher once tuned). Its grid is worked out at each call, and is not kept."""
+    from roofline.inspect import kernels   # here, not at import: Triton takes a third of a second to load, which
+                                           # a profile that never meets a Triton kernel should not pay
+
     launchers = getattr(autotuner, "launchers", None) or []
     if launchers and getattr(launchers[0], "bin", None) is not None:
         launcher = launchers[0]
