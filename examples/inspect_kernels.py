@@ -3,6 +3,7 @@
     roofline inspect examples/inspect_kernels.py:softmax_forward_and_backward --arch sm_90
     roofline inspect examples/inspect_kernels.py:matmuls --out kernels/
     roofline inspect examples/inspect_kernels.py:gpt2_block          (on a GPU: gpt2_small_block)
+    roofline inspect examples/inspect_kernels.py:ops_tour            roofline.ops' own kernels
 
 Each function launches Triton kernels once, at shapes small enough for Triton's interpreter on a machine without
 a GPU (the kernels are then compiled for --arch there); on a GPU, pass the shapes you run.
@@ -29,6 +30,24 @@ def softmax_forward_and_backward(rows: int = 8, columns: int = 1000):
     16: see what that does to its loads)."""
     x = torch.randn(rows, columns, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
     ops.softmax(x, backend="triton").sum().backward()
+
+
+def ops_tour(rows: int = 64, columns: int = 1000, tokens: int = 64):
+    """roofline.ops' Triton kernels, forward and backward, each once: the norms, GELU, SwiGLU, cross-entropy and
+    causal flash attention (bf16, odd widths)."""
+    def leaf(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device=DEVICE, dtype=dtype, requires_grad=True)
+
+    x, weight, bias = leaf(rows, columns), leaf(columns), leaf(columns)
+    ops.layer_norm(x, (columns,), weight, bias, backend="triton").sum().backward()
+    ops.rms_norm(x, (columns,), weight, backend="triton").sum().backward()
+    ops.gelu(x, approximate="tanh", backend="triton").sum().backward()
+    ops.swiglu(x, leaf(rows, columns), backend="triton").sum().backward()
+    logits = leaf(rows, columns, dtype=torch.float32)
+    target = torch.randint(0, columns, (rows,), device=DEVICE)
+    ops.cross_entropy(logits, target, backend="triton").backward()
+    q, k, v = (leaf(1, 2, tokens, 64) for _ in range(3))
+    ops.flash_attention(q, k, v, causal=True, backend="triton").sum().backward()
 
 
 @triton.jit

@@ -72,6 +72,7 @@ class Config:
     graphs: bool = False
     changes: tuple[str, ...] = ()   # the task's own rungs applied (by name)
     parallel: str | None = None     # on several ranks: "ddp" or "fsdp2" (roofline.distributed.wrapping)
+    fsdp2_groups: int | None = None  # FSDP2's units of layers, kept gathered (None: a unit a layer, resharded)
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,8 @@ def _step_fn(task: TrainTask, config: Config, device: torch.device, changes: dic
     if config.parallel:
         from roofline.distributed.wrapping import wrap
 
-        forward = wrap(model, config.parallel, device, bf16=config.precision == "bf16", compile_mode=config.compile)
+        forward = wrap(model, config.parallel, device, bf16=config.precision == "bf16", compile_mode=config.compile,
+                       groups=config.fsdp2_groups)
     else:
         forward = model if config.compile is None else torch.compile(
             model, mode=None if config.compile == "default" else config.compile)

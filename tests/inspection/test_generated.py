@@ -122,3 +122,24 @@ def test_without_inductor_s_provenance_the_wrapper_s_kernels_are_listed_without_
     graph = generated._Graph(0, str(wrapper), object(), {})
     assert [(k.name, k.kind, k.lines) for k in generated.kernels_of([graph])] == [
         ("cpp_fused_sum_0", "cpp", []), ("cpp_fused_add_1", "cpp", [])]
+
+
+def test_a_kernel_compiled_in_inductor_s_workers_is_named_and_found_in_its_module(tmp_path):
+    """Inductor compiles Triton kernels in worker processes; its launcher comes back with a JITFunction whose
+    Python function is gone (fn=None). Its binary is kept, named, and placed at its def in Inductor's module."""
+    from types import SimpleNamespace
+
+    module = tmp_path / "cabc.py"
+    module.write_text("import triton\n\n@triton.jit\ndef triton_poi_fused_add_0(in_ptr0, out_ptr0, xnumel, XBLOCK):\n"
+                      "    pass\n")
+    binary = object()
+    launcher = SimpleNamespace(fn=SimpleNamespace(fn=None), bin=binary,
+                               config=SimpleNamespace(kwargs={"XBLOCK": 128}, num_warps=4, num_stages=1))
+    kernel = generated.GeneratedKernel("triton_poi_fused_add_0", 0, "triton", [], module.read_text())
+    generated._keep_binary(kernel, SimpleNamespace(launchers=[launcher], filename=str(module)))
+    launch = kernel.launch
+    assert launch.name == "triton_poi_fused_add_0" and launch.where == (str(module), 4)
+    assert launch.compiled is binary and launch.kwargs == {"XBLOCK": 128, "num_warps": 4, "num_stages": 1}
+    # where Inductor's module cannot be read, the kernel's own function says where it is (none here: no source)
+    generated._keep_binary(kernel, SimpleNamespace(launchers=[launcher], filename=str(tmp_path / "gone.py")))
+    assert kernel.launch.source is None and kernel.launch.name == "triton_poi_fused_add_0"

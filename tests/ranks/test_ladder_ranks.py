@@ -8,6 +8,7 @@ import pytest
 from roofline.distributed import ladder as ranks_ladder
 from roofline.ladder_results import LadderResult, RungResult
 
+from . import workers
 from .workers import tiny_task
 
 pytestmark = pytest.mark.long   # processes of their own: run first (conftest)
@@ -39,11 +40,15 @@ def test_ddp_and_fsdp2_train_as_one_gpu_does_and_are_timed_by_their_slowest_rank
     assert [ladder["parallel"] for ladder in result["ladders"]] == ["ddp", "fsdp2"]
     assert result["tokens"] == 4 * 16 and result["flops"] > 0 and result["reference"]["ranks"] == 1
     alone = {r["rung"]: RungResult(**r) for r in result["reference"]["rungs"]}
+    # FSDP2's own rung (its layers in fewer units) is the rung before it on one GPU: held against that
+    alone[ranks_ladder.FEWER_UNITS] = alone[RUNGS[-1]]
+    assert ranks_ladder.FEWER_UNITS not in {r["rung"] for r in result["reference"]["rungs"]}
     for each in result["ladders"]:
         assert each["ranks"] == 2
         rungs = [RungResult(**r) for r in each["rungs"]]
         timed = [r for r in rungs if r.median_ms is not None]
-        assert [r.rung for r in timed] == list(RUNGS)
+        assert [r.rung for r in timed] == list(RUNGS) + ([ranks_ladder.FEWER_UNITS] if each["parallel"] == "fsdp2"
+                                                         else [])
         for r in timed:
             # every rank trains on the same batch, so the reduced gradients are one GPU's: the same loss
             assert r.status == "ok", (each["parallel"], r.rung, r.loss_error)
@@ -99,3 +104,15 @@ def test_bad_input_is_named():
         ranks_ladder.run(TARGET, 1)
     with pytest.raises(ValueError, match="strategies must be some of ddp, fsdp2"):
         ranks_ladder.run(TARGET, 2, ("zero3",))
+
+
+def test_fsdp2_s_rung_shards_the_layers_in_four_units_and_the_root():
+    from roofline.distributed.launch import spawn
+
+    units = spawn(workers.fsdp2_units, 2, 10, ranks_ladder.FSDP2_GROUPS)[0]
+    # the model itself (no parameters of its own), then its 10 layers in groups of 3 (the last of 1), each kept gathered after its forward
+    assert units == [([""], None), (["0.0", "0.1", "0.2"], False), (["0.3", "0.4", "0.5"], False),
+                     (["0.6", "0.7", "0.8"], False), (["0.9"], False)]
+    # without groups, a unit a layer, resharded after its forward
+    assert spawn(workers.fsdp2_units, 2, 3, None)[0] == [([""], None), (["0.0"], True), (["0.1"], True),
+                                                          (["0.2"], True)]

@@ -175,6 +175,41 @@ def test_four_ranks_classify_their_collectives_and_name_ddp_s_buckets_and_fsdp2_
     assert "fully_shard" in small["message"] and "reshard_after_forward" in small["message"]
 
 
+def test_fsdp2_s_hooks_on_many_units_are_named_at_the_model_s_line_with_fewer_units_advised(tmp_path):
+    path = tmp_path / "sharded.py"
+    path.write_text(textwrap.dedent('''\
+        import torch, torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+        dist.init_process_group("gloo")
+        model = torch.nn.Sequential(*(torch.nn.Linear(16, 16) for _ in range(8)))
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(5):
+            model(torch.randn(4, 16)).sum().backward()
+            opt.step()
+        dist.destroy_process_group()
+    '''))
+    out = tmp_path / "report.json"
+    done = _roofline("profile", "--nproc-per-node", "2", "--skip", "2", "--json", str(out), str(path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = json.loads(out.read_text())["ranks"]
+    # the 8 layers' units (the model's holds no parameters of its own: no hooks gather any)
+    assert all(r["fsdp2_units"] == 8 for r in ranks["ranks"])
+    found = next(f for f in ranks["findings"] if f["id"] == "fsdp2-hooks")
+    hooks = max(r["fsdp2_hooks_ms"] for r in ranks["ranks"])
+    assert found["title"].startswith("8 FSDP2 units cost the host") and 0 < hooks < max(r["step_ms"] for r in
+                                                                                        ranks["ranks"])
+    # on a CPU the host's time is the step's: the gain is the hooks of all but 5 units (4 groups and the root)
+    stretch = [r["stretch"] for r in ranks["ranks"] if r["fsdp2_hooks_ms"] == hooks][0] or 1
+    assert found["gain_ms"] == pytest.approx(hooks / max(stretch, 1) * (1 - 5 / 8))
+    assert found["where"].endswith("sharded.py:10 (<module>)")   # the line that called the model, where its hooks ran
+    assert "fully_shard(model.blocks[i:i + k])" in found["message"] and "reshard_after_forward=False" in \
+        found["message"]
+    assert "8 FSDP2 units cost the host" in " ".join(done.stdout.split())
+
+
 def test_a_program_that_never_communicates_is_told_so(tmp_path):
     path = tmp_path / "alone.py"
     path.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"

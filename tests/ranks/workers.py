@@ -29,6 +29,26 @@ def fail(how: str, pids: str):
     return dist.get_rank()
 
 
+def fsdp2_units(blocks: int, groups):
+    """FSDP2's units of a model of `blocks` layers wrapped with `groups`: each unit's modules, and whether it
+    reshards its parameters after its forward (None: it holds none)."""
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule
+
+    from roofline.distributed.wrapping import wrap
+
+    model = nn.Sequential(nn.ModuleList(nn.Linear(8, 8) for _ in range(blocks)))
+    wrap(model, "fsdp2", torch.device("cpu"), bf16=False, compile_mode=None, groups=groups)
+    units, reshards = {}, {}
+    for name, module in model.named_modules():
+        if isinstance(module, FSDPModule):
+            state = module._get_fsdp_state()
+            units.setdefault(id(state), []).append(name)
+            group = state._fsdp_param_group   # None for a unit with no parameters of its own
+            reshards[id(state)] = None if group is None else group.post_forward_mesh_info is not None
+    return [(names, reshards[key]) for key, names in units.items()]
+
+
 def nccl_settings():
     """What this rank sees of the settings that keep NVLink multicast off, and its GPU."""
     import torch

@@ -34,6 +34,23 @@ from roofline.distributed.wrapping import STRATEGIES
 from roofline.ladder_results import LadderResult
 
 COLLECTIVE_TIMEOUT_S = 1800.0   # a rung's warm-up compiles on every rank; one rank may wait at a collective that long
+FSDP2_GROUPS = 4   # the FSDP2 rung's groups of layers (distributed.report.ADVISED_UNITS: these and the root)
+
+
+def _fewer_units():
+    """FSDP2's own rung, climbed after the rungs both strategies climb: the layers sharded in FSDP2_GROUPS units,
+    each kept gathered from its forward to its backward. It changes how the ranks share the work, not the step's
+    math: on one GPU it is the rung before it."""
+    from dataclasses import replace
+
+    from roofline.ladder import Rung
+
+    return Rung(FEWER_UNITS, f"fully_shard(blocks[i:i + k], reshard_after_forward=False)  # {FSDP2_GROUPS} units, "
+                "not one a block", lambda c: replace(c, fsdp2_groups=FSDP2_GROUPS),
+                refused=lambda c: None if c.parallel == "fsdp2" else "FSDP2's rung")
+
+
+FEWER_UNITS = "fewer FSDP2 units"
 
 
 @dataclass
@@ -104,6 +121,9 @@ def climb_rank(target: str, parallel: str | None, options: dict) -> dict:
     rungs = ladder.ladder_rungs(task)
     if parallel is None:
         rungs = [r for r in rungs if r.refused(ladder.Config(parallel="ddp")) is None]
+    elif parallel == "fsdp2":   # after the last rung that runs on ranks: on top of everything they climb
+        last = max(i for i, r in enumerate(rungs) if r.refused(ladder.Config(parallel="fsdp2")) is None)
+        rungs = [*rungs[:last + 1], _fewer_units(), *rungs[last + 1:]]
     out = {"result": ladder.run(task, device=device, rungs=rungs, progress=say, parallel=parallel)}
     if parallel is None:
         try:
@@ -164,10 +184,12 @@ def scale(ladder: LadderResult, result: ScalingLadder) -> None:
     """Each rung of a ladder on several ranks against the same rung on one GPU: scaling efficiency, tokens/s per
     GPU, MFU, and its loss against the one-GPU run's at the same step (within the rung's tolerance, or marked)."""
     alone = {r.rung: r for r in result.reference.rungs if r.median_ms is not None}
+    before = None   # the rung before, on these ranks: FSDP2's own rung is it on one GPU
     for rung in ladder.rungs:
-        one = alone.get(rung.rung)
         if rung.median_ms is None:
             continue
+        one = alone.get(before if rung.rung == FEWER_UNITS else rung.rung)
+        before = rung.rung
         seconds = rung.median_ms / 1e3
         if result.tokens:
             rung.tokens_per_s = result.tokens / seconds

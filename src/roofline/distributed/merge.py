@@ -17,6 +17,7 @@ and give each collective's transfer time.
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 
@@ -79,6 +80,11 @@ class Rank:
     serialized_ms: float = 0.0
     serialized_streams: list = field(default_factory=list)
     serialized_at: Location | None = None
+    # FSDP2: a step's host time in its hooks (gathering each unit's parameters, reducing its gradients), how many
+    # fully_shard units it has, and the line whose forward ran the first unit's hooks
+    hooks_ms: float = 0.0
+    hook_units: int = 0
+    hooks_at: Location | None = None
 
     @property
     def overlap(self) -> float | None:
@@ -103,7 +109,8 @@ class Rank:
                 "comm_ms": self.comm_ms, "exposed_ms": self.exposed_ms, "overlap": self.overlap,
                 "collectives": len(self.calls), "unprofiled_ms": self.unprofiled_ms, "stretch": self.stretch,
                 "not_computing_ms": self.not_computing_ms, "serialized_ms": self.serialized_ms,
-                "serialized_streams": self.serialized_streams}
+                "serialized_streams": self.serialized_streams, "fsdp2_hooks_ms": self.hooks_ms,
+                "fsdp2_units": self.hook_units}
 
 
 def _compute_spans(trace: Trace, calls: list[comms.Call]) -> list[tuple[float, float]]:
@@ -135,8 +142,36 @@ def _serialized(trace: Trace, calls: list[comms.Call]) -> tuple[float, list[int]
     return sum(comm[s] for s in shared), shared, at
 
 
+# The ranges FSDP2's hooks record around their work (torch.distributed.fsdp._fully_shard): each unit's
+# "FSDP::pre_forward (blocks.3)", "FSDP::post_backward_reduce (blocks.3)", ... (the root unit's without a name).
+# The collectives and copies they launch run inside them; what they add to a step is host time.
+_FSDP_HOOK = re.compile(r"^FSDP::(root_pre_forward|pre_forward|post_forward|pre_backward|post_backward\w*|"
+                        r"root_post_backward_callback)(?: \((.+?)\))?(?: \[pg=\d+\])?$")
+
+
+def _fsdp2_hooks(trace: Trace, resolver: Resolver) -> tuple[float, int, Location | None]:
+    """(host us in FSDP2's hooks over the window, fully_shard units seen, the line the first unit's forward
+    hooks ran at)."""
+    spans, units, first = [], set(), None
+    for i, op in enumerate(trace.ops):
+        found = _FSDP_HOOK.match(op.name) if op.annotation else None
+        if found is None:
+            continue
+        spans.append((op.ts, op.end))
+        if found[1] == "pre_forward":
+            units.add(found[2] or "")
+            if first is None or op.ts < trace.ops[first].ts:
+                first = i
+    where = None
+    if first is not None:
+        stack = resolver.resolve(first)[0]
+        where = stack[-1] if stack else None
+    return _length(_union(spans)), len(units), where
+
+
 def rank_of(trace: Trace, rank: int) -> Rank:
-    calls = comms.calls(trace, Resolver(trace))
+    resolver = Resolver(trace)
+    calls = comms.calls(trace, resolver)
     comm = _union((c.start, c.end) for c in calls)
     compute = _compute_spans(trace, calls)
     steps = len(trace.steps) or 1
@@ -144,9 +179,10 @@ def rank_of(trace: Trace, rank: int) -> Rank:
     exposed = _length(comm) - _overlap(comm, compute)
     timed = unprofiled_steps(trace)["gpu_ms" if trace.gpu else "wall_ms"]
     serialized, streams, at = _serialized(trace, calls)
+    hooks, units, hooks_at = _fsdp2_hooks(trace, resolver)
     return Rank(rank, trace, calls, len(trace.steps), step_ms, _length(compute) / steps / 1e3,
                 _length(comm) / steps / 1e3, exposed / steps / 1e3, statistics.median(timed) if timed else None,
-                compute, comm, serialized / steps / 1e3, streams, at)
+                compute, comm, serialized / steps / 1e3, streams, at, hooks / steps / 1e3, units, hooks_at)
 
 
 # --------------------------------------------------------------------------- the ranks together

@@ -14,6 +14,10 @@ from roofline.tables import Column, Row, show
 EXPOSED_SHARE = 0.05   # exposed communication worth a finding: this share of a step, at least
 SLOW_SHARE = 0.5       # a transfer under this share of the bus bandwidth doctor measured at its size is slow
 SMALL_BYTES = 1 << 20  # messages under this are latency-bound on NVLink (busbw under a tenth of the peak at 1 MiB)
+HOOKS_SHARE = 0.1      # FSDP2's hooks worth a finding: this share of a step's time on the host, at least
+# The units the FSDP2 finding advises: the blocks in 4 groups, and the root; of the groupings measured on two
+# GPUs, the fastest (benchmarks/results/h100x2-distributed.md, "FSDP2's units").
+ADVISED_UNITS = 5
 
 
 @dataclass
@@ -91,6 +95,7 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
         out.append(Finding("exposed-communication", "communication no computation hides", f"{said} {advice}", top,
                            estimate))
     out += _serialized(merged, step)
+    out += _fsdp2_hooks(merged)
     out += _slow_transfers(merged, rows, ceiling)
     for row in rows:
         if row["bytes"] and row["bytes"] < SMALL_BYTES and row["calls"] >= 4 and step and row["ms"] > 0.01 * step:
@@ -121,6 +126,35 @@ def _serialized(merged: Merged, step: float | None) -> list[Finding]:
         "(torch.cuda.Stream) and have the work that reads its result wait on an event. At most the transfers' "
         "time, where computation that does not need them is there to overlap.",
         str(worst.serialized_at) if worst.serialized_at else None, min(worst.serialized_ms, worst.exposed_ms))]
+
+
+def _fsdp2_hooks(merged: Merged) -> list[Finding]:
+    """FSDP2 programs of many fully_shard units: each unit's hooks cost the host time in every forward and
+    backward, and where a unit's computation is shorter, the GPU waits for them."""
+    r = max(merged.ranks, key=lambda r: r.hooks_ms)
+    step = r.unprofiled_ms or r.step_ms
+    stretch = r.stretch if r.stretch and r.stretch > 1 else 1.0
+    hooks = r.hooks_ms / stretch   # the recorder stretches the host: the hooks' time at the program's own pace
+    if r.hook_units <= ADVISED_UNITS or not step or hooks < HOOKS_SHARE * step:
+        return []
+    gain = hooks * (1 - ADVISED_UNITS / r.hook_units)
+    idle = r.not_computing_ms
+    if idle is not None:   # on a GPU, a step gains at most the time its GPU does not compute
+        gain = min(gain, idle)
+    recorded = f" ({r.hooks_ms:,.2f} ms recorded)" if stretch > 1 else ""
+    waits = (f" Unrecorded, its GPU computes nothing for {idle:,.2f} ms of a {step:,.2f} ms step."
+             if idle is not None else "")
+    return [Finding(
+        "fsdp2-hooks", f"{r.hook_units} FSDP2 units cost the host {hooks:,.2f} ms a step",
+        f"FSDP2's hooks held rank {r.rank}'s host {hooks:,.2f} ms a step{recorded}: {r.hook_units} fully_shard "
+        f"units, {hooks / r.hook_units:,.2f} ms each, gathering each unit's parameters before its forward and its "
+        f"backward and reducing its gradients after. That is host time: where a unit's computation is shorter, the "
+        f"GPU waits for the host.{waits} Shard fewer, larger units: fully_shard on groups of blocks "
+        "(fully_shard(model.blocks[i:i + k]) for 4 groups), and reshard_after_forward=False keeps each group "
+        "gathered from its forward to its backward, saving the backward's gathers and their hooks (the memory "
+        "FSDP2 saves on parameters is spent while they stay gathered). The gain is estimated for 4 groups and the "
+        "root; `roofline ladder --nproc-per-node N` measures it as its FSDP2 rung \"fewer FSDP2 units\".",
+        str(r.hooks_at) if r.hooks_at else None, gain)]
 
 
 def _fewer(row: dict) -> str:

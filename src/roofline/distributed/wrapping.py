@@ -29,9 +29,10 @@ def layers(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, compile_mode: str | None) -> nn.Module:
+def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, compile_mode: str | None,
+         groups: int | None = None) -> nn.Module:
     """The module a training step calls: `model` under `strategy`, compiled where compile_mode is set (None, or
-    torch.compile's mode: "default", "max-autotune")."""
+    torch.compile's mode: "default", "max-autotune"); groups: FSDP2's units of layers (None: one a layer)."""
     mode = None if compile_mode in (None, "default") else compile_mode
     if strategy == "ddp":
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -44,10 +45,13 @@ def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, comp
         blocks = layers(model)
         if not blocks:
             raise ValueError("fsdp2: the model has no nn.ModuleList of layers to shard one by one")
-        for block in blocks:
-            if compile_mode is not None:
+        if compile_mode is not None:
+            for block in blocks:
                 block.compile(mode=mode)
-            fully_shard(block, mp_policy=policy)
+        size = -(-len(blocks) // groups) if groups else 1
+        for i in range(0, len(blocks), size):
+            unit = blocks[i:i + size]
+            fully_shard(unit if size > 1 else unit[0], mp_policy=policy, reshard_after_forward=groups is None)
         fully_shard(model, mp_policy=policy)
         return model
     raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")

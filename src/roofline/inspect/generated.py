@@ -304,7 +304,18 @@ def _keep_binary(kernel: GeneratedKernel, autotuner) -> None:
         launcher = launchers[0]
         config = {**launcher.config.kwargs, "num_warps": launcher.config.num_warps,
                   "num_stages": launcher.config.num_stages}
-        kernel.launch = kernels.Launch(launcher.fn, (), config, None, launcher.bin)
+        kernel.launch = kernels.Launch(launcher.fn, (), config, None, launcher.bin, label=kernel.name,
+                                       source=_def_line(getattr(autotuner, "filename", None), kernel.name))
+
+
+def _def_line(file: str | None, name: str) -> tuple[str, int] | None:
+    """(file, the line of `def name(`) in Inductor's module of the kernel; None where it cannot be read (the
+    kernel's function then says where it is)."""
+    try:
+        lines = Path(file).read_text().splitlines() if file else []
+    except OSError:
+        return None
+    return next(((file, i) for i, line in enumerate(lines, 1) if line.lstrip().startswith(f"def {name}(")), None)
 
 
 def _time(found: list[GeneratedKernel], ranges: dict[str, int], fn, args, kwargs, runs: int) -> None:

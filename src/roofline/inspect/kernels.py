@@ -38,10 +38,14 @@ class Launch:
     kwargs: dict = field(repr=False)     # constexprs and compile options (num_warps, num_stages, ...)
     grid: tuple | None                   # None where a grid function could not be read again
     compiled: object = field(default=None, repr=False)   # the CompiledKernel a GPU ran; None under the interpreter
+    # where the kernel keeps no Python function (Inductor's, compiled in its worker processes: their JITFunction
+    # comes back with fn=None), its name and (file, line of its def) as the launcher knows them
+    label: str | None = None
+    source: tuple[str, int] | None = None
 
     @property
     def name(self) -> str:
-        return self.kernel.fn.__name__
+        return self.label or self.kernel.fn.__name__
 
     @property
     def parameters(self) -> list[str]:
@@ -49,6 +53,8 @@ class Launch:
 
     @property
     def where(self) -> tuple[str, int]:
+        if self.source is not None:
+            return self.source
         code = self.kernel.fn.__code__
         return code.co_filename, code.co_firstlineno
 

@@ -137,6 +137,16 @@ class Uncompiled:
         return {"name": self.name, "where": self.where, "error": self.error}
 
 
+def _own_static_shared(used: sass.Resources, cubin: bytes, arch: str) -> int:
+    """The kernel's own static shared memory. A cubin that reserves the system's shared memory for its blocks (a
+    `.nv.shared.reserved.N` section: sm_90 kernels that use shared memory) counts that reserve in cuobjdump's
+    SHARED; the occupancy adds it to every block already (measured: Nsight Compute reads no static shared
+    memory and 1 KiB the driver's for such kernels, benchmarks/results/h100-inspect.md)."""
+    if b".nv.shared.reserved." in cubin:
+        return max(used.static_shared_bytes - occupancy.limits(arch).reserved_shared, 0)
+    return used.static_shared_bytes
+
+
 def analyze(launch: kernels.Launch, built: dict, sms: int | None = None) -> KernelReport:
     """The report of one launch, from its kernel compiled (kernels.compiled's dict)."""
     meta, cubin = built["metadata"], built["asm"]["cubin"]
@@ -147,7 +157,7 @@ def analyze(launch: kernels.Launch, built: dict, sms: int | None = None) -> Kern
     if meta["name"] not in found:
         raise RuntimeError(f"cuobjdump reports no function {meta['name']} in its cubin (it has: {', '.join(found)})")
     used = found[meta["name"]]
-    shared = meta["shared"] + used.static_shared_bytes
+    shared = meta["shared"] + _own_static_shared(used, cubin, meta["arch"])
     occ = occupancy.occupancy(meta["arch"], meta["num_warps"] * 32, used.registers, shared)
     rows = _line_rows(instructions, file)
     report = KernelReport(
