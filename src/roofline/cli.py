@@ -588,6 +588,8 @@ def inspect(
     compile: bool = typer.Option(False, "--compile", help="Run the function under torch.compile (a function that "
                                  "compiles its own modules needs no flag)."),
     runs: int = typer.Option(3, min=1, help="Runs timing torch.compile's kernels."),
+    ncu: bool = typer.Option(False, "--ncu", help="Run the function again under Nsight Compute (on a GPU) and show "
+                             "where each kernel's warps waited, line by line, and why."),
 ):
     """Look inside the Triton kernels a function launches: registers, spills, shared memory, occupancy and what
     limits it, the instruction mix, and the source lines the machine code comes from. Without a GPU, the kernels
@@ -604,10 +606,25 @@ def inspect(
         gpu_target(arch)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--arch") from exc
+    if ncu:
+        from roofline.profiler.ncu import binary as ncu_binary
+
+        if not torch.cuda.is_available() or arch is not None:
+            raise typer.BadParameter("samples the kernels as this machine's GPU runs them: it needs a CUDA GPU, "
+                                     "and no --arch", param_hint="--ncu")
+        if ncu_binary() is None:
+            raise typer.BadParameter("Nsight Compute (ncu) is not installed here", param_hint="--ncu")
     fn = _load_name(target, object)   # every object is a `kind` of object: the function loaded, not called
     if not callable(fn):
         raise typer.BadParameter(f"{target} must be a function", param_hint="TARGET")
     found = inspect_function(torch.compile(fn) if compile else fn, arch=arch, sms=sms, runs=runs)
+    if ncu:
+        from roofline.inspect import stalls
+
+        reports = found.launched + [k.report for k in found.made if k.report is not None]
+        names = [r.name for r in reports if hasattr(r, "stalls")]
+        if names:
+            stalls.attach(reports, stalls.measure(target, names, compile))
     render(found, console, top)
     if json_path:
         json_path.write_text(json.dumps(found.to_dict(), indent=1))

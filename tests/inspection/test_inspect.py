@@ -169,3 +169,5 @@ def test_bad_input_is_named_before_anything_runs(monkeypatch):
     assert code == 2 and "no such file" in said
     code, said = run("examples/inspect_kernels.py:gpt2_block", "--runs", "0")
     assert code == 2 and "--runs" in said
+    code, said = run("examples/inspect_kernels.py:matmuls", "--ncu", "--arch", "sm_90")
+    assert code == 2 and "--ncu" in said and "needs a CUDA GPU, and no --arch" in said

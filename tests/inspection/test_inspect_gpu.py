@@ -48,3 +48,29 @@ def test_torch_compile_s_triton_kernels_get_the_view_of_the_binary_that_ran():
         assert k.report.resources.registers == k.launch.compiled.n_regs, k.name
         assert k.report.name == k.name and k.report.mix.total > 0 and not k.report.compiled_here
         assert "XBLOCK" in k.launch.kwargs or "R0_BLOCK" in k.launch.kwargs or "YBLOCK" in k.launch.kwargs
+
+
+def test_ncu_s_samples_land_on_each_kernel_s_own_lines(tmp_path):
+    """--ncu: the softmax example run again under Nsight Compute; each kernel's warps sampled at lines of
+    softmax.py, and the terminal says where they waited."""
+    import json
+    import os
+    import subprocess
+
+    from roofline.profiler.ncu import binary
+
+    if binary() is None:
+        pytest.fail("ncu (Nsight Compute) is not installed on this GPU machine: --ncu cannot be checked")
+    out = tmp_path / "stalls.json"
+    done = subprocess.run([sys.executable, "-m", "roofline", "inspect",
+                           "examples/inspect_kernels.py:softmax_forward_and_backward", "--ncu", "--json", str(out)],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "100"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels_seen = json.loads(out.read_text())["kernels"]
+    assert [k["name"] for k in kernels_seen] == ["softmax_forward_kernel", "softmax_backward_kernel"]
+    for k in kernels_seen:
+        assert k["stalls"]["samples"] > 0, k["name"]
+        assert all(Path(x["file"]).name == "softmax.py" for x in k["stalls"]["lines"])
+        assert sum(x["samples"] for x in k["stalls"]["lines"]) == k["stalls"]["samples"]
+    assert "where its warps waited (ncu" in done.stdout

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from roofline.inspect.generated import compact
 from roofline.inspect.report import Inspection, KernelReport, Uncompiled, count_text, us_text, widths
+from roofline.inspect.stalls import REASONS
 from roofline.page import page, table
 
 
@@ -76,20 +77,28 @@ def _source(r: KernelReport, anchor: str) -> str:
     """The kernel's lines with what each compiled to; then the lines it inlined from other files."""
     counts = {(x.file, x.line): x.mix for x in r.lines}
     spills = bool(r.mix.counts.get("spill"))
+    sampled = r.stalls is not None and r.stalls.samples > 0   # --ncu: where its warps waited, by line
+    waits = {x.line: x for x in r.stalls.lines} if sampled else {}
 
-    def row(where: str, code: str, mix) -> dict:
+    def row(where: str, code: str, mix, line: int | None = None) -> dict:
+        waited = waits.get(line)
         return {"line": where, "code": code, "instructions": mix.total if mix else None,
                 "tc": mix.counts.get("tensor core", 0) if mix else None,
                 "loads": widths(mix.load_bits) if mix else "", "stores": widths(mix.store_bits) if mix else "",
-                "spills": mix.counts.get("spill", 0) if mix else None, "_class": None if mix else "cold"}
+                "spills": mix.counts.get("spill", 0) if mix else None,
+                "samples": (waited.samples / r.stalls.samples, f"{waited.samples / r.stalls.samples:.0%}")
+                if waited and waited.samples else None,
+                "why": REASONS.get(waited.top_reason, waited.top_reason or "") if waited else "",
+                "_class": None if mix else "cold"}
 
-    own = [row(str(r.first_line + k), text, counts.get((r.file, r.first_line + k)))
+    own = [row(str(r.first_line + k), text, counts.get((r.file, r.first_line + k)), r.first_line + k)
            for k, text in enumerate(r.source)]
     inlined = [row(f"{Path(x.file).name}:{x.line}", x.source, x.mix) for x in r.lines
                if x.file != r.file or not r.first_line <= x.line < r.first_line + len(r.source)]
     columns = [("line", "line"), ("source", "code:code"), ("instr.", "instructions:n"),
                ("tensor core", "tc:n"), ("global loads", "loads"), ("global stores", "stores"),
-               *([("spills", "spills:n")] if spills else [])]
+               *([("spills", "spills:n")] if spills else []),
+               *([("warp samples (ncu)", "samples:n"), ("most often waiting on", "why")] if sampled else [])]
     out = "<h3>Source, with what each line compiled to</h3>" + (
         table(columns, own, f"{anchor}-source") if own else
         "<p class='note'>The kernel's source could not be read; its lines by instructions follow.</p>")

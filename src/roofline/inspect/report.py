@@ -64,6 +64,7 @@ class KernelReport:
     file: str = ""             # the kernel's source: its file,
     source: list[str] = field(default_factory=list, repr=False)   # its function's lines,
     first_line: int = 0        # numbered from this line of its file
+    stalls: object = None      # stalls.KernelStalls: where its warps waited, by line (--ncu); None without
 
     @property
     def blocks(self) -> int | None:
@@ -86,7 +87,8 @@ class KernelReport:
                 "occupancy": self.occupancy.to_dict(), "mix": self.mix.to_dict(), "sms": self.sms,
                 "waves": self.waves, "compiled_here": self.compiled_here,
                 "lines": [r.to_dict() for r in self.lines], "findings": [f.to_dict() for f in self.findings],
-                "source": {"file": self.file, "first_line": self.first_line, "lines": self.source}}
+                "source": {"file": self.file, "first_line": self.first_line, "lines": self.source},
+                "stalls": self.stalls.to_dict() if self.stalls is not None else None}
 
 
 @dataclass
@@ -370,8 +372,29 @@ def _render_reports(reports: list, console, top: int) -> None:
              [Column("line", justify="left"), Column("source", justify="left", fold=True), Column("instr."),
               Column("tensor core", "tc"), Column("global loads", "loads", justify="left", fold=True),
               *([Column("spills")] if spills else [])], lines)
+        if r.stalls is not None:
+            _render_stalls(r.stalls, console, top)
         for f in r.findings:
             console.print(f"[bold yellow]{f.title}[/bold yellow] ({f.where}): {f.message}", highlight=False)
+
+
+def _render_stalls(found, console, top: int) -> None:
+    """Where the kernel's warps waited (ncu's samples), its lines by samples, and why."""
+    from roofline.inspect.stalls import REASONS
+
+    total = found.samples
+    if not total:
+        console.print("ncu sampled no warp of it at its own lines (a kernel this short gives few samples: run it "
+                      "at the sizes you train at)", highlight=False)
+        return
+    why = ", ".join(f"{REASONS.get(k, k)} {n / total:.0%}" for k, n in list(found.reasons().items())[:3])
+    rows = [Row([f"{Path(x.file).name}:{x.line}", x.source, f"{x.samples / total:.0%}",
+                 REASONS.get(x.top_reason, x.top_reason or ""), f"{x.excess_sectors:,}" if x.excess_sectors else ""])
+            for x in sorted(found.lines, key=lambda x: -x.samples)[:top] if x.samples]
+    show(console, f"where its warps waited (ncu, {total:,} samples): {why}",
+         [Column("line", justify="left"), Column("source", justify="left", fold=True), Column("samples", "smpl"),
+          Column("most often", "why", justify="left", fold=True),
+          Column("excess L2 sectors", "excess")], rows)
 
 
 def write_sections(found: Inspection, folder: Path) -> list[Path]:

@@ -1,0 +1,87 @@
+"""Nsight Compute's source counters read back: where a kernel's warps waited, line by line (`roofline inspect
+--ncu`). The fixture is ncu 2025.3's `--page source --print-source cuda,sass --csv` for the first three launches
+of examples/inspect_kernels.py:ops_tour on an H100 (layer_norm's forward, backward and parameter gradients), each
+launch a section for Triton's library file and one for roofline's norm.py, trimmed to two instruction rows a
+line (benchmarks/results/h100-inspect.md)."""
+
+from pathlib import Path
+
+from rich.console import Console
+
+from roofline.inspect import stalls
+
+PAGE = (Path(__file__).parent / "fixtures" / "ncu-source-cuda-sass.csv").read_text()
+
+
+def test_the_page_splits_into_launches_with_each_line_s_samples_and_reasons():
+    launches = stalls.parse(PAGE)
+    assert [k.name for k in launches] == ["norm_forward_kernel", "norm_backward_kernel",
+                                          "norm_parameter_grads_kernel"]
+    assert [k.samples for k in launches] == [104, 109, 39]
+    for k in launches:   # a line's samples are its stall reasons' samples
+        assert all(x.samples == sum(x.reasons.values()) for x in k.lines)
+        assert {Path(x.file).name for x in k.lines} == {"norm.py", "standard.py"}
+    # its own file's lines, found by the file's name wherever the binary was compiled
+    forward = launches[0].of_file("/another/checkout/src/roofline/ops/norm.py")
+    assert forward.samples == 87 and {Path(x.file).name for x in forward.lines} == {"norm.py"}
+    top = max(forward.lines, key=lambda x: x.samples)
+    assert (top.line, top.samples, top.top_reason) == (77, 26, "long_sb") and top.source == "return x.to(tl.float32)"
+    # the weight's 16-bit loads over rows of 1000: L2 sectors beyond a coalesced access's
+    weight = next(x for x in forward.lines if x.line == 129)
+    assert "tl.load(w_ptr + offs" in weight.source and weight.excess_sectors == 28160
+    assert list(forward.reasons())[0] == "long_sb"
+
+
+def test_a_kernel_launched_twice_in_a_row_is_two_launches():
+    sections = PAGE.split('"File Path"')   # the first launch: a section for standard.py, one for norm.py
+    first = '"File Path"' + '"File Path"'.join(sections[1:3])
+    twice = stalls.parse(first + first)
+    assert [k.name for k in twice] == ["norm_forward_kernel"] * 2 and twice[0].samples == twice[1].samples == 104
+
+
+def test_each_report_gets_its_own_launch_s_lines_in_launch_order():
+    class Report:
+        def __init__(self, name):
+            self.name, self.file, self.stalls = name, "/here/src/roofline/ops/norm.py", None
+
+    reports = [Report("norm_forward_kernel"), Report("softmax_forward_kernel"), Report("norm_parameter_grads_kernel")]
+    stalls.attach(reports, stalls.parse(PAGE))
+    assert reports[0].stalls.samples == 87 and reports[1].stalls is None
+    assert reports[2].stalls.name == "norm_parameter_grads_kernel" and reports[2].stalls.samples > 0
+    assert all(Path(x.file).name == "norm.py" for x in reports[2].stalls.lines)
+    as_json = reports[0].stalls.to_dict()
+    assert as_json["samples"] == 87 and as_json["lines"][0]["line"] == 77 and as_json["lines"][0]["top_reason"] == \
+        "long_sb" and list(as_json["reasons"])[0] == "long_sb"
+
+
+def test_the_terminal_shows_the_lines_where_warps_waited_at_80_columns():
+    from roofline.inspect.report import _render_stalls
+
+    console = Console(width=80, record=True, force_terminal=False)
+    _render_stalls(stalls.parse(PAGE)[0].of_file("norm.py"), console, top=4)
+    text = console.export_text()
+    assert "where its warps waited (ncu, 87 samples)" in " ".join(text.split())
+    assert "norm.py:77" in text and "norm.py:129" in text and "28,160" in text
+    assert "waiting on global or local memory" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_the_page_puts_each_line_s_samples_beside_its_source():
+    import re
+
+    from roofline.inspect import html, occupancy, sass
+    from roofline.inspect.report import KernelReport
+
+    own = stalls.parse(PAGE)[0].of_file("norm.py")
+    first = 75   # the kernel's source as the fixture's lines 75-79 of norm.py name it
+    source = [next((x.source for x in own.lines if x.line == n), "") for n in range(first, first + 5)]
+    report = KernelReport("norm_forward_kernel", "norm.py:75", "sm_90", (64, 1, 1), 4, 3, {},
+                          sass.Resources(48, 0, 0, 0), 2048, occupancy.occupancy("sm_90", 128, 48, 2048), sass.Mix(),
+                          [], [], False, 132, file="/here/src/roofline/ops/norm.py", source=source,
+                          first_line=first, stalls=own)
+    page = html._kernel(report, "k0")
+    assert "warp samples (ncu)" in page and "most often waiting on" in page
+    row = re.search(r"<tr[^>]*><td>77</td>.*?</tr>", page)[0]
+    assert f'data-v="{26 / 87}"' in row and "30%" in row and "waiting on global or local memory" in row
+    report.stalls = None   # without --ncu, no such columns
+    assert "warp samples" not in html._kernel(report, "k0")
