@@ -3,6 +3,7 @@ communication figures against the step time they claim.
 
     python benchmarks/distributed.py OUT_DIR ladder --task gpt2 [--parallel ddp fsdp2] [--skip RUNG ...]
     python benchmarks/distributed.py OUT_DIR profile [--nproc 2]
+    python benchmarks/distributed.py OUT_DIR fsdp2-advice [--repeats 3]
 
 ladder: `roofline ladder --nproc-per-node N examples/ladder_tasks.py:TASK` (GPT-2 small or the Llama-style model,
 their full sizes): every rung on one GPU, then on N ranks; tokens/s per GPU, scaling efficiency, MFU, peak memory
@@ -19,6 +20,11 @@ profile: examples/ddp_train.py (GPT-2 small, bf16, DDP, 8 x 1024 tokens a rank):
   - timed with DDP's buckets of 100 MB against its default 25 MB (in the same turns): what the exposed-communication
     finding's first advice, larger buckets, gains.
 Writes OUT_DIR/profile-ranks.md and .json.
+
+fsdp2-advice: the fsdp2-hooks finding's estimate against its advice applied: examples/ddp_train.py under FSDP2 (a
+unit a block) profiled (`roofline profile --nproc-per-node N --json`), and timed unprofiled a unit a block and with
+the blocks in 4 groups kept gathered (--fsdp2-groups 4), `--repeats` times each, in turns; the finding's gain
+against the difference of the medians. Writes OUT_DIR/fsdp2-advice.md and .json.
 
 recording: what recording costs a rank's step: the same DDP GPT-2 step on N ranks, plain and under each way of
 recording it (torch.profiler with CUDA activity only, with CPU and CUDA activity, roofline.profile() and it
@@ -157,6 +163,35 @@ def profile(out: Path, nproc: int, repeats: int) -> None:
     print("\n".join(lines))
 
 
+def fsdp2_advice(out: Path, nproc: int, repeats: int) -> None:
+    per_block, grouped = [], []
+    for _ in range(repeats):   # in turns: a drift of the machine moves both
+        per_block.append(_train(nproc, "--fsdp2"))
+        grouped.append(_train(nproc, "--fsdp2", "--fsdp2-groups", "4"))
+    measured = statistics.median(per_block) - statistics.median(grouped)
+    ranks = _profile(nproc, out / "profile-fsdp2-hooks.json", "--fsdp2")
+    finding = next((f for f in ranks["findings"] if f["id"] == "fsdp2-hooks"), None)
+    ratio = finding["gain_ms"] / measured if finding and measured > 0 else None
+    lines = [f"examples/ddp_train.py --fsdp2 (GPT-2 small, bf16, 8 x 1024 tokens a rank) on {_machine(nproc)}, torch "
+             f"{torch.__version__}", "",
+             f"Unprofiled, {repeats} runs each in turns (a run's step: the median of steps 6 to {STEPS}): a unit a "
+             f"block {statistics.median(per_block):.2f} ms ({', '.join(f'{t:.2f}' for t in per_block)}); 4 groups kept "
+             f"gathered {statistics.median(grouped):.2f} ms ({', '.join(f'{t:.2f}' for t in grouped)}): the advice "
+             f"gains {measured:.2f} ms a step.", "",
+             "| rank | FSDP2 units | hooks ms a step, recorded | recorded step ms | unrecorded step ms | "
+             "not computing ms, unrecorded |", "|---|---|---|---|---|---|",
+             *(f"| {r['rank']} | {r['fsdp2_units']} | {r['fsdp2_hooks_ms']:.2f} | {r['step_ms']:.2f} | "
+               f"{_ms(r['unprofiled_ms'])} | {_ms(r['not_computing_ms'])} |" for r in ranks["ranks"]), "",
+             "The fsdp2-hooks finding: " + (f"{finding['title']}, estimated gain {finding['gain_ms']:.2f} ms against "
+                                            f"{measured:.2f} ms measured"
+                                            + (f", {ratio:.2f}x" if ratio else "") if finding else "NOT found"), ""]
+    (out / "fsdp2-advice.md").write_text("\n".join(lines))
+    (out / "fsdp2-advice.json").write_text(json.dumps(
+        {"per_block_ms": per_block, "grouped_ms": grouped, "measured_gain_ms": measured, "finding": finding,
+         "estimate_ratio": ratio, "ranks": ranks["ranks"]}, indent=1))
+    print("\n".join(lines))
+
+
 def _recorders() -> dict:
     import contextlib
 
@@ -247,7 +282,7 @@ def recording(out: Path, nproc: int, rounds: int = 3, steps: int = 10) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("what", choices=("ladder", "profile", "recording"))
+    parser.add_argument("what", choices=("ladder", "profile", "fsdp2-advice", "recording"))
     parser.add_argument("--nproc", type=int, default=torch.cuda.device_count(), help="ranks (on CPUs, ladder and "
                         "profile run gloo processes: a dry run of the small models; recording needs GPUs)")
     parser.add_argument("--task", default="gpt2", choices=("gpt2", "llama"))
@@ -262,6 +297,8 @@ def main() -> None:
         ladder(args.out, args.task, args.nproc, args.parallel, args.skip)
     elif args.what == "recording":
         recording(args.out, args.nproc)
+    elif args.what == "fsdp2-advice":
+        fsdp2_advice(args.out, args.nproc, args.repeats)
     else:
         profile(args.out, args.nproc, args.repeats)
 

@@ -37,6 +37,8 @@ def main(argv=None):
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--fsdp2", action="store_true", help="FSDP2 instead of DDP: each block sharded, then the model "
                    "(bf16 parameters for the compute, fp32 gradients reduced)")
+    p.add_argument("--fsdp2-groups", type=int, default=0, help="with --fsdp2: shard the blocks in this many groups, "
+                   "each kept gathered from its forward to its backward (roofline profile's fsdp2-hooks advice)")
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--slow-ms", type=float, default=20.0)
     args = p.parse_args(argv)
@@ -55,8 +57,11 @@ def main(argv=None):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if gpu else None, reduce_dtype=torch.float32)
-        for block in model.h:
-            fully_shard(block, mp_policy=policy)
+        size = -(-len(model.h) // args.fsdp2_groups) if args.fsdp2_groups else 1
+        for i in range(0, len(model.h), size):
+            # a list of blocks is one unit (a slice of the ModuleList would be a module of its own, never called)
+            unit = list(model.h[i:i + size])
+            fully_shard(unit if size > 1 else unit[0], mp_policy=policy, reshard_after_forward=not args.fsdp2_groups)
         ddp = fully_shard(model, mp_policy=policy)
     elif several:
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if gpu else None,

@@ -167,9 +167,11 @@ def test_profile_and_analyze_usage_errors(argv, message):
     assert "Traceback" not in result.output
 
 
-def test_profile_ncu_on_a_program_without_gpu_kernels_says_so(program):
-    result = runner.invoke(app, ["profile", "--ncu", "2", str(program)])
+def test_profile_ncu_and_inspect_on_a_program_without_gpu_kernels_say_so(program):
+    result = runner.invoke(app, ["profile", "--ncu", "2", "--inspect", "2", str(program)])
     assert result.exit_code == 0 and "--ncu needs GPU kernels" in flat(result.output)
+    assert "--inspect needs GPU kernels; this trace has none" in flat(result.output)
+    assert "Inside the heaviest" not in result.output and "top lines by op time" in flat(result.output)
 
 
 def test_profile_with_too_few_steps_says_so(program):

@@ -217,6 +217,26 @@ def _show_report(report, json_path: Optional[Path], html_path: Optional[Path], t
         console.print(f"[dim]HTML report written to {html_path}[/dim]")
 
 
+def _add_inside(report, launched: list, count: int) -> None:
+    """--inspect K: the K heaviest Triton kernels of the profile, seen from inside (profiler.inside)."""
+    import torch
+
+    from roofline.profiler import inside
+
+    if not report.kernels:
+        err.print("roofline: --inspect needs GPU kernels; this trace has none")
+        return
+    if not launched:
+        err.print("roofline: --inspect: the program launched no Triton kernel through Triton's JIT")
+        return
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+        if torch.cuda.is_available() else None
+    report.inside = inside.look_inside(report.kernels, launched, count, sms)
+    if not report.inside:
+        err.print(f"roofline: --inspect: none of the top kernels is one of the program's {len(launched)} Triton "
+                  "launches")
+
+
 def _add_ncu(report, target: str, args: list[str], module: bool, count: int, skip: int, steps: int | None) -> None:
     """Nsight Compute's counters for the heaviest launches of the `count` kernels with the most time."""
     from roofline.profiler import ncu
@@ -295,6 +315,9 @@ def profile(
     ncu: int = typer.Option(0, "--ncu", min=0, help="Also run Nsight Compute on the heaviest launches of the K "
                             "kernels with the most time (occupancy, DRAM and SM throughput, L2 hit rate, registers, "
                             "spills); it runs the program again once per launch."),
+    inspect_top: int = typer.Option(0, "--inspect", min=0, help="Also look inside the K Triton kernels with the "
+                                    "most time, as roofline inspect does: registers, spills, shared memory, occupancy "
+                                    "and what limits it, the instruction mix, findings at their lines."),
     verify: bool = typer.Option(False, "--verify", help="Measure each finding's fix where it has a concrete "
                                 "replacement: the ops rebuilt on their recorded shapes, checked, and timed against "
                                 "the replacement (speedup and its 95% interval beside the estimate)."),
@@ -325,6 +348,8 @@ def profile(
         if given and several:   # each reruns the program, which ranks cannot do alone
             raise typer.BadParameter("not with several ranks (it runs the program again, one process)",
                                      param_hint=option)
+    if inspect_top and several:
+        raise typer.BadParameter("one process only (each rank would note its own launches)", param_hint="--inspect")
     if nproc_per_node and nproc_per_node > 1 and ranked is None:
         recording = ["--skip", str(skip), *(["--steps", str(steps)] if steps else []), *(["-m"] if module else []),
                      *(["--memory"] if memory else []), *([] if shapes else ["--no-shapes"]),
@@ -338,10 +363,21 @@ def profile(
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         profiling.forget_earlier(folder, ranked[0])
+    def run():
+        return run_program(target, list(args or []), module=module, skip=skip, active=steps, memory=memory,
+                           shapes=shapes, python_stack=python_stack,
+                           trace=profiling.partial_path(folder, ranked[0]) if ranked else trace_path)
+
+    launched = []   # with --inspect: the program's Triton launches, each kernel and configuration's first
     try:
-        prof, status, error = run_program(target, list(args or []), module=module, skip=skip, active=steps,
-                                          memory=memory, shapes=shapes, python_stack=python_stack,
-                                          trace=profiling.partial_path(folder, ranked[0]) if ranked else trace_path)
+        if inspect_top:
+            from roofline.inspect import kernels as triton_kernels
+
+            ran = []
+            launched = triton_kernels.launches(lambda: ran.append(run()))
+            prof, status, error = ran[0]
+        else:
+            prof, status, error = run()
     except FileNotFoundError as exc:
         err.print(f"roofline: {exc}")
         raise typer.Exit(2)
@@ -366,6 +402,8 @@ def profile(
         raise typer.Exit(status or 2)
     if ncu:
         _add_ncu(report, target, list(args or []), module, ncu, skip, steps)
+    if inspect_top:
+        _add_inside(report, launched, inspect_top)
     if verify:
         _verify(report)
     if ranked:

@@ -64,3 +64,31 @@ def test_verify_measures_the_planted_op_level_fix(path, tmp_path):
         assert case["error"] is None and case["low"] <= case["speedup"] <= case["high"]
         assert case["check"].startswith(("relative error", "bytes identical"))
     assert v["gain_low_ms"] <= v["gain_ms"] <= v["gain_high_ms"] and v["covered_share"] > 0
+
+
+def test_inspect_looks_inside_the_heaviest_triton_kernels(tmp_path):
+    """--inspect 2 on a loop of roofline's Triton softmax and layer_norm: the two heaviest Triton kernels of the
+    profile, each seen from inside the binary it ran."""
+    program = tmp_path / "ops_loop.py"
+    program.write_text(
+        "import torch\nfrom roofline import ops\n"
+        "x = torch.randn(4096, 4096, device='cuda', dtype=torch.bfloat16, requires_grad=True)\n"
+        "w = torch.nn.Parameter(torch.ones(4096, device='cuda', dtype=torch.bfloat16))\n"
+        "opt = torch.optim.SGD([w], lr=0.0)\n"
+        "for _ in range(6):\n"
+        "    y = ops.layer_norm(ops.softmax(x, backend='triton'), (4096,), w, backend='triton')\n"
+        "    y.float().sum().backward()\n"
+        "    opt.step()\n")
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "roofline.cli", "profile", "--skip", "2", "--inspect", "2", "--json",
+                           str(out), str(program)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "120"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(out.read_text())["inside"]
+    assert len(found) == 2 and all(x["share"] > 0 for x in found)
+    names = {"softmax_forward_kernel", "softmax_backward_kernel", "norm_forward_kernel", "norm_backward_kernel",
+             "norm_parameter_grads_kernel"}
+    for x in found:
+        assert x["kernel"] in names and x["configurations"]
+        assert all(c["registers"] > 0 and not c["compiled_here"] for c in x["configurations"])
+    assert "Inside the heaviest Triton kernels" in done.stdout

@@ -205,7 +205,7 @@ def test_fsdp2_s_hooks_on_many_units_are_named_at_the_model_s_line_with_fewer_un
     stretch = [r["stretch"] for r in ranks["ranks"] if r["fsdp2_hooks_ms"] == hooks][0] or 1
     assert found["gain_ms"] == pytest.approx(hooks / max(stretch, 1) * (1 - 5 / 8))
     assert found["where"].endswith("sharded.py:10 (<module>)")   # the line that called the model, where its hooks ran
-    assert "fully_shard(model.blocks[i:i + k])" in found["message"] and "reshard_after_forward=False" in \
+    assert "fully_shard(list(model.blocks[i:i + k]))" in found["message"] and "reshard_after_forward=False" in \
         found["message"]
     assert "8 FSDP2 units cost the host" in " ".join(done.stdout.split())
 
@@ -287,3 +287,5 @@ def test_a_trace_older_than_the_run_is_no_trace_of_it(tmp_path):
 def test_options_that_rerun_the_program_are_refused_with_ranks(program, tmp_path):
     done = _roofline("profile", "--nproc-per-node", "2", "--ncu", "1", str(program), "4", cwd=tmp_path)
     assert done.returncode == 2 and "--ncu" in done.stderr and "several ranks" in " ".join(done.stderr.split())
+    done = _roofline("profile", "--nproc-per-node", "2", "--inspect", "1", str(program), "4", cwd=tmp_path)
+    assert done.returncode == 2 and "--inspect" in done.stderr and "one process only" in " ".join(done.stderr.split())

@@ -29,9 +29,13 @@ def fail(how: str, pids: str):
     return dist.get_rank()
 
 
-def fsdp2_units(blocks: int, groups):
-    """FSDP2's units of a model of `blocks` layers wrapped with `groups`: each unit's modules, and whether it
-    reshards its parameters after its forward (None: it holds none)."""
+def fsdp2_units(cases):
+    """For each (blocks, groups) of `cases`: FSDP2's units of a model of `blocks` layers wrapped with `groups`, each
+    unit's modules and whether it reshards its parameters after its forward (None: it holds none)."""
+    return [_fsdp2_units(blocks, groups) for blocks, groups in cases]
+
+
+def _fsdp2_units(blocks: int, groups):
     from torch import nn
     from torch.distributed.fsdp import FSDPModule
 

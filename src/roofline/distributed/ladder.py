@@ -45,8 +45,8 @@ def _fewer_units():
 
     from roofline.ladder import Rung
 
-    return Rung(FEWER_UNITS, f"fully_shard(blocks[i:i + k], reshard_after_forward=False)  # {FSDP2_GROUPS} units, "
-                "not one a block", lambda c: replace(c, fsdp2_groups=FSDP2_GROUPS),
+    return Rung(FEWER_UNITS, f"fully_shard(list(blocks[i:i + k]), reshard_after_forward=False)  # {FSDP2_GROUPS} "
+                "units, not one a block", lambda c: replace(c, fsdp2_groups=FSDP2_GROUPS),
                 refused=lambda c: None if c.parallel == "fsdp2" else "FSDP2's rung")
 
 

@@ -150,7 +150,8 @@ def _fsdp2_hooks(merged: Merged) -> list[Finding]:
         f"units, {hooks / r.hook_units:,.2f} ms each, gathering each unit's parameters before its forward and its "
         f"backward and reducing its gradients after. That is host time: where a unit's computation is shorter, the "
         f"GPU waits for the host.{waits} Shard fewer, larger units: fully_shard on groups of blocks "
-        "(fully_shard(model.blocks[i:i + k]) for 4 groups), and reshard_after_forward=False keeps each group "
+        "(fully_shard(list(model.blocks[i:i + k])) for 4 groups: a list, since a slice of a ModuleList is a module "
+        "of its own that is never called), and reshard_after_forward=False keeps each group "
         "gathered from its forward to its backward, saving the backward's gathers and their hooks (the memory "
         "FSDP2 saves on parameters is spent while they stay gathered). The gain is estimated for 4 groups and the "
         "root; `roofline ladder --nproc-per-node N` measures it as its FSDP2 rung \"fewer FSDP2 units\".",

@@ -117,12 +117,14 @@ def inspect_function(fn, *args, arch: str | None = None, sms: int | None = None,
     made = generated.timed(graphs, fn, args, kwargs, runs)
     with_binary = [k for k in made if k.launch is not None]
     for k, built in zip(with_binary, kernels.compiled([k.launch for k in with_binary], gpu)):
-        k.report = _report(k.launch, built, sms)
-    return Inspection([_report(launch, built, sms) for launch, built in zip(found, kernels.compiled(found, gpu))],
+        k.report = report_of(k.launch, built, sms)
+    return Inspection([report_of(launch, built, sms) for launch, built in zip(found, kernels.compiled(found, gpu))],
                       made)
 
 
-def _report(launch: kernels.Launch, built: dict, sms: int | None):
+def report_of(launch: kernels.Launch, built: dict, sms: int | None):
+    """One launch's KernelReport, from its kernel compiled (kernels.compiled's dict), or an Uncompiled saying why
+    it could not be."""
     if "error" in built:
         return Uncompiled(launch.name, _where(*launch.where), built["error"])
     return analyze(launch, built, sms)
@@ -297,10 +299,10 @@ def render(found: Inspection, console, top: int = 8) -> None:
         console.print("[yellow]The function launched no Triton kernel, and torch.compile generated none for it."
                       "[/yellow]")
         return
-    _render_reports(found.launched, console, top)
+    render_reports(found.launched, console, top)
     if found.made:
         _render_generated(found.made, console, top)
-        _render_reports([k.report for k in found.made if k.report is not None], console, top)
+        render_reports([k.report for k in found.made if k.report is not None], console, top)
 
 
 def _render_generated(made: list, console, top: int) -> None:
@@ -334,7 +336,7 @@ def count_text(x: float) -> str:
     return f"{x:g}" if x == int(x) else f"{x:.2f}"
 
 
-def _render_reports(reports: list, console, top: int) -> None:
+def render_reports(reports: list, console, top: int) -> None:
     """Kernels' reports side by side, then each one's hottest lines and findings."""
     failed = [r for r in reports if isinstance(r, Uncompiled)]
     reports = [r for r in reports if not isinstance(r, Uncompiled)]

@@ -37,6 +37,8 @@ JSON schema, version 1 (times in milliseconds, rates in TFLOP/s and GB/s):
                         error}}: Nsight Compute on the heaviest launches of the top kernels (--ncu K): the grid and
                         block the profile timed, its duration there, the launches of that grid and block and their
                         share of the kernel's time; note: where ncu's launch or duration parts from the profile's
+    inside[]            {kernel, share, total_us, configurations[]: roofline inspect's report of each configuration
+                        launched}: the heaviest Triton kernels seen from inside (--inspect K; profiler.inside)
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Report:
     host: list[HostLine] = field(default_factory=list)   # host time by line, as recorded
     ncu: NcuRun | None = None     # Nsight Compute's counters for the top kernels, where asked for (--ncu)
     compiled: list[CompiledRow] = field(default_factory=list)   # torch.compile's kernels with the lines they fused
+    inside: list = field(default_factory=list)   # profiler.inside.Inside: the top Triton kernels inspected (--inspect)
 
     @property
     def steps(self) -> int:
@@ -165,6 +168,7 @@ class Report:
             "findings": [f.to_dict() for f in self.findings],
             "ncu": self.ncu.to_dict() if self.ncu else None,
             "compiled": [c.to_dict(self.attribution.total_us / 1e3) for c in self.compiled],
+            "inside": [x.to_dict() for x in self.inside],
         }
 
     def write_json(self, path) -> None:

@@ -134,6 +134,11 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
              "runs)", [C("kernel", justify="left", fold=True), *(C(header, short) for header, short, _, _ in NCU_COLUMNS),
                        C("launch; note", justify="left", fold=True)], rows)
 
+    if report.inside:
+        from roofline.profiler import inside
+
+        inside.render(report.inside, console, top)
+
     mods = sorted((m for m in report.modules if m.total_us > 0), key=lambda m: -m.total_us)[:top]
     if mods:
         rows = [Row([m.path, _ms(m.total_us), _ms(m.forward_us), _ms(m.backward_us)]) for m in mods]

@@ -1,0 +1,58 @@
+"""The profile's heaviest Triton kernels seen from inside (`roofline profile --inspect K`).
+
+While the program runs, every Triton launch that goes through Triton's JIT is noted with the binary it ran
+(roofline.inspect.kernels: the first launch of each kernel and configuration, which is the one that compiles;
+roofline's ops launch again from C++ past the JIT, and those add nothing new). After the profile, the K kernels
+with the most GPU time that are Triton kernels are matched by name to those launches, and each configuration
+launched is read as `roofline inspect` reads a kernel: registers, spills, shared memory, occupancy and what
+limits it, the instruction mix, and findings at their lines. A profile that says a kernel is slow can then say
+what inside it is (occupancy limited by registers, no tensor-core instruction for its tl.dot, narrow loads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from roofline.profiler.kernels import function_name, short_name
+
+
+@dataclass
+class Inside:
+    kernel: str            # the profile's short name
+    share: float           # its share of the GPU's time
+    total_us: float
+    reports: list          # roofline.inspect.report.KernelReport (or Uncompiled): a configuration launched each
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel, "share": self.share, "total_us": self.total_us,
+                "configurations": [r.to_dict() for r in self.reports]}
+
+
+def look_inside(rows: list, launches: list, count: int, sms: int | None = None) -> list[Inside]:
+    """For each of the `count` heaviest kernel rows (profiler.kernels.KernelRow, heaviest first) that a noted
+    Triton launch names, that kernel's configurations inspected."""
+    from roofline.inspect import kernels
+    from roofline.inspect.report import report_of
+
+    by_name: dict[str, list] = {}
+    for launch in launches:
+        by_name.setdefault(launch.name, []).append(launch)
+    chosen = [(row, by_name[function_name(row.full_name)]) for row in rows
+              if function_name(row.full_name) in by_name][:count]
+    if not chosen:
+        return []
+    todo = [launch for _, found in chosen for launch in found]
+    built = iter(kernels.compiled(todo, kernels.target(None)))
+    return [Inside(short_name(row.full_name), row.share, row.total_us,
+                   [report_of(launch, next(built), sms) for launch in found]) for row, found in chosen]
+
+
+def render(inside: list[Inside], console, top: int) -> None:
+    from roofline.inspect.report import render_reports
+
+    if not inside:
+        return
+    names = ", ".join(f"{x.kernel} ({x.share:.0%} of the GPU's time)" for x in inside)
+    console.print(f"\n[bold]Inside the heaviest Triton kernels[/bold] (roofline inspect's view of the binaries that "
+                  f"ran): {names}", highlight=False)
+    render_reports([r for x in inside for r in x.reports], console, top)

@@ -1,0 +1,53 @@
+"""`roofline profile --inspect K`: the profile's heaviest Triton kernels matched to the launches the program made,
+and each configuration launched seen as roofline inspect sees it. Here through Triton's interpreter (the kernels
+compiled on this machine for sm_90); on a GPU, tests/profiler/test_examples_gpu.py runs it on a real profile, and
+tests/test_cli.py checks what a profile without GPU kernels says."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from roofline.inspect import kernels
+from roofline.inspect.report import KernelReport
+from roofline.profiler import inside
+from roofline.profiler.kernels import KernelRow
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from examples import inspect_kernels  # noqa: E402
+
+pytestmark = pytest.mark.long   # compiles kernels in a process of its own: run first (conftest)
+
+
+def _row(name: str, share: float) -> KernelRow:
+    return KernelRow(name, name, "triton", count=4, total_us=1e3 * share, share=share)
+
+
+def test_the_heaviest_triton_kernels_are_matched_to_their_launches_and_inspected():
+    launched = kernels.launches(inspect_kernels.softmax_forward_and_backward)
+    assert [launch.name for launch in launched] == ["softmax_forward_kernel", "softmax_backward_kernel"]
+    rows = [_row("ampere_sgemm_128x64_nn", 0.5), _row("softmax_backward_kernel", 0.3),
+            _row("softmax_forward_kernel", 0.2)]
+    found = inside.look_inside(rows, launched, count=1, sms=132)
+    # the library's GEMM is no Triton launch of the program: the heaviest Triton kernel is the backward
+    assert [x.kernel for x in found] == ["softmax_backward_kernel"] and found[0].share == 0.3
+    (report,) = found[0].reports
+    assert isinstance(report, KernelReport) and report.name == "softmax_backward_kernel"
+    assert report.resources.registers > 0 and report.occupancy.blocks > 0
+    assert report.where.startswith("src/roofline/ops/softmax.py:") and report.arch == "sm_90"
+    assert any(f.id == "small-grid" for f in report.findings)   # 8 rows: one block for 132 SMs
+    both = inside.look_inside(rows, launched, count=2, sms=132)
+    assert [x.kernel for x in both] == ["softmax_backward_kernel", "softmax_forward_kernel"]
+    as_json = json.loads(json.dumps([x.to_dict() for x in both]))
+    assert as_json[0]["configurations"][0]["name"] == "softmax_backward_kernel"
+    console = Console(width=80, record=True, force_terminal=False)
+    inside.render(both, console, top=3)
+    text = console.export_text()
+    assert "Inside the heaviest Triton kernels" in text and "softmax_forward_kernel (20% of the GPU's time)" in \
+        " ".join(text.split())
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert inside.look_inside([_row("ampere_sgemm_128x64_nn", 1.0)], launched, count=3) == []
