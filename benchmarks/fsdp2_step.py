@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 from examples.models.llama import Llama, LlamaConfig  # noqa: E402
-from roofline.distributed.wrapping import layers  # noqa: E402
+from roofline.distributed.wrapping import grouped, layers  # noqa: E402
 
 VARIANTS = ("single", "ddp", "fsdp2", "fsdp2-keep", "fsdp2-g2", "fsdp2-g3", "fsdp2-g3-keep", "fsdp2-g4",
             "fsdp2-g4-keep", "fsdp2-g6", "fsdp2-root", "fsdp2-fp32")
@@ -63,11 +63,10 @@ def build(model_name: str, variant: str, device: torch.device):
     policy = MixedPrecisionPolicy() if variant == "fsdp2-fp32" else \
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     blocks = layers(model)
-    group = len(blocks) if variant == "fsdp2-root" else \
-        int(variant.split("-g")[1].split("-")[0]) if "-g" in variant else 1
+    per_unit = int(variant.split("-g")[1].split("-")[0]) if "-g" in variant else 1   # gK: K blocks a unit
     if variant != "fsdp2-root":
-        for i in range(0, len(blocks), group):
-            fully_shard(blocks[i:i + group] if group > 1 else blocks[i], mp_policy=policy,
+        for unit in grouped(blocks, -(-len(blocks) // per_unit)):
+            fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy,
                         reshard_after_forward=not variant.endswith("-keep"))
     return model, fully_shard(model, mp_policy=policy)
 
@@ -160,7 +159,8 @@ def all_variants(out: Path, rounds: int, plan: list[str], profiled: list[str]) -
 def _launch(model: str, variant: str, *extra: str) -> dict:
     launch = [sys.executable, __file__] if variant == "single" else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__]
-    done = subprocess.run([*launch, "--model", model, "--variant", variant, *extra], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*launch, "--model", model, "--variant", variant, *extra], capture_output=True, text=True,
+                          timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         return {"model": model, "variant": variant, "error": (done.stderr or done.stdout)[-2000:]}

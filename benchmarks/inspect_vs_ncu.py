@@ -9,7 +9,7 @@ binaries that ran (cuobjdump) and computes occupancy from the device's limits (r
 under ncu, whose launch statistics and occupancy section say what the driver saw. The kernels are matched by name,
 in launch order. One limit may part without a fault: ncu's shared-memory limit is the carveout the driver chose
 for that launch (it picks a smaller one where shared memory does not limit the blocks), inspect's the largest the
-SM offers; they must agree where shared memory is what limits the blocks. Shared memory is the kernel's own
+SM offers; they must agree where shared memory limits the blocks, alone or tied with another limit. Shared memory is the kernel's own
 (static and dynamic); both add the system's 1 KiB a block to it. Writes OUT_DIR/inspect-vs-ncu.md and
 .json; exits 1 where a figure disagrees.
 """
@@ -91,8 +91,9 @@ def compare(kernels: list[dict], counters: list[dict]) -> list[dict]:
         differ = [name for name in ("registers", "shared bytes", "occupancy %", "blocks by registers",
                                     "blocks by warps", "blocks by blocks")
                   if abs(ours[name] - found[name]) > 1e-6 * max(1.0, abs(found[name]))]
-        if ours["limiter"] == "shared memory" and ours["blocks by shared memory"] != found["blocks by shared memory"]:
-            differ.append("blocks by shared memory")
+        limits = min(ours[f"blocks by {k}"] for k in ("registers", "warps", "blocks", "shared memory"))
+        if ours["blocks by shared memory"] == limits and found["blocks by shared memory"] != limits:
+            differ.append("blocks by shared memory")   # it limits the blocks (alone or tied): ncu must agree
         rows.append({"kernel": kernel["name"], "inspect": ours, "ncu": found, "differ": differ})
     return rows
 

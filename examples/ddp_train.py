@@ -42,6 +42,8 @@ def main(argv=None):
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--slow-ms", type=float, default=20.0)
     args = p.parse_args(argv)
+    if args.fsdp2_groups < 0 or (args.fsdp2_groups and not args.fsdp2):
+        p.error("--fsdp2-groups: a positive number of groups, with --fsdp2")
 
     several = "RANK" in os.environ   # started by torchrun (or roofline profile --nproc-per-node)
     if several:
@@ -57,11 +59,16 @@ def main(argv=None):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if gpu else None, reduce_dtype=torch.float32)
-        size = -(-len(model.h) // args.fsdp2_groups) if args.fsdp2_groups else 1
-        for i in range(0, len(model.h), size):
+        groups = args.fsdp2_groups or len(model.h)   # the blocks in that many runs, as even as they divide
+        size, extra = divmod(len(model.h), groups)
+        start = 0
+        for g in range(min(groups, len(model.h))):
+            end = start + size + (g < extra)
             # a list of blocks is one unit (a slice of the ModuleList would be a module of its own, never called)
-            unit = list(model.h[i:i + size])
-            fully_shard(unit if size > 1 else unit[0], mp_policy=policy, reshard_after_forward=not args.fsdp2_groups)
+            unit = list(model.h[start:end])
+            fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy,
+                        reshard_after_forward=not args.fsdp2_groups)
+            start = end
         ddp = fully_shard(model, mp_policy=policy)
     elif several:
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if gpu else None,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -316,8 +318,9 @@ def profile(
                             "kernels with the most time (occupancy, DRAM and SM throughput, L2 hit rate, registers, "
                             "spills); it runs the program again once per launch."),
     inspect_top: int = typer.Option(0, "--inspect", min=0, help="Also look inside the K Triton kernels with the "
-                                    "most time, as roofline inspect does: registers, spills, shared memory, occupancy "
-                                    "and what limits it, the instruction mix, findings at their lines."),
+                                    "most time that the program launched through Triton's JIT (not torch.compile's), "
+                                    "as roofline inspect does: registers, spills, shared memory, occupancy and what "
+                                    "limits it, the instruction mix, findings at their lines."),
     verify: bool = typer.Option(False, "--verify", help="Measure each finding's fix where it has a concrete "
                                 "replacement: the ops rebuilt on their recorded shapes, checked, and timed against "
                                 "the replacement (speedup and its 95% interval beside the estimate)."),
@@ -350,6 +353,8 @@ def profile(
                                      param_hint=option)
     if inspect_top and several:
         raise typer.BadParameter("one process only (each rank would note its own launches)", param_hint="--inspect")
+    if inspect_top and importlib.util.find_spec("triton") is None:
+        raise typer.BadParameter("looks inside Triton kernels, and Triton is not installed", param_hint="--inspect")
     if nproc_per_node and nproc_per_node > 1 and ranked is None:
         recording = ["--skip", str(skip), *(["--steps", str(steps)] if steps else []), *(["-m"] if module else []),
                      *(["--memory"] if memory else []), *([] if shapes else ["--no-shapes"]),
@@ -661,8 +666,12 @@ def inspect(
 
         reports = found.launched + [k.report for k in found.made if k.report is not None]
         names = [r.name for r in reports if hasattr(r, "stalls")]
-        if names:
-            stalls.attach(reports, stalls.measure(target, names, compile))
+        try:   # a failing ncu run loses the stalls, not the inspection
+            given = stalls.attach(reports, stalls.measure(target, names, compile)) if names else 0
+            if names and not given:
+                err.print("roofline: --ncu: ncu sampled none of the kernels inspected")
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+            err.print(f"roofline: --ncu: {exc}")
     render(found, console, top)
     if json_path:
         json_path.write_text(json.dumps(found.to_dict(), indent=1))

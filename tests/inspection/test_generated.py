@@ -140,6 +140,11 @@ def test_a_kernel_compiled_in_inductor_s_workers_is_named_and_found_in_its_modul
     launch = kernel.launch
     assert launch.name == "triton_poi_fused_add_0" and launch.where == (str(module), 4)
     assert launch.compiled is binary and launch.kwargs == {"XBLOCK": 128, "num_warps": 4, "num_stages": 1}
-    # where Inductor's module cannot be read, the kernel's own function says where it is (none here: no source)
+    from roofline.inspect.report import _kernel_source
+
+    assert _kernel_source(launch) == (["def triton_poi_fused_add_0(in_ptr0, out_ptr0, xnumel, XBLOCK):", "    pass"],
+                                      4)
+    # where Inductor's module cannot be read, the kernel is still named, at no line
     generated._keep_binary(kernel, SimpleNamespace(launchers=[launcher], filename=str(tmp_path / "gone.py")))
     assert kernel.launch.source is None and kernel.launch.name == "triton_poi_fused_add_0"
+    assert kernel.launch.where == ("?", 0) and _kernel_source(kernel.launch) == ([], 0)

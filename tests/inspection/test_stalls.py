@@ -39,13 +39,34 @@ def test_a_kernel_launched_twice_in_a_row_is_two_launches():
     assert [k.name for k in twice] == ["norm_forward_kernel"] * 2 and twice[0].samples == twice[1].samples == 104
 
 
-def test_each_report_gets_its_own_launch_s_lines_in_launch_order():
-    class Report:
-        def __init__(self, name):
-            self.name, self.file, self.stalls = name, "/here/src/roofline/ops/norm.py", None
+class _Report:
+    def __init__(self, name, num_warps=4, blocks=64):
+        self.name, self.num_warps, self.blocks = name, num_warps, blocks
+        self.file, self.stalls = "/here/src/roofline/ops/norm.py", None
 
-    reports = [Report("norm_forward_kernel"), Report("softmax_forward_kernel"), Report("norm_parameter_grads_kernel")]
-    stalls.attach(reports, stalls.parse(PAGE))
+
+def test_a_report_takes_the_launch_of_its_own_block_and_grid_not_a_trial_s_or_another_configuration_s():
+    raw = ('"ID","Kernel Name","launch__block_size","launch__grid_size"\n"","","",""\n'
+           '"0","k","256","64"\n"1","k","128","64"\n"2","k","128","16"\n')
+    assert stalls.parse_launches(raw) == [("k", 256, 64), ("k", 128, 64), ("k", 128, 16)]
+    launches = [stalls.KernelStalls("k", [], threads, blocks) for _, threads, blocks in stalls.parse_launches(raw)]
+    small, large, other = _Report("k", blocks=16), _Report("k", blocks=64), _Report("k", num_warps=2)
+    assert stalls.attach([small, large, other], launches) == 2
+    assert (small.stalls.threads, small.stalls.blocks) == (128, 16)
+    assert (large.stalls.threads, large.stalls.blocks) == (128, 64) and other.stalls is None
+
+
+def test_a_source_page_without_the_samples_column_is_a_clear_error():
+    import pytest
+
+    with pytest.raises(ValueError, match="no column 'Warp Stall Sampling \\(All Samples\\)'"):
+        stalls.parse(PAGE.replace("Warp Stall Sampling (All Samples)", "Samples"))
+
+
+def test_each_report_gets_its_own_launch_s_lines_in_launch_order():
+    reports = [_Report("norm_forward_kernel"), _Report("softmax_forward_kernel"),
+               _Report("norm_parameter_grads_kernel")]
+    assert stalls.attach(reports, stalls.parse(PAGE)) == 2
     assert reports[0].stalls.samples == 87 and reports[1].stalls is None
     assert reports[2].stalls.name == "norm_parameter_grads_kernel" and reports[2].stalls.samples > 0
     assert all(Path(x.file).name == "norm.py" for x in reports[2].stalls.lines)

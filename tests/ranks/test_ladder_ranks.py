@@ -110,9 +110,15 @@ def test_fsdp2_s_rung_shards_the_layers_in_four_units_and_the_root():
     from roofline.distributed.launch import spawn
 
     units, one_a_layer = spawn(workers.fsdp2_units, 2, [(10, ranks_ladder.FSDP2_GROUPS), (3, None)])[0]
-    # the model itself (no parameters of its own), then its 10 layers in groups of 3 (the last of 1), each kept
-    # gathered after its forward
+    # the model itself (no parameters of its own), then its 10 layers in 4 groups as even as they divide, each
+    # kept gathered after its forward
     assert units == [([""], None), (["0.0", "0.1", "0.2"], False), (["0.3", "0.4", "0.5"], False),
-                     (["0.6", "0.7", "0.8"], False), (["0.9"], False)]
+                     (["0.6", "0.7"], False), (["0.8", "0.9"], False)]
     # without groups, a unit a layer, resharded after its forward
     assert one_a_layer == [([""], None), (["0.0"], True), (["0.1"], True), (["0.2"], True)]
+    from roofline.distributed.wrapping import grouped
+
+    assert grouped(list(range(6)), 4) == [[0, 1], [2, 3], [4], [5]] and grouped([0, 1], 4) == [[0], [1]]
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="groups must be a positive int"):
+            grouped([0], bad)

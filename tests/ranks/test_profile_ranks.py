@@ -205,7 +205,7 @@ def test_fsdp2_s_hooks_on_many_units_are_named_at_the_model_s_line_with_fewer_un
     stretch = [r["stretch"] for r in ranks["ranks"] if r["fsdp2_hooks_ms"] == hooks][0] or 1
     assert found["gain_ms"] == pytest.approx(hooks / max(stretch, 1) * (1 - 5 / 8))
     assert found["where"].endswith("sharded.py:10 (<module>)")   # the line that called the model, where its hooks ran
-    assert "fully_shard(list(model.blocks[i:i + k]))" in found["message"] and "reshard_after_forward=False" in \
+    assert "fully_shard(list(model.blocks[i:j])) for 4 groups" in found["message"] and "reshard_after_forward=False" in \
         found["message"]
     assert "8 FSDP2 units cost the host" in " ".join(done.stdout.split())
 

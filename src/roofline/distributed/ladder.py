@@ -30,11 +30,11 @@ import torch
 
 from roofline.bench.stats import median_ci
 from roofline.distributed.launch import RankFailed, spawn
-from roofline.distributed.wrapping import STRATEGIES
+from roofline.distributed.wrapping import FSDP2_GROUPS, STRATEGIES
 from roofline.ladder_results import LadderResult
 
 COLLECTIVE_TIMEOUT_S = 1800.0   # a rung's warm-up compiles on every rank; one rank may wait at a collective that long
-FSDP2_GROUPS = 4   # the FSDP2 rung's groups of layers (distributed.report.ADVISED_UNITS: these and the root)
+FEWER_UNITS = "fewer FSDP2 units"
 
 
 def _fewer_units():
@@ -45,12 +45,8 @@ def _fewer_units():
 
     from roofline.ladder import Rung
 
-    return Rung(FEWER_UNITS, f"fully_shard(list(blocks[i:i + k]), reshard_after_forward=False)  # {FSDP2_GROUPS} "
-                "units, not one a block", lambda c: replace(c, fsdp2_groups=FSDP2_GROUPS),
-                refused=lambda c: None if c.parallel == "fsdp2" else "FSDP2's rung")
-
-
-FEWER_UNITS = "fewer FSDP2 units"
+    return Rung(FEWER_UNITS, f"fully_shard(list(blocks[i:j]), reshard_after_forward=False)  # {FSDP2_GROUPS} "
+                "units, not one a block", lambda c: replace(c, fsdp2_groups=FSDP2_GROUPS))
 
 
 @dataclass

@@ -9,15 +9,14 @@ from dataclasses import asdict, dataclass
 
 from roofline.distributed import comms
 from roofline.distributed.merge import Merged, collective_rows
+from roofline.distributed.wrapping import FSDP2_GROUPS
 from roofline.tables import Column, Row, show
 
 EXPOSED_SHARE = 0.05   # exposed communication worth a finding: this share of a step, at least
 SLOW_SHARE = 0.5       # a transfer under this share of the bus bandwidth doctor measured at its size is slow
 SMALL_BYTES = 1 << 20  # messages under this are latency-bound on NVLink (busbw under a tenth of the peak at 1 MiB)
 HOOKS_SHARE = 0.1      # FSDP2's hooks worth a finding: this share of a step's time on the host, at least
-# The units the FSDP2 finding advises: the blocks in 4 groups, and the root; of the groupings measured on two
-# GPUs, the fastest (benchmarks/results/h100x2-distributed.md, "FSDP2's units").
-ADVISED_UNITS = 5
+ADVISED_UNITS = FSDP2_GROUPS + 1   # what the FSDP2 finding advises: the blocks in FSDP2_GROUPS groups, and the root
 
 
 @dataclass
@@ -150,11 +149,12 @@ def _fsdp2_hooks(merged: Merged) -> list[Finding]:
         f"units, {hooks / r.hook_units:,.2f} ms each, gathering each unit's parameters before its forward and its "
         f"backward and reducing its gradients after. That is host time: where a unit's computation is shorter, the "
         f"GPU waits for the host.{waits} Shard fewer, larger units: fully_shard on groups of blocks "
-        "(fully_shard(list(model.blocks[i:i + k])) for 4 groups: a list, since a slice of a ModuleList is a module "
-        "of its own that is never called), and reshard_after_forward=False keeps each group "
+        f"(fully_shard(list(model.blocks[i:j])) for {FSDP2_GROUPS} groups: a list, since a slice of a ModuleList is "
+        "a module of its own that is never called), and reshard_after_forward=False keeps each group "
         "gathered from its forward to its backward, saving the backward's gathers and their hooks (the memory "
-        "FSDP2 saves on parameters is spent while they stay gathered). The gain is estimated for 4 groups and the "
-        "root; `roofline ladder --nproc-per-node N` measures it as its FSDP2 rung \"fewer FSDP2 units\".",
+        "FSDP2 saves on parameters is spent while they stay gathered). The gain is estimated for "
+        f"{FSDP2_GROUPS} groups and the root; `roofline ladder --nproc-per-node N` measures it as its FSDP2 rung "
+        "\"fewer FSDP2 units\".",
         str(r.hooks_at) if r.hooks_at else None, gain)]
 
 

@@ -16,6 +16,23 @@ import torch
 from torch import nn
 
 STRATEGIES = ("ddp", "fsdp2")
+# FSDP2's groups of layers where fewer units are asked for (the ladder's FSDP2 rung, the fsdp2-hooks finding's
+# advice): on the Llama-style model of examples/models, 4 groups kept gathered ran 1.5x a unit a layer on two H100s
+# (benchmarks/results/h100x2-distributed.md, "FSDP2's units"); for GPT-2 small the best grouping is not settled
+FSDP2_GROUPS = 4
+
+
+def grouped(blocks: list, groups: int) -> list[list]:
+    """`blocks` in `groups` runs of consecutive blocks, as even as they divide (10 in 4: 3, 3, 2, 2)."""
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups must be a positive int, got {groups!r}")
+    size, extra = divmod(len(blocks), groups)
+    out, start = [], 0
+    for i in range(min(groups, len(blocks))):
+        end = start + size + (i < extra)
+        out.append(blocks[start:end])
+        start = end
+    return out
 
 
 def layers(model: nn.Module) -> list[nn.Module]:
@@ -45,13 +62,12 @@ def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, comp
         blocks = layers(model)
         if not blocks:
             raise ValueError("fsdp2: the model has no nn.ModuleList of layers to shard one by one")
+        units = [[block] for block in blocks] if groups is None else grouped(blocks, groups)
         if compile_mode is not None:
             for block in blocks:
                 block.compile(mode=mode)
-        size = -(-len(blocks) // groups) if groups else 1
-        for i in range(0, len(blocks), size):
-            unit = blocks[i:i + size]
-            fully_shard(unit if size > 1 else unit[0], mp_policy=policy, reshard_after_forward=groups is None)
+        for unit in units:
+            fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy, reshard_after_forward=groups is None)
         fully_shard(model, mp_policy=policy)
         return model
     raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")

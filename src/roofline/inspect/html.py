@@ -93,7 +93,8 @@ def _source(r: KernelReport, anchor: str) -> str:
 
     own = [row(str(r.first_line + k), text, counts.get((r.file, r.first_line + k)), r.first_line + k)
            for k, text in enumerate(r.source)]
-    inlined = [row(f"{Path(x.file).name}:{x.line}", x.source, x.mix) for x in r.lines
+    inlined = [row(f"{Path(x.file).name}:{x.line}", x.source, x.mix,
+                   x.line if Path(x.file).name == Path(r.file).name else None) for x in r.lines
                if x.file != r.file or not r.first_line <= x.line < r.first_line + len(r.source)]
     columns = [("line", "line"), ("source", "code:code"), ("instr.", "instructions:n"),
                ("tensor core", "tc:n"), ("global loads", "loads"), ("global stores", "stores"),

@@ -55,8 +55,10 @@ class Launch:
     def where(self) -> tuple[str, int]:
         if self.source is not None:
             return self.source
-        code = self.kernel.fn.__code__
-        return code.co_filename, code.co_firstlineno
+        fn = getattr(self.kernel, "fn", None)
+        if fn is None:   # a kernel whose function stayed in a compile worker, and whose module could not be read
+            return "?", 0
+        return fn.__code__.co_filename, fn.__code__.co_firstlineno
 
 
 def _specialized(value):

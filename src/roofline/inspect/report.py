@@ -8,6 +8,7 @@ torch.compile generated for the function come beside them: the user's lines each
 from __future__ import annotations
 
 import inspect as _inspect
+import itertools
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -279,7 +280,18 @@ def widths(bits) -> str:
 
 
 def _kernel_source(launch: kernels.Launch) -> tuple[list[str], int]:
-    """The kernel function's lines and the line of its file they start at (none where Python cannot find them)."""
+    """The kernel function's lines and the line of its file they start at (none where Python cannot find them).
+    A kernel whose function stayed in Inductor's compile workers is read from its module, from its def on."""
+    if launch.source is not None:
+        file, first = launch.source
+        try:
+            text = Path(file).read_text().splitlines()[first - 1:]
+        except OSError:
+            return [], first
+        body = [text[0]] + list(itertools.takewhile(lambda line: not line.strip() or line[:1].isspace(), text[1:]))
+        while body and not body[-1].strip():
+            body.pop()
+        return body, first
     try:
         lines, first = _inspect.getsourcelines(launch.kernel.fn)
     except (OSError, TypeError):

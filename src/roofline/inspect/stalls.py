@@ -39,7 +39,7 @@ REASONS = {
     "sleep": "sleeping",
     "tex": "texture unit queue full",
 }
-TIMEOUT_S = 900
+SAMPLES = "Warp Stall Sampling (All Samples)"   # the source page's column of a line's warp samples
 
 
 @dataclass
@@ -61,6 +61,8 @@ class LineStalls:
 class KernelStalls:
     name: str
     lines: list[LineStalls] = field(default_factory=list)   # every line ncu named, in the file's order
+    threads: int | None = None    # the launch's block and grid (ncu's launch statistics), to tell one
+    blocks: int | None = None     # configuration of a kernel from another, and from an autotuner's trials
 
     @property
     def samples(self) -> int:
@@ -76,7 +78,8 @@ class KernelStalls:
     def of_file(self, file: str) -> "KernelStalls":
         """Its lines in `file` (the kernel's own; the rest are Triton's library), matched by name, since a binary
         compiled from another checkout of a file names that checkout's path."""
-        return KernelStalls(self.name, [x for x in self.lines if Path(x.file).name == Path(file).name])
+        return KernelStalls(self.name, [x for x in self.lines if Path(x.file).name == Path(file).name],
+                            self.threads, self.blocks)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "samples": self.samples, "reasons": self.reasons(),
@@ -113,17 +116,33 @@ def parse(text: str) -> list[KernelStalls]:
             continue
         if row[0] == "Line No":
             header = {name: i for i, name in reversed(list(enumerate(row)))}   # the first of a repeated name
+            if SAMPLES not in header:
+                raise ValueError(f"ncu's source page has no column {SAMPLES!r} (this ncu names its columns "
+                                 f"otherwise: {', '.join(row[:8])}, ...)")
             continue
         if header is None or not row[0].isdigit():
             continue   # an instruction's row ("", "", address, ...): its line's row holds the sums
+
+        def figure(name: str) -> int:
+            return _int(row[header[name]]) if name in header else 0
+
         reasons = {name[len("stall_"):]: _int(row[i]) for name, i in header.items()
                    if name.startswith("stall_") and not name.endswith("(Not Issued)") and _int(row[i])}
-        launches[-1].lines.append(LineStalls(
-            file, int(row[0]), row[1], _int(row[header["Warp Stall Sampling (All Samples)"]]), reasons,
-            _int(row[header.get("Instructions Executed", 0)]),
-            _int(row[header["L2 Theoretical Sectors Global Excessive"]])
-            if "L2 Theoretical Sectors Global Excessive" in header else 0))
+        launches[-1].lines.append(LineStalls(file, int(row[0]), row[1], figure(SAMPLES), reasons,
+                                             figure("Instructions Executed"),
+                                             figure("L2 Theoretical Sectors Global Excessive")))
     return launches
+
+
+def parse_launches(text: str) -> list[tuple[str, int, int]]:
+    """(name, threads a block, blocks) of each launch of ncu's `--page raw --csv` output for the same report, in
+    the source page's order."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    if len(lines) < 3:
+        return []
+    header, _units, *rows = csv.reader(io.StringIO("\n".join(lines)))
+    name, threads, blocks = (header.index(c) for c in ("Kernel Name", "launch__block_size", "launch__grid_size"))
+    return [(row[name], _int(row[threads]), _int(row[blocks])) for row in rows]
 
 
 def measure(target: str, names: list[str], compile: bool = False, ncu: str | None = None) -> list[KernelStalls]:
@@ -131,6 +150,7 @@ def measure(target: str, names: list[str], compile: bool = False, ncu: str | Non
     makes, run once under ncu in a process of its own (under torch.compile where `compile`)."""
     from roofline.profiler import ncu as ncu_tool
 
+    timeout = ncu_tool.TIMEOUT_S
     ncu = ncu or ncu_tool.binary()
     if ncu is None:
         raise FileNotFoundError("--ncu: Nsight Compute (ncu) is not installed here")
@@ -143,21 +163,43 @@ def measure(target: str, names: list[str], compile: bool = False, ncu: str | Non
         capture = [ncu, "--section", "SourceCounters", "--import-source", "yes", "--kernel-name-base", "function",
                    "--kernel-name", pattern, "-f", "-o", str(report), sys.executable, "-c", run, target,
                    "1" if compile else "0"]
-        done = subprocess.run(capture, capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(capture, capture_output=True, text=True, timeout=timeout)
         if done.returncode or not report.with_suffix(".ncu-rep").exists():
             raise RuntimeError(f"ncu could not profile {target}: {(done.stdout + done.stderr)[-1500:]}")
-        page = subprocess.run([ncu, "-i", str(report.with_suffix(".ncu-rep")), "--page", "source", "--csv",
-                               "--print-source", "cuda,sass"], capture_output=True, text=True, timeout=TIMEOUT_S)
-    return parse(page.stdout)
+        pages = []
+        for page in (["--page", "source", "--print-source", "cuda,sass"],
+                     ["--page", "raw", "--metrics", "launch__block_size,launch__grid_size"]):
+            read = subprocess.run([ncu, "-i", str(report.with_suffix(".ncu-rep")), "--csv", *page],
+                                  capture_output=True, text=True, timeout=timeout)
+            if read.returncode:
+                raise RuntimeError(f"ncu could not read its report back: {(read.stdout + read.stderr)[-1500:]}")
+            pages.append(read.stdout)
+    launches, configs = parse(pages[0]), parse_launches(pages[1])
+    if len(configs) == len(launches):
+        for k, (name, threads, blocks) in zip(launches, configs):
+            if name == k.name:
+                k.threads, k.blocks = threads, blocks
+    return launches
 
 
-def attach(reports: list, launches: list[KernelStalls]) -> None:
-    """Give each KernelReport the stalls of its launch: matched by name, in launch order; only its own file's
-    lines."""
+def attach(reports: list, launches: list[KernelStalls]) -> int:
+    """Give each KernelReport the stalls of its launch, only its own file's lines; the reports given some. ncu
+    records every launch, inspect each configuration's first: a report takes the first launch of its name whose
+    block and grid are its own (an autotuner's trials and the kernel's other configurations differ), or of its name
+    alone where ncu's launch statistics were not read."""
     queue = list(launches)
+    given = 0
     for report in reports:
         if not hasattr(report, "stalls"):
             continue   # could not be compiled: nothing to put beside
-        i = next((i for i, k in enumerate(queue) if k.name == report.name), None)
+        threads = report.num_warps * 32
+
+        def same(k: KernelStalls) -> bool:
+            return k.name == report.name and (k.threads is None or (
+                k.threads == threads and (report.blocks is None or k.blocks == report.blocks)))
+
+        i = next((i for i, k in enumerate(queue) if same(k)), None)
         if i is not None:
             report.stalls = queue.pop(i).of_file(report.file)
+            given += 1
+    return given
