@@ -27,21 +27,28 @@ def _row(name: str, share: float) -> KernelRow:
     return KernelRow(name, name, "triton", count=4, total_us=1e3 * share, share=share)
 
 
-def test_the_heaviest_triton_kernels_are_matched_to_their_launches_and_inspected():
+ROWS = [_row("ampere_sgemm_128x64_nn", 0.5), _row("softmax_backward_kernel", 0.3), _row("softmax_forward_kernel", 0.2)]
+
+
+@pytest.fixture(scope="module")
+def both():
+    """The softmax example's launches, and its two kernels looked inside (compiled once, for both tests)."""
     launched = kernels.launches(inspect_kernels.softmax_forward_and_backward)
+    return launched, inside.look_inside(ROWS, launched, count=2, sms=132)
+
+
+def test_the_heaviest_triton_kernels_are_matched_to_their_launches_and_inspected(both):
+    launched, both = both
     assert [launch.name for launch in launched] == ["softmax_forward_kernel", "softmax_backward_kernel"]
-    rows = [_row("ampere_sgemm_128x64_nn", 0.5), _row("softmax_backward_kernel", 0.3),
-            _row("softmax_forward_kernel", 0.2)]
-    found = inside.look_inside(rows, launched, count=1, sms=132)
-    # the library's GEMM is no Triton launch of the program: the heaviest Triton kernel is the backward
-    assert [x.kernel for x in found] == ["softmax_backward_kernel"] and found[0].share == 0.3
-    (report,) = found[0].reports
+    # the library's GEMM is no Triton launch of the program: the heaviest Triton kernels are the backward's, then
+    # the forward's
+    assert [x.kernel for x in both] == ["softmax_backward_kernel", "softmax_forward_kernel"]
+    assert [x.share for x in both] == [0.3, 0.2]
+    (report,) = both[0].reports
     assert isinstance(report, KernelReport) and report.name == "softmax_backward_kernel"
     assert report.resources.registers > 0 and report.occupancy.blocks > 0
     assert report.where.startswith("src/roofline/ops/softmax.py:") and report.arch == "sm_90"
     assert any(f.id == "small-grid" for f in report.findings)   # 8 rows: one block for 132 SMs
-    both = inside.look_inside(rows, launched, count=2, sms=132)
-    assert [x.kernel for x in both] == ["softmax_backward_kernel", "softmax_forward_kernel"]
     as_json = json.loads(json.dumps([x.to_dict() for x in both]))
     assert as_json[0]["configurations"][0]["name"] == "softmax_backward_kernel"
     console = Console(width=80, record=True, force_terminal=False)
@@ -51,3 +58,15 @@ def test_the_heaviest_triton_kernels_are_matched_to_their_launches_and_inspected
         " ".join(text.split())
     assert max(len(line) for line in text.splitlines()) <= 80
     assert inside.look_inside([_row("ampere_sgemm_128x64_nn", 1.0)], launched, count=3) == []
+
+
+def test_the_page_shows_each_configuration_inside_the_heaviest_kernels(both):
+    import re
+
+    from roofline.profiler import html
+
+    section = "".join(html._inside(json.loads(json.dumps([x.to_dict() for x in both[1]]))))
+    assert "Inside the heaviest Triton kernels" in section and section.count("<tr") == 1 + 2   # a row a kernel
+    assert "softmax_forward_kernel" in section and "src/roofline/ops/softmax.py:" in section
+    assert re.search(r"\d+ blocks? for 132 SMs", section)   # each one's small-grid finding, by its title
+    assert html._inside([]) == []

@@ -376,10 +376,38 @@ def _tables(d: dict, top: int) -> str:
            table([("kernel", "name"), *((header, f"{key}:n") for header, _, key, _ in NCU_COLUMNS),
                    ("launch; note", "said")], [{**k, "said": row_note(k)} for k in d["ncu"]["kernels"]], "ncu")]
           if d.get("ncu") else []),
+        *_inside(d.get("inside") or []),
         "<h2>Host synchronizations</h2>",
         table([("call", "call"), ("line", "where"), ("count", "count:n"), ("host wait ms", "wait_ms:n"),
                 ("GPU idle after ms", "idle_ms:n"), ("saved without it ms", "gain_ms:n")], syncs, "syncs"),
     ])
+
+
+def _inside(inside: list) -> list[str]:
+    """--inspect K: each configuration of the heaviest Triton kernels, as roofline inspect reads its binary."""
+    if not inside:
+        return []
+    rows = []
+    for x in inside:
+        for c in x["configurations"]:
+            if "error" in c:   # could not be compiled for the GPU asked for
+                rows.append({"kernel": x["kernel"], "share": (x["share"], _pct(x["share"])), "where": c["where"],
+                             "findings": f"not compiled: {c['error']}"})
+                continue
+            occ, mix = c["occupancy"], c["mix"]
+            rows.append({
+                "kernel": x["kernel"], "share": (x["share"], _pct(x["share"])), "where": c["where"],
+                "registers": c["registers"], "spill": c["local_bytes"], "smem": c["shared_bytes"],
+                "occupancy": (occ["occupancy"], f"{occ['occupancy']:.0%} {occ['limiter']}"),
+                "tc": mix["counts"].get("tensor core", 0),
+                "loads": ", ".join(f"{n} x {bits}-bit" for bits, n in mix["load_bits"].items()) or "-",
+                "findings": "; ".join(f"{f['title']} ({f['where']})" for f in c["findings"])})
+    return ["<h2>Inside the heaviest Triton kernels</h2><p class='note'>Each configuration the program launched, "
+            "read from the binary it ran as roofline inspect reads it (--inspect K).</p>",
+            table([("kernel", "kernel"), ("share", "share:n"), ("defined at", "where"), ("registers", "registers:n"),
+                   ("spill bytes", "spill:n"), ("shared bytes", "smem:n"), ("occupancy (limit)", "occupancy:n"),
+                   ("tensor-core instr.", "tc:n"), ("global loads", "loads"), ("findings", "findings")],
+                  rows, "inside")]
 
 
 def render(d: dict, title: str = "roofline profile", top: int = 50) -> str:
