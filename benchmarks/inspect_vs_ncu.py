@@ -16,8 +16,6 @@ SM offers; they must agree where shared memory limits the blocks, alone or tied 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import subprocess
 import sys
@@ -60,17 +58,13 @@ def measured(target: str, names: set[str]) -> list[dict]:
 
 def parse(stdout: str) -> list[dict]:
     """Each kernel of ncu's `--csv --page raw` output: its name and METRICS' figures, in inspect's units."""
-    lines = [line for line in stdout.splitlines() if line.startswith('"')]
-    if len(lines) < 3:
-        return []
-    header, units, *rows = csv.reader(io.StringIO("\n".join(lines)))
+    header, units, rows = ncu_tool.raw_table(stdout)
     out = []
     for row in rows:
         figures = {"name": row[header.index("Kernel Name")]}
         for metric, name in METRICS.items():
             i = header.index(metric)
-            unit = units[i].split("/")[0]   # "Kbyte/block": Kbyte
-            figures[name] = float(row[i].replace(",", "")) * ncu_tool._SCALE.get(unit, 1.0)
+            figures[name] = ncu_tool.value(row[i], units[i])
         figures["shared bytes"] = figures["static shared bytes"] + figures["dynamic shared bytes"]
         out.append(figures)
     return out

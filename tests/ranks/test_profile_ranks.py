@@ -49,6 +49,15 @@ def _roofline(*argv, cwd):
                           timeout=240, env={**os.environ, "COLUMNS": "100"})
 
 
+def _profiled(path: Path, nproc: int, skip: int):
+    """The program at `path` profiled on `nproc` ranks from its folder: the run, and its JSON report's ranks."""
+    out = path.parent / "report.json"
+    done = _roofline("profile", "--nproc-per-node", str(nproc), "--skip", str(skip), "--json", str(out), str(path),
+                     cwd=path.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, json.loads(out.read_text())["ranks"]
+
+
 @pytest.fixture
 def program(tmp_path):
     path = tmp_path / "train.py"
@@ -151,10 +160,7 @@ def test_four_ranks_classify_their_collectives_and_name_ddp_s_buckets_and_fsdp2_
             opt.step()
         dist.destroy_process_group()
     '''))
-    out = tmp_path / "report.json"
-    done = _roofline("profile", "--nproc-per-node", "4", "--skip", "1", "--json", str(out), str(path), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = json.loads(out.read_text())["ranks"]
+    done, ranks = _profiled(path, 4, skip=1)
     assert ranks["world_size"] == 4 and ranks["mismatch"] is None
     rows = {(row["kind"], row["bytes"]): row for row in ranks["collectives"]}
     # the program's own calls: the all_gather's message is the gathered one; they move no module's tensors
@@ -191,10 +197,7 @@ def test_fsdp2_s_hooks_on_many_units_are_named_at_the_model_s_line_with_fewer_un
             opt.step()
         dist.destroy_process_group()
     '''))
-    out = tmp_path / "report.json"
-    done = _roofline("profile", "--nproc-per-node", "2", "--skip", "2", "--json", str(out), str(path), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = json.loads(out.read_text())["ranks"]
+    done, ranks = _profiled(path, 2, skip=2)
     # the 8 layers' units (the model's holds no parameters of its own: no hooks gather any)
     assert all(r["fsdp2_units"] == 8 for r in ranks["ranks"])
     found = next(f for f in ranks["findings"] if f["id"] == "fsdp2-hooks")

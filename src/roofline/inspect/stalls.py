@@ -137,10 +137,11 @@ def parse(text: str) -> list[KernelStalls]:
 def parse_launches(text: str) -> list[tuple[str, int, int]]:
     """(name, threads a block, blocks) of each launch of ncu's `--page raw --csv` output for the same report, in
     the source page's order."""
-    lines = [line for line in text.splitlines() if line.startswith('"')]
-    if len(lines) < 3:
+    from roofline.profiler.ncu import raw_table
+
+    header, _units, rows = raw_table(text)
+    if not rows:
         return []
-    header, _units, *rows = csv.reader(io.StringIO("\n".join(lines)))
     name, threads, blocks = (header.index(c) for c in ("Kernel Name", "launch__block_size", "launch__grid_size"))
     return [(row[name], _int(row[threads]), _int(row[blocks])) for row in rows]
 

@@ -157,23 +157,33 @@ def command(ncu: str, program: list[str], launch: Launch) -> list[str]:
             "--launch-count", "1", "--metrics", metrics, "--csv", "--page", "raw", *program]
 
 
-def parse(stdout: str) -> dict | None:
-    """The counters of the first kernel in ncu's `--csv --page raw` output, by METRICS name; None if none."""
+def raw_table(stdout: str) -> tuple[list[str], list[str], list[list[str]]]:
+    """ncu's `--csv --page raw` output as (its columns, each column's unit, a row a kernel launched); no rows
+    where it printed none (its own messages, which do not start with a quote, are left out)."""
     lines = [line for line in stdout.splitlines() if line.startswith('"')]
     if len(lines) < 3:
+        return [], [], []
+    header, units, *rows = csv.reader(io.StringIO("\n".join(lines)))
+    return header, units, rows
+
+
+def value(text: str, unit: str) -> float | None:
+    """A figure of the raw page in the base unit (bytes, microseconds, ...): "3.072" in "Kbyte/block" is 3072.0;
+    None where the cell holds no number."""
+    try:
+        return float(text.replace(",", "")) * _SCALE.get(unit.split("/")[0], 1.0)
+    except ValueError:
         return None
-    header, units, first = list(csv.reader(io.StringIO("\n".join(lines[:3]))))
-    out = {}
-    for name, metric in METRICS.items():
-        if metric not in header:
-            out[name] = None
-            continue
-        i = header.index(metric)
-        try:
-            out[name] = float(first[i].replace(",", "")) * _SCALE.get(units[i], 1.0)
-        except ValueError:
-            out[name] = None
-    return out
+
+
+def parse(stdout: str) -> dict | None:
+    """The counters of the first kernel in ncu's `--csv --page raw` output, by METRICS name; None if none."""
+    header, units, rows = raw_table(stdout)
+    if not rows:
+        return None
+    first = rows[0]
+    return {name: value(first[header.index(metric)], units[header.index(metric)]) if metric in header else None
+            for name, metric in METRICS.items()}
 
 
 def disagreement(launch: Launch, found: dict) -> str | None:
