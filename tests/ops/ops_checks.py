@@ -140,17 +140,18 @@ def outputs_and_grads(fn, tensors, dout, dtype=None):
     return [out.detach()] + [None if t is None else t.grad for t in leaves]
 
 
-def assert_within_twice_torchs_error(names, ours, exact, theirs, dtype, norm: bool = False):
+def assert_within_twice_torchs_error(names, ours, exact, theirs, dtype, norm: tuple[str, ...] = ()):
     """DESIGN.md's rule for kernels whose rounding differs from torch's by construction (attention, GEMMs): each
     of ours is at most twice as far from the float64 result as torch's own in `dtype`, plus 1e-5. Entries whose
-    float64 result is None are skipped. The distance is the largest elementwise error, or with `norm` the error's
-    2-norm: for small results, whose largest error is a few roundings and swings from draw to draw (a 70-element
-    bias gradient: 2.5% of fresh draws over twice torch's by chance)."""
+    float64 result is None are skipped. The distance is the largest elementwise error, or for the names in `norm`
+    the error's 2-norm: for small results, whose largest error is a few roundings and swings from draw to draw (a
+    70-element bias gradient: 2.5% of fresh draws over twice torch's by chance; a 48-element one summed over 60 rows
+    in bf16: 1 in 150)."""
     for name, o, e, t in zip(names, ours, exact, theirs):
         if e is None:
             continue
         assert o.shape == e.shape and o.dtype == dtype, name
-        distance = (lambda d: d.norm()) if norm else (lambda d: d.abs().max())
+        distance = (lambda d: d.norm()) if name in norm else (lambda d: d.abs().max())
         our_error = distance(o.double() - e).item()
         their_error = distance(t.double() - e).item()
         assert our_error <= 2 * their_error + 1e-5, \

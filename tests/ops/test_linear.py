@@ -31,7 +31,9 @@ def check(x, weight, bias=None, residual=None, activation=None):
     ours = outputs_and_grads(lambda *t: linear(*t[:3], activation, t[3], backend="triton"), tensors, dout)
     exact = outputs_and_grads(lambda *t: linear_reference(*t[:3], activation, t[3]), tensors, dout, torch.float64)
     theirs = outputs_and_grads(lambda *t: linear_reference(*t[:3], activation, t[3]), tensors, dout)
-    assert_within_twice_torchs_error(("output", "dx", "dweight", "dbias", "dresidual"), ours, exact, theirs, x.dtype)
+    # The bias gradient is a column sum of a few dozen rows: its largest error is a rounding or two either way.
+    assert_within_twice_torchs_error(("output", "dx", "dweight", "dbias", "dresidual"), ours, exact, theirs, x.dtype,
+                                     norm=("dbias",))
     return ours[0]
 
 
