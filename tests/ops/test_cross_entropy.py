@@ -97,7 +97,7 @@ def test_one_launch_of_many_programs_reduces_at_every_call_as_the_three_launches
     for _ in range(3):
         torch.testing.assert_close(cross_entropy(logits, t, reduction=reduction, backend="triton"), three,
                                    rtol=0, atol=0)
-    [plan] = [p for p in ce_module._plans.values() if p.spread]
+    [plan] = [p for p in ce_module._plan.plans.values() if p.spread]
     assert [int(ticket) for ticket, _ in plan.scratch.values()] == [0]
 
 
@@ -154,7 +154,7 @@ def test_a_small_or_mid_sized_input_takes_one_launch_and_a_large_one_three(reduc
         _launch.clear_plans()
         counter.kernels.clear()
         cross_entropy(logits, t, reduction=reduction, backend="triton")
-        [plan] = ce_module._plans.values()
+        [plan] = ce_module._plan.plans.values()
         assert (plan.alone, plan.spread) == (mode == "alone", mode == "spread")
         if mode != "three":
             assert counter.kernels == ["cross_entropy_forward_kernel"]
@@ -428,7 +428,7 @@ def test_gpu_one_launch_of_many_programs_keeps_a_ticket_per_stream():
     torch.cuda.synchronize()
     for loss in losses:
         torch.testing.assert_close(loss, expected)
-    [plan] = [p for p in ce_module._plans.values() if p.spread]
+    [plan] = [p for p in ce_module._plan.plans.values() if p.spread]
     assert len(plan.scratch) == 2 and all(int(ticket) == 0 for ticket, _ in plan.scratch.values())
 
 
@@ -487,7 +487,7 @@ def test_gpu_replayed_forwards_check_their_targets_at_every_call(rows):
     torch.testing.assert_close(cross_entropy(logits, t), expected)
     wait_for_target_checks()
     assert not target_checks._pending and len(target_checks._free) == CHECK_SLOTS
-    spread = [p for p in ce_module._plans.values() if p.spread]
+    spread = [p for p in ce_module._plan.plans.values() if p.spread]
     assert all(int(ticket) == 0 for plan in spread for ticket, _ in plan.scratch.values())
 
 

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import roofline
 from roofline import ops
 from roofline.ops import _eager_node
-from roofline.ops._common import KernelOp
+from roofline.ops._runtime import KernelOp
 
 pytestmark = pytest.mark.eager_node   # every test here checks the C++ node or its replays
 

@@ -13,7 +13,7 @@ from test_launch import CALLS, _run
 
 from roofline import ops
 from roofline.ops import _eager_node
-from roofline.ops._common import KernelOp
+from roofline.ops._runtime import KernelOp
 from roofline.ops._eager_node import entry_replay
 from roofline.ops._launch import clear_plans
 

@@ -2,7 +2,9 @@
 
 import importlib
 
+import pytest
 import torch
+import torch.nn.functional as F
 from ops_checks import DEVICE
 
 from roofline.ops import softmax
@@ -32,3 +34,25 @@ def test_compiled_graph_holds_the_registered_op():
     torch.testing.assert_close(out, torch.softmax(x, -1) * 2)
     targets = [node.target for gm in graphs for node in gm.graph.nodes]
     assert torch.ops.roofline.softmax_rows.default in targets, targets
+
+
+def test_a_signature_goes_straight_to_its_plan_once_a_call_passed_the_checks():
+    op = softmax_module._softmax_rows
+    x = torch.randn(4, 33, device=DEVICE)
+    key, plan = op.seen(x, -1, "triton", False)
+    assert key is not None and plan is None   # not called yet
+    softmax(x, backend="triton")
+    assert op.seen(torch.randn(4, 33, device=DEVICE), -1, "triton", False)[1] is not None   # fresh tensors
+    assert op.seen(torch.randn(4, 34, device=DEVICE), -1, "triton", False)[1] is None       # another shape
+    assert op.seen(x, -1, "triton", True)[1] is None                                         # log_softmax
+
+
+def test_arguments_that_make_no_signature_are_left_to_the_checks():
+    norm_module = importlib.import_module("roofline.ops.norm")
+    x = torch.randn(4, 8, device=DEVICE)
+    # a list cannot be hashed, a list where a tensor goes has no shape: neither is an error of seen's
+    assert norm_module._norm_rows.seen("layer_norm", x, [8], None, None, None, 1e-5, "triton") == (None, None)
+    assert softmax_module._softmax_rows.seen([1.0], -1, "triton", False) == (None, None)
+    torch.testing.assert_close(norm_module.layer_norm(x, [8], backend="triton"), F.layer_norm(x, [8]))
+    with pytest.raises(TypeError, match="softmax: x must be a torch.Tensor"):
+        softmax([1.0], backend="triton")

@@ -69,6 +69,23 @@ class Plans(dict):
         return plan
 
 
+def plan_cache(name: str, key):
+    """A plan builder made to build each plan once: build(*args) runs the first time key(*args) is made, and its
+    plan is kept (in a Plans of this name, the decorated function's `plans`) for the calls after."""
+    def decorate(build):
+        plans = Plans(name)
+
+        @functools.wraps(build)
+        def plan(*args, **kwargs):
+            k = key(*args, **kwargs)
+            found = plans.get(k)
+            return found if found is not None else plans.add(k, build(*args, **kwargs))
+
+        plan.plans = plans
+        return plan
+    return decorate
+
+
 def plans_built() -> dict[str, int]:
     """How many plans each op has built in this process."""
     return {plans.name: plans.builds for plans in Plans.registry}

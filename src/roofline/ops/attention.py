@@ -27,10 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from roofline.ops._common import (KernelOp, as_stored, cdiv, choose_backend, interpreting, next_power_of_2, tl,
-                                  tma_readable, triton)
+from roofline.ops._common import (as_stored, cdiv, choose_backend, interpreting, next_power_of_2, tl, tma_readable,
+                                  triton)
 from roofline.ops._eager_node import replayed_entry
-from roofline.ops._launch import Launch, Plans, tensor_key
+from roofline.ops._launch import Launch, plan_cache, tensor_key
+from roofline.ops._runtime import KernelOp
 
 BACKENDS = ("torch", "triton")
 HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -410,16 +411,11 @@ class AttentionPlan:
         return dq, dk, dv
 
 
-_plans = Plans("flash_attention")
-
-
+@plan_cache("flash_attention", key=lambda q, k, v, causal, scale: (q.shape, q.stride(), k.shape, k.stride(), v.stride(),
+                                                                    q.dtype, q.device, causal, scale))
 def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> AttentionPlan:
     """The plan for q, k and v readable by the copy engine (_aligned)."""
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal, scale)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans.add(key, AttentionPlan(q, k, causal, scale))
-    return plan
+    return AttentionPlan(q, k, causal, scale)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -456,8 +452,9 @@ _attention = KernelOp(
     "flash_attention", forward=_forward, forward_fake=_forward_fake, backward=_backward,
     backward_fake=lambda do, q, k, v, o, lse, causal, scale: (torch.empty_like(q), torch.empty_like(k),
                                                                torch.empty_like(v)),
-    setup_context=_save_for_backward, backward_rule=_backward_rule, plan=_plan)
-_calls = Plans("flash_attention calls")   # the plans of calls as the entry point saw them, checks passed
+    setup_context=_save_for_backward, backward_rule=_backward_rule, plan=_plan,
+    signature=lambda q, k, v, causal, scale, backend: (type(q), tensor_key(q), tensor_key(k), tensor_key(v), causal,
+                                                       type(causal), scale, type(scale), backend))
 
 
 # --------------------------------------------------------------------------- entry point
@@ -501,17 +498,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     scale defaults to 1 / sqrt(head_dim). backend: "triton" (the default on CUDA; head_dim one of HEAD_DIMS),
     forward and backward, or "torch" (attention_reference; the default on CPU).
     """
-    key = None
-    if not torch.compiler.is_compiling():
-        try:
-            key = (type(q), tensor_key(q), tensor_key(k), tensor_key(v), causal, type(causal), scale, type(scale),
-                   backend)
-            plan = _calls.get(key)
-        except (AttributeError, TypeError):
-            key = plan = None
-        # the plan's descriptors need the copy engine's alignment, which the signature cannot hold
-        if plan is not None and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15 == 0:
-            return _run(plan, q, k, v)
+    key, plan = _attention.seen(q, k, v, causal, scale, backend)
+    # the plan's descriptors need the copy engine's alignment, which the signature cannot hold
+    if plan is not None and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15 == 0:
+        return _run(plan, q, k, v)
     backend = choose_backend("flash_attention", q, backend, BACKENDS, arg="q")
     _check(q, k, v, causal, scale)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
@@ -527,7 +517,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     keep = all(a is b for a, b in zip(given, (q, k, v)))
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return _attention.call(_calls, key, keep, grad, q, k, v, causal, scale)[0]
+    return _attention.call(key, keep, grad, q, k, v, causal, scale)[0]
 
 
 def _run(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -20,16 +20,16 @@ mostly from it: HBM sees the logits about once and the gradient once.
 
 from __future__ import annotations
 
-import functools
 import numbers
 
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import (KernelOp, choose_backend, converted, hand_on_later, handed_on, next_power_of_2,
+from roofline.ops._common import (choose_backend, converted, hand_on_later, handed_on, next_power_of_2,
                                   resident_programs, tl, triton)
 from roofline.ops._eager_node import host_step, replayed_entry
-from roofline.ops._launch import Launch, Plans, tensor_key
+from roofline.ops._launch import Launch, plan_cache, tensor_key
+from roofline.ops._runtime import KernelOp, torch_route
 from roofline.ops._target_check import poll_targets, target_checks
 from roofline.ops.softmax import LOG2E, _row_max_and_sum
 
@@ -367,22 +367,19 @@ class CrossEntropyPlan:
         launch.for_pointers(dloss.data_ptr())(gradient, dloss, stride, self.n)
 
 
-_plans = Plans("cross_entropy")
+def _plan_key(logits, target, ignore_index, reduction, label_smoothing, grad, check_targets=None, loss_dtype=None):
+    return (*logits.shape, logits.dtype, target.dtype, logits.device, ignore_index, reduction, label_smoothing, grad,
+            loss_dtype or logits.dtype)
 
 
+@plan_cache("cross_entropy", key=_plan_key)
 def _plan(logits, target, ignore_index, reduction, label_smoothing, grad, check_targets=None,
           loss_dtype=None) -> CrossEntropyPlan:
     rows, n = logits.shape
-    loss_dtype = loss_dtype or logits.dtype
-    key = (rows, n, logits.dtype, target.dtype, logits.device, ignore_index, reduction, label_smoothing, grad,
-           loss_dtype)
-    plan = _plans.get(key)
-    if plan is None:
-        size = logits.numel() * logits.element_size()
-        plan = _plans.add(key, CrossEntropyPlan(rows, n, ignore_index, reduction, label_smoothing, grad,
-                                                logits.device, loss_dtype, alone=size <= ALONE_BYTES,
-                                                spread=size <= SPREAD_BYTES and rows <= SPREAD_ROWS))
-    return plan
+    size = logits.numel() * logits.element_size()
+    return CrossEntropyPlan(rows, n, ignore_index, reduction, label_smoothing, grad, logits.device,
+                            loss_dtype or logits.dtype, alone=size <= ALONE_BYTES,
+                            spread=size <= SPREAD_BYTES and rows <= SPREAD_ROWS)
 
 
 # The registered ops (torch.compile): per-row losses, the reduction left to the graph; the backward scales out of
@@ -427,16 +424,14 @@ _cross_entropy_rows = KernelOp(
     "cross_entropy_rows", forward=_forward, forward_fake=_forward_fake, backward=_scale_rows_,
     backward_fake=lambda grad, dloss: None, backward_mutates=("grad",), setup_context=_keep_gradient,
     backward_rule=_backward_rule, plan=_plan, public_name=lambda args: "cross_entropy",
-    replay_forward=False)   # the entry point's replays serve its forwards (host steps check the targets)
-_calls = Plans("cross_entropy calls")   # the plans of calls as the entry point saw them, checks passed
+    replay_forward=False,   # the entry point's replays serve its forwards (host steps check the targets)
+    signature=lambda logits, target, ignore_index, reduction, label_smoothing, backend, check_targets: (
+        type(logits), tensor_key(logits), type(target), tensor_key(target), ignore_index, type(ignore_index),
+        reduction, label_smoothing, type(label_smoothing), backend, check_targets,
+        torch.is_autocast_enabled(logits.device.type), logits.requires_grad and torch.is_grad_enabled()))
 
 
 # --------------------------------------------------------------------------- entry point
-
-@functools.cache
-def _compiled():
-    return torch.compile(cross_entropy_reference)
-
 
 def _check(logits, target, ignore_index, reduction, label_smoothing) -> None:
     if logits.dim() not in (1, 2):
@@ -493,25 +488,16 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     call of either loss op, or roofline.ops.wait_for_target_checks() (roofline.ops._target_check). Under
     torch.compile, in a CUDA graph's capture and with check_targets=False, the nan loss is all.
     """
-    key = None
-    if not torch.compiler.is_compiling():
-        try:
-            key = (type(logits), tensor_key(logits), type(target), tensor_key(target), ignore_index,
-                   type(ignore_index), reduction, label_smoothing, type(label_smoothing), backend, check_targets,
-                   torch.is_autocast_enabled(logits.device.type), logits.requires_grad and torch.is_grad_enabled())
-            plan = _calls.get(key)
-        except (AttributeError, TypeError):
-            key = plan = None
-        if plan is not None:
-            return _run(plan, key[-1], logits, target, check_targets)
+    key, plan = _cross_entropy_rows.seen(logits, target, ignore_index, reduction, label_smoothing, backend,
+                                         check_targets)
+    if plan is not None:
+        return _run(plan, key[-1], logits, target, check_targets)
     backend = choose_backend("cross_entropy", logits, backend, BACKENDS, arg="logits")
     _check(logits, target, ignore_index, reduction, label_smoothing)
-    if backend == "torch":
-        return cross_entropy_reference(logits, target, ignore_index, reduction, label_smoothing)
-    if backend == "compile":
-        return _compiled()(logits, target, ignore_index, reduction, label_smoothing)
-    if logits.numel() == 0 or logits.dim() == 1:   # nothing to launch for, or one row: torch's own result
-        return cross_entropy_reference(logits, target, ignore_index, reduction, label_smoothing)
+    done = torch_route(backend, cross_entropy_reference, logits, target, ignore_index, reduction, label_smoothing,
+                       nothing_to_launch=logits.numel() == 0 or logits.dim() == 1)   # (one row: torch's own result)
+    if done is not None:
+        return done
     grad = logits.requires_grad and torch.is_grad_enabled()
     given = logits, target
     logits, target = logits.contiguous(), target.contiguous()
@@ -531,8 +517,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     # the reduction, so loss.backward() costs only the scaling by the incoming gradient, skipped on the device
     # where that is 1.
     plan = _plan(logits, target, *args, loss_dtype=_loss_dtype(logits))
-    if key is not None and given[0] is logits and given[1] is target:
-        _calls.add(key, plan)
+    if given[0] is logits and given[1] is target:
+        _cross_entropy_rows.keep(key, plan)
     return _run(plan, grad, logits, target, check_targets)
 
 

@@ -10,16 +10,15 @@ whatever the storage dtype.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import (KernelOp, cdiv, choose_backend, elementwise_block, fast_exp, fast_reciprocal, tl,
-                                  triton)
+from roofline.ops._common import cdiv, choose_backend, elementwise_block, fast_exp, fast_reciprocal, tl, triton
 from roofline.ops._eager_node import replayed_entry
-from roofline.ops._launch import Launch, Plans
+from roofline.ops._launch import Launch, plan_cache
+from roofline.ops._runtime import KernelOp, torch_route
 
 APPROXIMATIONS = ("none", "tanh")
 BACKENDS = ("torch", "triton", "compile", "cuda")
@@ -124,15 +123,9 @@ class GeluPlan:
         return dx
 
 
-_plans = Plans("gelu")
-
-
+@plan_cache("gelu", key=lambda x, approximate: (x.numel(), x.dtype, x.device, approximate))
 def _plan(x: torch.Tensor, approximate: str) -> GeluPlan:
-    key = (x.numel(), x.dtype, x.device, approximate)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans.add(key, GeluPlan(x.numel(), x.element_size(), approximate, x.device))
-    return plan
+    return GeluPlan(x.numel(), x.element_size(), approximate, x.device)
 
 
 def _forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
@@ -155,23 +148,18 @@ def _backward_rule(ctx, run_backward, dy):
 
 _gelu = KernelOp("gelu", forward=_forward, forward_fake=lambda x, approximate: torch.empty_like(x),
                  backward=_backward, backward_fake=lambda dy, x, approximate: torch.empty_like(x),
-                 setup_context=_save_input, backward_rule=_backward_rule, plan=_plan)
+                 setup_context=_save_input, backward_rule=_backward_rule, plan=_plan,
+                 signature=lambda x, approximate, backend: (type(x), x.shape, x.stride(), x.dtype, x.device,
+                                                            approximate, backend))
 
 
-# --------------------------------------------------------------------------- CUDA C++ and compile
+# --------------------------------------------------------------------------- CUDA C++
 
 def _cuda_gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
     from roofline.ops import cuda
 
     cuda.refuse_gradients("gelu", x)
     return cuda.load("gelu", ("gelu_forward",)).gelu_forward(x, approximate == "tanh")
-
-
-@functools.cache
-def _compiled(approximate: str):
-    # Default dynamism: one recompile to a dynamic-shape kernel when the size changes. dynamic=False
-    # would recompile per size and, past the recompile limit, silently fall back to eager.
-    return torch.compile(functools.partial(F.gelu, approximate=approximate))
 
 
 # --------------------------------------------------------------------------- functional entry point
@@ -183,9 +171,6 @@ def _check(x, approximate: str, backend: str | None) -> str:
     return backend
 
 
-_calls = Plans("gelu calls")   # the plans of calls as the entry point saw them, checks passed
-
-
 @replayed_entry
 def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str | None = None) -> torch.Tensor:
     """GeLU with the signature of torch.nn.functional.gelu.
@@ -194,23 +179,14 @@ def gelu(x: torch.Tensor, approximate: str = "none", *, backend: str | None = No
     "compile" (torch.compile of F.gelu) or "cuda" (CUDA C++, forward only).
     Non-contiguous inputs are made contiguous once before a kernel runs.
     """
-    key = None
-    if not torch.compiler.is_compiling():
-        try:
-            key = (type(x), x.shape, x.stride(), x.dtype, x.device, approximate, backend)
-            plan = _calls.get(key)
-        except (AttributeError, TypeError):
-            key = plan = None
-        if plan is not None:
-            return _gelu.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, approximate)
+    key, plan = _gelu.seen(x, approximate, backend)
+    if plan is not None:
+        return _gelu.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, approximate)
     backend = _check(x, approximate, backend)
-    if backend == "torch":
-        return gelu_reference(x, approximate)
-    if backend == "compile":
-        return _compiled(approximate)(x)
-    if x.numel() == 0:
-        return torch.empty_like(x)
+    done = torch_route(backend, gelu_reference, x, approximate, nothing_to_launch=x.numel() == 0)
+    if done is not None:
+        return done
     given, x = x, x.contiguous()
     if backend == "cuda":
         return _cuda_gelu(x, approximate)
-    return _gelu.call(_calls, key, x is given, x.requires_grad and torch.is_grad_enabled(), x, approximate)
+    return _gelu.call(key, x is given, x.requires_grad and torch.is_grad_enabled(), x, approximate)

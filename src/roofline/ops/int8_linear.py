@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import (KernelOp, as_stored, cdiv, choose_backend, interpreting, next_power_of_2, sm_count,
-                                  tl, triton)
+from roofline.ops._common import as_stored, cdiv, choose_backend, interpreting, next_power_of_2, sm_count, tl, triton
 from roofline.ops._eager_node import replayed_entry
-from roofline.ops._launch import Launch, Plans, tensor_key
+from roofline.ops._launch import Launch, plan_cache, tensor_key
+from roofline.ops._runtime import KernelOp
 from roofline.ops.linear import BACKENDS, LinearPlan, _group_k, _prepare
 
 DECODE_ROWS = 16   # up to this many rows of x take the decode kernels (one 16-row MMA tile)
@@ -234,17 +234,11 @@ def decode_split_k(n: int, k: int, device: torch.device) -> int:
     return split
 
 
-_decode_plans = Plans("int8_linear decode")
-
-
+@plan_cache("int8_linear decode", key=lambda x, weight, scale, bias, out_shape: (
+    x.shape, x.stride(), weight.shape, weight.stride(), scale.shape, x.dtype, x.device, bias is not None, out_shape))
 def _decode_plan(x, weight, scale, bias, out_shape) -> DecodePlan:
     """The plan for x and weight with unit last strides, scale contiguous."""
-    key = (x.shape, x.stride(), weight.shape, weight.stride(), scale.shape, x.dtype, x.device, bias is not None,
-           out_shape)
-    plan = _decode_plans.get(key)
-    if plan is None:
-        plan = _decode_plans.add(key, DecodePlan(x, weight, scale, bias is not None, out_shape))
-    return plan
+    return DecodePlan(x, weight, scale, bias is not None, out_shape)
 
 
 # --------------------------------------------------------------------------- int8 weight-only
@@ -319,9 +313,6 @@ class Int8Plan:
     backward = staticmethod(_int8_backward)
 
 
-_int8_plans = Plans("int8_linear")
-
-
 def _int8_prepare(x, weight_int8, scale, bias):
     """2-D x [rows, K] and the rest as the decode kernels (unit last strides) or linear_kernel (_prepare) take
     them."""
@@ -332,13 +323,11 @@ def _int8_prepare(x, weight_int8, scale, bias):
     return x, weight_int8, scale, bias
 
 
+@plan_cache("int8_linear", key=lambda x, weight_int8, scale, bias, out_shape: (
+    x.shape, x.stride(), weight_int8.shape, weight_int8.stride(), scale.shape, scale.dtype, x.dtype, x.device,
+    None if bias is None else bias.dtype, out_shape))
 def _int8_plan(x, weight_int8, scale, bias, out_shape) -> Int8Plan:
-    key = (x.shape, x.stride(), weight_int8.shape, weight_int8.stride(), scale.shape, scale.dtype, x.dtype,
-           x.device, None if bias is None else bias.dtype, out_shape)
-    plan = _int8_plans.get(key)
-    if plan is None:
-        plan = _int8_plans.add(key, Int8Plan(x, weight_int8, scale, bias, out_shape))
-    return plan
+    return Int8Plan(x, weight_int8, scale, bias, out_shape)
 
 
 def _int8_forward(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
@@ -369,8 +358,9 @@ _int8_linear = KernelOp(
     forward_fake=lambda x, weight_int8, scale, bias: x.new_empty(x.shape[0], weight_int8.shape[0]),
     backward=_int8_backward,
     backward_fake=lambda dy, weight_int8, scale: dy.new_empty(dy.shape[0], weight_int8.shape[1]),
-    setup_context=_int8_save, backward_rule=_int8_backward_rule, plan=lambda *args: _Int8AsGiven)
-_int8_calls = Plans("int8_linear calls")   # the plans of calls as the entry point saw them, checks passed
+    setup_context=_int8_save, backward_rule=_int8_backward_rule, plan=lambda *args: _Int8AsGiven,
+    signature=lambda x, weight_int8, scale, bias, backend: (type(x), tensor_key(x), tensor_key(weight_int8),
+                                                            tensor_key(scale), tensor_key(bias), backend))
 
 
 @replayed_entry
@@ -383,17 +373,10 @@ def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
     backend: "triton" (the default on CUDA), or "torch" (int8_linear_reference, any float dtype; the default on
     CPU).
     """
-    key = None
-    if not torch.compiler.is_compiling():
-        try:
-            key = (type(x), tensor_key(x), tensor_key(weight_int8), tensor_key(scale), tensor_key(bias), backend)
-            plan = _int8_calls.get(key)
-        except (AttributeError, TypeError):
-            key = plan = None
-        # the copy engine may read x and the weight: 16-byte aligned, which the signature cannot hold
-        if plan is not None and (x.data_ptr() | weight_int8.data_ptr()) & 15 == 0:
-            return _int8_linear.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, weight_int8, scale,
-                                      bias)
+    key, plan = _int8_linear.seen(x, weight_int8, scale, bias, backend)
+    # the copy engine may read x and the weight: 16-byte aligned, which the signature cannot hold
+    if plan is not None and (x.data_ptr() | weight_int8.data_ptr()) & 15 == 0:
+        return _int8_linear.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, weight_int8, scale, bias)
     backend = choose_backend("int8_linear", x, backend, BACKENDS)
     if backend == "triton" and x.dtype not in INT8_DTYPES:
         raise TypeError(f"int8_linear: backend='triton' takes x of float16 or bfloat16, got {x.dtype}")
@@ -427,6 +410,5 @@ def int8_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
     # x is the rows the plan describes (a view of its memory, no copy): the plan takes it as it is, and a later
     # call with this signature too
     plan = _int8_plan(x2, w2, s2, b2, out_shape)
-    if key is not None:
-        _int8_calls.add(key, plan)
+    _int8_linear.keep(key, plan)
     return _int8_linear.eager(plan, grad, x, weight_int8, scale, bias)

@@ -20,10 +20,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import (KernelOp, TMA_ALIGN, as_stored, cdiv, choose_backend, fast_exp, fast_reciprocal,
-                                  interpreting, next_power_of_2, sm_count, tl, tma_readable, triton, wants_grad)
+from roofline.ops._common import (TMA_ALIGN, as_stored, cdiv, choose_backend, fast_exp, fast_reciprocal, interpreting,
+                                  next_power_of_2, sm_count, tl, tma_readable, triton, wants_grad)
 from roofline.ops._eager_node import replayed_entry
-from roofline.ops._launch import Launch, Plans, tensor_key
+from roofline.ops._launch import Launch, plan_cache, tensor_key
+from roofline.ops._runtime import KernelOp
 from roofline.ops.gelu import _gelu_and_grad
 
 BACKENDS = ("torch", "triton")
@@ -274,18 +275,13 @@ class LinearPlan:
         return y, z
 
 
-_plans = Plans("linear")
-
-
+@plan_cache("linear", key=lambda x, weight, bias, scale, residual, activation, save_z, out_shape: (
+    x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device,
+    None if bias is None else bias.dtype, None if scale is None else scale.shape,
+    None if residual is None else residual.stride(), activation, save_z, out_shape))
 def _plan(x, weight, bias, scale, residual, activation: int, save_z: bool, out_shape) -> LinearPlan:
     """The plan for x, weight and residual as _tma_ready leaves them."""
-    key = (x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device,
-           None if bias is None else bias.dtype, None if scale is None else scale.shape,
-           None if residual is None else residual.stride(), activation, save_z, out_shape)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans.add(key, LinearPlan(x, weight, bias, scale, residual, activation, save_z, out_shape))
-    return plan
+    return LinearPlan(x, weight, bias, scale, residual, activation, save_z, out_shape)
 
 
 def _prepare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,
@@ -371,6 +367,12 @@ def _backward_rule(ctx, run_backward, dy, _dz):
     return dx, dw, db if ctx.has_bias else None, dy if ctx.has_residual else None, None, None
 
 
+def _signature(x, weight, bias, activation, residual, backend):
+    """A call's signature, whether autograd records it last."""
+    return (type(x), tensor_key(x), tensor_key(weight), tensor_key(bias), activation, tensor_key(residual), backend,
+            wants_grad(x, weight, bias, residual))
+
+
 class _AsGiven:
     """linear's eager forward and backward for tensors as the caller holds them: launch() prepares them for the
     copy engine (a pad or a copy where it cannot read them as they are), which a LinearPlan's forward, for
@@ -381,8 +383,7 @@ class _AsGiven:
 
 _linear = KernelOp("linear", forward=_forward, forward_fake=_forward_fake, backward=_backward,
                    backward_fake=_backward_fake, setup_context=_save, backward_rule=_backward_rule,
-                   plan=lambda *args: _AsGiven)
-_calls = Plans("linear calls")   # the plans of calls as the entry points saw them, checks passed
+                   plan=lambda *args: _AsGiven, signature=_signature)
 
 
 def _check_linear(x, weight, bias, activation, residual) -> None:
@@ -420,19 +421,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     backend: "triton" (the default on CUDA), or "torch" (linear_reference; the default on CPU).
     """
-    key = None
-    if not torch.compiler.is_compiling():
-        try:
-            grad = wants_grad(x, weight, bias, residual)
-            key = (type(x), tensor_key(x), tensor_key(weight), tensor_key(bias), activation, tensor_key(residual),
-                   backend, grad)
-            plan = _calls.get(key)
-        except (AttributeError, TypeError):
-            key = plan = None
-        # the copy engine reads x, weight and residual: 16-byte aligned, which the signature cannot hold
-        if plan is not None and (x.data_ptr() | weight.data_ptr()
-                                 | (0 if residual is None else residual.data_ptr())) & 15 == 0:
-            return _linear.eager(plan, grad, x, weight, bias, residual, plan.activation, plan.save_z)[0]
+    key, plan = _linear.seen(x, weight, bias, activation, residual, backend)
+    # the copy engine reads x, weight and residual: 16-byte aligned, which the signature cannot hold
+    if plan is not None and (x.data_ptr() | weight.data_ptr()
+                             | (0 if residual is None else residual.data_ptr())) & 15 == 0:
+        return _linear.eager(plan, key[-1], x, weight, bias, residual, plan.activation, plan.save_z)[0]
     backend = choose_backend("linear", x, backend, BACKENDS)
     _check_linear(x, weight, bias, activation, residual)
     if backend == "torch" or x.numel() == 0 or weight.numel() == 0:
@@ -451,6 +444,5 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     # x and residual are the rows the plan describes (views of their memory, no copies): the plan takes them as
     # they are, and a later call with this signature too
     plan = _plan(x2, w2, b2, None, r2, code, save_z, out_shape)
-    if key is not None:
-        _calls.add(key, plan)
+    _linear.keep(key, plan)
     return _linear.eager(plan, grad, x, weight, bias, residual, code, save_z)[0]

@@ -24,15 +24,15 @@ its backward recomputes each chunk's logits (four matmuls instead of three).
 
 from __future__ import annotations
 
-import functools
 import numbers
 
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, choose_backend, hand_on_later, handed_on
+from roofline.ops._common import choose_backend, hand_on_later, handed_on
 from roofline.ops._eager_node import host_step
-from roofline.ops._launch import Plans
+from roofline.ops._launch import plan_cache
+from roofline.ops._runtime import KernelOp, torch_route
 from roofline.ops._target_check import poll_targets
 from roofline.ops.cross_entropy import CrossEntropyPlan, _scale_rows_, check_loss_arguments
 
@@ -160,22 +160,21 @@ def _outputs(x, gradients, bias):
             x.new_empty(0) if db is None else db.to(bias.dtype))
 
 
-_plans = Plans("linear_cross_entropy")
+def _plan_key(x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_w, grad_b,
+              check_targets=None, chunk_rows=0):
+    rows, classes = x.shape[0], weight.shape[0]
+    chunk = chunk_rows or chunk_rows_for(classes, x.element_size(), rows)
+    return (rows, x.shape[1], classes, x.dtype, target.dtype, x.device, bias is not None, ignore_index, reduction,
+            label_smoothing, (grad_x, grad_w, grad_b and bias is not None), chunk, _loss_dtype(x))
 
 
+@plan_cache("linear_cross_entropy", key=_plan_key)
 def _plan(x, weight, bias, target, ignore_index, reduction, label_smoothing, grad_x, grad_w, grad_b,
           check_targets=None, chunk_rows=0) -> LinearCrossEntropyPlan:
     rows, classes = x.shape[0], weight.shape[0]
-    loss_dtype = _loss_dtype(x)
     chunk = chunk_rows or chunk_rows_for(classes, x.element_size(), rows)
-    grads = (grad_x, grad_w, grad_b and bias is not None)
-    key = (rows, x.shape[1], classes, x.dtype, target.dtype, x.device, bias is not None, ignore_index, reduction,
-           label_smoothing, grads, chunk, loss_dtype)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans.add(key, LinearCrossEntropyPlan(rows, classes, chunk, ignore_index, reduction, label_smoothing,
-                                                      grads, x.device, loss_dtype))
-    return plan
+    return LinearCrossEntropyPlan(rows, classes, chunk, ignore_index, reduction, label_smoothing,
+                                  (grad_x, grad_w, grad_b and bias is not None), x.device, _loss_dtype(x))
 
 
 def _loss_dtype(x: torch.Tensor) -> torch.dtype:
@@ -254,11 +253,6 @@ _linear_cross_entropy = KernelOp(
 
 # --------------------------------------------------------------------------- entry point
 
-@functools.cache
-def _compiled():
-    return torch.compile(linear_cross_entropy_reference)
-
-
 def _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, chunk_rows) -> None:
     name = "linear_cross_entropy"
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
@@ -300,12 +294,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     """
     backend = choose_backend("linear_cross_entropy", x, backend, BACKENDS, arg="x")
     _check(x, weight, target, bias, ignore_index, reduction, label_smoothing, chunk_rows)
-    if backend == "torch":
-        return linear_cross_entropy_reference(x, weight, target, bias, ignore_index, label_smoothing, reduction)
-    if backend == "compile":
-        return _compiled()(x, weight, target, bias, ignore_index, label_smoothing, reduction)
-    if x.numel() == 0:   # nothing to launch for: torch's own result
-        return linear_cross_entropy_reference(x, weight, target, bias, ignore_index, label_smoothing, reduction)
+    done = torch_route(backend, linear_cross_entropy_reference, x, weight, target, bias, ignore_index,
+                       label_smoothing, reduction, nothing_to_launch=x.numel() == 0)
+    if done is not None:
+        return done
     if torch.is_autocast_enabled(x.device.type):   # the matmuls in autocast's dtype, as F.linear's
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)

@@ -23,17 +23,17 @@ read of x and dy, for those rows only).
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import (DTYPES, KernelOp, cdiv, choose_backend, next_power_of_2, rows_per_program, sm_count,
-                                  tl, triton, wants_grad)
+from roofline.ops._common import (DTYPES, cdiv, choose_backend, next_power_of_2, rows_per_program, sm_count, tl, triton,
+                                  wants_grad)
 from roofline.ops._eager_node import replayed_entry
-from roofline.ops._launch import Launch, Plans, tensor_key
+from roofline.ops._launch import Launch, plan_cache, tensor_key
+from roofline.ops._runtime import KernelOp, torch_route
 
 BACKENDS = ("torch", "triton", "compile")
 MAX_BLOCK = 16384        # forward: elements of a row held in registers at once
@@ -407,19 +407,13 @@ class NormPlan:
         return dx, dw, db
 
 
-_plans = Plans("norm")
-
-
+@plan_cache("norm", key=lambda x, residual, weight, bias_dtype, n, eps, rms: (
+    x.numel(), n, x.dtype, x.device, residual is not None, None if weight is None else weight.dtype, bias_dtype, eps,
+    rms))
 def _plan(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, bias_dtype, n: int,
           eps: float | None, rms: bool) -> NormPlan:
-    """The plan for these arguments (as the registered ops take them), built on first use."""
-    key = (x.numel(), n, x.dtype, x.device, residual is not None, None if weight is None else weight.dtype,
-           bias_dtype, eps, rms)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans.add(key, NormPlan(x.numel() // n, n, eps, rms, residual is not None, weight is not None,
-                                        bias_dtype, x.device))
-    return plan
+    """The plan for these arguments (as the registered ops take them)."""
+    return NormPlan(x.numel() // n, n, eps, rms, residual is not None, weight is not None, bias_dtype, x.device)
 
 
 def _nothing(like: torch.Tensor) -> torch.Tensor:
@@ -484,15 +478,14 @@ _norm_rows = KernelOp("norm_rows", forward=_forward, forward_fake=_forward_fake,
                       plan=lambda x, residual, weight, bias, n, eps, rms, stats: _plan(
                           x, residual, weight, None if bias is None else bias.dtype, n, eps, rms),
                       public_name=lambda args: "add_rms_norm" if args[1] is not None else
-                      "rms_norm" if args[6] else "layer_norm")
+                      "rms_norm" if args[6] else "layer_norm",
+                      # everything the entry points' checks look at
+                      signature=lambda op, x, normalized_shape, residual, weight, bias, eps, backend: (
+                          op, type(x), x.shape, x.stride(), x.dtype, x.device, normalized_shape, tensor_key(residual),
+                          tensor_key(weight), tensor_key(bias), eps, type(eps), backend))
 
 
 # --------------------------------------------------------------------------- entry points
-
-@functools.cache
-def _compiled(fn):
-    return torch.compile(fn)
-
 
 def _normalized_size(op: str, x: torch.Tensor, normalized_shape) -> tuple[tuple[int, ...], int]:
     shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else normalized_shape
@@ -527,20 +520,6 @@ def _check_eps(op: str, eps) -> None:
         raise ValueError(f"{op}: eps must be a number >= 0, got {eps!r}")
 
 
-_calls = Plans("norm calls")   # the plans of calls as the entry points saw them, checks passed
-
-
-def _call_plan(op: str, x, normalized_shape, residual, weight, bias, eps, backend):
-    """(key, plan): everything the entry point's checks look at, and the plan of a call with that signature
-    seen before (None: not seen). (None, None) where the arguments cannot be a key (a list shape, say)."""
-    try:
-        key = (op, type(x), x.shape, x.stride(), x.dtype, x.device, normalized_shape, tensor_key(residual),
-               tensor_key(weight), tensor_key(bias), eps, type(eps), backend)
-        return key, _calls.get(key)
-    except (AttributeError, TypeError):
-        return None, None
-
-
 def _run(key, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
          bias: torch.Tensor | None, n: int, eps: float, rms: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(normalized, h) for checked arguments. A call whose tensors the kernels take as they are leaves its plan
@@ -549,7 +528,7 @@ def _run(key, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tens
     x, residual, weight, bias = (None if t is None else t.contiguous() for t in as_given)
     grad = wants_grad(*as_given)
     keep = all(a is b for a, b in zip(as_given, (x, residual, weight, bias)))
-    y, h, _ = _norm_rows.call(_calls, key, keep, grad, x, residual, weight, bias, n, eps, rms, grad)
+    y, h, _ = _norm_rows.call(key, keep, grad, x, residual, weight, bias, n, eps, rms, grad)
     return y, h
 
 
@@ -570,22 +549,17 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
     The result has x's dtype; statistics are fp32. weight and bias may have another float dtype than x
     (their gradients keep it).
     """
-    key = None
-    if not torch.compiler.is_compiling():
-        key, plan = _call_plan("layer_norm", x, normalized_shape, None, weight, bias, eps, backend)
-        if plan is not None:
-            return _run_plan(plan, x, None, weight, bias)[0]
+    key, plan = _norm_rows.seen("layer_norm", x, normalized_shape, None, weight, bias, eps, backend)
+    if plan is not None:
+        return _run_plan(plan, x, None, weight, bias)[0]
     backend = choose_backend("layer_norm", x, backend, BACKENDS)
     shape, n = _normalized_size("layer_norm", x, normalized_shape)
     _check_parameter("layer_norm", "weight", weight, x, shape)
     _check_parameter("layer_norm", "bias", bias, x, shape)
     _check_eps("layer_norm", eps)
-    if backend == "torch":
-        return F.layer_norm(x, shape, weight, bias, eps)
-    if backend == "compile":
-        return _compiled(F.layer_norm)(x, shape, weight, bias, eps)
-    if x.numel() == 0:
-        return F.layer_norm(x, shape, weight, bias, eps)
+    done = torch_route(backend, F.layer_norm, x, shape, weight, bias, eps, nothing_to_launch=x.numel() == 0)
+    if done is not None:
+        return done
     return _run(key, x, None, weight, bias, n, float(eps), False)[0]
 
 
@@ -597,22 +571,17 @@ def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = No
 
     backend: "triton" (the default on CUDA), "torch" (F.rms_norm; the default on CPU), "compile".
     """
-    key = None
-    if not torch.compiler.is_compiling():
-        key, plan = _call_plan("rms_norm", x, normalized_shape, None, weight, None, eps, backend)
-        if plan is not None:
-            return _run_plan(plan, x, None, weight, None)[0]
+    key, plan = _norm_rows.seen("rms_norm", x, normalized_shape, None, weight, None, eps, backend)
+    if plan is not None:
+        return _run_plan(plan, x, None, weight, None)[0]
     backend = choose_backend("rms_norm", x, backend, BACKENDS)
     shape, n = _normalized_size("rms_norm", x, normalized_shape)
     _check_parameter("rms_norm", "weight", weight, x, shape)
     if eps is not None:
         _check_eps("rms_norm", eps)
-    if backend == "torch":
-        return F.rms_norm(x, shape, weight, eps)
-    if backend == "compile":
-        return _compiled(F.rms_norm)(x, shape, weight, eps)
-    if x.numel() == 0:
-        return F.rms_norm(x, shape, weight, eps)
+    done = torch_route(backend, F.rms_norm, x, shape, weight, eps, nothing_to_launch=x.numel() == 0)
+    if done is not None:
+        return done
     return _run(key, x, None, weight, None, n, DEFAULT_RMS_EPS if eps is None else float(eps), True)[0]
 
 
@@ -625,11 +594,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     Returns (normalized, new residual), both of x's shape and dtype. residual must match x in shape, dtype
     and device. backend: as rms_norm ("torch" is add_rms_norm_reference).
     """
-    key = None
-    if not torch.compiler.is_compiling():
-        key, plan = _call_plan("add_rms_norm", x, None, residual, weight, None, eps, backend)
-        if plan is not None:
-            return _run_plan(plan, x, residual, weight, None)[:2]
+    key, plan = _norm_rows.seen("add_rms_norm", x, None, residual, weight, None, eps, backend)
+    if plan is not None:
+        return _run_plan(plan, x, residual, weight, None)[:2]
     backend = choose_backend("add_rms_norm", x, backend, BACKENDS)
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"add_rms_norm: residual must be a torch.Tensor, got {type(residual).__name__}")
@@ -643,8 +610,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     _check_parameter("add_rms_norm", "weight", weight, x, shape)
     if eps is not None:
         _check_eps("add_rms_norm", eps)
-    if backend == "torch" or x.numel() == 0:
-        return add_rms_norm_reference(x, residual, weight, eps)
-    if backend == "compile":
-        return _compiled(add_rms_norm_reference)(x, residual, weight, eps)
+    done = torch_route(backend, add_rms_norm_reference, x, residual, weight, eps, nothing_to_launch=x.numel() == 0)
+    if done is not None:
+        return done
     return _run(key, x, residual, weight, None, n, DEFAULT_RMS_EPS if eps is None else float(eps), True)

@@ -17,13 +17,12 @@ backward pass is the same rotation by the negated angle: dx1 = dy1 cos1 + dy2 si
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from roofline.ops._common import DTYPES, KernelOp, choose_backend, next_power_of_2, tl, triton
+from roofline.ops._common import DTYPES, choose_backend, next_power_of_2, tl, triton
 from roofline.ops._eager_node import replayed_entry
-from roofline.ops._launch import Launch, Plans, tensor_key
+from roofline.ops._launch import Launch, plan_cache, tensor_key
+from roofline.ops._runtime import KernelOp, torch_route
 
 BACKENDS = ("torch", "triton", "compile")
 
@@ -179,17 +178,15 @@ class RopePlan:
                             self.backward_args)
 
 
-_plans = Plans("rope")
+def _angles(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[int, ...]:
+    return (*_angle_strides(cos, q), *_angle_strides(sin, q))
 
 
+@plan_cache("rope", key=lambda q, k, cos, sin: (q.shape, q.stride(), k.shape, k.stride(), _angles(q, cos, sin),
+                                                q.dtype, cos.dtype, sin.dtype, q.device))
 def _plan(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> RopePlan:
     """The plan for q, k, cos and sin with unit last strides."""
-    angles = (*_angle_strides(cos, q), *_angle_strides(sin, q))
-    key = (q.shape, q.stride(), k.shape, k.stride(), angles, q.dtype, cos.dtype, sin.dtype, q.device)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans.add(key, RopePlan(q.shape, q.stride(), k.shape, k.stride(), angles, q.device))
-    return plan
+    return RopePlan(q.shape, q.stride(), k.shape, k.stride(), _angles(q, cos, sin), q.device)
 
 
 def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
@@ -229,16 +226,13 @@ _rope = KernelOp("rope", forward=_forward,
                  backward=_backward,
                  backward_fake=lambda dq, dk, cos, sin: (torch.empty(dq.shape, dtype=dq.dtype, device=dq.device),
                                                          torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)),
-                 setup_context=_save_angles, backward_rule=_backward_rule, plan=_plan)
-_calls = Plans("rope calls")   # the plans of calls as the entry point saw them, checks passed
+                 setup_context=_save_angles, backward_rule=_backward_rule, plan=_plan,
+                 signature=lambda q, k, cos, sin, backend: (type(q), tensor_key(q), tensor_key(k), tensor_key(cos),
+                                                            cos.requires_grad, tensor_key(sin), sin.requires_grad,
+                                                            backend))
 
 
 # --------------------------------------------------------------------------- entry point
-
-@functools.cache
-def _compiled():
-    return torch.compile(rope_reference)
-
 
 def _check(q, k, cos, sin) -> None:
     for name, t in (("k", k), ("cos", cos), ("sin", sin)):
@@ -284,27 +278,19 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     Returns tensors with q's and k's shapes and dtype, laid out as the torch expression lays them out (dense, in
     q's and k's dimension order: a transposed view gives a transposed result, as q * cos would); fp32 math.
     """
-    key = None
-    if not torch.compiler.is_compiling():
-        try:
-            key = (type(q), tensor_key(q), tensor_key(k), tensor_key(cos), cos.requires_grad, tensor_key(sin),
-                   sin.requires_grad, backend)
-            plan = _calls.get(key)
-        except (AttributeError, TypeError):
-            key = plan = None
-        if plan is not None:
-            return _rope.eager(plan, torch.is_grad_enabled() and (q.requires_grad or k.requires_grad), q, k, cos, sin)
+    key, plan = _rope.seen(q, k, cos, sin, backend)
+    if plan is not None:
+        return _rope.eager(plan, torch.is_grad_enabled() and (q.requires_grad or k.requires_grad), q, k, cos, sin)
     backend = choose_backend("rope", q, backend, BACKENDS, arg="q")
     _check(q, k, cos, sin)
-    if backend == "torch":
-        return rope_reference(q, k, cos, sin)
-    if backend == "compile":
-        return _compiled()(q, k, cos, sin)
-    if q.numel() == 0 or k.numel() == 0 or any(t.dim() == 4 and t.shape[1] != 1 for t in (cos, sin)):
-        return rope_reference(q, k, cos, sin)
+    # angles that differ by head are the reference's to compute
+    done = torch_route(backend, rope_reference, q, k, cos, sin, nothing_to_launch=q.numel() == 0 or k.numel() == 0
+                       or any(t.dim() == 4 and t.shape[1] != 1 for t in (cos, sin)))
+    if done is not None:
+        return done
     given = (q, k, cos, sin)
     q, k, cos, sin = (_unit_last_stride(t) for t in given)
     # kept only where cos and sin need no gradient: then the checks pass whatever the grad mode
     keep = all(a is b for a, b in zip(given, (q, k, cos, sin))) and not (cos.requires_grad or sin.requires_grad)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-    return _rope.call(_calls, key, keep, grad, q, k, cos, sin)
+    return _rope.call(key, keep, grad, q, k, cos, sin)

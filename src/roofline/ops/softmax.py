@@ -16,15 +16,13 @@ The math runs in fp32 whatever the storage dtype.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import (KernelOp, cdiv, choose_backend, next_power_of_2, resident_programs, rows_per_program,
-                                  tl, triton)
+from roofline.ops._common import cdiv, choose_backend, next_power_of_2, resident_programs, rows_per_program, tl, triton
 from roofline.ops._eager_node import replayed_entry
-from roofline.ops._launch import Launch, Plans
+from roofline.ops._launch import Launch, plan_cache
+from roofline.ops._runtime import KernelOp, torch_route
 
 BACKENDS = ("torch", "triton", "compile", "cuda")
 MAX_BLOCK = 16384             # elements per block: 64 KB of fp32 per row, 32 per thread at 16 warps
@@ -203,17 +201,10 @@ class SoftmaxPlan:
         return dx
 
 
-_plans = Plans("softmax")
-
-
+@plan_cache("softmax", key=lambda x, log: (x.numel(), x.shape[-1], x.dtype, x.device, log))
 def _plan(x: torch.Tensor, log: bool) -> SoftmaxPlan:
     """The plan for contiguous x, over its last dimension."""
-    n = x.shape[-1]
-    key = (x.numel(), n, x.dtype, x.device, log)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans.add(key, SoftmaxPlan(x.numel() // n, n, log, x.device))
-    return plan
+    return SoftmaxPlan(x.numel() // x.shape[-1], x.shape[-1], log, x.device)
 
 
 # The registered ops take contiguous x of any shape, over its last dimension; the entry point moves `dim` there.
@@ -240,8 +231,9 @@ _softmax_rows = KernelOp(
     "softmax_rows", forward=_forward_rows, forward_fake=lambda x, log: torch.empty_like(x),
     backward=_backward_rows, backward_fake=lambda y, dy, log: torch.empty_like(y),
     setup_context=_save_output, backward_rule=_backward_rule, plan=_plan,
-    public_name=lambda args: "log_softmax" if args[1] else "softmax")
-_calls = Plans("softmax calls")   # the plans of calls as the entry points saw them, checks passed
+    public_name=lambda args: "log_softmax" if args[1] else "softmax",
+    signature=lambda x, dim, backend, log: (type(x), x.shape, x.stride(), x.dtype, x.device, dim, type(dim), backend,
+                                            log))
 
 
 def _triton_softmax(key, x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
@@ -249,7 +241,7 @@ def _triton_softmax(key, x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
         rows = x.movedim(dim, -1).contiguous()   # a copy unless `dim` is already last and contiguous
         return _softmax_rows(rows, log).movedim(-1, dim)
     rows = x.contiguous()   # the usual case, without two movedim calls (a few us of host time each)
-    return _softmax_rows.call(_calls, key, rows is x, rows.requires_grad and torch.is_grad_enabled(), rows, log)
+    return _softmax_rows.call(key, rows is x, rows.requires_grad and torch.is_grad_enabled(), rows, log)
 
 
 def _cuda_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -262,21 +254,10 @@ def _cuda_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- entry points
 
-@functools.cache
-def _compiled(log: bool):
-    return torch.compile(F.log_softmax if log else F.softmax)
-
-
 def _run(op: str, x, dim, backend: str | None, log: bool) -> torch.Tensor:
-    key = None
-    if not torch.compiler.is_compiling():
-        try:
-            key = (type(x), x.shape, x.stride(), x.dtype, x.device, dim, type(dim), backend, log)
-            plan = _calls.get(key)
-        except (AttributeError, TypeError):
-            key = plan = None
-        if plan is not None:
-            return _softmax_rows.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, log)
+    key, plan = _softmax_rows.seen(x, dim, backend, log)
+    if plan is not None:
+        return _softmax_rows.eager(plan, x.requires_grad and torch.is_grad_enabled(), x, log)
     backend = choose_backend(op, x, backend, BACKENDS)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
@@ -284,12 +265,9 @@ def _run(op: str, x, dim, backend: str | None, log: bool) -> torch.Tensor:
     if not -ndim <= dim < ndim:
         raise IndexError(f"{op}: dim {dim} is out of range for x with {x.dim()} dimensions")
     reference = F.log_softmax if log else F.softmax
-    if backend == "torch":
-        return reference(x, dim=dim)
-    if backend == "compile":
-        return _compiled(log)(x, dim=dim)
-    if x.numel() == 0 or x.dim() == 0:
-        return reference(x, dim=dim)   # nothing to launch for: torch's result, with its shape and grad_fn
+    done = torch_route(backend, reference, x, dim, nothing_to_launch=x.numel() == 0 or x.dim() == 0)
+    if done is not None:
+        return done
     if backend == "cuda":
         if log:
             raise ValueError("log_softmax: backend='cuda' has softmax only; use 'triton'")

@@ -13,14 +13,13 @@ read in place; only views whose last dimension is itself strided are copied firs
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from roofline.ops._common import KernelOp, cdiv, choose_backend, elementwise_block, tl, triton
+from roofline.ops._common import cdiv, choose_backend, elementwise_block, tl, triton
 from roofline.ops._eager_node import replayed_entry
-from roofline.ops._launch import Launch, Plans, tensor_key
+from roofline.ops._launch import Launch, plan_cache, tensor_key
+from roofline.ops._runtime import KernelOp, torch_route
 
 BACKENDS = ("torch", "triton", "compile")
 
@@ -96,17 +95,10 @@ class SwigluPlan:
         return dgate, dup
 
 
-_plans = Plans("swiglu")
-
-
+@plan_cache("swiglu", key=lambda gate, up: (*gate.shape, gate.stride(0), up.stride(0), gate.dtype, gate.device))
 def _plan(gate: torch.Tensor, up: torch.Tensor) -> SwigluPlan:
     """The plan for (rows, n) gate and up with contiguous last dimensions (views of the tensors a call gets)."""
-    rows, n = gate.shape
-    key = (rows, n, gate.stride(0), up.stride(0), gate.dtype, gate.device)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans.add(key, SwigluPlan(rows, n, gate.stride(0), up.stride(0), gate.element_size(), gate.device))
-    return plan
+    return SwigluPlan(*gate.shape, gate.stride(0), up.stride(0), gate.element_size(), gate.device)
 
 
 # The registered ops take (rows, n) tensors whose last dimension is contiguous; their outputs are contiguous.
@@ -133,8 +125,8 @@ def _backward_rule(ctx, run_backward, dy):
 _swiglu_rows = KernelOp(
     "swiglu_rows", forward=_forward, forward_fake=lambda gate, up: gate.new_empty(gate.shape),
     backward=_backward, backward_fake=lambda gate, up, dy: (gate.new_empty(gate.shape), gate.new_empty(gate.shape)),
-    setup_context=_save_inputs, backward_rule=_backward_rule, plan=_plan, public_name=lambda args: "swiglu")
-_calls = Plans("swiglu calls")   # the plans of calls as the entry point saw them, checks passed
+    setup_context=_save_inputs, backward_rule=_backward_rule, plan=_plan, public_name=lambda args: "swiglu",
+    signature=lambda gate, up, backend: (type(gate), tensor_key(gate), type(up), tensor_key(up), backend))
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -151,11 +143,6 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- entry point
 
-@functools.cache
-def _compiled():
-    return torch.compile(swiglu_reference)
-
-
 @replayed_entry
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     """silu(gate) * up, fused. gate and up must match in shape, dtype and device.
@@ -163,27 +150,18 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None) 
     backend: "triton" (the default on CUDA), "torch" (F.silu(gate) * up; the default on CPU), "compile".
     The result is contiguous, with gate's shape and dtype; the math runs in fp32.
     """
-    key = None
-    if not torch.compiler.is_compiling():
-        try:
-            key = (type(gate), tensor_key(gate), type(up), tensor_key(up), backend)
-            call = _calls.get(key)
-        except (AttributeError, TypeError):
-            key = call = None
-        if call is not None:
-            return _run(call, gate, up)
+    key, plan = _swiglu_rows.seen(gate, up, backend)
+    if plan is not None:
+        return _run(plan, gate, up)
     backend = choose_backend("swiglu", gate, backend, BACKENDS, arg="gate")
     if not isinstance(up, torch.Tensor):
         raise TypeError(f"swiglu: up must be a torch.Tensor, got {type(up).__name__}")
     if up.shape != gate.shape or up.dtype != gate.dtype or up.device != gate.device:
         raise ValueError(f"swiglu: up must match gate in shape, dtype and device: gate is {list(gate.shape)} "
                          f"{gate.dtype} on {gate.device}, up {list(up.shape)} {up.dtype} on {up.device}")
-    if backend == "torch":
-        return swiglu_reference(gate, up)
-    if backend == "compile":
-        return _compiled()(gate, up)
-    if gate.numel() == 0:
-        return swiglu_reference(gate, up)
+    done = torch_route(backend, swiglu_reference, gate, up, nothing_to_launch=gate.numel() == 0)
+    if done is not None:
+        return done
     gate_rows, up_rows = _as_rows(gate), _as_rows(up)
     if torch.compiler.is_compiling():
         return _swiglu_rows(gate_rows, up_rows).view(gate.shape)
@@ -191,8 +169,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None) 
     if gate_rows.data_ptr() != gate.data_ptr() or up_rows.data_ptr() != up.data_ptr():   # copied
         return _run(plan, gate_rows, up_rows).view(gate.shape)
     # the inputs are rows as they are: the plan takes them so, and a later call with this signature too
-    if key is not None:
-        _calls.add(key, plan)
+    _swiglu_rows.keep(key, plan)
     return _run(plan, gate, up)
 
 
