@@ -643,7 +643,7 @@ def inspect(
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before the target's kernels are made
     from roofline.inspect.kernels import target as gpu_target
-    from roofline.inspect.report import inspect_function, render, write_sections
+    from roofline.inspect.report import inspect_function, render, stall_findings, write_sections
 
     try:
         gpu_target(arch)
@@ -670,6 +670,9 @@ def inspect(
             given = stalls.attach(reports, stalls.measure(target, names, compile)) if names else 0
             if names and not given:
                 err.print("roofline: --ncu: ncu sampled none of the kernels inspected")
+            for r in reports:
+                if getattr(r, "stalls", None) is not None:
+                    r.findings += stall_findings(r)
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
             err.print(f"roofline: --ncu: {exc}")
     render(found, console, top)

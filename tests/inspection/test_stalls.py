@@ -106,3 +106,39 @@ def test_the_page_puts_each_line_s_samples_beside_its_source():
     assert f'data-v="{26 / 87}"' in row and "30%" in row and "waiting on global or local memory" in row
     report.stalls = None   # without --ncu, no such columns
     assert "warp samples" not in html._kernel(report, "k0")
+
+
+def test_the_counters_become_findings_at_their_lines():
+    from roofline.inspect.report import stall_findings
+
+    report = _Report("norm_forward_kernel")
+    stalls.attach([report], stalls.parse(PAGE))
+    found = {f.id: f for f in stall_findings(report)}
+    assert set(found) == {"stall", "uncoalesced"}   # no shared-memory wavefront beyond the ideal in layer_norm's
+    # line 77 holds 26 of the kernel's 87 samples, all waiting for its load
+    assert found["stall"].where.endswith("norm.py:77") and "30%" in found["stall"].title
+    assert "global" in found["stall"].message and "num_stages" in found["stall"].message
+    # rows of 1000 bf16: loads of one element a thread where a thread holds 8 (not 16-divisible, not vectorized)
+    u = found["uncoalesced"]
+    assert u.where.endswith("norm.py:70") and "6.2x" in u.title
+    assert "86,240 of the kernel's 102,688" in u.message and "line 70 `x = tl.load(x_row + offs" in u.message
+
+
+def _line(n, samples, reasons, sectors=0, excess=0, wavefronts=0, conflicts=0):
+    return stalls.LineStalls("k.py", n, f"line_{n}()", samples, reasons, 1, excess, sectors, wavefronts, conflicts)
+
+
+def test_bank_conflicts_and_busy_warps():
+    from roofline.inspect.report import stall_findings
+
+    report = _Report("k")
+    report.stalls = stalls.KernelStalls("k", [_line(3, 60, {"math": 40, "selected": 20}, wavefronts=4096),
+                                              _line(4, 40, {"short_sb": 30, "not_selected": 10}, wavefronts=12288,
+                                                    conflicts=8192)])
+    found = {f.id: f for f in stall_findings(report)}
+    # the busiest line's warps compute (no stall to fix); line 4's shared accesses are split 3 ways
+    assert set(found) == {"bank-conflicts"}
+    assert found["bank-conflicts"].where.endswith("norm.py:4") and "2.0x" in found["bank-conflicts"].title
+    assert "8,192 of the kernel's 16,384" in found["bank-conflicts"].message
+    report.stalls.lines[1].shared_excess = 2048   # an eighth of the wavefronts: under ncu's bar
+    assert stall_findings(report) == []

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from roofline.inspect import generated, kernels, occupancy, sass
+from roofline.inspect.stalls import REASONS
 from roofline.tables import Column, Row, show
 
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
@@ -274,6 +275,78 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
     return out
 
 
+# ncu's counters, judged as its own rules judge them: accesses whose excess is this share of the kernel's are
+# worth a finding; a stall reason that holds this share of the warp samples at one line is that line's story.
+EXCESS_SHARE = 0.2
+STALL_SHARE = 0.2
+# What a line's most frequent stall asks of the kernel; reasons absent here (issuing, ready but not selected, the
+# math pipes busy) are a kernel doing its work.
+STALL_ADVICE = {
+    "long_sb": "its warps wait for global (or local) memory. More bytes in flight hide the latency: a pipelined "
+               "loop (num_stages), more elements a program, or more warps an SM; a kernel already at DRAM's "
+               "bandwidth waits here by nature (roofline profile gives its bandwidth).",
+    "lg": "the queue of global and local memory instructions is full: fewer, wider accesses (128-bit vectors) "
+          "issue the same bytes in fewer instructions.",
+    "barrier": "its warps wait at a barrier for the block's other warps: reductions and layout conversions across "
+               "warps synchronize them; fewer warps a block (num_warps) makes each barrier cheaper.",
+    "short_sb": "its warps wait on shared memory or a special function (exp, log, reciprocal): bank conflicts "
+                "(the shared-memory counters) or transcendental math on the critical path.",
+    "mio": "the shared-memory and special-function queue is full: fewer shared-memory round trips (layout "
+           "conversions) or cheaper math (exp2, fast reciprocals).",
+    "wait": "its warps wait on fixed-latency dependencies: each instruction needs the one before; more independent "
+            "work a thread (several rows or tiles) gives the scheduler something to issue.",
+    "no_inst": "the instruction cache misses: the kernel's code is large (deeply unrolled loops, many "
+               "constexpr-specialized branches).",
+    "membar": "its warps wait at memory fences (atomics, tl.debug_barrier).",
+}
+
+
+def stall_findings(report: KernelReport) -> list[Finding]:
+    """What ncu's source counters (report.stalls, --ncu) say of the kernel, each at its line: the line its warps
+    waited at most and why, global accesses that move more L2 sectors than coalesced ones would, and shared-memory
+    accesses whose bank conflicts take more wavefronts than conflict-free ones."""
+    found = report.stalls
+    if found is None or not found.samples:
+        return []
+    out = []
+    top = max(found.lines, key=lambda x: x.samples)
+    reason = top.top_reason
+    share = top.reasons.get(reason, 0) / found.samples
+    if reason in STALL_ADVICE and share >= STALL_SHARE:
+        out.append(Finding(
+            "stall", f"{share:.0%} of the warp samples wait at one line: {REASONS.get(reason, reason)}",
+            f"ncu sampled the kernel's warps {found.samples:,} times; {top.reasons[reason]:,} of them sat at "
+            f"`{top.source.strip()}` {REASONS.get(reason, reason)}: {STALL_ADVICE[reason]}",
+            _where(report.file, top.line)))
+    for kind, excess, total in (("global", "excess_sectors", "sectors"), ("shared", "shared_excess",
+                                                                          "shared_wavefronts")):
+        moved = sum(getattr(x, total) for x in found.lines)
+        extra = sum(getattr(x, excess) for x in found.lines)
+        if not moved or extra < EXCESS_SHARE * moved:
+            continue
+        worst = sorted((x for x in found.lines if getattr(x, excess)), key=lambda x: -getattr(x, excess))[:3]
+        lines = "; ".join(f"line {x.line} `{x.source.strip()}`: {getattr(x, total):,} where "
+                          f"{getattr(x, total) - getattr(x, excess):,} would do" for x in worst)
+        if kind == "global":
+            out.append(Finding(
+                "uncoalesced", f"global accesses move {moved / (moved - extra):.1f}x the L2 sectors they need",
+                f"{extra:,} of the kernel's {moved:,} L2 sectors of global memory are beyond what coalesced accesses "
+                f"would move ({lines}). A warp's access is coalesced where its threads' addresses are contiguous: "
+                "each instruction then touches the fewest 32-byte sectors. Where a thread holds several elements "
+                "but loads them one at a time (the loads are not vectorized), each instruction strides across "
+                "them: vectorized 128-bit accesses need sizes and strides divisible by 16 and 16-byte aligned "
+                "pointers.", _where(report.file, worst[0].line)))
+        else:
+            out.append(Finding(
+                "bank-conflicts", f"shared-memory accesses take {moved / (moved - extra):.1f}x the wavefronts "
+                "they need", f"{extra:,} of the kernel's {moved:,} shared-memory wavefronts are bank conflicts "
+                f"({lines}): threads of a warp reach different addresses in one of the 32 banks, and the access "
+                "is split. In Triton these are the layout conversions and reductions the compiler routes through "
+                "shared memory (convert_layout in the TTGIR at that line): block shapes whose layouts agree avoid "
+                "the conversion; in Gluon, a swizzled or padded shared layout avoids the conflicts.", _where(report.file, worst[0].line)))
+    return out
+
+
 def widths(bits) -> str:
     """Accesses by width: "24 x 128-bit, 2 x 32-bit" (instructions, widest first)."""
     return ", ".join(f"{n} x {b}-bit" for b, n in sorted(bits.items(), reverse=True))
@@ -394,8 +467,6 @@ def render_reports(reports: list, console, top: int) -> None:
 
 def _render_stalls(found, console, top: int) -> None:
     """Where the kernel's warps waited (ncu's samples), its lines by samples, and why."""
-    from roofline.inspect.stalls import REASONS
-
     total = found.samples
     if not total:
         console.print("ncu sampled no warp of it at its own lines (a kernel this short gives few samples: run it "

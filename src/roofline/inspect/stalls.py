@@ -51,6 +51,9 @@ class LineStalls:
     reasons: dict                 # stall reason -> samples
     instructions: int             # warp-level instructions it executed
     excess_sectors: int           # global-memory L2 sectors beyond a coalesced access's
+    sectors: int = 0              # global-memory L2 sectors its accesses moved
+    shared_wavefronts: int = 0    # shared-memory wavefronts its accesses took
+    shared_excess: int = 0        # of them, beyond a conflict-free access's (bank conflicts)
 
     @property
     def top_reason(self) -> str | None:
@@ -128,9 +131,10 @@ def parse(text: str) -> list[KernelStalls]:
 
         reasons = {name[len("stall_"):]: _int(row[i]) for name, i in header.items()
                    if name.startswith("stall_") and not name.endswith("(Not Issued)") and _int(row[i])}
-        launches[-1].lines.append(LineStalls(file, int(row[0]), row[1], figure(SAMPLES), reasons,
-                                             figure("Instructions Executed"),
-                                             figure("L2 Theoretical Sectors Global Excessive")))
+        launches[-1].lines.append(LineStalls(
+            file, int(row[0]), row[1], figure(SAMPLES), reasons, figure("Instructions Executed"),
+            figure("L2 Theoretical Sectors Global Excessive"), figure("L2 Theoretical Sectors Global"),
+            figure("L1 Wavefronts Shared"), figure("L1 Wavefronts Shared Excessive")))
     return launches
 
 
