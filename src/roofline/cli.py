@@ -234,6 +234,7 @@ def _add_inside(report, launched: list, count: int) -> None:
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
         if torch.cuda.is_available() else None
     report.inside = inside.look_inside(report.kernels, launched, count, sms)
+    inside.link(report.findings, report.inside)
     if not report.inside:
         err.print(f"roofline: --inspect: none of the top kernels is one of the program's {len(launched)} Triton "
                   "launches")

@@ -70,3 +70,25 @@ def test_the_page_shows_each_configuration_inside_the_heaviest_kernels(both):
     assert "softmax_forward_kernel" in section and "src/roofline/ops/softmax.py:" in section
     assert re.search(r"\d+ blocks? for 132 SMs", section)   # each one's small-grid finding, by its title
     assert html._inside([]) == []
+
+
+def test_the_profile_s_findings_about_a_kernel_say_what_inspect_found_inside_it(both):
+    from types import SimpleNamespace
+
+    from roofline.profiler.findings import Finding
+
+    _, both = both
+    grid = Finding("small-grid", "softmax_backward_kernel fills 1 of 132 SMs", "It ran 4 times.", 1.0,
+                   evidence={"kernel": "softmax_backward_kernel"})
+    slow = Finding("below-roofline", "softmax at 10% of its roofline", "softmax ran 4 times.", 1.0,
+                   ops=[SimpleNamespace(kernels={"softmax_forward_kernel": 10.0, "a_library_kernel": 5.0})])
+    other = Finding("host-bound", "the host is the bottleneck", "Launches wait for Python.", 1.0)
+    inside.link([grid, slow, other], both)
+    inside_backward = {f.id for f in both[0].reports[0].findings}
+    assert grid.evidence["inside"] == {"softmax_backward_kernel": sorted(inside_backward)}
+    assert "roofline inspect's view: inside softmax_backward_kernel, " in grid.message
+    for f in both[0].reports[0].findings:
+        assert f"{f.title} ({f.where})" in grid.message
+    assert list(slow.evidence["inside"]) == ["softmax_forward_kernel"]
+    assert "inside softmax_forward_kernel" in slow.message and "a_library_kernel" not in slow.message
+    assert other.message == "Launches wait for Python." and "inside" not in other.evidence

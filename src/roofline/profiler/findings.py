@@ -455,7 +455,8 @@ def small_grid(report) -> list[Finding]:
             f"{short_name(name)} ran {count} times ({us / 1e3:.2f} ms) with {blocks} blocks on a GPU with {sms} SMs: "
             f"{1 - blocks / sms:.0%} of the SMs idle while it runs. Give it more parallelism (a larger batch, split-K "
             "or split-row work, or fuse it with neighbours).",
-            idle_sm_us / 1e3, _where(locations), {"blocks": blocks, "sms": sms, "count": count, "ms": us / 1e3}))
+            idle_sm_us / 1e3, _where(locations),
+            {"kernel": short_name(name), "blocks": blocks, "sms": sms, "count": count, "ms": us / 1e3}))
     return out
 
 
