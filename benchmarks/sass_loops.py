@@ -39,7 +39,7 @@ def compile_for_sm90(fn, signature: dict, constexprs: dict, num_warps: int, divi
 def resources(kernel) -> str:
     """Registers, spills (local memory) and shared memory, as cuobjdump reports them."""
     used = sass.resources(kernel.asm["cubin"])[kernel.metadata.name]
-    return (f"{used.registers} registers, {used.local_bytes} bytes of local memory a thread, "
+    return (f"{used.registers} registers, {used.local_memory} bytes of local memory a thread, "
             f"{kernel.metadata.shared + used.static_shared_bytes} bytes of shared memory")
 
 

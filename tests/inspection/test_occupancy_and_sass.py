@@ -105,3 +105,29 @@ Resource usage:
     found = sass.parse_resources(text)
     assert found["mm"] == sass.Resources(registers=110, local_bytes=0, stack_bytes=0, static_shared_bytes=1024)
     assert found["spilling"].local_bytes == 48 and found["spilling"].registers == 255
+
+
+def _kernel_source_stand_in():
+    return 0
+
+
+def test_spilled_registers_are_the_stack_frame_s_and_named_at_the_kernel_s_own_line():
+    """ptxas on sm_90 puts spilled registers in the stack frame (STACK), not LOCAL: a spilling kernel of the
+    interpreter's attention, compiled here, reads REG:255 STACK:1672 LOCAL:0."""
+    from types import SimpleNamespace
+
+    from roofline.inspect import report as inspect_report
+
+    used = sass.parse_resources(" Function k:\n  REG:255 STACK:1672 SHARED:0 LOCAL:0 CONSTANT[0]:400\n")["k"]
+    assert used.local_memory == 1672
+    spills = [sass.Instruction(0x10, "STL.64", "STL.64 [R1+0x8], R4 ;", "/x/triton/language/standard.py", 170),
+              sass.Instruction(0x20, "LDL.64", "LDL.64 R4, [R1+0x8] ;", "/repo/kern.py", 12)]
+    launch = SimpleNamespace(where=("/repo/kern.py", 10), source=None, parameters=[], args=[],
+                             kernel=SimpleNamespace(fn=_kernel_source_stand_in))
+    report = SimpleNamespace(resources=used, occupancy=occupancy("sm_90", 128, 255, 0), mix=sass.Mix(),
+                             lines=[], where="kern.py:10", arch="sm_90", shared_bytes=0, num_warps=4, sms=None,
+                             blocks=None)
+    (found,) = [f for f in inspect_report.findings(report, launch, spills) if f.id == "spills"]
+    assert "1,672 bytes of local memory a thread" in found.title and "2 spill loads and stores" in found.message
+    # the kernel's own line first, Triton's library line (inlined into it) after
+    assert found.where == "kern.py:12" and found.message.index("kern.py:12") < found.message.index("standard.py")

@@ -43,13 +43,13 @@ def _overview(reports: list[KernelReport], table_id: str) -> str:
             if any(r.compiled_here for r in reports) else "")
     rows = [{"kernel": r.name, "where": r.where, "arch": r.arch,
              "grid": "?" if r.grid is None else "x".join(map(str, r.grid)), "warps": r.num_warps,
-             "registers": r.resources.registers, "spill": r.resources.local_bytes,
+             "registers": r.resources.registers, "local": r.resources.local_memory,
              "shared": (r.shared_bytes, f"{r.shared_bytes / 1024:,.1f}"),
              "occupancy": (r.occupancy.occupancy, f"{r.occupancy.occupancy:.0%}"), "limit": r.occupancy.limiter,
              "tc": r.mix.counts.get("tensor core", 0), "loads": widths(r.mix.load_bits) or "-",
              "findings": len(r.findings)} for r in reports]
     return note + table([("kernel", "kernel"), ("defined at", "where"), ("arch", "arch"), ("grid", "grid"),
-                         ("warps", "warps:n"), ("registers", "registers:n"), ("spill B", "spill:n"),
+                         ("warps", "warps:n"), ("registers", "registers:n"), ("local B", "local:n"),
                          ("shared KiB", "shared:n"), ("occupancy", "occupancy:n"), ("limited by", "limit"),
                          ("tensor-core instr.", "tc:n"), ("global loads", "loads"), ("findings", "findings:n")],
                         rows, table_id)
@@ -61,7 +61,7 @@ def _kernel(r: KernelReport, anchor: str) -> str:
     head = (f"<h3 id='{anchor}'>{escape(r.name)} <span class='where'>{escape(r.where)}</span></h3>"
             f"<div class='note'>{escape(' '.join(f'{k}={v}' for k, v in r.constexprs.items()))}</div>"
             f"<p>{r.num_warps} warps, {r.num_stages} stages; {r.resources.registers} registers a thread, "
-            f"{r.resources.local_bytes} bytes of local memory, {r.shared_bytes:,} bytes of shared memory a block; "
+            f"{r.resources.local_memory:,} bytes of local memory, {r.shared_bytes:,} bytes of shared memory a block; "
             f"{occ.blocks} block{'s' if occ.blocks != 1 else ''} an SM ({occ.occupancy:.0%} of its warps, limited "
             f"by {escape(occ.limiter)}); {r.mix.total} instructions.</p>")
     cards = "".join(f"<div class='card'><b>{escape(f.title)}</b> <span class='where'>{escape(f.where or '')}"

@@ -85,7 +85,8 @@ class KernelReport:
                 "blocks": self.blocks, "num_warps": self.num_warps, "num_stages": self.num_stages,
                 "constexprs": {k: repr(v) for k, v in self.constexprs.items()},
                 "registers": self.resources.registers, "local_bytes": self.resources.local_bytes,
-                "stack_bytes": self.resources.stack_bytes, "shared_bytes": self.shared_bytes,
+                "stack_bytes": self.resources.stack_bytes, "local_memory": self.resources.local_memory,
+                "shared_bytes": self.shared_bytes,
                 "occupancy": self.occupancy.to_dict(), "mix": self.mix.to_dict(), "sms": self.sms,
                 "waves": self.waves, "compiled_here": self.compiled_here,
                 "lines": [r.to_dict() for r in self.lines], "findings": [f.to_dict() for f in self.findings],
@@ -217,14 +218,17 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
     used, occ, m = report.resources, report.occupancy, report.mix
     spills = [i for i in instructions if sass.kind(i) == "spill"]
     if used.local_bytes or spills:
-        lines = sorted({(i.file, i.line) for i in spills if i.file})
+        # the kernel's own lines first: Triton's library lines (tl.max's, tl.sum's) were inlined into them
+        own = Path(launch.where[0]).name
+        lines = sorted({(i.file, i.line) for i in spills if i.file}, key=lambda fl: (Path(fl[0]).name != own, fl))
         out.append(Finding(
-            "spills", f"{used.local_bytes} bytes of local memory a thread: registers spill",
-            f"The compiler keeps {used.local_bytes} bytes a thread in local memory, which lives in DRAM behind the "
-            f"caches: {len(spills)} spill loads and stores (LDL/STL)"
+            "spills", f"{used.local_memory:,} bytes of local memory a thread: registers spill",
+            f"The compiler keeps {used.local_memory:,} bytes a thread in local memory (its stack frame and local "
+            f"arrays), which lives in DRAM behind the caches: {len(spills)} spill loads and stores (LDL/STL)"
             + (f" at {', '.join(_where(f, n) for f, n in lines[:4])}" if lines else "") + f", at "
             f"{used.registers} registers a thread. Smaller blocks, fewer pipeline stages (num_stages) or more warps "
-            "(num_warps) give each thread less to hold.", _where(*lines[0]) if lines else report.where))
+            "(num_warps) give each thread less to hold.",
+            _where(*lines[0]) if lines and Path(lines[0][0]).name == own else report.where))
     if occ.blocks == 0:
         out.append(Finding(
             "cannot-launch", f"a block does not fit an SM of {report.arch}",
@@ -442,10 +446,10 @@ def render_reports(reports: list, console, top: int) -> None:
         tc = r.mix.counts.get("tensor core", 0)
         grid = "?" if r.grid is None else "x".join(str(g) for g in r.grid if g > 1) or "1"
         rows.append(Row([r.name, grid, str(r.num_warps),
-                         str(r.resources.registers), str(r.resources.local_bytes), f"{r.shared_bytes / 1024:,.1f}",
+                         str(r.resources.registers), f"{r.resources.local_memory:,}", f"{r.shared_bytes / 1024:,.1f}",
                          f"{occ.occupancy:.0%} {occ.limiter}", str(tc), widths(r.mix.load_bits) or "-"]))
     show(console, None, [Column("kernel", justify="left", fold=True), Column("grid"), Column("warps"),
-                         Column("registers", "regs"), Column("spill B", "spill"), Column("shared KiB", "smem"),
+                         Column("registers", "regs"), Column("local B", "local"), Column("shared KiB", "smem"),
                          Column("occupancy (limit)", "occ", justify="left"), Column("tensor-core instr.", "tc"),
                          Column("global loads", "loads", justify="left", fold=True)], rows)
     for r in reports:

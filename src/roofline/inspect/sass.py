@@ -58,9 +58,14 @@ def _run_on(cubin: bytes, *argv: str) -> str:
 class Resources:
     """What a thread and a block of the kernel take, as the driver allocates them."""
     registers: int          # a thread's
-    local_bytes: int        # a thread's local memory: spilled registers and arrays the compiler could not keep
-    stack_bytes: int
+    local_bytes: int        # a thread's local arrays the compiler could not keep in registers
+    stack_bytes: int        # a thread's stack frame, where ptxas puts spilled registers (sm_90: all of them)
     static_shared_bytes: int
+
+    @property
+    def local_memory(self) -> int:
+        """A thread's bytes in local memory (DRAM behind the caches): its stack frame and its local arrays."""
+        return self.stack_bytes + self.local_bytes
 
 
 _RESOURCE = re.compile(r"Function\s+(\S+):\s*\n\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")

@@ -397,7 +397,7 @@ def _inside(inside: list) -> list[str]:
             occ, mix = c["occupancy"], c["mix"]
             rows.append({
                 "kernel": x["kernel"], "share": (x["share"], _pct(x["share"])), "where": c["where"],
-                "registers": c["registers"], "spill": c["local_bytes"], "smem": c["shared_bytes"],
+                "registers": c["registers"], "local": c["local_memory"], "smem": c["shared_bytes"],
                 "occupancy": (occ["occupancy"], f"{occ['occupancy']:.0%} {occ['limiter']}"),
                 "tc": mix["counts"].get("tensor core", 0),
                 "loads": ", ".join(f"{n} x {bits}-bit" for bits, n in mix["load_bits"].items()) or "-",
@@ -405,7 +405,7 @@ def _inside(inside: list) -> list[str]:
     return ["<h2>Inside the heaviest Triton kernels</h2><p class='note'>Each configuration the program launched, "
             "read from the binary it ran as roofline inspect reads it (--inspect K).</p>",
             table([("kernel", "kernel"), ("share", "share:n"), ("defined at", "where"), ("registers", "registers:n"),
-                   ("spill bytes", "spill:n"), ("shared bytes", "smem:n"), ("occupancy (limit)", "occupancy:n"),
+                   ("local bytes", "local:n"), ("shared bytes", "smem:n"), ("occupancy (limit)", "occupancy:n"),
                    ("tensor-core instr.", "tc:n"), ("global loads", "loads"), ("findings", "findings")],
                   rows, "inside")]
 
