@@ -128,7 +128,7 @@ def _line(n, samples, reasons, sectors=0, excess=0, wavefronts=0, conflicts=0):
     return stalls.LineStalls("k.py", n, f"line_{n}()", samples, reasons, 1, excess, sectors, wavefronts, conflicts)
 
 
-def test_bank_conflicts_and_busy_warps():
+def test_bank_conflicts_and_a_stall_at_a_line_that_is_not_the_busiest():
     from roofline.inspect.report import stall_findings
 
     report = _Report("k")
@@ -136,9 +136,22 @@ def test_bank_conflicts_and_busy_warps():
                                               _line(4, 40, {"short_sb": 30, "not_selected": 10}, wavefronts=12288,
                                                     conflicts=8192)])
     found = {f.id: f for f in stall_findings(report)}
-    # the busiest line's warps compute (no stall to fix); line 4's shared accesses are split 3 ways
-    assert set(found) == {"bank-conflicts"}
+    # line 3's warps compute (nothing to fix); line 4's wait on shared memory, whose accesses are split 3 ways
+    assert set(found) == {"stall", "bank-conflicts"}
+    assert found["stall"].where.endswith("norm.py:4") and "30%" in found["stall"].title
+    assert "bank conflicts" in found["stall"].message
     assert found["bank-conflicts"].where.endswith("norm.py:4") and "2.0x" in found["bank-conflicts"].title
     assert "8,192 of the kernel's 16,384" in found["bank-conflicts"].message
-    report.stalls.lines[1].shared_excess = 2048   # an eighth of the wavefronts: under ncu's bar
+    report.stalls.lines[1].shared_excess = 2048   # a seventh more wavefronts than the 14,336 needed: under the bar
+    report.stalls.lines[1].reasons = {"short_sb": 10, "not_selected": 30}   # a tenth of the samples
+    assert stall_findings(report) == []
+
+
+def test_exact_access_counts_speak_without_samples_and_busy_warps_give_no_stall():
+    from roofline.inspect.report import stall_findings
+
+    report = _Report("k")
+    report.stalls = stalls.KernelStalls("k", [_line(7, 0, {}, sectors=5000, excess=4000)])
+    assert [f.id for f in stall_findings(report)] == ["uncoalesced"]   # ncu caught no warp of a short kernel
+    report.stalls = stalls.KernelStalls("k", [_line(7, 90, {"selected": 50, "math": 40}, sectors=1000)])
     assert stall_findings(report) == []

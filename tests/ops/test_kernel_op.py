@@ -56,3 +56,25 @@ def test_arguments_that_make_no_signature_are_left_to_the_checks():
     torch.testing.assert_close(norm_module.layer_norm(x, [8], backend="triton"), F.layer_norm(x, [8]))
     with pytest.raises(TypeError, match="softmax: x must be a torch.Tensor"):
         softmax([1.0], backend="triton")
+
+
+def test_the_compile_backend_compiles_whatever_the_arguments(monkeypatch):
+    from roofline.ops import _runtime
+
+    calls = []
+    monkeypatch.setattr(_runtime, "compiled", lambda fn: lambda *args: calls.append(fn) or "compiled")
+    assert _runtime.torch_route("compile", F.gelu, torch.randn(0), nothing_to_launch=True) == "compiled"
+    assert calls == [F.gelu]
+    assert _runtime.torch_route("torch", F.gelu, torch.ones(1)).item() == F.gelu(torch.ones(1)).item()
+    assert _runtime.torch_route("triton", F.gelu, torch.ones(0), nothing_to_launch=True).numel() == 0
+    assert _runtime.torch_route("triton", F.gelu, torch.ones(1)) is None   # the kernels' route
+
+
+def test_an_empty_input_gets_torch_s_result_with_its_gradient_function():
+    from roofline.ops import gelu
+
+    x = torch.randn(0, 8, device=DEVICE, requires_grad=True)
+    y = gelu(x, backend="triton")
+    assert y.shape == (0, 8) and y.grad_fn is not None
+    y.sum().backward()
+    assert x.grad.shape == (0, 8)

@@ -82,7 +82,8 @@ def test_the_profile_s_findings_about_a_kernel_say_what_inspect_found_inside_it(
                    evidence={"kernel": "softmax_backward_kernel"})
     slow = Finding("below-roofline", "softmax at 10% of its roofline", "softmax ran 4 times.", 1.0,
                    ops=[SimpleNamespace(kernels={"softmax_forward_kernel": 10.0, "a_library_kernel": 5.0})])
-    other = Finding("host-bound", "the host is the bottleneck", "Launches wait for Python.", 1.0)
+    other = Finding("misaligned-matmul", "a matmul's K is not a multiple of 8", "Pad K.", 1.0,
+                    ops=[SimpleNamespace(kernels={"softmax_forward_kernel": 10.0})])   # not about a kernel's speed
     inside.link([grid, slow, other], both)
     inside_backward = {f.id for f in both[0].reports[0].findings}
     assert grid.evidence["inside"] == {"softmax_backward_kernel": sorted(inside_backward)}
@@ -91,4 +92,13 @@ def test_the_profile_s_findings_about_a_kernel_say_what_inspect_found_inside_it(
         assert f"{f.title} ({f.where})" in grid.message
     assert list(slow.evidence["inside"]) == ["softmax_forward_kernel"]
     assert "inside softmax_forward_kernel" in slow.message and "a_library_kernel" not in slow.message
-    assert other.message == "Launches wait for Python." and "inside" not in other.evidence
+    assert other.message == "Pad K." and "inside" not in other.evidence
+    # a kernel that could not be compiled was not looked inside: the finding says so, not that nothing was found
+    from roofline.inspect.report import Uncompiled
+
+    failed = [inside.Inside("softmax_forward_kernel", 0.2, 200.0, [Uncompiled("softmax_forward_kernel", "x.py:1",
+                                                                               "ptxas: out of resources")])]
+    grid = Finding("small-grid", "t", "m.", 1.0, evidence={"kernel": "softmax_forward_kernel"})
+    inside.link([grid], failed)
+    assert "could not be compiled to look inside (ptxas: out of resources)" in grid.message
+    assert "nothing to fix" not in grid.message and grid.evidence["inside"] == {"softmax_forward_kernel": []}

@@ -279,12 +279,13 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
     return out
 
 
-# ncu's counters, judged as its own rules judge them: accesses whose excess is this share of the kernel's are
-# worth a finding; a stall reason that holds this share of the warp samples at one line is that line's story.
+# ncu's counters become findings past roofline's bars (Nsight Compute's own rules flag any excess, and judge stalls
+# by cycles between issues): accesses that take a fifth more than they need; one stall reason, at one line, that
+# holds a fifth of the kernel's warp samples.
 EXCESS_SHARE = 0.2
 STALL_SHARE = 0.2
-# What a line's most frequent stall asks of the kernel; reasons absent here (issuing, ready but not selected, the
-# math pipes busy) are a kernel doing its work.
+# What a stall reason asks of the kernel; reasons absent here (issuing, ready but not selected, the math pipes
+# busy) are a kernel doing its work.
 STALL_ADVICE = {
     "long_sb": "its warps wait for global (or local) memory. More bytes in flight hide the latency: a pipelined "
                "loop (num_stages), more elements a program, or more warps an SM; a kernel already at DRAM's "
@@ -301,32 +302,33 @@ STALL_ADVICE = {
             "work a thread (several rows or tiles) gives the scheduler something to issue.",
     "no_inst": "the instruction cache misses: the kernel's code is large (deeply unrolled loops, many "
                "constexpr-specialized branches).",
-    "membar": "its warps wait at memory fences (atomics, tl.debug_barrier).",
+    "membar": "its warps wait at memory fences: atomics with acquire or release semantics (sem='relaxed' where "
+              "no ordering is needed).",
 }
 
 
 def stall_findings(report: KernelReport) -> list[Finding]:
-    """What ncu's source counters (report.stalls, --ncu) say of the kernel, each at its line: the line its warps
-    waited at most and why, global accesses that move more L2 sectors than coalesced ones would, and shared-memory
-    accesses whose bank conflicts take more wavefronts than conflict-free ones."""
+    """What ncu's source counters (report.stalls, --ncu) say of the kernel, each at its line: the line and stall
+    reason that hold the most warp samples, where that reason asks something of the kernel; global accesses that
+    move more L2 sectors than coalesced ones would; shared-memory accesses whose bank conflicts take more
+    wavefronts than conflict-free ones. The access counters are exact counts: they speak however few the samples."""
     found = report.stalls
-    if found is None or not found.samples:
+    if found is None or not found.lines:
         return []
     out = []
-    top = max(found.lines, key=lambda x: x.samples)
-    reason = top.top_reason
-    share = top.reasons.get(reason, 0) / found.samples
-    if reason in STALL_ADVICE and share >= STALL_SHARE:
-        out.append(Finding(
-            "stall", f"{share:.0%} of the warp samples wait at one line: {REASONS.get(reason, reason)}",
-            f"ncu sampled the kernel's warps {found.samples:,} times; {top.reasons[reason]:,} of them sat at "
-            f"`{top.source.strip()}` {REASONS.get(reason, reason)}: {STALL_ADVICE[reason]}",
-            _where(report.file, top.line)))
+    waits = [(n, reason, x) for x in found.lines for reason, n in x.reasons.items() if reason in STALL_ADVICE]
+    if waits and found.samples:
+        n, reason, top = max(waits, key=lambda w: w[0])
+        if n >= STALL_SHARE * found.samples:
+            out.append(Finding(
+                "stall", f"{n / found.samples:.0%} of the warp samples wait at one line: {REASONS.get(reason, reason)}",
+                f"ncu sampled the kernel's warps {found.samples:,} times; {n:,} of them sat at `{top.source.strip()}` "
+                f"{REASONS.get(reason, reason)}: {STALL_ADVICE[reason]}", _where(report.file, top.line)))
     for kind, excess, total in (("global", "excess_sectors", "sectors"), ("shared", "shared_excess",
                                                                           "shared_wavefronts")):
         moved = sum(getattr(x, total) for x in found.lines)
         extra = sum(getattr(x, excess) for x in found.lines)
-        if not moved or extra < EXCESS_SHARE * moved:
+        if not moved or extra < EXCESS_SHARE * (moved - extra):
             continue
         worst = sorted((x for x in found.lines if getattr(x, excess)), key=lambda x: -getattr(x, excess))[:3]
         lines = "; ".join(f"line {x.line} `{x.source.strip()}`: {getattr(x, total):,} where "
@@ -347,7 +349,8 @@ def stall_findings(report: KernelReport) -> list[Finding]:
                 f"({lines}): threads of a warp reach different addresses in one of the 32 banks, and the access "
                 "is split. In Triton these are the layout conversions and reductions the compiler routes through "
                 "shared memory (convert_layout in the TTGIR at that line): block shapes whose layouts agree avoid "
-                "the conversion; in Gluon, a swizzled or padded shared layout avoids the conflicts.", _where(report.file, worst[0].line)))
+                "the conversion; in Gluon, a swizzled or padded shared layout avoids the conflicts.",
+                _where(report.file, worst[0].line)))
     return out
 
 

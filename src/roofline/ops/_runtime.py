@@ -29,13 +29,13 @@ def compiled(fn):
 
 
 def torch_route(backend: str, reference, *args, nothing_to_launch: bool = False):
-    """A call on torch's side of an op's backends: reference(*args) for "torch", and where the kernels have nothing
-    to launch for (torch's result then, with its shape and grad_fn); torch.compile(reference)(*args) for
-    "compile". None for a kernel backend, whose route the entry point takes."""
-    if backend == "torch" or nothing_to_launch:
-        return reference(*args)
+    """A call on torch's side of an op's backends: torch.compile(reference)(*args) for "compile" (whatever the
+    arguments); reference(*args) for "torch", and where the kernels have nothing to launch for (torch's result
+    then, with its shape and grad_fn). None for a kernel backend, whose route the entry point takes."""
     if backend == "compile":
         return compiled(reference)(*args)
+    if backend == "torch" or nothing_to_launch:
+        return reference(*args)
     return None
 
 

@@ -47,23 +47,31 @@ def look_inside(rows: list, launches: list, count: int, sms: int | None = None) 
                    [report_of(launch, next(built), sms) for launch in found]) for row, found in chosen]
 
 
+SLOW_KERNEL_FINDINGS = ("small-grid", "below-roofline")   # the profile's findings about how fast kernels run
+
+
 def link(findings: list, inside: list[Inside]) -> None:
-    """Tell each of the profile's findings about a kernel (small-grid's kernel, the kernels of the ops a
-    below-roofline finding is about) what inspect found inside that kernel, where --inspect looked: its findings'
-    titles and lines, or that its binary shows none, in the finding's message and as evidence["inside"]."""
+    """Tell the profile's slow-kernel findings (small-grid's kernel, the kernels of the op a below-roofline finding
+    is about) what inspect found inside those kernels, where --inspect looked: its findings' titles and lines, that
+    its binary shows none, or that it could not be compiled; in the message, and as evidence["inside"]."""
     by_kernel = {x.kernel: x for x in inside}
     for f in findings:
-        named = [f.evidence.get("kernel")] + [k for o in f.ops for k in (o.kernels or {})]
-        looked = [by_kernel[k] for k in dict.fromkeys(named) if k in by_kernel]
-        if not looked:
+        if f.id not in SLOW_KERNEL_FINDINGS:
             continue
+        named = [f.evidence.get("kernel")] + [k for o in f.ops for k in (o.kernels or {})]
         said = []
-        for x in looked:
-            found = {(g.title, g.where): g.id for r in x.reports for g in getattr(r, "findings", ())}
+        for x in (by_kernel[k] for k in dict.fromkeys(named) if k in by_kernel):
+            read = [r for r in x.reports if hasattr(r, "findings")]   # an Uncompiled report read no binary
+            found = {(g.title, g.where): g.id for r in read for g in r.findings}
             f.evidence.setdefault("inside", {})[x.kernel] = sorted(set(found.values()))
-            said.append(f"inside {x.kernel}, " + ("; ".join(f"{title} ({where})" for title, where in found) if found
-                                                  else "its binary shows nothing to fix (registers, occupancy, loads)"))
-        f.message += f" roofline inspect's view: {'. '.join(said)}."
+            if found:
+                said.append(f"inside {x.kernel}, " + "; ".join(f"{title} ({where})" for title, where in found))
+            elif read:
+                said.append(f"inside {x.kernel}, its binary shows nothing to fix (registers, occupancy, loads)")
+            else:
+                said.append(f"{x.kernel} could not be compiled to look inside ({x.reports[0].error})")
+        if said:
+            f.message += f" roofline inspect's view: {'. '.join(said)}."
 
 
 def render(inside: list[Inside], console, top: int) -> None:
