@@ -60,7 +60,8 @@ MARGIN = 0.97        # roofline must take at most this fraction of torch's time:
 # decode slower routed: GPT-2's layer_norm, and Llama's SwiGLU, whose call lost about three times as much in the
 # model as the layer_norm's (measured: benchmarks/results/h100-models.md, "2026-11-26" and "2026-11-26, the route
 # charge"). A charge of 5 us, about the first case's loss, let the second through; 10 keeps both out, and every
-# route the benchmarks' training and prefill took wins by far more.
+# route the benchmarks' training and prefill took wins by far more. patch charges it only where the program does not
+# judge its routes itself (in_program=False): roofline.program_check's A/B of the model's own forwards replaces it.
 IN_PROGRAM_US = 10.0
 ROUNDS = 7           # alternating rounds of back-to-back calls; the median round counts
 ROUND_S = 2e-3       # host and GPU time per round and implementation, about
