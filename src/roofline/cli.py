@@ -617,7 +617,8 @@ def analyze(
 @app.command()
 def inspect(
     target: str = typer.Argument(..., help="FILE_OR_MODULE:FUNCTION: a function of no arguments that launches the "
-                                 "Triton kernels to inspect (roofline's ops, or kernels of your own)."),
+                                 "Triton kernels to inspect (roofline's ops, or kernels of your own); with --kernel, "
+                                 "a trace."),
     arch: Optional[str] = typer.Option(None, help="The GPU to compile for, e.g. sm_90 (default: this machine's GPU, "
                                        "else sm_90)."),
     sms: Optional[int] = typer.Option(None, min=1, help="The GPU's SM count, for the findings about the grid "
@@ -634,17 +635,34 @@ def inspect(
     runs: int = typer.Option(3, min=1, help="Runs timing torch.compile's kernels."),
     ncu: bool = typer.Option(False, "--ncu", help="Run the function again under Nsight Compute (on a GPU) and show "
                              "where each kernel's warps waited, line by line, and why."),
+    kernel: Optional[str] = typer.Option(None, "--kernel", help="With a trace as TARGET (roofline profile --trace, "
+                                         "or torch.profiler's): that kernel, looked inside from the binary the "
+                                         "program ran, read from Triton's cache."),
+    cache: Optional[list[Path]] = typer.Option(None, "--cache", help="With --kernel: where the program's Triton "
+                                               "kernels were cached (default: TRITON_CACHE_DIR or ~/.triton/cache, "
+                                               "and Inductor's)."),
 ):
     """Look inside the Triton kernels a function launches: registers, spills, shared memory, occupancy and what
     limits it, the instruction mix, and the source lines the machine code comes from. Without a GPU, the kernels
     run through Triton's interpreter and are compiled here for --arch. Every kernel torch.compile generates for
-    the function is listed with its time, the lines of yours it fused, and (on a GPU) the same view of its code."""
+    the function is listed with its time, the lines of yours it fused, and (on a GPU) the same view of its code.
+    With --kernel, TARGET is a trace, and the kernel of that name is read from the binary Triton cached."""
     import torch
+
+    if kernel is not None:
+        if ncu or compile or arch is not None:
+            raise typer.BadParameter("reads a kernel of a trace from the binary the program ran: --ncu, --compile "
+                                     "and --arch are for a function", param_hint="--kernel")
+        _write_inspection(_inspect_trace(target, kernel, cache, sms), f"roofline inspect {target} --kernel {kernel}",
+                          top, json_path, html_path, out)
+        return
+    if cache:
+        raise typer.BadParameter("is where --kernel finds the binaries of a trace's kernel", param_hint="--cache")
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before the target's kernels are made
     from roofline.inspect.kernels import target as gpu_target
-    from roofline.inspect.report import inspect_function, render, stall_findings, write_sections
+    from roofline.inspect.report import inspect_function, stall_findings
 
     try:
         gpu_target(arch)
@@ -676,6 +694,39 @@ def inspect(
                     r.findings += stall_findings(r)
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
             err.print(f"roofline: --ncu: {exc}")
+    _write_inspection(found, f"roofline inspect {target}", top, json_path, html_path, out)
+
+
+def _inspect_trace(trace: str, kernel: str, cache: list[Path] | None, sms: int | None):
+    """inspect --kernel: the trace's kernel of that name, from the binaries Triton cached for it."""
+    from roofline.inspect.cached import inspect_trace
+    from roofline.inspect.report import Inspection
+    from roofline.profiler.trace import TraceError
+
+    if not Path(trace).is_file():
+        raise typer.BadParameter(f"{trace} is not a file: with --kernel, TARGET is a trace", param_hint="TARGET")
+    for folder in cache or []:
+        if not folder.is_dir():
+            raise typer.BadParameter(f"{folder} is not a folder", param_hint="--cache")
+    try:
+        seen, reports = inspect_trace(trace, kernel, cache, sms)
+    except TraceError as exc:
+        raise typer.BadParameter(str(exc), param_hint="TARGET") from exc
+    except ValueError as exc:
+        err.print(f"roofline: {exc}")
+        raise typer.Exit(2)
+    grids = ", ".join("x".join(map(str, g)) for g in seen.grids[:3] if g) or "?"
+    console.print(f"{kernel}: {seen.count} launch{'es' if seen.count != 1 else ''} in the trace, "
+                  f"{seen.total_us / 1e3:,.3f} ms on the GPU; grid {grids}, {seen.threads or '?'} threads a block, "
+                  f"{seen.registers if seen.registers is not None else '?'} registers a thread; "
+                  f"{len(reports)} binar{'ies' if len(reports) != 1 else 'y'} of it in Triton's cache "
+                  "(the latest first)", highlight=False)
+    return Inspection(reports, [])
+
+
+def _write_inspection(found, title: str, top: int, json_path, html_path, out) -> None:
+    from roofline.inspect.report import render, write_sections
+
     render(found, console, top)
     if json_path:
         json_path.write_text(json.dumps(found.to_dict(), indent=1))
@@ -683,7 +734,7 @@ def inspect(
     if html_path:
         from roofline.inspect.html import render as render_html
 
-        html_path.write_text(render_html(found, f"roofline inspect {target}"))
+        html_path.write_text(render_html(found, title))
         console.print(f"page written to {html_path}", highlight=False)
     if out:
         written = write_sections(found, out)

@@ -60,6 +60,15 @@ class Launch:
             return "?", 0
         return fn.__code__.co_filename, fn.__code__.co_firstlineno
 
+    def unaligned(self) -> list[str]:
+        """What kept Triton from vectorizing this launch's accesses, as its JIT specializes them: integer
+        arguments not divisible by 16, pointers not 16-byte aligned."""
+        named = list(zip(self.parameters, self.args))
+        odd = [f"{n}={v}" for n, v in named if isinstance(v, int) and not isinstance(v, bool) and v % 16 and v != 1]
+        misaligned = [n for n, v in named if hasattr(v, "data_ptr") and v.data_ptr() % 16]
+        return ([f"integer arguments not divisible by 16 ({', '.join(odd)})"] if odd else []) + (
+            [f"pointers not 16-byte aligned ({', '.join(misaligned)})"] if misaligned else [])
+
 
 def _specialized(value):
     """What tells one launch's kernel from another's: a tensor's dtype and whether it is 16-byte aligned (what

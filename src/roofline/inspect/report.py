@@ -257,11 +257,7 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
             "dimension of the product is at least 16.", _where(launch.where[0], dots[0])))
     loads = m.load_bits
     if sum(loads.values()) >= 2 and max(loads) < 64:
-        named = list(zip(launch.parameters, launch.args))
-        odd = [f"{n}={v}" for n, v in named if isinstance(v, int) and not isinstance(v, bool) and v % 16 and v != 1]
-        misaligned = [n for n, v in named if hasattr(v, "data_ptr") and v.data_ptr() % 16]
-        why = ([f"integer arguments not divisible by 16 ({', '.join(odd)})"] if odd else []) + (
-            [f"pointers not 16-byte aligned ({', '.join(misaligned)})"] if misaligned else [])
+        why = launch.unaligned()
         out.append(Finding(
             "narrow-loads", f"global loads of {max(loads)} bits a thread",
             f"Every global load moves {max(loads)} bits or fewer a thread ({widths(loads)}), where 128 bits move "
