@@ -74,3 +74,30 @@ def test_ncu_s_samples_land_on_each_kernel_s_own_lines(tmp_path):
         assert all(Path(x["file"]).name == "softmax.py" for x in k["stalls"]["lines"])
         assert sum(x["samples"] for x in k["stalls"]["lines"]) == k["stalls"]["samples"]
     assert "where its warps waited (ncu" in done.stdout
+
+
+def test_a_profiled_kernel_is_read_from_the_binary_its_program_cached(tmp_path):
+    """profile --trace, then inspect TRACE --kernel: the softmax kernel the program ran, found in the program's own
+    Triton cache by the block and registers CUPTI recorded, with the trace's grid and GPU."""
+    import json
+    import os
+    import subprocess
+
+    program = tmp_path / "softmaxes.py"
+    program.write_text("import torch\nfrom roofline import ops\nx = torch.randn(4096, 1000, device='cuda', "
+                       "dtype=torch.bfloat16)\nfor _ in range(6):\n    ops.softmax(x)\ntorch.cuda.synchronize()\n")
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "100"}
+    trace, out = tmp_path / "trace.json.gz", tmp_path / "inside.json"
+    done = subprocess.run([sys.executable, "-m", "roofline", "profile", "--skip", "2", "--trace", str(trace),
+                           str(program)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = subprocess.run([sys.executable, "-m", "roofline", "inspect", str(trace), "--kernel",
+                           "softmax_forward_kernel", "--json", str(out)], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "launches in the trace" in done.stdout
+    reports = json.loads(out.read_text())["kernels"]
+    assert reports and all(r["name"] == "softmax_forward_kernel" and not r["compiled_here"] for r in reports)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert reports[0]["arch"] == f"sm_{props.major}{props.minor}" and reports[0]["sms"] == props.multi_processor_count
+    assert reports[0]["grid"] is not None and reports[0]["where"].split(":")[0].endswith("softmax.py")
