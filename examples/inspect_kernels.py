@@ -4,6 +4,7 @@
     roofline inspect examples/inspect_kernels.py:matmuls --out kernels/
     roofline inspect examples/inspect_kernels.py:gpt2_block          (on a GPU: gpt2_small_block)
     roofline inspect examples/inspect_kernels.py:ops_tour            roofline.ops' own kernels
+    roofline inspect examples/inspect_kernels.py:attention_forward_tiles --arch sm_90 --sms 132
 
 Each function launches Triton kernels once, at shapes small enough for Triton's interpreter on a machine without
 a GPU (the kernels are then compiled for --arch there); on a GPU, pass the shapes you run.
@@ -48,6 +49,31 @@ def ops_tour(rows: int = 64, columns: int = 1000, tokens: int = 64):
     ops.cross_entropy(logits, target, backend="triton").backward()
     q, k, v = (leaf(1, 2, tokens, 64) for _ in range(3))
     ops.flash_attention(q, k, v, causal=True, backend="triton").sum().backward()
+
+
+# flash_attention's forward tiles at head_dim 128 (queries held, keys walked, warps, stages) that run 7 of
+# benchmarks/results/h100-tune.md timed: the chosen one first
+FORWARD_TILES = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 128, 4, 3), (128, 64, 4, 3)]
+
+
+def attention_forward_tiles(tokens: int = 256, causal: bool = False):
+    """flash_attention's bf16 forward at head_dim 128 once with each of FORWARD_TILES: what each tiling compiles
+    to (registers, spills, shared memory, occupancy, the wgmma shapes), beside the times the tuning run measured."""
+    import importlib
+
+    from roofline.ops._launch import clear_plans
+
+    attention = importlib.import_module("roofline.ops.attention")
+    chosen = attention.TILES["forward"][128]
+    try:
+        for tiles in FORWARD_TILES:
+            attention.TILES["forward"][128] = attention.Tiles(*tiles)
+            clear_plans()   # a plan keeps the tiles it was built with
+            q, k, v = (torch.randn(1, 2, tokens, 128, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
+            ops.flash_attention(q, k, v, causal=causal, backend="triton")
+    finally:
+        attention.TILES["forward"][128] = chosen
+        clear_plans()
 
 
 @triton.jit

@@ -135,6 +135,25 @@ def test_a_kernel_that_takes_tensor_descriptors_compiles_too():
 
     (report,) = inspect_function(run, arch="sm_90").launched
     assert report.name == "linear_kernel" and report.resources.registers > 0 and report.mix.total > 100
+    # compiled as a GPU's launch takes it: the interpreter's bf16 dot in fp32 (UPCAST) undone, on the tensor cores
+    assert report.constexprs["UPCAST"] is False and report.constexprs["PRECISION"] == "tf32"
+    assert report.mix.counts.get("tensor core", 0) > 0
+
+
+def test_attention_is_compiled_as_the_gpu_runs_it_on_wgmma_and_tma():
+    """flash_attention's bf16 forward, launched through the interpreter (which multiplies bf16 in fp32), compiled
+    for sm_90 as a GPU's launch: Hopper's warpgroup MMAs and copy-engine loads, no spills at the chosen tiles."""
+    (chosen,) = inspect_function(_attention_forward, arch="sm_90").launched
+    assert chosen.constexprs["UPCAST"] is False
+    assert re.search(r"\bHGMMA\.64x64x16\.F32\.BF16\b", chosen.asm["sass"])
+    assert re.search(r"\bUTMALDG\b", chosen.asm["sass"]) and chosen.resources.local_memory == 0
+
+
+def _attention_forward():
+    from roofline import ops
+
+    q, k, v = (torch.randn(1, 1, 64, 128, dtype=torch.bfloat16) for _ in range(3))
+    ops.flash_attention(q, k, v, backend="triton")
 
 
 def test_a_function_that_launches_nothing_says_so(capsys):

@@ -78,3 +78,17 @@ def test_an_empty_input_gets_torch_s_result_with_its_gradient_function():
     assert y.shape == (0, 8) and y.grad_fn is not None
     y.sum().backward()
     assert x.grad.shape == (0, 8)
+
+
+def test_the_interpreter_s_dot_settings_and_the_gpu_s():
+    from roofline.ops import _state
+
+    gpu = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf32"}
+    for dtype, precision in gpu.items():
+        settings = _state.dot_settings(dtype, fp32="ieee")
+        upcast = _state.interpreting() and dtype == torch.bfloat16   # the interpreter's bf16 tl.dot is wrong
+        assert settings == {"PRECISION": "ieee" if upcast else precision, "UPCAST": upcast}
+        # what roofline inspect compiles for a GPU from a launch made here
+        assert _state.as_on_a_gpu(settings, dtype) == {"PRECISION": precision, "UPCAST": False}
+    assert _state.as_on_a_gpu({"ROUND_TF32": False, "BLOCK": 64}, torch.float32) == {"ROUND_TF32": True, "BLOCK": 64}
+    assert _state.as_on_a_gpu({"ROUND_TF32": False}, torch.bfloat16) == {"ROUND_TF32": False}

@@ -6,7 +6,9 @@ kernel already, and that very binary is inspected. Where kernels run through Tri
 without a GPU), nothing was compiled: `compiled` compiles the kernel for the GPU asked for, specialized on the
 same arguments as Triton's JIT would specialize it there (which integers are 1 or divisible by 16, which pointers
 are 16-byte aligned), with Triton's own ptxas. What it cannot know there is the configuration a GPU's autotuner
-would pick: the launch's own (the interpreter's) is the one compiled, and the report says so.
+would pick: the launch's own (the interpreter's) is the one compiled, and the report says so. roofline's own
+kernels take a few constexprs for the interpreter's sake (a bf16 tl.dot multiplied in fp32, which the
+interpreter gets wrong otherwise): those are compiled as a GPU's launch takes them (roofline.ops._state.as_on_a_gpu).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from roofline.inspect import occupancy
+from roofline.ops._state import as_on_a_gpu
 
 try:
     import triton
@@ -193,6 +196,8 @@ def compiled(found: list[Launch], gpu) -> list[dict]:
         if launch.compiled is not None and getattr(launch.compiled.metadata, "target", None) == gpu:
             out[k] = {**_as_dict(launch.compiled), "here": False}
             continue
+        if InterpretedFunction is not None and isinstance(launch.kernel, InterpretedFunction):
+            launch.kwargs = as_on_a_gpu(launch.kwargs, _first_dtype(launch.args))   # the report shows what compiled
         try:
             specs.append(_spec(launch))
             todo.append(k)
@@ -202,6 +207,16 @@ def compiled(found: list[Launch], gpu) -> list[dict]:
         for k, result in zip(todo, _compile_elsewhere(specs, gpu)):
             out[k] = {**result, "here": True} if "error" not in result else result
     return out
+
+
+def _first_dtype(args) -> torch.dtype | None:
+    """The dtype of a launch's first tensor (or tensor descriptor's)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.dtype
+        if _is_descriptor(a):
+            return a.base.dtype
+    return None
 
 
 def _as_dict(kernel) -> dict:

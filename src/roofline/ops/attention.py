@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from roofline.ops._common import (as_stored, cdiv, choose_backend, interpreting, next_power_of_2, tl, tma_readable,
-                                  triton)
+from roofline.ops._common import as_stored, cdiv, choose_backend, next_power_of_2, tl, tma_readable, triton
 from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, plan_cache, tensor_key
 from roofline.ops._runtime import KernelOp
+from roofline.ops._state import dot_settings
 
 BACKENDS = ("torch", "triton")
 HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -344,12 +344,9 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 def _settings(kernel: str, dtype: torch.dtype, d: int) -> tuple[Tiles, dict]:
     """The tiles of `kernel` and the launch options every attention kernel takes. fp32 inputs in fp32 (tl.dot
-    would round them to tf32); fp16 and bf16 on the tensor cores. Triton 3.6's interpreter returns garbage from
-    a bf16 tl.dot, so there bf16 multiplies in fp32 (exactly)."""
-    upcast = interpreting() and dtype == torch.bfloat16
+    would round them to tf32); fp16 and bf16 on the tensor cores (dot_settings)."""
     t = tiles(kernel, dtype, d)
-    return t, dict(PRECISION="ieee" if dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
-                   num_warps=t.warps, num_stages=t.stages)
+    return t, dict(**dot_settings(dtype, fp32="ieee"), num_warps=t.warps, num_stages=t.stages)
 
 
 class AttentionPlan:

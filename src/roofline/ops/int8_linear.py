@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from roofline.ops._common import as_stored, cdiv, choose_backend, interpreting, next_power_of_2, sm_count, tl, triton
+from roofline.ops._state import dot_settings
 from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, plan_cache, tensor_key
 from roofline.ops._runtime import KernelOp
@@ -187,18 +188,18 @@ class DecodePlan:
         n = weight.shape[0]
         self.out_shape, self.dtype, self.device, self.n = tuple(out_shape), x.dtype, x.device, n
         index = x.device.index if x.is_cuda else -1
-        upcast = interpreting() and x.dtype == torch.bfloat16
+        dot = dot_settings(x.dtype)
         self.gemv = m == 1 and scale.dim() == 1
         stride_x = x.stride(-2) if x.dim() > 1 else k
         if self.gemv:
             self.launch = Launch(int8_gemv_kernel, lambda meta: (cdiv(n, meta["BLOCK_N"]),), index,
-                                 HAS_BIAS=has_bias, UPCAST=upcast)
+                                 HAS_BIAS=has_bias, UPCAST=dot["UPCAST"])
             self.args = (n, k, weight.stride(0))
             return
         self.split = split = decode_split_k(n, k, x.device)
         self.launch = Launch(int8_decode_kernel, lambda meta: (cdiv(n, meta["BLOCK_N"]), split), index,
                              HAS_BIAS=has_bias, GROUP_K=_group_k(weight, scale), SPLIT_K=split,
-                             PRECISION="ieee" if upcast else "tf32", UPCAST=upcast, BLOCK_M=DECODE_ROWS)
+                             **dot, BLOCK_M=DECODE_ROWS)
         self.args = (m, n, k, scale.shape[1] if scale.dim() == 2 else 1, stride_x, weight.stride(0), n)
 
     def forward(self, x, weight, scale, bias) -> torch.Tensor:

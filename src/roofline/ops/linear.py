@@ -25,6 +25,7 @@ from roofline.ops._common import (TMA_ALIGN, as_stored, cdiv, choose_backend, fa
 from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, plan_cache, tensor_key
 from roofline.ops._runtime import KernelOp
+from roofline.ops._state import dot_settings
 from roofline.ops.gelu import _gelu_and_grad
 
 BACKENDS = ("torch", "triton")
@@ -230,7 +231,6 @@ class LinearPlan:
         self.step = TMA_ALIGN // x.element_size()
         self.padded = n % self.step != 0   # y's rows are not 16-byte multiples: a padded buffer, sliced
         group_k = _group_k(weight, scale)
-        upcast = interpreting() and x.dtype == torch.bfloat16   # Triton 3.6's interpreter: no bf16 dot
         programs = sm_count(x.device) if x.is_cuda else 1
         y_like = (self.m, self.n), (-(-n // self.step) * self.step, 1)
 
@@ -244,8 +244,8 @@ class LinearPlan:
             descriptors={0: _matrix(x), 1: _matrix(weight), 2: (placeholder, *y_like), 3: _matrix(residual),
                          4: (placeholder, *y_like)},
             ACTIVATION=activation, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-            W_SCALED=scale is not None, GROUP_K=group_k, SAVE_Z=save_z, PRECISION="ieee" if upcast else "tf32",
-            UPCAST=upcast, GROUP_M=GROUP_M, ROUND_TF32=x.dtype == torch.float32 and not interpreting())
+            W_SCALED=scale is not None, GROUP_K=group_k, SAVE_Z=save_z, **dot_settings(x.dtype), GROUP_M=GROUP_M,
+            ROUND_TF32=x.dtype == torch.float32 and not interpreting())
         self.args = (m, n, k, scale.shape[1] if group_k else 1, next_power_of_2(m))
         self.activation, self.save_z = activation, save_z
 
