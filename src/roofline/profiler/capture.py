@@ -391,9 +391,9 @@ def _experimental_config():
 
 def _teardown_cupti_at_stop() -> None:
     """Have Kineto finalize CUPTI when the recording stops. Left subscribed (Kineto's default before its CUDA
-    12.6+ change), CUPTI's callbacks keep slowing every launch after the window: GPT-2's host-bound step took
-    30.75 ms in the steps after the window against 26.84 ms run alone on the H100 (torch 2.11, CUDA 13), and
-    those steps are the program "without the profiler" that overhead.py scales to. The user's own setting
+    12.6+ change), CUPTI's callbacks keep slowing every launch after the window (GPT-2's host-bound steps after
+    it ran slower than the program alone: benchmarks/results/h100-profile-models.md), and those steps are the
+    program "without the profiler" that overhead.py scales to. The user's own setting
     stands; CUDA before 12.6 keeps CUPTI (finalizing it crashed a later CUDA graph's re-initialization there)."""
     if "TEARDOWN_CUPTI" in os.environ or not torch.cuda.is_available() or not torch.version.cuda:
         return
