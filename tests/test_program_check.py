@@ -104,8 +104,9 @@ def test_an_interval_that_holds_more_than_a_step_is_left_out():
     _run(model, ENOUGH)
     verdict = model.check.verdicts["double"]
     # counted, the 200 ms interval would drag the low end under 1; left out, the interval stays well above it
-    # (a sleep's time is loose on a loaded machine: 2.9 to 4.8 was seen beside the other tests)
-    assert verdict.kept and verdict.rounds >= VALID and verdict.low > 1.5 and verdict.speedup > 3
+    # (a sleep's time is loose on a loaded machine: speedups of 2.98 to 4.8 were seen beside the other tests, for
+    # the 5x the sleeps ask)
+    assert verdict.kept and verdict.rounds >= VALID and verdict.low > 1.5 and verdict.speedup > 2
     assert verdict.on_ms < verdict.off_ms
 
 
