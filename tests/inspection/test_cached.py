@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from roofline.cli import app
 from roofline.inspect import cached, kernels, sass
-from roofline.inspect.report import inspect_function
+from roofline.inspect.report import report_of
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -43,8 +43,8 @@ def program(tmp_path_factory):
               for k, launch in enumerate(launched * 3)]
     trace = folder / "trace.json"
     trace.write_text(json.dumps({"traceEvents": events, "deviceProperties": [{"id": 0, "numSms": 132}]}))
-    return cache, trace, registers, inspect_function(inspect_kernels.softmax_forward_and_backward, arch="sm_90",
-                                                     sms=132)
+    # the function's inspection of the same binaries (as `roofline inspect FILE:FUNCTION` makes it)
+    return cache, trace, registers, [report_of(launch, b, 132) for launch, b in zip(launched, built)]
 
 
 def test_a_trace_s_kernel_is_read_from_the_binary_the_program_ran(program, tmp_path):
@@ -57,7 +57,7 @@ def test_a_trace_s_kernel_is_read_from_the_binary_the_program_ran(program, tmp_p
     assert "softmax_forward_kernel: 3 launches in the trace" in text and "1 binary of it in Triton's cache" in text
     (report,) = json.loads(out.read_text())["kernels"]
     # what the function's inspection reads from the same kernel compiled for the same GPU
-    (same,) = [r for r in as_function.launched if r.name == "softmax_forward_kernel"]
+    (same,) = [r for r in as_function if r.name == "softmax_forward_kernel"]
     assert report["registers"] == same.resources.registers == registers["softmax_forward_kernel"]
     assert report["occupancy"] == same.occupancy.to_dict() and report["mix"] == same.mix.to_dict()
     # at its def (the function's inspection names the decorator's line, where Python's code object starts)
