@@ -68,6 +68,7 @@ class KernelOp:
     def __init__(self, name, *, forward, forward_fake, backward, backward_fake, setup_context, backward_rule,
                  plan, signature=None, backward_mutates: tuple[str, ...] = (), public_name=None,
                  replay_forward: bool = True):
+        self.name = name
         self.plan = plan   # plan(*forward args): the plan that runs them
         self._signature = signature
         self.calls = Plans(f"{name} calls")   # the plans of calls as the entry points saw them, checks passed
@@ -173,6 +174,8 @@ class KernelOp:
         where a tensor goes, a value that cannot be hashed): the entry point then checks them."""
         if _is_compiling():
             return None, None
+        if self._signature is None:
+            raise TypeError(f"KernelOp {self.name}: seen() needs a signature= to make call signatures with")
         try:
             key = self._signature(*args)
             return key, self.calls.get(key)
