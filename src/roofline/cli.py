@@ -719,8 +719,9 @@ def _inspect_trace(trace: str, kernel: str, cache: list[Path] | None, sms: int |
     console.print(f"{kernel}: {seen.count} launch{'es' if seen.count != 1 else ''} in the trace, "
                   f"{seen.total_us / 1e3:,.3f} ms on the GPU; grid {grids}, {seen.threads or '?'} threads a block, "
                   f"{seen.registers if seen.registers is not None else '?'} registers a thread; "
-                  f"{len(reports)} binar{'ies' if len(reports) != 1 else 'y'} of it in Triton's cache "
-                  "(the latest first)", highlight=False)
+                  + ("its binary read from Triton's cache" if len(reports) == 1 else
+                     f"{len(reports)} binaries of it in Triton's cache match these launches, the latest first"),
+                  highlight=False)
     return Inspection(reports, [])
 
 

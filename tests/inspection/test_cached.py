@@ -54,7 +54,7 @@ def test_a_trace_s_kernel_is_read_from_the_binary_the_program_ran(program, tmp_p
                                     "--json", str(out)], env={"COLUMNS": "80"})
     assert done.exit_code == 0, done.output
     text = " ".join(done.output.split())
-    assert "softmax_forward_kernel: 3 launches in the trace" in text and "1 binary of it in Triton's cache" in text
+    assert "softmax_forward_kernel: 3 launches in the trace" in text and "its binary read from Triton's cache" in text
     (report,) = json.loads(out.read_text())["kernels"]
     # what the function's inspection reads from the same kernel compiled for the same GPU
     (same,) = [r for r in as_function if r.name == "softmax_forward_kernel"]
@@ -87,7 +87,7 @@ def test_what_is_missing_is_named(program, tmp_path):
     other.write_text(json.dumps({"traceEvents": [_kernel("softmax_forward_kernel", (2, 1, 1),
                                                          registers["softmax_forward_kernel"] + 8, 1.0)]}))
     done = run(app, ["inspect", str(other), "--kernel", "softmax_forward_kernel", "--cache", str(cache)])
-    assert done.exit_code == 2 and "none with the trace's block" in " ".join(done.output.split())
+    assert done.exit_code == 2 and "none for the trace's launches" in " ".join(done.output.split())
     done = run(app, ["inspect", str(trace), "--kernel", "softmax_forward_kernel", "--ncu"])
     assert done.exit_code == 2 and "--ncu, --compile and --arch are for a function" in " ".join(done.output.split())
     done = run(app, ["inspect", "examples/inspect_kernels.py:matmuls", "--cache", str(cache)])
@@ -95,12 +95,34 @@ def test_what_is_missing_is_named(program, tmp_path):
 
 
 def test_the_specialization_is_read_from_the_cached_source():
-    text = ('#loc = loc("/src/k.py":12:0)\nmodule {\n  tt.func public @k(%x_ptr: !tt.ptr<f16> {tt.divisibility = 16 '
-            ': i32} loc("x_ptr"(#loc)), %y_ptr: !tt.ptr<f16> loc("y_ptr"(#loc)), %n: i32 {tt.divisibility = 16 : '
-            'i32} loc("n"(#loc)), %m: i32 loc("m"(#loc)), %eps: f32 loc("eps"(#loc))) attributes {noinline = false} '
-            '{\n')
+    """A signature as Triton 3.6 writes it (attention's dK/dV kernel's, trimmed, with a bool added): a tensor
+    descriptor is followed by its shape and strides under the same name, which are no arguments of the user's."""
+    desc = "".join(f", %q_desc_{i}: {'i32' if i < 4 else 'i64'} loc(\"q_desc\"(#loc))" for i in range(8))
+    text = ('#loc = loc("/src/attention.py":247:0)\nmodule {\n  tt.func public @k(%q_desc: '
+            '!tt.tensordesc<tensor<1x1x64x128xbf16>> loc("q_desc"(#loc))' + desc + ', %lse_ptr: !tt.ptr<f32> '
+            '{tt.divisibility = 16 : i32} loc("lse_ptr"(#loc)), %delta_ptr: !tt.ptr<f32> loc("delta_ptr"(#loc)), '
+            '%heads: i32 loc("heads"(#loc)), %nq: i32 {tt.divisibility = 16 : i32} loc("nq"(#loc)), %causal: i1 '
+            'loc("causal"(#loc)), %scale: f32 loc("scale"(#loc))) attributes {noinline = false} {\n')
     seen = cached.Launches("k", 1, 5.0, [(4, 1, 1)], 128, 40)
-    launch = cached.launch_of({"source": text, "metadata": {"name": "k"}}, seen)
-    assert launch.where == ("/src/k.py", 12) and launch.grid == (4, 1, 1)
-    assert launch.parameters == ["x_ptr", "y_ptr", "n", "m", "eps"]
-    assert launch.unaligned() == ["integer arguments not divisible by 16 (m)", "pointers not 16-byte aligned (y_ptr)"]
+    launch = cached.launch_of({"source": text, "metadata": {"name": "k", "num_warps": 4}}, seen)
+    assert launch.where == ("/src/attention.py", 247) and launch.grid == (4, 1, 1)
+    assert launch.parameters == ["q_desc", "lse_ptr", "delta_ptr", "heads", "nq", "causal", "scale"]
+    assert launch.unaligned() == ["integer arguments not divisible by 16 (heads)",
+                                  "pointers not 16-byte aligned (delta_ptr)"]
+
+
+def test_only_the_compilations_that_ran_are_kept_each_with_its_own_launches_grids():
+    from collections import Counter
+
+    def compilation(warps, registers, arch="sm_90", shared=0):
+        return {"metadata": {"name": "k", "num_warps": warps, "shared": shared, "arch": arch}, "registers": registers}
+
+    def resources(c):
+        return sass.Resources(c["registers"], 0, 0, 0)
+
+    launches = Counter({(128, 40, 0, (8, 1, 1)): 5, (256, 64, 0, (2, 1, 1)): 1})   # two configurations ran
+    seen = cached.Launches("k", 6, 30.0, [(8, 1, 1), (2, 1, 1)], None, None, 132, "sm_90", launches)
+    ran, stale, other_gpu = compilation(4, 40), compilation(4, 48), compilation(4, 40, arch="sm_80")
+    second = compilation(8, 64)
+    assert cached.matching([ran, stale, other_gpu, second], seen, resources) == [ran, second]
+    assert seen.grids_of(128, 40) == [(8, 1, 1)] and seen.grids_of(256, 64) == [(2, 1, 1)]

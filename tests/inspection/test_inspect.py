@@ -190,3 +190,13 @@ def test_bad_input_is_named_before_anything_runs(monkeypatch):
     assert code == 2 and "--runs" in said
     code, said = run("examples/inspect_kernels.py:matmuls", "--ncu", "--arch", "sm_90")
     assert code == 2 and "--ncu" in said and "needs a CUDA GPU, and no --arch" in said
+
+
+def test_only_roofline_s_own_kernels_are_compiled_with_the_gpu_s_constexprs():
+    """as_on_a_gpu knows roofline's constexprs; a user's kernel keeps its own, whatever their names."""
+    from roofline.inspect import kernels
+
+    assert all(kernels._roofline_s_interpreted(launch)
+               for launch in kernels.launches(inspect_kernels.softmax_forward_and_backward))
+    assert not any(kernels._roofline_s_interpreted(launch)
+                   for launch in kernels.launches(inspect_kernels.matmuls, 32))

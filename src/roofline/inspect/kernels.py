@@ -196,7 +196,7 @@ def compiled(found: list[Launch], gpu) -> list[dict]:
         if launch.compiled is not None and getattr(launch.compiled.metadata, "target", None) == gpu:
             out[k] = {**_as_dict(launch.compiled), "here": False}
             continue
-        if InterpretedFunction is not None and isinstance(launch.kernel, InterpretedFunction):
+        if _roofline_s_interpreted(launch):   # (a user's kernel keeps its constexprs, whatever their names)
             launch.kwargs = as_on_a_gpu(launch.kwargs, _first_dtype(launch.args))   # the report shows what compiled
         try:
             specs.append(_spec(launch))
@@ -207,6 +207,12 @@ def compiled(found: list[Launch], gpu) -> list[dict]:
         for k, result in zip(todo, _compile_elsewhere(specs, gpu)):
             out[k] = {**result, "here": True} if "error" not in result else result
     return out
+
+
+def _roofline_s_interpreted(launch: Launch) -> bool:
+    """Whether the launch is one of roofline.ops' kernels run through the interpreter."""
+    return (InterpretedFunction is not None and isinstance(launch.kernel, InterpretedFunction)
+            and getattr(launch.kernel.fn, "__module__", "").startswith("roofline.ops."))
 
 
 def _first_dtype(args) -> torch.dtype | None:
