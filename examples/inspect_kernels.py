@@ -5,6 +5,7 @@
     roofline inspect examples/inspect_kernels.py:gpt2_block          (on a GPU: gpt2_small_block)
     roofline inspect examples/inspect_kernels.py:ops_tour            roofline.ops' own kernels
     roofline inspect examples/inspect_kernels.py:attention_forward_tiles --arch sm_90 --sms 132
+    roofline inspect examples/inspect_kernels.py:attention_backward --arch sm_90 --sms 132
 
 Each function launches Triton kernels once, at shapes small enough for Triton's interpreter on a machine without
 a GPU (the kernels are then compiled for --arch there); on a GPU, pass the shapes you run.
@@ -56,9 +57,10 @@ def ops_tour(rows: int = 64, columns: int = 1000, tokens: int = 64):
 FORWARD_TILES = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 128, 4, 3), (128, 64, 4, 3)]
 
 
-def attention_forward_tiles(tokens: int = 256, causal: bool = False):
-    """flash_attention's bf16 forward at head_dim 128 once with each of FORWARD_TILES: what each tiling compiles
-    to (registers, spills, shared memory, occupancy, the wgmma shapes), beside the times the tuning run measured."""
+def attention_forward_tiles(tokens: int = 256):
+    """flash_attention's bf16 forward at head_dim 128 with each of FORWARD_TILES, not causal, then each causal:
+    what each tiling compiles to (registers, spills, shared memory, occupancy, the wgmma shapes), beside the times
+    the tuning run measured."""
     import importlib
 
     from roofline.ops._launch import clear_plans
@@ -66,14 +68,23 @@ def attention_forward_tiles(tokens: int = 256, causal: bool = False):
     attention = importlib.import_module("roofline.ops.attention")
     chosen = attention.TILES["forward"][128]
     try:
-        for tiles in FORWARD_TILES:
-            attention.TILES["forward"][128] = attention.Tiles(*tiles)
-            clear_plans()   # a plan keeps the tiles it was built with
-            q, k, v = (torch.randn(1, 2, tokens, 128, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
-            ops.flash_attention(q, k, v, causal=causal, backend="triton")
+        for causal in (False, True):
+            for tiles in FORWARD_TILES:
+                attention.TILES["forward"][128] = attention.Tiles(*tiles)
+                clear_plans()   # a plan keeps the tiles it was built with
+                q, k, v = (torch.randn(1, 2, tokens, 128, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
+                ops.flash_attention(q, k, v, causal=causal, backend="triton")
     finally:
         attention.TILES["forward"][128] = chosen
         clear_plans()
+
+
+def attention_backward(tokens: int = 256):
+    """flash_attention's bf16 forward and backward at head_dim 128 and its chosen tiles, not causal, then causal."""
+    for causal in (False, True):
+        q, k, v = (torch.randn(1, 2, tokens, 128, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        ops.flash_attention(q, k, v, causal=causal, backend="triton").sum().backward()
 
 
 @triton.jit
