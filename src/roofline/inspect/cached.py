@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from roofline.inspect.kernels import unaligned_text
 from roofline.profiler import trace as trace_file
 
 _DEF = re.compile(r'^#loc\d* = loc\("(?P<file>[^"]+)":(?P<line>\d+):\d+\)', re.M)
@@ -41,8 +42,7 @@ class CachedLaunch:
                                                     # divisible by 16; pointers and integers only
     pointers: set = field(default_factory=set)
     kwargs: dict = field(default_factory=dict)      # constexprs are compiled in: the cache does not list them
-    args: tuple = ()
-    kernel: object = None
+    kernel: object = None                           # no Python function: the source is read from `source`
 
     @property
     def where(self) -> tuple[str, int]:
@@ -50,10 +50,8 @@ class CachedLaunch:
 
     def unaligned(self) -> list[str]:
         """As kernels.Launch.unaligned, from the specialization the TTIR records (values are not kept)."""
-        odd = [n for n, ok in self.divisible.items() if not ok and n not in self.pointers]
-        misaligned = [n for n, ok in self.divisible.items() if not ok and n in self.pointers]
-        return ([f"integer arguments not divisible by 16 ({', '.join(odd)})"] if odd else []) + (
-            [f"pointers not 16-byte aligned ({', '.join(misaligned)})"] if misaligned else [])
+        return unaligned_text([n for n, ok in self.divisible.items() if not ok and n not in self.pointers],
+                              [n for n, ok in self.divisible.items() if not ok and n in self.pointers])
 
 
 @dataclass
@@ -211,8 +209,10 @@ def inspect_trace(trace_path: str | Path, name: str, folders: list[Path] | None 
                          ": inspect reads the binaries the program left there; pass --cache DIR where it kept them "
                          "(TRITON_CACHE_DIR), or run `roofline profile --inspect K` on the program")
 
+    used = {id(c): sass.resources(c["asm"]["cubin"]).get(c["metadata"]["name"]) for c in compiled}   # cuobjdump, once
+
     def resources_of(c: dict):
-        return sass.resources(c["asm"]["cubin"]).get(c["metadata"]["name"])
+        return used[id(c)]
 
     ran = matching(compiled, seen, resources_of)
     if not ran:

@@ -67,10 +67,15 @@ class Launch:
         """What kept Triton from vectorizing this launch's accesses, as its JIT specializes them: integer
         arguments not divisible by 16, pointers not 16-byte aligned."""
         named = list(zip(self.parameters, self.args))
-        odd = [f"{n}={v}" for n, v in named if isinstance(v, int) and not isinstance(v, bool) and v % 16 and v != 1]
-        misaligned = [n for n, v in named if hasattr(v, "data_ptr") and v.data_ptr() % 16]
-        return ([f"integer arguments not divisible by 16 ({', '.join(odd)})"] if odd else []) + (
-            [f"pointers not 16-byte aligned ({', '.join(misaligned)})"] if misaligned else [])
+        return unaligned_text([f"{n}={v}" for n, v in named
+                               if isinstance(v, int) and not isinstance(v, bool) and v % 16 and v != 1],
+                              [n for n, v in named if hasattr(v, "data_ptr") and v.data_ptr() % 16])
+
+
+def unaligned_text(odd: list[str], misaligned: list[str]) -> list[str]:
+    """The narrow-loads finding's reasons: integer arguments not divisible by 16, pointers not 16-byte aligned."""
+    return ([f"integer arguments not divisible by 16 ({', '.join(odd)})"] if odd else []) + (
+        [f"pointers not 16-byte aligned ({', '.join(misaligned)})"] if misaligned else [])
 
 
 def _specialized(value):

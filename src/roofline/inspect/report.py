@@ -369,7 +369,7 @@ def _kernel_source(launch: kernels.Launch) -> tuple[list[str], int]:
             body.pop()
         return body, first
     try:
-        lines, first = _inspect.getsourcelines(launch.kernel.fn)
+        lines, first = _inspect.getsourcelines(getattr(launch.kernel, "fn", None))   # (None: TypeError)
     except (OSError, TypeError):
         return [], launch.where[1]
     return [line.rstrip("\n") for line in lines], first
