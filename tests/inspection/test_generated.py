@@ -54,6 +54,29 @@ def test_a_kernel_is_charged_to_the_user_s_innermost_line_not_to_torch_s():
     assert generated._aten_name("torch.ops.aten.sort.stable") == "aten::sort"
 
 
+def test_a_kernel_the_graph_calls_at_two_places_is_timed_at_each_and_a_loop_s_launches_at_its_last():
+    """Inductor's backward of a GPT-2 block calls one reduction kernel at two places (found on an H100): each
+    place its own entry, timed by its own launch, not both launches charged to the second."""
+    from types import SimpleNamespace
+
+    def launching(*kernels):   # a profiler event under the graph's range, with the GPU kernels it launched
+        return SimpleNamespace(name="cuLaunchKernel", cpu_children=[], kernels=[
+            SimpleNamespace(name=name, duration=us) for name, us in kernels])
+
+    def kernel(name, line):
+        return generated.GeneratedKernel(name, 1, "triton", [Line("model.py", line, "")], "code")
+
+    found = [kernel("triton_per_fused_sum_2", 10), kernel("triton_poi_fused_add_0", 11),
+             kernel("triton_per_fused_sum_2", 12), kernel("triton_poi_loop_1", 13)]
+    graph_call = SimpleNamespace(name="roofline::graph 1", kernels=[], cpu_children=[
+        launching(("triton_per_fused_sum_2", 5.0)), launching(("triton_poi_fused_add_0", 1.0)),
+        launching(("triton_per_fused_sum_2", 7.0)),
+        launching(("triton_poi_loop_1", 2.0), ("triton_poi_loop_1", 3.0))])
+    times = {i: [] for i in range(len(found))}
+    generated._one_call(found, 1, graph_call, times)
+    assert times == {0: [5.0], 1: [1.0], 2: [7.0], 3: [2.0, 3.0]}
+
+
 @cpu_only
 @pytest.mark.long   # a process of its own that compiles a GPT-2 block: run first (conftest)
 def test_a_compiled_gpt2_block_names_every_kernel_with_the_lines_it_fused_its_time_and_its_code(tmp_path):

@@ -66,7 +66,8 @@ def compact(lines: list[Line]) -> str:
 @dataclass
 class GeneratedKernel:
     """One kernel of a compiled graph."""
-    name: str                  # as Inductor named it (unique within its graph)
+    name: str                  # as Inductor named it (a graph's code may call one kernel at several places: an
+                               # entry for each, with its own lines)
     graph: int                 # its graph, in the order compiled: a forward before its backward
     kind: str                  # "triton", "cpp", or "library" (a call Inductor leaves to a library: mm, conv, ...)
     lines: list[Line]          # the user's lines whose operations it holds
@@ -347,20 +348,28 @@ def _time(found: list[GeneratedKernel], ranges: dict[str, int], fn, args, kwargs
 def _one_call(found: list[GeneratedKernel], graph: int, event, times: dict[int, list[float]]) -> None:
     """The times of a graph's kernels in one call of the graph (its range in the profile): a Triton kernel's on
     the GPU, a C++ kernel's range's, a library call's on the GPU where it ran there, else on the CPU."""
-    named = {k.name: i for i, k in enumerate(found) if k.graph == graph and k.kind != "library"}
-    library: dict[str, list[int]] = {}   # by profiler name, in the order the graph calls them
+    named: dict[str, list[int]] = {}     # Triton and C++ kernels by name, in the order the graph calls them
+    library: dict[str, list[int]] = {}   # library calls by profiler name, likewise
     for i, k in enumerate(found):
-        if k.graph == graph and k.kind == "library":
-            library.setdefault(_aten_name(k.name), []).append(i)
+        if k.graph == graph:
+            table, key = (library, _aten_name(k.name)) if k.kind == "library" else (named, k.name)
+            table.setdefault(key, []).append(i)
     for inner in (event, *_within(event)):
         for kernel in inner.kernels:   # a GPU's kernels launched right under this op
             if kernel.name in named:
-                times[named[kernel.name]].append(kernel.duration)
+                times[_next_call(named[kernel.name])].append(kernel.duration)
         name = GRAPH_PREFIX.sub("", inner.name)
-        if name in named and found[named[name]].kind == "cpp":   # a C++ kernel's own range
-            times[named[name]].append(inner.cpu_time_total)
+        if name in named and found[named[name][0]].kind == "cpp":   # a C++ kernel's own range
+            times[_next_call(named[name])].append(inner.cpu_time_total)
         elif library.get(name):
             times[library[name].pop(0)].append(inner.device_time_total or inner.cpu_time_total)
+
+
+def _next_call(calls: list[int]) -> int:
+    """Which entry a kernel's launch belongs to, where the graph's code calls one kernel at several places (each
+    place an entry, with its own lines): the k-th launch the k-th place; launches beyond them (a kernel called in a
+    loop) the last place."""
+    return calls.pop(0) if len(calls) > 1 else calls[0]
 
 
 def _within(event):
