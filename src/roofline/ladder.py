@@ -73,6 +73,7 @@ class Config:
     changes: tuple[str, ...] = ()   # the task's own rungs applied (by name)
     parallel: str | None = None     # on several ranks: "ddp" or "fsdp2" (roofline.distributed.wrapping)
     fsdp2_groups: int | None = None  # FSDP2's units of layers, kept gathered (None: a unit a layer, resharded)
+    bucket_view: bool = False       # DDP's gradients as views of its buckets (gradient_as_bucket_view)
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def _step_fn(task: TrainTask, config: Config, device: torch.device, changes: dic
         from roofline.distributed.wrapping import wrap
 
         forward = wrap(model, config.parallel, device, bf16=config.precision == "bf16", compile_mode=config.compile,
-                       groups=config.fsdp2_groups)
+                       groups=config.fsdp2_groups, bucket_view=config.bucket_view)
     else:
         forward = model if config.compile is None else torch.compile(
             model, mode=None if config.compile == "default" else config.compile)

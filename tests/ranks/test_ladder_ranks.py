@@ -40,15 +40,17 @@ def test_ddp_and_fsdp2_train_as_one_gpu_does_and_are_timed_by_their_slowest_rank
     assert [ladder["parallel"] for ladder in result["ladders"]] == ["ddp", "fsdp2"]
     assert result["tokens"] == 4 * 16 and result["flops"] > 0 and result["reference"]["ranks"] == 1
     alone = {r["rung"]: RungResult(**r) for r in result["reference"]["rungs"]}
-    # FSDP2's own rung (its layers in fewer units) is the rung before it on one GPU: held against that
-    alone[ranks_ladder.FEWER_UNITS] = alone[RUNGS[-1]]
-    assert ranks_ladder.FEWER_UNITS not in {r["rung"] for r in result["reference"]["rungs"]}
+    # each strategy's own rung (FSDP2's layers in fewer units, DDP's gradients as bucket views) is the rung
+    # before it on one GPU: held against that
+    own = {"fsdp2": ranks_ladder.FEWER_UNITS, "ddp": ranks_ladder.BUCKET_VIEWS}
+    for name in own.values():
+        alone[name] = alone[RUNGS[-1]]
+        assert name not in {r["rung"] for r in result["reference"]["rungs"]}
     for each in result["ladders"]:
         assert each["ranks"] == 2
         rungs = [RungResult(**r) for r in each["rungs"]]
         timed = [r for r in rungs if r.median_ms is not None]
-        assert [r.rung for r in timed] == list(RUNGS) + ([ranks_ladder.FEWER_UNITS] if each["parallel"] == "fsdp2"
-                                                         else [])
+        assert [r.rung for r in timed] == [*RUNGS, own[each["parallel"]]]
         for r in timed:
             # every rank trains on the same batch, so the reduced gradients are one GPU's: the same loss
             assert r.status == "ok", (each["parallel"], r.rung, r.loss_error)

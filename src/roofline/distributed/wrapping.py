@@ -4,7 +4,8 @@
 
 ddp: DistributedDataParallel over the whole model (its gradients reduced in buckets while the backward runs), and
 under torch.compile the wrapped model compiled, as PyTorch's DDP notes advise (the compiler splits its graphs at
-the buckets). fsdp2: `fully_shard` on each layer (every module of the model's nn.ModuleLists: the transformer
+the buckets); with bucket_view, each gradient is a view of its bucket (gradient_as_bucket_view), not copied into
+it and out again. fsdp2: `fully_shard` on each layer (every module of the model's nn.ModuleLists: the transformer
 blocks), then on the whole model, as torchtitan does; under bf16 its parameters are gathered in bf16 and the
 gradients reduced in fp32 (MixedPrecisionPolicy), and under torch.compile each layer is compiled before it is
 sharded (torchtitan's order). The process group must exist (torch.distributed.init_process_group).
@@ -17,8 +18,8 @@ from torch import nn
 
 STRATEGIES = ("ddp", "fsdp2")
 # FSDP2's groups of layers where fewer units are asked for (the ladder's FSDP2 rung, the fsdp2-hooks finding's
-# advice): on the Llama-style model of examples/models, 4 groups kept gathered ran 1.5x a unit a layer on two H100s
-# (benchmarks/results/h100x2-distributed.md, "FSDP2's units"); for GPT-2 small the best grouping is not settled
+# advice): on two H100s, fewer units were faster down to one, and 2 and 4 kept gathered were not told apart
+# (benchmarks/results/h100x2-distributed.md, "Side by side"); 4 hold less memory gathered than 2
 FSDP2_GROUPS = 4
 
 
@@ -47,12 +48,14 @@ def layers(model: nn.Module) -> list[nn.Module]:
 
 
 def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, compile_mode: str | None,
-         groups: int | None = None) -> nn.Module:
+         groups: int | None = None, bucket_view: bool = False) -> nn.Module:
     """The module a training step calls: `model` under `strategy`, compiled where compile_mode is set (None, or
-    torch.compile's mode: "default", "max-autotune"); groups: FSDP2's units of layers (None: one a layer)."""
+    torch.compile's mode: "default", "max-autotune"); groups: FSDP2's units of layers (None: one a layer);
+    bucket_view: DDP's gradients as views of its buckets."""
     mode = None if compile_mode in (None, "default") else compile_mode
     if strategy == "ddp":
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                                  gradient_as_bucket_view=bucket_view)
         return ddp if compile_mode is None else torch.compile(ddp, mode=mode)
     if strategy == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

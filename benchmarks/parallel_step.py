@@ -1,0 +1,374 @@
+"""The data-parallel training step under each way of wrapping it, side by side in one process group: DDP's options,
+torch.compile around or inside DDP, FSDP2's units, each against the same step on every GPU alone.
+
+    python benchmarks/parallel_step.py OUT gpt2:single,ddp,ddp+nobcast+view gpt2:single,fsdp2,fsdp2+units3+keep
+    python benchmarks/parallel_step.py OUT llama:single,fsdp2 --host-profile fsdp2 --rounds 8
+
+Each MODEL:VARIANT,VARIANT,... set is one launch of --nproc ranks (roofline.distributed.spawn). Its variants are
+built once, warmed up, then timed in rounds, in turns (one order, then the reverse): a step not timed, then
+--steps steps. A step's time is the slowest rank's (CUDA events on each rank). Its scaling is the single
+variant's step over its own (single+compile's where the variant compiles, if the set holds it), round by round: the median of the rounds' ratios with the sign test's 95% interval
+(roofline.bench.stats.speedup_ci). One launch, rounds interleaved: two launches of one program differed by up to
+5 ms a step on the lent machines, more than most of the effects measured here.
+
+The step is examples/ddp_train.py's: bf16 autocast, fused AdamW, SDPA, each rank its own random batch of 8 x 1024
+tokens (GPT-2 small) or 4 x 1024 (the Llama-style model of examples/models); on CPUs (gloo), a small GPT-2.
+
+Variants, a strategy and its options joined by "+":
+  single          the model alone on each GPU: nothing communicated; every set holds it, the reference
+    +compile      torch.compile(model)
+  ddp             DistributedDataParallel as constructed by default: 25 MB buckets, buffers broadcast each forward
+    +nobcast      broadcast_buffers=False (GPT-2's causal mask is a buffer: its broadcast joins the ranks at the
+                  start of every forward)
+    +view         gradient_as_bucket_view=True: the gradients are views of the buckets, not copied in and out
+    +static       static_graph=True
+    +bucketN      bucket_cap_mb=N
+    +nosync       forward and backward under no_sync(): no gradient reduced (what DDP costs besides that)
+    +bf16grads    the gradients all-reduced in bf16 (DDP's bf16_compress_hook): half the bytes
+    +compile      torch.compile of the DDP module (as DDP's notes advise: the compiler splits its graph at buckets)
+    +inner        DDP around torch.compile(model): one compiled backward, its gradients reduced as it returns them
+  any strategy:
+    +patch        roofline.patch(model) before it is wrapped (the ladder's rung)
+    +lce          the head and loss fused (roofline.ops.linear_cross_entropy, the models' loss="fused": the
+                  ladder's rung)
+    +pin          while the variant runs, every thread of each rank kept to its own physical cores (whole cores,
+                  hyperthread siblings together, split evenly between the host's ranks): do the ranks' hosts slow
+                  each other?
+  fsdp2           fully_shard on each block, then the model; bf16 parameters, fp32 gradients reduced (the ladder's)
+    +unitsK       the blocks in K units of consecutive blocks (roofline.distributed.wrapping.grouped)
+    +keep         reshard_after_forward=False: each unit's parameters kept gathered from forward to backward
+    +root         fully_shard on the model alone: one all-gather and one reduce-scatter a step
+    +fp32         no mixed-precision policy (fp32 parameters gathered, autocast casts them)
+    +compile      each block compiled before it is sharded (torchtitan's order)
+Writes OUT.json (every step of every round, per rank) and OUT.md (the table), and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import contextlib
+import io
+import json
+import os
+import pstats
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from roofline.bench.stats import median_ci, speedup_ci  # noqa: E402
+from roofline.distributed.wrapping import grouped, layers  # noqa: E402
+
+EVERY = {"patch", "lce", "pin"}   # options of every strategy
+OPTIONS = {"single": {"compile"} | EVERY,
+           "ddp": {"nobcast", "view", "static", "bucket", "nosync", "bf16grads", "compile", "inner"} | EVERY,
+           "fsdp2": {"units", "keep", "root", "fp32", "compile"} | EVERY}
+WARMUP_STEPS = 3   # compiles; DDP rebuilds its buckets in the order of the first backward, static_graph after two
+
+
+def parse(variant: str) -> tuple[str, dict]:
+    """'ddp+nobcast+bucket100' -> ('ddp', {'nobcast': True, 'bucket': 100})."""
+    strategy, *parts = variant.split("+")
+    if strategy not in OPTIONS:
+        raise ValueError(f"variant {variant!r}: the strategy must be one of {', '.join(OPTIONS)}")
+    options = {}
+    for part in parts:
+        name = part.rstrip("0123456789")
+        number = part[len(name):]
+        if name not in OPTIONS[strategy] or (number != "") != (name in ("bucket", "units")):
+            raise ValueError(f"variant {variant!r}: {part!r} is not an option of {strategy} "
+                             f"({', '.join(sorted(OPTIONS[strategy]))}; bucket and units take a number)")
+        options[name] = int(number) if number else True
+    return strategy, options
+
+
+def model_and_batch(model_name: str, device: torch.device):
+    from examples.models.gpt2 import GPT2, GPT2Config
+    from examples.models.llama import Llama, LlamaConfig
+
+    if device.type == "cpu":   # a dry run over gloo
+        return GPT2(GPT2Config(vocab_size=96, max_seq=64, n_layer=4, n_head=2, d_model=32)), (2, 16)
+    if model_name == "gpt2":
+        return GPT2(GPT2Config(attention="sdpa")), (8, 1024)
+    return Llama(LlamaConfig()), (4, 1024)
+
+
+def build(model_name: str, variant: str, device: torch.device):
+    """(the module a step calls, the model under it, the context a step runs in, batch shape)."""
+    strategy, options = parse(variant)
+    torch.manual_seed(0)
+    with device:
+        model, shape = model_and_batch(model_name, device)
+    if options.get("lce"):
+        model.config.loss = "fused"
+    if options.get("patch"):
+        import roofline
+
+        roofline.patch(model)
+    ids = [device.index] if device.type == "cuda" else None
+    if strategy == "single":
+        return (torch.compile(model) if options.get("compile") else model), model, contextlib.nullcontext, shape
+    if strategy == "ddp":
+        inner = torch.compile(model) if options.get("inner") else model
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            inner, device_ids=ids, broadcast_buffers=not options.get("nobcast"),
+            gradient_as_bucket_view=bool(options.get("view")), static_graph=bool(options.get("static")),
+            bucket_cap_mb=options.get("bucket", 25))
+        if options.get("bf16grads"):
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+            ddp.register_comm_hook(None, bf16_compress_hook)
+        context = ddp.no_sync if options.get("nosync") else contextlib.nullcontext
+        return (torch.compile(ddp) if options.get("compile") else ddp), model, context, shape
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy() if options.get("fp32") or device.type == "cpu" else \
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    blocks = layers(model)
+    if options.get("compile"):
+        for block in blocks:
+            block.compile()
+    if not options.get("root"):
+        for unit in grouped(blocks, options.get("units", len(blocks))):
+            fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy,
+                        reshard_after_forward=not options.get("keep"))
+    return fully_shard(model, mp_policy=policy), model, contextlib.nullcontext, shape
+
+
+def stepper(model_name: str, variant: str, device: torch.device, generator: torch.Generator):
+    module, model, context, (batch, seq) = build(model_name, variant, device)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=3e-4, fused=device.type == "cuda")
+
+    def step():
+        idx = torch.randint(0, model.config.vocab_size, (batch, seq), device=device, generator=generator)
+        with context(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = module(idx, targets=idx)[1]
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+class Clock:
+    """Marks between steps: CUDA events on a GPU (no synchronization inside the steps), the host's clock on CPUs."""
+
+    def __init__(self, device: torch.device):
+        self.gpu = device.type == "cuda"
+
+    def mark(self):
+        if not self.gpu:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def between(self, marks) -> list[float]:
+        if self.gpu:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+        return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
+
+
+def own_cores(local_rank: int, local_ranks: int) -> set[int]:
+    """The cores a rank keeps to under +pin: the host's physical cores (its logical CPUs grouped by package and
+    core id, so hyperthread siblings go together) in `local_ranks` even runs, this rank's run."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cores: dict[tuple, list[int]] = {}
+    for cpu in allowed:
+        base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            key = (int((base / "physical_package_id").read_text()), int((base / "core_id").read_text()))
+        except OSError:
+            key = (0, cpu)
+        cores.setdefault(key, []).append(cpu)
+    ordered = [cores[key] for key in sorted(cores)]
+    per_rank = max(len(ordered) // local_ranks, 1)
+    mine = ordered[local_rank * per_rank:(local_rank + 1) * per_rank] or ordered
+    return {cpu for core in mine for cpu in core}
+
+
+@contextlib.contextmanager
+def pinned(cores: set[int] | None):
+    """Every thread of this process (the autograd engine's and NCCL's too) kept to `cores` for the block."""
+    if cores is None:
+        yield
+        return
+    threads = lambda: [int(tid) for tid in os.listdir("/proc/self/task")]  # noqa: E731
+    before = os.sched_getaffinity(0)
+    for tid in threads():
+        os.sched_setaffinity(tid, cores)
+    try:
+        yield
+    finally:
+        for tid in threads():   # those started meanwhile too: they inherited `cores`
+            with contextlib.suppress(OSError):   # a thread that ended meanwhile
+                os.sched_setaffinity(tid, before)
+
+
+def measure_set(model_name: str, variants: list[str], rounds: int, steps: int, host_profile: list[str]) -> dict:
+    """On each rank (in the process group): every variant built and warmed up, then timed in rounds, in turns.
+    Returns this rank's step times, per variant a list of rounds."""
+    rank = dist.get_rank()
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    generator = torch.Generator(device).manual_seed(rank)
+    clock = Clock(device)
+    cores = own_cores(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    pin = {v: cores if parse(v)[1].get("pin") else None for v in variants}
+    steps_of, warmup_s, syncs = {}, {}, {}
+    for variant in variants:
+        steps_of[variant] = stepper(model_name, variant, device, generator)
+        start = time.perf_counter()
+        for _ in range(WARMUP_STEPS):
+            steps_of[variant]()
+        clock.between([clock.mark()])   # waits for the GPU
+        warmup_s[variant] = time.perf_counter() - start
+        syncs[variant] = synchronizations(steps_of[variant]) if device.type == "cuda" else []
+    times = {variant: [] for variant in variants}
+    for round_ in range(rounds):
+        for variant in (variants if round_ % 2 == 0 else variants[::-1]):
+            with pinned(pin[variant]):
+                steps_of[variant]()   # not timed: the caches and memory the last variant left
+                marks = [clock.mark()]
+                for _ in range(steps):
+                    steps_of[variant]()
+                    marks.append(clock.mark())
+                times[variant].append(clock.between(marks))
+    profiles = {}
+    for variant in host_profile:
+        profiler = cProfile.Profile()
+        clock.between([clock.mark()])
+        profiler.enable()
+        for _ in range(10):
+            steps_of[variant]()
+        clock.between([clock.mark()])
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+        profiles[variant] = text.getvalue()
+    return {"rank": rank, "times": times, "warmup_s": warmup_s, "syncs": syncs, "host_profiles": profiles,
+            "cores": sorted(cores), "host_cpus": len(os.sched_getaffinity(0))}
+
+
+def synchronizations(step) -> list[str]:
+    """Where one step made the host wait for the GPU (torch's sync debug mode warns at each): file:line."""
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step()
+        torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+
+
+def summarize(ranks: list[dict], variants: list[str]) -> dict:
+    """Per variant: the slowest rank's step, step by step; its median and interval; scaling against its
+    reference (reference()), round by round."""
+    slowest = {v: [[max(per_rank) for per_rank in zip(*(r["times"][v][i] for r in ranks))]
+                   for i in range(len(ranks[0]["times"][v]))] for v in variants}
+    out = {}
+    for variant in variants:
+        flat = [t for round_ in slowest[variant] for t in round_]
+        low, median, high = median_ci(flat)
+        row = {"median_ms": median, "low_ms": low, "high_ms": high, "rounds_ms": slowest[variant],
+               "warmup_s": max(r["warmup_s"][variant] for r in ranks), "syncs": ranks[0]["syncs"][variant]}
+        base_name = reference(variant, variants)
+        if base_name is not None:
+            row["reference"] = base_name
+            base = [t for round_ in slowest[base_name] for t in round_]
+            sizes = [len(round_) for round_ in slowest[variant]]
+            speed = speedup_ci(base, flat, rounds=(sizes, sizes))
+            row.update(scaling=speed.ratio, scaling_low=speed.low, scaling_high=speed.high)
+        out[variant] = row
+    return out
+
+
+def reference(variant: str, variants: list[str]) -> str | None:
+    """What a variant's scaling is measured against: the single variant of the set with the same options that
+    apply to one GPU (compiled where it compiles, inner included; patched, fused loss, pinned alike), else plain
+    single; None for the single variants themselves."""
+    strategy, options = parse(variant)
+    if strategy == "single":
+        return None
+    wanted = {"compile" if name == "inner" else name for name in options} & OPTIONS["single"]
+    same = [v for v in variants if parse(v)[0] == "single" and set(parse(v)[1]) == wanted]
+    return same[0] if same else "single"
+
+
+def table(sets: list[dict]) -> str:
+    lines = ["| model | variant | step ms (95% CI) | scaling (95% CI) | against | warm-up s | host syncs |",
+             "|---|---|---|---|---|---|---|"]
+    for each in sets:
+        for variant, row in each["variants"].items():
+            scaling = f"{row['scaling']:.3f} ({row['scaling_low']:.3f}-{row['scaling_high']:.3f})" \
+                if "scaling" in row else ""
+            lines.append(f"| {each['model']} | {variant} | {row['median_ms']:.2f} ({row['low_ms']:.2f}-"
+                         f"{row['high_ms']:.2f}) | {scaling} | {row.get('reference', '')} | {row['warmup_s']:.1f} | "
+                         f"{len(row['syncs'])} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from roofline.distributed import spawn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="OUT.json and OUT.md are written")
+    parser.add_argument("sets", nargs="+", metavar="MODEL:VARIANT,VARIANT,...")
+    parser.add_argument("--nproc", type=int, default=max(torch.cuda.device_count(), 2))
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=6, help="timed steps a variant a round")
+    parser.add_argument("--host-profile", nargs="*", default=[], metavar="VARIANT",
+                        help="rank 0's host profile (cProfile) of 10 steps of these, after the rounds")
+    args = parser.parse_args()
+    plans = []
+    for item in args.sets:
+        model_name, _, names = item.partition(":")
+        variants = names.split(",")
+        if model_name not in ("gpt2", "llama") or not names:
+            parser.error(f"{item!r}: MODEL:VARIANT,... with MODEL gpt2 or llama")
+        for variant in variants:
+            try:
+                parse(variant)
+            except ValueError as exc:
+                parser.error(str(exc))
+        if "single" not in variants:
+            parser.error(f"{item!r}: every set needs the single variant, the reference of its scaling")
+        plans.append((model_name, variants))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    sets = []
+    for model_name, variants in plans:
+        print(f"--- {model_name}: {', '.join(variants)} on {args.nproc} ranks", flush=True)
+        started = time.perf_counter()
+        try:
+            ranks = spawn(measure_set, args.nproc, model_name, variants, args.rounds, args.steps,
+                          [v for v in args.host_profile if v in variants], timeout_s=900.0)
+        except Exception as exc:   # the next set still runs
+            print(f"failed: {type(exc).__name__}: {exc}", flush=True)
+            sets.append({"model": model_name, "variants": {}, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        one = {"model": model_name, "nproc": args.nproc, "seconds": time.perf_counter() - started,
+               "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (gloo)",
+               "variants": summarize(ranks, variants), "host_profiles": ranks[0]["host_profiles"],
+               "cores_under_pin": [r["cores"] for r in ranks],
+               "ranks_ms": [r["times"] for r in ranks]}
+        sets.append(one)
+        print(table([one]), flush=True)
+        for variant, text in one["host_profiles"].items():
+            print(f"--- rank 0's host profile, {variant} (10 steps)\n{text}", flush=True)
+        args.out.with_suffix(".json").write_text(json.dumps(sets, indent=1))   # after each set: a cut call keeps it
+    header = (f"{args.nproc} ranks of {sets[0].get('device', '?')}, torch {torch.__version__}, {args.rounds} rounds "
+              f"of {args.steps} steps a variant, in turns; median of every step (the slowest rank's) with its 95% "
+              f"interval; scaling: median over rounds of the reference's step over the variant's, sign-test interval\n\n")
+    args.out.with_suffix(".md").write_text(header + table(sets) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""benchmarks/parallel_step.py's arithmetic: how a variant is read, what its scaling is held against, the slowest
+rank's step, and the cores a pinned rank keeps to. (Its runs need GPUs: scripts/gpu-check's parallel section.)"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import parallel_step  # noqa: E402  (benchmarks/parallel_step.py)
+
+
+def test_a_variant_is_its_strategy_and_options_and_a_wrong_one_is_named():
+    assert parallel_step.parse("ddp+nobcast+view+bucket100") == ("ddp", {"nobcast": True, "view": True,
+                                                                          "bucket": 100})
+    assert parallel_step.parse("fsdp2+units3+keep") == ("fsdp2", {"units": 3, "keep": True})
+    assert parallel_step.parse("single") == ("single", {})
+    for wrong, said in [("zero3", "the strategy must be one of"), ("ddp+units2", "'units2' is not an option of ddp"),
+                        ("fsdp2+units", "take a number"), ("ddp+view2", "'view2' is not an option")]:
+        with pytest.raises(ValueError, match=said):
+            parallel_step.parse(wrong)
+
+
+def test_each_variant_is_held_against_one_gpu_doing_what_it_does_on_one_gpu():
+    variants = ["single", "single+compile", "single+patch+lce", "ddp", "ddp+view+compile", "ddp+inner",
+                "ddp+lce+patch+view", "fsdp2+units2+keep+pin"]
+    against = {v: parallel_step.reference(v, variants) for v in variants}
+    assert against == {"single": None, "single+compile": None, "single+patch+lce": None, "ddp": "single",
+                       "ddp+view+compile": "single+compile", "ddp+inner": "single+compile",
+                       # the same options in another order; and no single+pin here: plain single
+                       "ddp+lce+patch+view": "single+patch+lce", "fsdp2+units2+keep+pin": "single"}
+
+
+def test_a_step_is_its_slowest_rank_s_and_scaling_is_paired_round_by_round():
+    def rank(single, ddp):
+        return {"times": {"single": single, "ddp": ddp}, "warmup_s": {"single": 1.0, "ddp": 2.0},
+                "syncs": {"single": [], "ddp": ["x.py:3"]}}
+
+    rounds = 6
+    ranks = [rank([[10.0, 12.0]] * rounds, [[20.0, 11.0]] * rounds), rank([[11.0, 10.0]] * rounds,
+                                                                            [[15.0, 25.0]] * rounds)]
+    out = parallel_step.summarize(ranks, ["single", "ddp"])
+    assert out["single"]["rounds_ms"] == [[11.0, 12.0]] * rounds and "scaling" not in out["single"]
+    assert out["ddp"]["rounds_ms"] == [[20.0, 25.0]] * rounds and out["ddp"]["reference"] == "single"
+    assert out["ddp"]["scaling"] == pytest.approx(11.5 / 22.5)
+    assert out["ddp"]["scaling_low"] == out["ddp"]["scaling_high"] == pytest.approx(11.5 / 22.5)
+    assert out["ddp"]["warmup_s"] == 2.0 and out["ddp"]["syncs"] == ["x.py:3"]
+    assert "| gpt2 | ddp | 22.50 (20.00-25.00) | 0.511 (0.511-0.511) | single | 2.0 | 1 |" in \
+        parallel_step.table([{"model": "gpt2", "variants": out}])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_pinned_ranks_keep_to_disjoint_whole_cores_and_get_them_back():
+    allowed = os.sched_getaffinity(0)
+    mine = [parallel_step.own_cores(rank, 2) for rank in range(2)]
+    assert all(m and m <= allowed for m in mine)
+    if len(allowed) >= 2:
+        assert not mine[0] & mine[1]
+    with parallel_step.pinned(mine[0]):
+        assert os.sched_getaffinity(0) == mine[0]
+    assert os.sched_getaffinity(0) == allowed
