@@ -112,6 +112,8 @@ def build(model_name: str, variant: str, device: torch.device):
         import roofline
 
         roofline.patch(model)
+    if {"compile", "inner"} & set(options):
+        own_classes(model, variant)
     ids = [device.index] if device.type == "cuda" else None
     if strategy == "single":
         return (torch.compile(model) if options.get("compile") else model), model, contextlib.nullcontext, shape
@@ -140,6 +142,25 @@ def build(model_name: str, variant: str, device: torch.device):
             fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy,
                         reshard_after_forward=not options.get("keep"))
     return fully_shard(model, mp_policy=policy), model, contextlib.nullcontext, shape
+
+
+_CLASSES: dict[tuple[type, str], type] = {}
+
+
+def own_classes(model: torch.nn.Module, variant: str) -> None:
+    """Each module of the model's own code (not torch's) made an instance of a subclass of its class for this
+    variant alone. Dynamo keeps its compiled frames by code object, and its guards on a module check its class: the
+    variants of one launch would otherwise share the first compiled variant's graphs. Compiled around DDP after the
+    model had been compiled alone, a frame's cached graph passed its guards and ran without DDP's bucket splitting
+    (warm-ups of 0.1-0.4 s on the H100s, against 33 s)."""
+    for module in model.modules():
+        cls = type(module)
+        if cls.__module__.startswith("torch."):
+            continue
+        key = (cls, variant)
+        if key not in _CLASSES:
+            _CLASSES[key] = type(cls.__name__, (cls,), {"__qualname__": f"{cls.__qualname__}[{variant}]"})
+        module.__class__ = _CLASSES[key]
 
 
 def stepper(model_name: str, variant: str, device: torch.device, generator: torch.Generator):
