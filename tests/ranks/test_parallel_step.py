@@ -61,3 +61,25 @@ def test_pinned_ranks_keep_to_disjoint_whole_cores_and_get_them_back():
     with parallel_step.pinned(mine[0]):
         assert os.sched_getaffinity(0) == mine[0]
     assert os.sched_getaffinity(0) == allowed
+
+
+def test_each_compiled_variant_gets_classes_of_its_own_so_that_dynamo_compiles_it_anew():
+    """Dynamo's guards check a module's class: a second model of the same classes would run the first one's
+    compiled graph (as every compiled DDP variant of the first H100 calls did)."""
+    sys.path.insert(0, str(ROOT))
+    from torch import nn
+
+    from examples.models.gpt2 import GPT2, GPT2Config
+
+    def tiny():
+        return GPT2(GPT2Config(vocab_size=96, max_seq=64, n_layer=2, n_head=2, d_model=32))
+
+    a, b, again = tiny(), tiny(), tiny()
+    for model, variant in ((a, "ddp+compile"), (b, "ddp+inner"), (again, "ddp+compile")):
+        parallel_step.own_classes(model, variant)
+    for x, y, z in zip(a.modules(), b.modules(), again.modules()):
+        if type(x).__module__.startswith("torch."):   # torch's own modules are left as they are
+            assert type(x) is type(y) is type(z) and isinstance(x, nn.Module)
+        else:
+            assert type(x) is not type(y) and type(x) is type(z) and type(x).__mro__[1] is type(y).__mro__[1]
+    assert isinstance(a, GPT2) and type(a).__name__ == "GPT2" and "[ddp+compile]" in type(a).__qualname__
