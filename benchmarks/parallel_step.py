@@ -26,7 +26,9 @@ Variants, a strategy and its options joined by "+":
     +nosync       forward and backward under no_sync(): no gradient reduced (what DDP costs besides that)
     +bf16grads    the gradients all-reduced in bf16 (DDP's bf16_compress_hook): half the bytes
     +compile      torch.compile of the DDP module (as DDP's notes advise: the compiler splits its graph at buckets)
-    +inner        DDP around torch.compile(model): one compiled backward, its gradients reduced as it returns them
+    +onegraph     +compile, with Dynamo's DDP optimizer off (optimize_ddp=False): one graph, its gradients reduced
+                  when its backward returns them all (the ladder's rung "one compiled graph under DDP"); DDP around
+                  torch.compile(model) is split as +compile is, since DDP's forward runs the compiled model
   any strategy:
     +patch        roofline.patch(model) before it is wrapped (the ladder's rung)
     +lce          the head and loss fused (roofline.ops.linear_cross_entropy, the models' loss="fused": the
@@ -68,7 +70,7 @@ from roofline.distributed.wrapping import grouped, layers  # noqa: E402
 
 EVERY = {"patch", "lce", "pin"}   # options of every strategy
 OPTIONS = {"single": {"compile"} | EVERY,
-           "ddp": {"nobcast", "view", "static", "bucket", "nosync", "bf16grads", "compile", "inner"} | EVERY,
+           "ddp": {"nobcast", "view", "static", "bucket", "nosync", "bf16grads", "compile", "onegraph"} | EVERY,
            "fsdp2": {"units", "keep", "root", "fp32", "compile"} | EVERY}
 WARMUP_STEPS = 3   # compiles; DDP rebuilds its buckets in the order of the first backward, static_graph after two
 
@@ -112,23 +114,29 @@ def build(model_name: str, variant: str, device: torch.device):
         import roofline
 
         roofline.patch(model)
-    if {"compile", "inner"} & set(options):
+    if {"compile", "onegraph"} & set(options):
         own_classes(model, variant)
     ids = [device.index] if device.type == "cuda" else None
     if strategy == "single":
         return (torch.compile(model) if options.get("compile") else model), model, contextlib.nullcontext, shape
     if strategy == "ddp":
-        inner = torch.compile(model) if options.get("inner") else model
         ddp = torch.nn.parallel.DistributedDataParallel(
-            inner, device_ids=ids, broadcast_buffers=not options.get("nobcast"),
+            model, device_ids=ids, broadcast_buffers=not options.get("nobcast"),
             gradient_as_bucket_view=bool(options.get("view")), static_graph=bool(options.get("static")),
             bucket_cap_mb=options.get("bucket", 25))
         if options.get("bf16grads"):
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
             ddp.register_comm_hook(None, bf16_compress_hook)
-        context = ddp.no_sync if options.get("nosync") else contextlib.nullcontext
-        return (torch.compile(ddp) if options.get("compile") else ddp), model, context, shape
+        def context():   # Dynamo reads optimize_ddp where it compiles: at the first steps, and at any recompile
+            stack = contextlib.ExitStack()
+            if options.get("nosync"):
+                stack.enter_context(ddp.no_sync())
+            if options.get("onegraph"):
+                stack.enter_context(torch._dynamo.config.patch(optimize_ddp=False))
+            return stack
+        compiled = options.get("compile") or options.get("onegraph")
+        return (torch.compile(ddp) if compiled else ddp), model, context, shape
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy() if options.get("fp32") or device.type == "cpu" else \
@@ -314,12 +322,12 @@ def summarize(ranks: list[dict], variants: list[str]) -> dict:
 
 def reference(variant: str, variants: list[str]) -> str | None:
     """What a variant's scaling is measured against: the single variant of the set with the same options that
-    apply to one GPU (compiled where it compiles, inner included; patched, fused loss, pinned alike), else plain
+    apply to one GPU (compiled where it compiles, one graph or split; patched, fused loss, pinned alike), else plain
     single; None for the single variants themselves."""
     strategy, options = parse(variant)
     if strategy == "single":
         return None
-    wanted = {"compile" if name == "inner" else name for name in options} & OPTIONS["single"]
+    wanted = {"compile" if name == "onegraph" else name for name in options} & OPTIONS["single"]
     same = [v for v in variants if parse(v)[0] == "single" and set(parse(v)[1]) == wanted]
     return same[0] if same else "single"
 

@@ -74,6 +74,7 @@ class Config:
     parallel: str | None = None     # on several ranks: "ddp" or "fsdp2" (roofline.distributed.wrapping)
     fsdp2_groups: int | None = None  # FSDP2's units of layers, kept gathered (None: a unit a layer, resharded)
     bucket_view: bool = False       # DDP's gradients as views of its buckets (gradient_as_bucket_view)
+    one_graph: bool = False         # DDP compiled as one graph, not split at its buckets (optimize_ddp=False)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,11 @@ def _step_fn(task: TrainTask, config: Config, device: torch.device, changes: dic
     if config.parallel:
         from roofline.distributed.wrapping import wrap
 
+        if config.compile is not None:
+            # a rung compiles as a program of its own would: Dynamo's guards pass for this rung's model, of the
+            # same classes as the last rung's, and its graph would run again, compiled with or without DDP's
+            # bucket splitting as that rung was
+            torch._dynamo.reset()
         forward = wrap(model, config.parallel, device, bf16=config.precision == "bf16", compile_mode=config.compile,
                        groups=config.fsdp2_groups, bucket_view=config.bucket_view)
     else:
@@ -191,6 +197,10 @@ def _climb_one(task: TrainTask, rung: Rung, config: Config, device: torch.device
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    # Dynamo reads it when it compiles a frame (at the first steps, and at any recompile): for the whole rung
+    split = torch._dynamo.config.optimize_ddp if config.one_graph else None
+    if config.one_graph:
+        torch._dynamo.config.optimize_ddp = False
     try:
         step = _step_fn(task, config, device, changes)
         losses = []
@@ -223,6 +233,8 @@ def _climb_one(task: TrainTask, rung: Rung, config: Config, device: torch.device
         result.status, result.reason = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     finally:
         torch.set_float32_matmul_precision(previous_precision)
+        if config.one_graph:
+            torch._dynamo.config.optimize_ddp = split
     return result
 
 

@@ -51,6 +51,9 @@ def test_ddp_and_fsdp2_train_as_one_gpu_does_and_are_timed_by_their_slowest_rank
         rungs = [RungResult(**r) for r in each["rungs"]]
         timed = [r for r in rungs if r.median_ms is not None]
         assert [r.rung for r in timed] == [*RUNGS, own[each["parallel"]]]
+        if each["parallel"] == "ddp":   # its one-graph rung needs the torch.compile rung, left out here
+            one = next(r for r in rungs if r.rung == ranks_ladder.ONE_GRAPH)
+            assert (one.status, one.reason) == ("skipped", "nothing compiled: the torch.compile rung did not run")
         for r in timed:
             # every rank trains on the same batch, so the reduced gradients are one GPU's: the same loss
             assert r.status == "ok", (each["parallel"], r.rung, r.loss_error)
@@ -124,3 +127,10 @@ def test_fsdp2_s_rung_shards_the_layers_in_four_units_and_the_root():
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="groups must be a positive int"):
             grouped([0], bad)
+
+
+def test_ddp_s_one_graph_rung_compiles_one_graph_where_compile_splits_it_at_the_buckets():
+    from roofline.distributed import spawn
+
+    for split, one in spawn(workers.graphs_under_ddp, 2):
+        assert split > 1 and one == 1   # a graph a bucket, and one

@@ -24,11 +24,11 @@ def test_a_variant_is_its_strategy_and_options_and_a_wrong_one_is_named():
 
 
 def test_each_variant_is_held_against_one_gpu_doing_what_it_does_on_one_gpu():
-    variants = ["single", "single+compile", "single+patch+lce", "ddp", "ddp+view+compile", "ddp+inner",
+    variants = ["single", "single+compile", "single+patch+lce", "ddp", "ddp+view+compile", "ddp+onegraph",
                 "ddp+lce+patch+view", "fsdp2+units2+keep+pin"]
     against = {v: parallel_step.reference(v, variants) for v in variants}
     assert against == {"single": None, "single+compile": None, "single+patch+lce": None, "ddp": "single",
-                       "ddp+view+compile": "single+compile", "ddp+inner": "single+compile",
+                       "ddp+view+compile": "single+compile", "ddp+onegraph": "single+compile",
                        # the same options in another order; and no single+pin here: plain single
                        "ddp+lce+patch+view": "single+patch+lce", "fsdp2+units2+keep+pin": "single"}
 
@@ -75,7 +75,7 @@ def test_each_compiled_variant_gets_classes_of_its_own_so_that_dynamo_compiles_i
         return GPT2(GPT2Config(vocab_size=96, max_seq=64, n_layer=2, n_head=2, d_model=32))
 
     a, b, again = tiny(), tiny(), tiny()
-    for model, variant in ((a, "ddp+compile"), (b, "ddp+inner"), (again, "ddp+compile")):
+    for model, variant in ((a, "ddp+compile"), (b, "ddp+onegraph"), (again, "ddp+compile")):
         parallel_step.own_classes(model, variant)
     for x, y, z in zip(a.modules(), b.modules(), again.modules()):
         if type(x).__module__.startswith("torch."):   # torch's own modules are left as they are

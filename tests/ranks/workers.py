@@ -119,3 +119,43 @@ def steps_with_a_late_rank(late_rank: int, late_s: float):
         dist.all_gather_into_tensor(torch.empty(2000), x)
         spans.append((start, time.time_ns()))
     return ledger.read(spans)
+
+
+def graphs_under_ddp() -> tuple[int, int]:
+    """How many graphs torch.compile makes of a small model under DDP (ladder.wrap), its buckets a layer each: split
+    at them (DDP's optimizer in Dynamo), and where the ladder's "one compiled graph" rung turns that off. Compiled
+    by AOTAutograd alone (no Inductor: seconds of C++ compiles on a CPU), which counts each graph."""
+    import functools
+    from unittest import mock
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from roofline.distributed.wrapping import wrap
+
+    counts = []
+    for split in (True, False):
+        torch._dynamo.reset()
+        counters.clear()
+        with torch._dynamo.config.patch(optimize_ddp=split), \
+                mock.patch.object(torch, "compile", functools.partial(torch.compile, backend="aot_eager")):
+            forward = wrap(_Layers(), "ddp", torch.device("cpu"), bf16=False, compile_mode="default")
+        forward._orig_mod.bucket_bytes_cap = 2**20   # a 512 x 512 layer a bucket (not below DDP's first bucket)
+        with torch._dynamo.config.patch(optimize_ddp=split):
+            forward(torch.randn(16, 512)).sum().backward()
+        counts.append(counters["aot_autograd"]["total"])
+    return tuple(counts)
+
+
+class _Layers(torch.nn.Module):
+    """Code of a user's (Dynamo compiles its frames; torch's own modules, such as nn.Sequential, it inlines only
+    when called from such code)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(512, 512) for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x

@@ -36,24 +36,32 @@ from roofline.ladder_results import LadderResult
 COLLECTIVE_TIMEOUT_S = 1800.0   # a rung's warm-up compiles on every rank; one rank may wait at a collective that long
 FEWER_UNITS = "fewer FSDP2 units"
 BUCKET_VIEWS = "gradients as DDP's buckets"
+ONE_GRAPH = "one compiled graph under DDP"
 
 
-def _own_rung(strategy: str):
-    """The strategy's own rung, climbed after the rungs both strategies climb. It changes how the ranks share the
-    work, not the step's math: on one GPU it is the rung before it.
+def _own_rungs(strategy: str) -> list:
+    """The strategy's own rungs, climbed after the rungs both strategies climb. They change how the ranks share the
+    work, not the step's math: on one GPU each is the last rung before them.
     FSDP2: the layers sharded in FSDP2_GROUPS units, each kept gathered from its forward to its backward.
     DDP: each gradient a view of its bucket, so the backward writes it where the all-reduce reads it: no copy into
-    the bucket and back. On two H100s it made DDP's GPT-2 step 1.11x faster (1.02-1.33) beside the default,
-    in the same process (benchmarks/results/h100x2-distributed.md, "DDP's options")."""
+    the bucket and back. On two H100s it made DDP's GPT-2 step 1.07-1.11x faster beside the default, in the same
+    process (benchmarks/results/h100x2-distributed.md, "Side by side"). Then, where the step is compiled, one graph:
+    under DDP, torch.compile splits the model's graph at DDP's buckets (its DDPOptimizer), so that each bucket is
+    reduced while the backward goes on; one graph keeps its fusions across them, and reduces every bucket after its
+    backward. Which wins depends on the model and the links: on two H100s, GPT-2 small's split step took 36-41 ms
+    where DDP around a graph compiled whole took 29 (not yet timed in turns)."""
     from dataclasses import replace
 
     from roofline.ladder import Rung
 
     if strategy == "fsdp2":
-        return Rung(FEWER_UNITS, f"fully_shard(list(blocks[i:j]), reshard_after_forward=False)  # {FSDP2_GROUPS} "
-                    "units, not one a block", lambda c: replace(c, fsdp2_groups=FSDP2_GROUPS))
-    return Rung(BUCKET_VIEWS, "DistributedDataParallel(model, gradient_as_bucket_view=True)",
-                lambda c: replace(c, bucket_view=True))
+        return [Rung(FEWER_UNITS, f"fully_shard(list(blocks[i:j]), reshard_after_forward=False)  # {FSDP2_GROUPS} "
+                     "units, not one a block", lambda c: replace(c, fsdp2_groups=FSDP2_GROUPS))]
+    return [Rung(BUCKET_VIEWS, "DistributedDataParallel(model, gradient_as_bucket_view=True)",
+                 lambda c: replace(c, bucket_view=True)),
+            Rung(ONE_GRAPH, "torch._dynamo.config.optimize_ddp = False  # not split at DDP's buckets",
+                 lambda c: replace(c, one_graph=True),
+                 refused=lambda c: None if c.compile else "nothing compiled: the torch.compile rung did not run")]
 
 
 @dataclass
@@ -126,7 +134,7 @@ def climb_rank(target: str, parallel: str | None, options: dict) -> dict:
         rungs = [r for r in rungs if r.refused(ladder.Config(parallel="ddp")) is None]
     else:   # after the last rung that runs on ranks: on top of everything they climb
         last = max(i for i, r in enumerate(rungs) if r.refused(ladder.Config(parallel=parallel)) is None)
-        rungs = [*rungs[:last + 1], _own_rung(parallel), *rungs[last + 1:]]
+        rungs = [*rungs[:last + 1], *_own_rungs(parallel), *rungs[last + 1:]]
     out = {"result": ladder.run(task, device=device, rungs=rungs, progress=say, parallel=parallel)}
     if parallel is None:
         try:
@@ -187,12 +195,13 @@ def scale(ladder: LadderResult, result: ScalingLadder) -> None:
     """Each rung of a ladder on several ranks against the same rung on one GPU: scaling efficiency, tokens/s per
     GPU, MFU, and its loss against the one-GPU run's at the same step (within the rung's tolerance, or marked)."""
     alone = {r.rung: r for r in result.reference.rungs if r.median_ms is not None}
-    before = None   # the rung before, on these ranks: FSDP2's own rung is it on one GPU
+    before = None   # the last rung one GPU climbed too: a strategy's own rungs are it on one GPU
     for rung in ladder.rungs:
         if rung.median_ms is None:
             continue
-        one = alone.get(before if rung.rung in (FEWER_UNITS, BUCKET_VIEWS) else rung.rung)
-        before = rung.rung
+        own = rung.rung in (FEWER_UNITS, BUCKET_VIEWS, ONE_GRAPH)
+        one = alone.get(before if own else rung.rung)
+        before = before if own else rung.rung
         seconds = rung.median_ms / 1e3
         if result.tokens:
             rung.tokens_per_s = result.tokens / seconds
