@@ -1,14 +1,15 @@
 """The data-parallel training step under each way of wrapping it, side by side in one process group: DDP's options,
-torch.compile around or inside DDP, FSDP2's units, each against the same step on every GPU alone.
+torch.compile of DDP split at its buckets or whole, FSDP2's units, each against the same step on every GPU alone.
 
     python benchmarks/parallel_step.py OUT gpt2:single,ddp,ddp+nobcast+view gpt2:single,fsdp2,fsdp2+units3+keep
     python benchmarks/parallel_step.py OUT llama:single,fsdp2 --host-profile fsdp2 --rounds 8
 
 Each MODEL:VARIANT,VARIANT,... set is one launch of --nproc ranks (roofline.distributed.spawn). Its variants are
 built once, warmed up, then timed in rounds, in turns (one order, then the reverse): a step not timed, then
---steps steps. A step's time is the slowest rank's (CUDA events on each rank). Its scaling is the single
-variant's step over its own (single+compile's where the variant compiles, if the set holds it), round by round: the median of the rounds' ratios with the sign test's 95% interval
-(roofline.bench.stats.speedup_ci). One launch, rounds interleaved: two launches of one program differed by up to
+--steps steps. A step's time is the slowest rank's (CUDA events on each rank). Its scaling is a single variant's
+step over its own (reference(): the one that compiles, patches, fuses and pins as it does, where the set holds it),
+round by round: the median of the rounds' ratios with the sign test's 95% interval (roofline.bench.stats.speedup_ci).
+Each compiled variant compiles its own graphs (own_classes). One launch, rounds interleaved: two launches of one program differed by up to
 5 ms a step on the lent machines, more than most of the effects measured here.
 
 The step is examples/ddp_train.py's: bf16 autocast, fused AdamW, SDPA, each rank its own random batch of 8 x 1024
@@ -42,7 +43,8 @@ Variants, a strategy and its options joined by "+":
     +root         fully_shard on the model alone: one all-gather and one reduce-scatter a step
     +fp32         no mixed-precision policy (fp32 parameters gathered, autocast casts them)
     +compile      each block compiled before it is sharded (torchtitan's order)
-Writes OUT.json (every step of every round, per rank) and OUT.md (the table), and prints the table.
+Writes OUT.json (every step of every round: the slowest rank's, and each rank's) and OUT.md (the table), and
+prints the table.
 """
 
 from __future__ import annotations

@@ -141,7 +141,10 @@ def test_profiling_a_model_s_training_times_the_steps_outside_the_window(tmp_pat
     # 11 steps, 3 skipped (the third the profiler's warm-up), 5 recorded: steps 1, 9 and 10 (0-based) are timed
     # (0 is the program's own warm-up, 8 the profiler stopping)
     assert row["steps_timed"] == 3 and row["steps_recorded"] == 5
-    assert row["step_ms"] > 0 and row["inflation"] > 1.0 and row["profiled_step_ms"] > row["step_ms"]
+    # how much the profiler stretched a step is read from the two, not asserted: on a loaded 2-core machine one
+    # unprofiled step took 1,012 ms (CI, 2026-11-28) and the recorded ones less
+    assert row["step_ms"] > 0 and row["profiled_step_ms"] > 0
+    assert row["inflation"] == pytest.approx(row["profiled_step_ms"] / row["step_ms"])
     assert "| llama |" in (tmp_path / "profile_models.md").read_text()
 
 
