@@ -67,7 +67,7 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from roofline.bench.stats import median_ci, speedup_ci  # noqa: E402
+from roofline.bench.stats import median_ci, min_rounds, speedup_ci  # noqa: E402
 from roofline.distributed.wrapping import grouped, layers  # noqa: E402
 
 EVERY = {"patch", "lce", "pin"}   # options of every strategy
@@ -232,15 +232,18 @@ def pinned(cores: set[int] | None):
         yield
         return
     threads = lambda: [int(tid) for tid in os.listdir("/proc/self/task")]  # noqa: E731
-    before = os.sched_getaffinity(0)
+    own = os.sched_getaffinity(0)
+    before = {}
     for tid in threads():
-        os.sched_setaffinity(tid, cores)
+        with contextlib.suppress(OSError):   # a thread that ended meanwhile
+            before[tid] = os.sched_getaffinity(tid)   # NCCL's threads keep to their GPU's cores: put back as they were
+            os.sched_setaffinity(tid, cores)
     try:
         yield
     finally:
-        for tid in threads():   # those started meanwhile too: they inherited `cores`
-            with contextlib.suppress(OSError):   # a thread that ended meanwhile
-                os.sched_setaffinity(tid, before)
+        for tid in threads():   # those started meanwhile inherited `cores`: they get this thread's own
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, before.get(tid, own))
 
 
 def measure_set(model_name: str, variants: list[str], rounds: int, steps: int, host_profile: list[str]) -> dict:
@@ -251,6 +254,9 @@ def measure_set(model_name: str, variants: list[str], rounds: int, steps: int, h
     generator = torch.Generator(device).manual_seed(rank)
     clock = Clock(device)
     cores = own_cores(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    # each compiled variant adds an entry to the same frames' caches (own_classes): past the limit Dynamo would run
+    # the later ones eager, silently
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(variants))
     pin = {v: cores if parse(v)[1].get("pin") else None for v in variants}
     steps_of, warmup_s, syncs = {}, {}, {}
     for variant in variants:
@@ -330,8 +336,12 @@ def reference(variant: str, variants: list[str]) -> str | None:
     if strategy == "single":
         return None
     wanted = {"compile" if name == "onegraph" else name for name in options} & OPTIONS["single"]
-    same = [v for v in variants if parse(v)[0] == "single" and set(parse(v)[1]) == wanted]
-    return same[0] if same else "single"
+    # the single variant doing most of what this one does and nothing else; compiling counts most (a compiled
+    # variant against the eager model says little): ddp+compile+pin, without single+compile+pin, is held against
+    # single+compile
+    fits = [v for v in variants if parse(v)[0] == "single" and set(parse(v)[1]) <= wanted]
+    return max(fits, key=lambda v: (("compile" in parse(v)[1]) == ("compile" in wanted), len(parse(v)[1])),
+               default="single")
 
 
 def table(sets: list[dict]) -> str:
@@ -359,6 +369,8 @@ def main() -> None:
     parser.add_argument("--host-profile", nargs="*", default=[], metavar="VARIANT",
                         help="rank 0's host profile (cProfile) of 10 steps of these, after the rounds")
     args = parser.parse_args()
+    if args.rounds < min_rounds(0.95):
+        parser.error(f"--rounds: at least {min_rounds(0.95)}, for the sign test's 95% interval over rounds")
     plans = []
     for item in args.sets:
         model_name, _, names = item.partition(":")

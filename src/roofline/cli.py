@@ -529,11 +529,15 @@ def ladder(
     if not isinstance(task, (_ladder.TrainTask, _ladder.GenerateTask)):
         raise typer.BadParameter(f"{target} must be a roofline.ladder.TrainTask or GenerateTask, or a function "
                                  "returning one", param_hint="TARGET")
-    rungs = _ladder.ladder_rungs(task)
-    unknown = sorted(set(skip or ()) - {r.name for r in rungs})
+    names = [r.name for r in _ladder.ladder_rungs(task)]
+    if nproc_per_node:   # and the strategies' own rungs, which ranks climb at the top
+        from roofline.distributed.ladder import OWN_RUNGS
+
+        names += OWN_RUNGS
+    unknown = sorted(set(skip or ()) - set(names))
     if unknown:
-        raise typer.BadParameter(f"no rung named {', '.join(map(repr, unknown))}; the rungs: "
-                                 + ", ".join(r.name for r in rungs), param_hint="--skip")
+        raise typer.BadParameter(f"no rung named {', '.join(map(repr, unknown))}; the rungs: " + ", ".join(names),
+                                 param_hint="--skip")
     if isinstance(task, _ladder.TrainTask):
         task = dataclasses.replace(task, steps=steps or task.steps)
     elif steps:

@@ -37,6 +37,7 @@ COLLECTIVE_TIMEOUT_S = 1800.0   # a rung's warm-up compiles on every rank; one r
 FEWER_UNITS = "fewer FSDP2 units"
 BUCKET_VIEWS = "gradients as DDP's buckets"
 ONE_GRAPH = "one compiled graph under DDP"
+OWN_RUNGS = (FEWER_UNITS, BUCKET_VIEWS, ONE_GRAPH)   # climbed on ranks only, by one strategy
 
 
 def _own_rungs(strategy: str) -> list:
@@ -44,8 +45,9 @@ def _own_rungs(strategy: str) -> list:
     work, not the step's math: on one GPU each is the last rung before them.
     FSDP2: the layers sharded in FSDP2_GROUPS units, each kept gathered from its forward to its backward.
     DDP: each gradient a view of its bucket, so the backward writes it where the all-reduce reads it: no copy into
-    the bucket and back. On two H100s it made DDP's GPT-2 step 1.07-1.11x faster beside the default, in the same
-    process (benchmarks/results/h100x2-distributed.md, "Side by side"). Then, where the step is compiled, one graph:
+    the bucket and back. On two H100s, beside the default in the same process, DDP's GPT-2 step was 1.11x and 1.07x
+    faster (point estimates of two calls; the second's interval includes 1; benchmarks/results/h100x2-distributed.md,
+    "Side by side"). Then, where the step is compiled, one graph:
     under DDP, torch.compile splits the model's graph at DDP's buckets (its DDPOptimizer), so that each bucket is
     reduced while the backward goes on; one graph keeps its fusions across them, and reduces every bucket after its
     backward. Which wins depends on the model and the links: on two H100s, GPT-2 small's split step took 36-41 ms
@@ -199,7 +201,7 @@ def scale(ladder: LadderResult, result: ScalingLadder) -> None:
     for rung in ladder.rungs:
         if rung.median_ms is None:
             continue
-        own = rung.rung in (FEWER_UNITS, BUCKET_VIEWS, ONE_GRAPH)
+        own = rung.rung in OWN_RUNGS
         one = alone.get(before if own else rung.rung)
         before = before if own else rung.rung
         seconds = rung.median_ms / 1e3
