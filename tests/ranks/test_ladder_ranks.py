@@ -52,6 +52,7 @@ def test_ddp_and_fsdp2_train_as_one_gpu_does_and_are_timed_by_their_slowest_rank
         timed = [r for r in rungs if r.median_ms is not None]
         assert [r.rung for r in timed] == [*RUNGS, own[each["parallel"]]]
         if each["parallel"] == "ddp":   # its one-graph rung needs the torch.compile rung, left out here
+            assert timed[-1].config["bucket_view"] and not timed[-2].config["bucket_view"]
             one = next(r for r in rungs if r.rung == ranks_ladder.ONE_GRAPH)
             assert (one.status, one.reason) == ("skipped", "nothing compiled: the torch.compile rung did not run")
         for r in timed:
@@ -129,8 +130,11 @@ def test_fsdp2_s_rung_shards_the_layers_in_four_units_and_the_root():
             grouped([0], bad)
 
 
-def test_ddp_s_one_graph_rung_compiles_one_graph_where_compile_splits_it_at_the_buckets():
+def test_the_one_graph_rung_climbs_one_graph_and_puts_dynamo_s_setting_back():
+    """Through the ladder's own rung code: compiled under DDP, the step is split at the buckets; with the rung's
+    setting it is one graph; either way Dynamo's setting is as it was after the rung (True, its default)."""
     from roofline.distributed import spawn
 
-    for split, one in spawn(workers.graphs_under_ddp, 2):
-        assert split > 1 and one == 1   # a graph a bucket, and one
+    for split, one in spawn(workers.compiled_rungs_under_ddp, 2):
+        assert split[0] > 1 and one[0] == 1   # a graph a bucket, and one
+        assert split[1:] == one[1:] == (True, "ok")

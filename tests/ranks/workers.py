@@ -121,30 +121,33 @@ def steps_with_a_late_rank(late_rank: int, late_s: float):
     return ledger.read(spans)
 
 
-def graphs_under_ddp() -> tuple[int, int]:
-    """How many graphs torch.compile makes of a small model under DDP (ladder.wrap), its buckets a layer each: split
-    at them (DDP's optimizer in Dynamo), and where the ladder's "one compiled graph" rung turns that off. Compiled
-    by AOTAutograd alone (no Inductor: seconds of C++ compiles on a CPU), which counts each graph."""
+def compiled_rungs_under_ddp() -> list[tuple[int, bool, str]]:
+    """The ladder's compiled DDP rung on this rank (ladder._climb_one, as a climb runs it), without and then with
+    the "one compiled graph" setting: for each, (graphs AOTAutograd compiled, optimize_ddp after the rung, its
+    status). DDP's buckets are 1 MB, about a layer of _Layers, so that a split shows; AOTAutograd alone compiles (no
+    Inductor: seconds of C++ compiles on a CPU)."""
     import functools
     from unittest import mock
 
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from roofline.distributed.wrapping import wrap
+    from roofline import ladder
 
-    counts = []
-    for split in (True, False):
-        torch._dynamo.reset()
+    task = ladder.TrainTask("layers", _Layers, lambda device: (torch.randn(16, 512, device=device),),
+                            lambda model, batch: model(batch[0]).sum(), warmup=1, steps=6, check_steps=1)
+    rung = ladder.Rung("compiled", "", lambda c: c)
+    ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
+    out = []
+    for one_graph in (False, True):
         counters.clear()
-        with torch._dynamo.config.patch(optimize_ddp=split), \
-                mock.patch.object(torch, "compile", functools.partial(torch.compile, backend="aot_eager")):
-            forward = wrap(_Layers(), "ddp", torch.device("cpu"), bf16=False, compile_mode="default")
-        forward._orig_mod.bucket_bytes_cap = 2**20   # a 512 x 512 layer a bucket (not below DDP's first bucket)
-        with torch._dynamo.config.patch(optimize_ddp=split):
-            forward(torch.randn(16, 512)).sum().backward()
-        counts.append(counters["aot_autograd"]["total"])
-    return tuple(counts)
+        with mock.patch.object(torch, "compile", functools.partial(torch.compile, backend="aot_eager")), \
+                mock.patch.object(torch.nn.parallel.DistributedDataParallel, "__init__",
+                                  functools.partialmethod(ddp_init, bucket_cap_mb=1)):
+            result = ladder._climb_one(task, rung, ladder.Config(parallel="ddp", compile="default",
+                                                                 one_graph=one_graph), torch.device("cpu"), {})
+        out.append((counters["aot_autograd"]["total"], torch._dynamo.config.optimize_ddp, result.status))
+    return out
 
 
 class _Layers(torch.nn.Module):
