@@ -68,6 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from roofline.bench.stats import median_ci, min_rounds, speedup_ci  # noqa: E402
+from roofline.bench.steps import StepTimer  # noqa: E402
 from roofline.distributed.wrapping import grouped, layers  # noqa: E402
 
 EVERY = {"patch", "lce", "pin"}   # options of every strategy
@@ -187,38 +188,23 @@ def stepper(model_name: str, variant: str, device: torch.device, generator: torc
     return step
 
 
-class Clock:
-    """Marks between steps: CUDA events on a GPU (no synchronization inside the steps), the host's clock on CPUs."""
-
-    def __init__(self, device: torch.device):
-        self.gpu = device.type == "cuda"
-
-    def mark(self):
-        if not self.gpu:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def between(self, marks) -> list[float]:
-        if self.gpu:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
-        return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
-
-
-def own_cores(local_rank: int, local_ranks: int) -> set[int]:
-    """The cores a rank keeps to under +pin: the host's physical cores (its logical CPUs grouped by package and
-    core id, so hyperthread siblings go together) in `local_ranks` even runs, this rank's run."""
-    allowed = sorted(os.sched_getaffinity(0))
+def physical_cores(cpus) -> dict[tuple, list[int]]:
+    """`cpus` (logical CPUs) grouped by physical core, (package, core id): hyperthread siblings together."""
     cores: dict[tuple, list[int]] = {}
-    for cpu in allowed:
+    for cpu in sorted(cpus):
         base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
             key = (int((base / "physical_package_id").read_text()), int((base / "core_id").read_text()))
         except OSError:
             key = (0, cpu)
         cores.setdefault(key, []).append(cpu)
+    return cores
+
+
+def own_cores(local_rank: int, local_ranks: int) -> set[int]:
+    """The cores a rank keeps to under +pin: the host's physical cores (physical_cores) in `local_ranks` even runs,
+    this rank's run."""
+    cores = physical_cores(os.sched_getaffinity(0))
     ordered = [cores[key] for key in sorted(cores)]
     per_rank = max(len(ordered) // local_ranks, 1)
     mine = ordered[local_rank * per_rank:(local_rank + 1) * per_rank] or ordered
@@ -252,7 +238,6 @@ def measure_set(model_name: str, variants: list[str], rounds: int, steps: int, h
     rank = dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     generator = torch.Generator(device).manual_seed(rank)
-    clock = Clock(device)
     cores = own_cores(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     # each compiled variant adds an entry to the same frames' caches (own_classes): past the limit Dynamo would run
     # the later ones eager, silently
@@ -264,7 +249,7 @@ def measure_set(model_name: str, variants: list[str], rounds: int, steps: int, h
         start = time.perf_counter()
         for _ in range(WARMUP_STEPS):
             steps_of[variant]()
-        clock.between([clock.mark()])   # waits for the GPU
+        _wait(device)
         warmup_s[variant] = time.perf_counter() - start
         syncs[variant] = synchronizations(steps_of[variant]) if device.type == "cuda" else []
     times = {variant: [] for variant in variants}
@@ -272,25 +257,32 @@ def measure_set(model_name: str, variants: list[str], rounds: int, steps: int, h
         for variant in (variants if round_ % 2 == 0 else variants[::-1]):
             with pinned(pin[variant]):
                 steps_of[variant]()   # not timed: the caches and memory the last variant left
-                marks = [clock.mark()]
+                timer = StepTimer(device)
+                timer.mark()
                 for _ in range(steps):
                     steps_of[variant]()
-                    marks.append(clock.mark())
-                times[variant].append(clock.between(marks))
+                    timer.mark()
+                times[variant].append(timer.samples_ms())
     profiles = {}
     for variant in host_profile:
         profiler = cProfile.Profile()
-        clock.between([clock.mark()])
+        _wait(device)
         profiler.enable()
         for _ in range(10):
             steps_of[variant]()
-        clock.between([clock.mark()])
+        _wait(device)
         profiler.disable()
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
         profiles[variant] = text.getvalue()
     return {"rank": rank, "times": times, "warmup_s": warmup_s, "syncs": syncs, "host_profiles": profiles,
             "cores": sorted(cores), "host_cpus": len(os.sched_getaffinity(0))}
+
+
+def _wait(device: torch.device) -> None:
+    """The host waits for the GPU's work so far (nothing to wait for on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def synchronizations(step) -> list[str]:

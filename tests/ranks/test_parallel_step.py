@@ -58,7 +58,7 @@ def test_pinned_ranks_keep_to_disjoint_whole_cores_and_get_them_back():
     allowed = os.sched_getaffinity(0)
     mine = [parallel_step.own_cores(rank, 2) for rank in range(2)]
     assert all(m and m <= allowed for m in mine)
-    if len(_physical_cores(allowed)) >= 2:   # two hyperthreads of one core are one core: nothing to split
+    if len(parallel_step.physical_cores(allowed)) >= 2:   # two hyperthreads of one core are one core: nothing to split
         assert not mine[0] & mine[1]
     with parallel_step.pinned(mine[0]):
         assert os.sched_getaffinity(0) == mine[0]
@@ -86,13 +86,3 @@ def test_each_compiled_variant_gets_classes_of_its_own_so_that_dynamo_compiles_i
             assert type(x) is not type(y) and type(x) is type(z) and type(x).__mro__[1] is type(y).__mro__[1]
     assert isinstance(a, GPT2) and type(a).__name__ == "GPT2" and "[ddp+compile]" in type(a).__qualname__
 
-
-def _physical_cores(cpus) -> set:
-    cores = set()
-    for cpu in cpus:
-        base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            cores.add(((base / "physical_package_id").read_text(), (base / "core_id").read_text()))
-        except OSError:
-            cores.add(cpu)
-    return cores
