@@ -68,6 +68,21 @@ def test_a_rank_that_fails_is_named_and_no_rank_is_left_running(tmp_path, how, s
     assert len(pids) == 2 and all(_gone(pid) for pid in pids)
 
 
+def test_a_note_cut_off_mid_write_is_not_read(tmp_path):
+    """A rank killed while noting its error leaves a draft, never a half-written note: the launcher's record (its
+    exit status) speaks for it, and the notes written whole still order the errors."""
+    from types import SimpleNamespace
+
+    from roofline.distributed.launch import _failures
+
+    (tmp_path / "rank0.draft").write_text('{"time": 2.0, "err')
+    (tmp_path / "rank2.json").write_text('{"time": 1.0, "error": "ValueError: no"}')
+    (tmp_path / "rank3.json").write_text('{"time": 3.0, "error": "RuntimeError: waited"}')
+    launcher = {rank: SimpleNamespace(exitcode=code) for rank, code in [(0, -9), (1, 1), (2, 1), (3, 1)]}
+    assert _failures(launcher, tmp_path) == {2: "ValueError: no (the first error)", 3: "RuntimeError: waited",
+                                             0: "killed by signal 9", 1: "exit status 1"}
+
+
 def test_a_rank_that_never_arrives_times_out_the_collective_that_waited(tmp_path):
     """Rank 1 never calls the all_reduce that rank 0 waits in: after the group's timeout rank 0's collective fails
     and says so, and rank 1 (asleep for a minute) is stopped, not waited for."""

@@ -54,7 +54,11 @@ def _in_group(fn, backend_name: str, timeout_s: float, reports: str, args: tuple
                                    if backend_name == "nccl" else {}))
         result = fn(*args)
     except BaseException as exc:   # noted while still in the group: leaving it fails the ranks that wait on this one
-        note.write_text(json.dumps({"time": time.time(), "error": f"{type(exc).__name__}: {exc}".strip()}))
+        # Written whole or not at all: the launcher may kill this rank mid-write (a rank that waited on one that
+        # died fails just as the launcher stops the rest), and a half-written note would hide every rank's cause.
+        draft = note.with_suffix(".draft")
+        draft.write_text(json.dumps({"time": time.time(), "error": f"{type(exc).__name__}: {exc}".strip()}))
+        os.replace(draft, note)
         raise
     dist.destroy_process_group()
     return result
