@@ -140,7 +140,11 @@ def test_bench_at_80_columns(tmp_path):
     assert "note" in text and "GB/s" in text and "CV" in text
 
 
-def test_doctor_at_80_columns():
+def test_doctor_at_80_columns(monkeypatch, tmp_path):
+    from roofline.bench import ceilings
+
+    monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))   # measured here, not read from another test's cache
+    monkeypatch.setattr(ceilings, "_copy_bytes", lambda dev: 16 << 20)
     result = _run(["doctor", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     _assert_reads(result.output)

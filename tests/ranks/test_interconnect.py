@@ -54,8 +54,11 @@ def _row(kind, nbytes, ms, ranks=2):
 
 def test_doctor_shows_the_cached_interconnect_at_80_columns(monkeypatch, tmp_path):
     """What doctor prints and writes on the 2-GPU machine, from a cached measurement (no ranks started)."""
+    from roofline.bench import ceilings
+
     monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(interconnect, "topology", lambda: TOPOLOGY)
+    monkeypatch.setattr(ceilings, "_copy_bytes", lambda dev: 16 << 20)   # the CPU's own ceilings, measured quickly
     sizes = interconnect.SIZES
     rows = [_row(kind, s, 0.02 + s / 300e6) for kind in KINDS for s in sizes]
     cached = interconnect.Interconnect(2, "2 x cpu", "gloo", TOPOLOGY, {"torch": "2.13", "nccl": None},

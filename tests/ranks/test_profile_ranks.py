@@ -203,8 +203,10 @@ def test_fsdp2_s_hooks_on_many_units_are_named_at_the_model_s_line_with_fewer_un
     assert all(r["fsdp2_units"] == 8 for r in ranks["ranks"])
     found = next(f for f in ranks["findings"] if f["id"] == "fsdp2-hooks")
     hooks = max(r["fsdp2_hooks_ms"] for r in ranks["ranks"])
-    assert found["title"].startswith("8 FSDP2 units cost the host") and 0 < hooks < max(r["step_ms"] for r in
-                                                                                        ranks["ranks"])
+    assert found["title"].startswith("8 FSDP2 units cost the host")
+    # a share of the steps they ran in: each rank's hooks (the window's over its steps) within its mean step (the
+    # median step, which leaves out a step the loaded machine spiked, can be the shorter)
+    assert all(0 < r["fsdp2_hooks_ms"] < r["mean_step_ms"] for r in ranks["ranks"])
     # on a CPU the host's time is the step's: the gain is the hooks of all but 5 units (4 groups and the root)
     stretch = [r["stretch"] for r in ranks["ranks"] if r["fsdp2_hooks_ms"] == hooks][0] or 1
     assert found["gain_ms"] == pytest.approx(hooks / max(stretch, 1) * (1 - 5 / 8))

@@ -85,6 +85,9 @@ class Rank:
     hooks_ms: float = 0.0
     hook_units: int = 0
     hooks_at: Location | None = None
+    # the recorded steps' mean: what a step's compute, comm and hooks (each the window's over its steps) add up
+    # within, where step_ms (their median) holds no spiked step
+    mean_step_ms: float | None = None
 
     @property
     def overlap(self) -> float | None:
@@ -110,7 +113,7 @@ class Rank:
                 "collectives": len(self.calls), "unprofiled_ms": self.unprofiled_ms, "stretch": self.stretch,
                 "not_computing_ms": self.not_computing_ms, "serialized_ms": self.serialized_ms,
                 "serialized_streams": self.serialized_streams, "fsdp2_hooks_ms": self.hooks_ms,
-                "fsdp2_units": self.hook_units}
+                "fsdp2_units": self.hook_units, "mean_step_ms": self.mean_step_ms}
 
 
 def _compute_spans(trace: Trace, calls: list[comms.Call]) -> list[tuple[float, float]]:
@@ -176,13 +179,15 @@ def rank_of(trace: Trace, rank: int) -> Rank:
     compute = _compute_spans(trace, calls)
     steps = len(trace.steps) or 1
     step_ms = statistics.median(e - s for s, e in trace.steps) / 1e3 if trace.steps else None
+    mean_step_ms = statistics.fmean(e - s for s, e in trace.steps) / 1e3 if trace.steps else None
     exposed = _length(comm) - _overlap(comm, compute)
     timed = unprofiled_steps(trace)["gpu_ms" if trace.gpu else "wall_ms"]
     serialized, streams, at = _serialized(trace, calls)
     hooks, units, hooks_at = _fsdp2_hooks(trace, resolver)
     return Rank(rank, trace, calls, len(trace.steps), step_ms, _length(compute) / steps / 1e3,
                 _length(comm) / steps / 1e3, exposed / steps / 1e3, statistics.median(timed) if timed else None,
-                compute, comm, serialized / steps / 1e3, streams, at, hooks / steps / 1e3, units, hooks_at)
+                compute, comm, serialized / steps / 1e3, streams, at, hooks / steps / 1e3, units, hooks_at,
+                mean_step_ms)
 
 
 # --------------------------------------------------------------------------- the ranks together
