@@ -9,8 +9,8 @@ built once, warmed up, then timed in rounds, in turns (one order, then the rever
 --steps steps. A step's time is the slowest rank's (CUDA events on each rank). Its scaling is a single variant's
 step over its own (reference(): the one that compiles, patches, fuses and pins as it does, where the set holds it),
 round by round: the median of the rounds' ratios with the sign test's 95% interval (roofline.bench.stats.speedup_ci).
-Each compiled variant compiles its own graphs (own_classes). One launch, rounds interleaved: two launches of one program differed by up to
-5 ms a step on the lent machines, more than most of the effects measured here.
+Each compiled variant compiles its own graphs (own_classes). One launch, rounds interleaved: two launches of one
+program differed by up to 5 ms a step on the lent machines, more than most of the effects measured here.
 
 The step is examples/ddp_train.py's: bf16 autocast, fused AdamW, SDPA, each rank its own random batch of 8 x 1024
 tokens (GPT-2 small) or 4 x 1024 (the Llama-style model of examples/models); on CPUs (gloo), a small GPT-2.
@@ -30,6 +30,18 @@ Variants, a strategy and its options joined by "+":
     +onegraph     +compile, with Dynamo's DDP optimizer off (optimize_ddp=False): one graph, its gradients reduced
                   when its backward returns them all (the ladder's rung "one compiled graph under DDP"); DDP around
                   torch.compile(model) is split as +compile is, since DDP's forward runs the compiled model
+    +pyreducer    forward and backward compiled as one function, with compiled autograd tracing the backward and
+                  DDP's Python reducer in it (optimize_ddp="python_reducer", torch's experimental mode): each
+                  gradient's all-reduce is in the backward graph, which Inductor buckets and orders itself. Its
+                  settings hold for the whole launch (set around each step alone, Inductor's graph failed its own
+                  stride checks on torch 2.13): its set holds no other DDP variant
+  ddp, fsdp2:
+    +ctasN        the wrapper's collectives on an NCCL communicator of their own, at most N CTAs (thread blocks, an
+                  SM each) a collective (ProcessGroupNCCL.Options().config.max_ctas, as Megatron sets it per
+                  group): fewer SMs taken from the backward that the collectives overlap
+    +hiprio       the wrapper's collectives on an NCCL communicator of their own whose CUDA stream has high
+                  priority (is_high_priority_stream): the GPU starts a collective's blocks before the compute
+                  kernels queued beside it
   any strategy:
     +patch        roofline.patch(model) before it is wrapped (the ladder's rung)
     +lce          the head and loss fused (roofline.ops.linear_cross_entropy, the models' loss="fused": the
@@ -72,9 +84,12 @@ from roofline.bench.steps import StepTimer  # noqa: E402
 from roofline.distributed.wrapping import grouped, layers  # noqa: E402
 
 EVERY = {"patch", "lce", "pin"}   # options of every strategy
+NCCL = {"ctas", "hiprio"}   # settings of the communicator a wrapper's collectives run on: only NCCL's
 OPTIONS = {"single": {"compile"} | EVERY,
-           "ddp": {"nobcast", "view", "static", "bucket", "nosync", "bf16grads", "compile", "onegraph"} | EVERY,
-           "fsdp2": {"units", "keep", "root", "fp32", "compile"} | EVERY}
+           "ddp": {"nobcast", "view", "static", "bucket", "nosync", "bf16grads", "compile", "onegraph", "pyreducer"}
+           | NCCL | EVERY,
+           "fsdp2": {"units", "keep", "root", "fp32", "compile"} | NCCL | EVERY}
+NUMBERED = ("bucket", "units", "ctas")   # options that take a number
 WARMUP_STEPS = 3   # compiles; DDP rebuilds its buckets in the order of the first backward, static_graph after two
 
 
@@ -87,9 +102,10 @@ def parse(variant: str) -> tuple[str, dict]:
     for part in parts:
         name = part.rstrip("0123456789")
         number = part[len(name):]
-        if name not in OPTIONS[strategy] or (number != "") != (name in ("bucket", "units")):
+        if name not in OPTIONS[strategy] or (number != "") != (name in NUMBERED) or number.startswith("0"):
             raise ValueError(f"variant {variant!r}: {part!r} is not an option of {strategy} "
-                             f"({', '.join(sorted(OPTIONS[strategy]))}; bucket and units take a number)")
+                             f"({', '.join(sorted(OPTIONS[strategy]))}; {', '.join(NUMBERED)} take a positive "
+                             "number)")
         options[name] = int(number) if number else True
     return strategy, options
 
@@ -106,7 +122,8 @@ def model_and_batch(model_name: str, device: torch.device):
 
 
 def build(model_name: str, variant: str, device: torch.device):
-    """(the module a step calls, the model under it, the context a step runs in, batch shape)."""
+    """(what a step calls: forward and backward of a batch, returning the loss; the model under it; the context a
+    step runs in; batch shape)."""
     strategy, options = parse(variant)
     torch.manual_seed(0)
     with device:
@@ -117,14 +134,19 @@ def build(model_name: str, variant: str, device: torch.device):
         import roofline
 
         roofline.patch(model)
-    if {"compile", "onegraph"} & set(options):
+    if {"compile", "onegraph", "pyreducer"} & set(options):
         own_classes(model, variant)
     ids = [device.index] if device.type == "cuda" else None
     if strategy == "single":
-        return (torch.compile(model) if options.get("compile") else model), model, contextlib.nullcontext, shape
+        return (forward_backward(torch.compile(model) if options.get("compile") else model), model,
+                contextlib.nullcontext, shape)
     if strategy == "ddp":
+        if options.get("pyreducer"):   # read by DDP when it is built (its C++ reducer left out), by Dynamo at compile
+            torch._dynamo.config.optimize_ddp = "python_reducer"
+            torch._dynamo.config.compiled_autograd = True
         ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=ids, broadcast_buffers=not options.get("nobcast"),
+            model, device_ids=ids, process_group=communicator(options),
+            broadcast_buffers=not options.get("nobcast"),
             gradient_as_bucket_view=bool(options.get("view")), static_graph=bool(options.get("static")),
             bucket_cap_mb=options.get("bucket", 25))
         if options.get("bf16grads"):
@@ -138,12 +160,17 @@ def build(model_name: str, variant: str, device: torch.device):
             if options.get("onegraph"):
                 stack.enter_context(torch._dynamo.config.patch(optimize_ddp=False))
             return stack
+        if options.get("pyreducer"):   # compiled autograd compiles a backward called inside a compiled function
+            return torch.compile(forward_backward(ddp)), model, context, shape
         compiled = options.get("compile") or options.get("onegraph")
-        return (torch.compile(ddp) if compiled else ddp), model, context, shape
+        return forward_backward(torch.compile(ddp) if compiled else ddp), model, context, shape
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy() if options.get("fp32") or device.type == "cpu" else \
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    group = communicator(options)
+    mesh = {"mesh": DeviceMesh.from_group(group, device.type)} if group is not None else {}
     blocks = layers(model)
     if options.get("compile"):
         for block in blocks:
@@ -151,8 +178,29 @@ def build(model_name: str, variant: str, device: torch.device):
     if not options.get("root"):
         for unit in grouped(blocks, options.get("units", len(blocks))):
             fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy,
-                        reshard_after_forward=not options.get("keep"))
-    return fully_shard(model, mp_policy=policy), model, contextlib.nullcontext, shape
+                        reshard_after_forward=not options.get("keep"), **mesh)
+    return forward_backward(fully_shard(model, mp_policy=policy, **mesh)), model, contextlib.nullcontext, shape
+
+
+def forward_backward(module):
+    """A step's work on a batch of token ids: the module's loss (the model's own, targets the inputs), and its
+    backward."""
+    def run(idx):
+        loss = module(idx, targets=idx)[1]
+        loss.backward()
+        return loss
+    return run
+
+
+def communicator(options: dict):
+    """The process group a wrapper's collectives run on: the default one, or with +ctasN / +hiprio a new NCCL
+    group of every rank with those settings (each rank builds the variants in the same order, as new_group asks)."""
+    if not NCCL & set(options):
+        return None
+    settings = dist.ProcessGroupNCCL.Options(is_high_priority_stream=bool(options.get("hiprio")))
+    if "ctas" in options:
+        settings.config.max_ctas = options["ctas"]
+    return dist.new_group(backend="nccl", pg_options=settings)
 
 
 _CLASSES: dict[tuple[type, str], type] = {}
@@ -175,14 +223,13 @@ def own_classes(model: torch.nn.Module, variant: str) -> None:
 
 
 def stepper(model_name: str, variant: str, device: torch.device, generator: torch.Generator):
-    module, model, context, (batch, seq) = build(model_name, variant, device)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=3e-4, fused=device.type == "cuda")
+    run, model, context, (batch, seq) = build(model_name, variant, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
 
     def step():
         idx = torch.randint(0, model.config.vocab_size, (batch, seq), device=device, generator=generator)
         with context(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = module(idx, targets=idx)[1]
-            loss.backward()
+            run(idx)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return step
@@ -327,7 +374,7 @@ def reference(variant: str, variants: list[str]) -> str | None:
     strategy, options = parse(variant)
     if strategy == "single":
         return None
-    wanted = {"compile" if name == "onegraph" else name for name in options} & OPTIONS["single"]
+    wanted = {"compile" if name in ("onegraph", "pyreducer") else name for name in options} & OPTIONS["single"]
     # the single variant doing most of what this one does and nothing else; compiling counts most (a compiled
     # variant against the eager model says little): ddp+compile+pin, without single+compile+pin, is held against
     # single+compile
@@ -371,11 +418,19 @@ def main() -> None:
             parser.error(f"{item!r}: MODEL:VARIANT,... with MODEL gpt2 or llama")
         for variant in variants:
             try:
-                parse(variant)
+                nccl = NCCL & set(parse(variant)[1])
             except ValueError as exc:
                 parser.error(str(exc))
+            if nccl and not torch.cuda.is_available():
+                parser.error(f"variant {variant!r}: {', '.join(sorted(nccl))} set NCCL's communicator, and without "
+                             "GPUs the ranks talk over gloo")
         if "single" not in variants:
             parser.error(f"{item!r}: every set needs the single variant, the reference of its scaling")
+        ddp = [v for v in variants if parse(v)[0] == "ddp"]
+        if any("pyreducer" in parse(v)[1] for v in ddp) and len(ddp) > 1:
+            parser.error(f"{item!r}: +pyreducer sets torch's settings for its whole launch, and DDP reads them: "
+                         f"{', '.join(v for v in ddp if 'pyreducer' not in parse(v)[1])} would run with its Python "
+                         "reducer; give it a set without other DDP variants")
         plans.append((model_name, variants))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sets = []

@@ -1,5 +1,6 @@
 """benchmarks/parallel_step.py's arithmetic: how a variant is read, what its scaling is held against, the slowest
-rank's step, and the cores a pinned rank keeps to. (Its runs need GPUs: scripts/gpu-check's parallel section.)"""
+rank's step, and the cores a pinned rank keeps to; and the Python reducer's step on two gloo ranks. (Its timed runs
+need GPUs: scripts/gpu-check's parallel section.)"""
 
 import os
 import sys
@@ -11,14 +12,20 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import parallel_step  # noqa: E402  (benchmarks/parallel_step.py)
 
+from roofline.distributed import spawn  # noqa: E402
+
+from .workers import pyreducer_gradients  # noqa: E402
+
 
 def test_a_variant_is_its_strategy_and_options_and_a_wrong_one_is_named():
     assert parallel_step.parse("ddp+nobcast+view+bucket100") == ("ddp", {"nobcast": True, "view": True,
                                                                           "bucket": 100})
     assert parallel_step.parse("fsdp2+units3+keep") == ("fsdp2", {"units": 3, "keep": True})
     assert parallel_step.parse("single") == ("single", {})
+    assert parallel_step.parse("ddp+view+ctas8+hiprio") == ("ddp", {"view": True, "ctas": 8, "hiprio": True})
     for wrong, said in [("zero3", "the strategy must be one of"), ("ddp+units2", "'units2' is not an option of ddp"),
-                        ("fsdp2+units", "take a number"), ("ddp+view2", "'view2' is not an option")]:
+                        ("fsdp2+units", "take a positive number"), ("ddp+view2", "'view2' is not an option"),
+                        ("ddp+ctas0", "'ctas0' is not an option"), ("single+hiprio", "'hiprio' is not an option")]:
         with pytest.raises(ValueError, match=said):
             parallel_step.parse(wrong)
 
@@ -86,3 +93,32 @@ def test_each_compiled_variant_gets_classes_of_its_own_so_that_dynamo_compiles_i
             assert type(x) is not type(y) and type(x) is type(z) and type(x).__mro__[1] is type(y).__mro__[1]
     assert isinstance(a, GPT2) and type(a).__name__ == "GPT2" and "[ddp+compile]" in type(a).__qualname__
 
+
+@pytest.mark.long   # processes of their own: run first (conftest)
+def test_the_python_reducer_s_step_reduces_every_gradient_in_a_backward_that_compiled_autograd_captured():
+    """DDP's Python reducer all-reduces inside the backward graph: on two gloo ranks, each rank's gradients are the
+    mean of the ranks' own (a reducer that never ran would leave this rank's), and the backward was compiled."""
+    for error, captured in spawn(pyreducer_gradients, 2):
+        assert error < 1e-6 and captured >= 1
+
+
+def test_nccl_s_settings_are_refused_before_any_rank_starts_where_the_ranks_talk_over_gloo(monkeypatch, capsys,
+                                                                                         tmp_path):
+    monkeypatch.setattr(parallel_step.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(parallel_step.sys, "argv", ["parallel_step.py", str(tmp_path / "out"), "gpt2:single,ddp+ctas8"])
+    with pytest.raises(SystemExit) as refused:
+        parallel_step.main()
+    assert refused.value.code == 2
+    assert "'ddp+ctas8': ctas set NCCL's communicator" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())   # nothing measured, nothing written
+
+
+def test_the_python_reducer_is_refused_beside_another_ddp_variant(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(parallel_step.sys, "argv", ["parallel_step.py", str(tmp_path / "out"),
+                                                    "gpt2:single,ddp+pyreducer,ddp+view+onegraph"])
+    with pytest.raises(SystemExit) as refused:
+        parallel_step.main()
+    assert refused.value.code == 2
+    assert "+pyreducer sets torch's settings for its whole launch, and DDP reads them: ddp+view+onegraph would " \
+           "run with its Python reducer" in " ".join(capsys.readouterr().err.split())
+    assert parallel_step.parse("ddp+pyreducer+view") == ("ddp", {"pyreducer": True, "view": True})

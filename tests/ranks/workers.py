@@ -162,3 +162,32 @@ class _Layers(torch.nn.Module):
         for layer in self.layers:
             x = torch.relu(layer(x))
         return x
+
+
+def pyreducer_gradients():
+    """benchmarks/parallel_step.py's ddp+pyreducer+view step (its forward and backward compiled as one function,
+    AOTAutograd alone), on this rank's own batch: (the largest difference between its gradients and the mean of every
+    rank's gradients of the model alone, the backward graphs compiled autograd captured)."""
+    import functools
+    import sys
+    from unittest import mock
+
+    from torch._dynamo.utils import counters
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import parallel_step
+
+    device = torch.device("cpu")
+    with mock.patch.object(torch, "compile", functools.partial(torch.compile, backend="aot_eager")):
+        run, model, _, shape = parallel_step.build("gpt2", "ddp+pyreducer+view", device)
+        alone = parallel_step.model_and_batch("gpt2", device)[0]
+        alone.load_state_dict(model.state_dict())
+        idx = torch.randint(0, model.config.vocab_size, shape, generator=torch.Generator().manual_seed(dist.get_rank()))
+        run(idx)
+    alone(idx, targets=idx)[1].backward()
+    error = 0.0
+    for reduced, own in zip(model.parameters(), alone.parameters()):
+        mean = own.grad.clone()
+        dist.all_reduce(mean)
+        error = max(error, (reduced.grad - mean / dist.get_world_size()).abs().max().item())
+    return error, counters["compiled_autograd"]["captures"]
