@@ -202,6 +202,22 @@ ATTENTION_CANDIDATES = {
 }
 
 
+def _attention_row(row: dict, call, work: float, o_current, inputs, **settings) -> dict:
+    """row with the time of call() under attention.py's settings patched, and for a forward the largest difference
+    of its O from the current settings' (a fast candidate must still be right); a candidate that does not compile
+    or fit (shared memory, registers) is a result too."""
+    try:
+        with patched(att, **settings):
+            row["us"] = _graph_us(call)
+            if row["kernel"] == "forward":
+                row["max_diff"] = (att._forward(*inputs)[0].float() - o_current.float()).abs().max().item()
+        row["tflops"] = work / row["us"] / 1e6
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    print(row, flush=True)
+    return row
+
+
 def attention(head_dims) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -222,14 +238,13 @@ def attention(head_dims) -> list[dict]:
                 for tiles in [current] + [t for t in candidates if t != current]:
                     row = dict(kernel=kernel, d=d, causal=causal, tiles=list(astuple(tiles)), current=tiles == current,
                                timed="backward (delta, dK/dV, dQ)" if kernel != "forward" else "forward")
-                    try:
-                        with patched(att, TILES={**att.TILES, kernel: {**att.TILES[kernel], d: tiles}}):
-                            row["us"] = _graph_us(call)
-                        row["tflops"] = work / row["us"] / 1e6
-                    except Exception as e:   # a tile that does not fit (shared memory, registers) is a result too
-                        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-                    out.append(row)
-                    print(row, flush=True)
+                    out.append(_attention_row(row, call, work, o, (q, k, v, causal, scale),
+                                              TILES={**att.TILES, kernel: {**att.TILES[kernel], d: tiles}}))
+            if att.attention_sm90.supports(q, k, scale):   # the Hopper forward in Gluon, beside the tiles
+                sm90 = ["sm90", att.attention_sm90.BLOCK_M, att.attention_sm90.BLOCK_N,
+                        att.attention_sm90.LOAD_WARPS + att.attention_sm90.MMA_WARPS, att.attention_sm90.STAGES[d]]
+                row = dict(kernel="forward", d=d, causal=causal, tiles=sm90, current=False, timed="forward")
+                out.append(_attention_row(row, *calls["forward"], o, (q, k, v, causal, scale), SM90_FORWARD=True))
             for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
                                   ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):
                 leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -286,14 +301,15 @@ def markdown(results: dict) -> str:
     if "attention" in results:
         lines += ["### flash_attention tiles (B4 H32 N4096 bf16, CUDA graphs): one kernel's tiles varied, the others "
                   "current; the backward timed whole (delta, dK/dV, dQ)", "",
-                  "| kernel | head_dim | causal | held, walked, warps, stages | us | TFLOP/s | current |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| kernel | head_dim | causal | held, walked, warps, stages | us | TFLOP/s | max abs O - current O "
+                  "| current |", "|---|---|---|---|---|---|---|---|"]
         for r in results["attention"]:
             if "tiles" not in r:
                 continue
             timing = f"{r['us']:.1f} | {r['tflops']:.0f}" if "us" in r else f"{r['error']} | "
+            diff = f"{r['max_diff']:.3g}" if "max_diff" in r else ""
             lines.append(f"| {r['kernel']} | {r['d']} | {r['causal']} | {', '.join(map(str, r['tiles']))} | "
-                         f"{timing} | {'yes' if r['current'] else ''} |")
+                         f"{timing} | {diff} | {'yes' if r['current'] else ''} |")
         lines += ["", "| SDPA backend | head_dim | causal | fwd us | fwd TFLOP/s | bwd us | bwd TFLOP/s |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['kernel']} | {r['d']} | {r['causal']} | {r['fwd_us']:.1f} | {r['fwd_tflops']:.0f} | "

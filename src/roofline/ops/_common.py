@@ -136,14 +136,19 @@ def tma_readable(t: torch.Tensor) -> bool:
             and all(s * size % TMA_ALIGN == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
 
 
-def tma_descriptor(t: torch.Tensor, block_shape: list[int], shape=None, strides=None) -> "TensorDescriptor":
+def tma_descriptor(t: torch.Tensor, block_shape: list[int], shape=None, strides=None, layout=None):
     """A descriptor of t (tma_readable) for the copy engine, copying blocks of block_shape; of t's memory seen
     as `shape` with `strides` where given (a [B, T, K] activation as the [B * T, K] matrix it is). A size-1
-    dimension's stride is never used: it is given one that is aligned."""
+    dimension's stride is never used: it is given one that is aligned. With a shared-memory `layout`, a Gluon
+    kernel's descriptor (whose type holds the layout its blocks land in)."""
     shape = list(t.shape if shape is None else shape)
     strides = t.stride() if strides is None else strides
     step = TMA_ALIGN // t.element_size()
     strides = [s if n > 1 else step for s, n in zip(strides[:-1], shape[:-1])] + [1]
+    if layout is not None:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+        return GluonDescriptor(t, shape, strides, list(block_shape), layout)
     return TensorDescriptor(t, shape, strides, list(block_shape))
 
 

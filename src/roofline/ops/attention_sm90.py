@@ -1,0 +1,241 @@
+"""flash_attention's forward for Hopper (sm_90), written in Gluon with FlashAttention-3's structure.
+
+The tiled Triton forward (attention.py) runs one warpgroup a block of 64 queries, its softmax and its matrix
+products in turn; the tensor cores wait while it exponentiates. FlashAttention-3 overlaps them, and Triton 3.6's
+own warp specialization does not build that for this kernel (benchmarks/results/h100-inspect.md: at 128 queries
+its Hopper partitioning fails, at 64 it doubles the work). Here it is written out:
+
+    a producer warpgroup      loads Q once, then each block of keys and of values through the copy engine (TMA)
+                              into a ring of STAGES shared-memory slots, each slot's mbarrier saying when it is
+                              full; its registers go to the MMA warpgroups (setmaxnreg)
+    two MMA warpgroups        128 queries, 64 each, 240 registers a thread: S = Q K^T on the tensor cores
+                              (wgmma, asynchronous), the online softmax in base 2, O += P V with P kept in
+                              registers as the product's A operand. Block j's S is issued before block j-1's
+                              P V, and block j's softmax runs while that product does; each slot is handed back
+                              (its "empty" mbarrier) once the product reading it has retired
+
+Same conventions as attention.py's forward: bottom-right causal alignment, grouped-query heads (query head h reads
+key head h // group), a query that sees no key gets zeros and a log-sum-exp of -inf, the log-sum-exp saved in
+natural log for the backward (attention.py's kernels). For bf16 and fp16 at head dims 64 and 128, a positive
+scale, on a device of compute capability 9.0.
+
+Off unless attention.SM90_FORWARD (ROOFLINE_SM90_ATTENTION=1): not yet timed on a GPU against the tiled
+forward and cuDNN (benchmarks/tune_ops.py attention times it beside them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from roofline.ops import _eager_node
+from roofline.ops._common import cdiv, interpreting, tma_descriptor
+
+try:   # Gluon ships with Triton 3.5 and later
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+except ImportError:
+    gluon = None
+
+HEAD_DIMS = (64, 128)
+BLOCK_M = 128   # queries a program holds: 64 for each MMA warpgroup
+BLOCK_N = 128   # keys and values a step of the loop walks
+STAGES = {64: 3, 128: 2}   # slots in the ring by head dim: what fits the 227 KiB a block may hold beside Q and O
+LOAD_WARPS = 4   # the producer: the kernel's num_warps (Gluon's default partition), a warpgroup
+MMA_WARPS = 8
+MMA_REGISTERS = 240   # a thread of the MMA warpgroups: 8 warps of them leave the producer's warpgroup 32 of 64 K
+MAX_REGISTERS = 168   # at launch, for the 12 warps to fit the 64 K registers of an SM (setmaxnreg moves them)
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _loads(q_desc, k_desc, v_desc, o_desc, q_smem, k_slots, v_slots, o_smem, bars, lse_ptr, row, b, h, hk,
+               start_m, full, end, nq, nk, reach, scale_log2):
+        """The producer: Q, then the key and value blocks [0, end) into the ring, each slot waited for until
+        the MMA warpgroups have handed it back."""
+        q_bar, k_full, v_full, k_empty, v_empty = bars
+        slots: gl.constexpr = k_slots.type.shape[0]
+        block_n: gl.constexpr = k_desc.block_type.shape[2]
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+        for i in range(gl.cdiv(end, block_n)):
+            slot = i % slots
+            phase = (i // slots) & 1
+            # a fresh mbarrier counts as having completed the phase before its first: the first round waits not
+            mbarrier.wait(k_empty.index(slot), phase ^ 1)
+            mbarrier.expect(k_full.index(slot), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [b, hk, i * block_n, 0], k_full.index(slot), k_slots.index(slot))
+            mbarrier.wait(v_empty.index(slot), phase ^ 1)
+            mbarrier.expect(v_full.index(slot), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [b, hk, i * block_n, 0], v_full.index(slot), v_slots.index(slot))
+
+    @gluon.jit
+    def _weights(s, m_i, start_n, full, queries, nk, reach, scale_log2, s_layout: gl.constexpr):
+        """A block's scores into weights P (base 2, against the running max), the new max and the factor the
+        running sum and output are rescaled by. Past `full` some keys are hidden from some queries (or past the
+        end): query i sees key j when j < nk and j <= i + reach. No key seen yet: shift by 0, not -inf."""
+        if start_n >= full:
+            keys = start_n + gl.arange(0, s.type.shape[1], layout=gl.SliceLayout(0, s_layout))
+            visible = (keys[None, :] < nk) & (keys[None, :] <= queries[:, None] + reach)
+            s = gl.where(visible, s * scale_log2, -float("inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
+            p = gl.exp2(s - m_use[:, None])
+        else:   # scale_log2 > 0: the max of the scaled scores is the scaled max
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
+            m_use = m_new
+            p = gl.exp2(s * scale_log2 - m_new[:, None])
+        return p, m_new, gl.exp2(m_i - m_use)
+
+    @gluon.jit
+    def _attend(q_desc, k_desc, v_desc, o_desc, q_smem, k_slots, v_slots, o_smem, bars, lse_ptr, row, b, h, hk,
+                start_m, full, end, nq, nk, reach, scale_log2):
+        """The MMA warpgroups: O and the log-sum-exp of the program's queries."""
+        q_bar, k_full, v_full, k_empty, v_empty = bars
+        warps: gl.constexpr = gl.num_warps()
+        slots: gl.constexpr = k_slots.type.shape[0]
+        block_m: gl.constexpr = q_smem.type.shape[2]
+        head_d: gl.constexpr = q_smem.type.shape[3]
+        block_n: gl.constexpr = k_slots.type.shape[3]
+        dtype: gl.constexpr = q_smem.dtype
+        # each warp 16 rows of every product: the two warpgroups split the queries, 64 each
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                                           instr_shape=[16, block_n, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                                           instr_shape=[16, head_d, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        q = q_smem.reshape([block_m, head_d])
+        queries = start_m + gl.arange(0, block_m, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([block_m], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([block_m], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([block_m, head_d], gl.float32, o_layout)
+        blocks = gl.cdiv(end, block_n)
+        mbarrier.wait(q_bar, 0)   # even with no key to walk: no copy into this block's memory outlives it
+        if blocks > 0:
+            mbarrier.wait(k_full.index(0), 0)
+            s = warpgroup_mma(q, k_slots.index(0).reshape([block_n, head_d]).permute((1, 0)),
+                              gl.zeros([block_m, block_n], gl.float32, s_layout), use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            mbarrier.arrive(k_empty.index(0), count=1)
+            p, m_i, alpha = _weights(s, m_i, 0, full, queries, nk, reach, scale_log2, s_layout)
+            # P in the values' dtype for the tensor cores; the sum is of the same rounded P, so that the weights O
+            # is divided by add up to exactly 1
+            p = p.to(dtype)
+            l_i = gl.sum(p.to(gl.float32), axis=1)
+            for j in range(1, blocks):
+                slot = j % slots
+                last = (j - 1) % slots
+                mbarrier.wait(k_full.index(slot), (j // slots) & 1)
+                s = warpgroup_mma(q, k_slots.index(slot).reshape([block_n, head_d]).permute((1, 0)), s,
+                                  use_acc=False, is_async=True)
+                mbarrier.wait(v_full.index(last), ((j - 1) // slots) & 1)
+                p_operand = gl.convert_layout(p, p_layout)
+                acc = warpgroup_mma(p_operand, v_slots.index(last).reshape([block_n, head_d]), acc, is_async=True)
+                s = warpgroup_mma_wait(1, deps=(s, ))   # block j's scores; block j-1's P V may still be running
+                mbarrier.arrive(k_empty.index(slot), count=1)
+                p, m_i, alpha = _weights(s, m_i, j * block_n, full, queries, nk, reach, scale_log2, s_layout)
+                p = p.to(dtype)
+                l_i = l_i * alpha + gl.sum(p.to(gl.float32), axis=1)
+                # the product read P from registers as it ran: they stay P's until it has retired
+                acc, p_operand = warpgroup_mma_wait(0, deps=(acc, p_operand))
+                mbarrier.arrive(v_empty.index(last), count=1)
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            last = (blocks - 1) % slots
+            mbarrier.wait(v_full.index(last), ((blocks - 1) // slots) & 1)
+            p_operand = gl.convert_layout(p, p_layout)
+            acc = warpgroup_mma(p_operand, v_slots.index(last).reshape([block_n, head_d]), acc, is_async=True)
+            acc, p_operand = warpgroup_mma_wait(0, deps=(acc, p_operand))
+        seen = l_i > 0.0
+        o_smem.reshape([block_m, head_d]).store(
+            (acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None]).to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, h, start_m, 0], o_smem)   # rows past nq are dropped
+        lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
+        gl.store(lse_ptr + row.to(gl.int64) * nq + queries, lse, mask=queries < nq)
+        tma.store_wait(0)
+
+    @gluon.jit
+    def attention_forward_sm90_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, heads, group, nq, nk, scale_log2,
+                                      CAUSAL: gl.constexpr, STAGES: gl.constexpr, MMA_WARPS: gl.constexpr,
+                                      MMA_REGISTERS: gl.constexpr):
+        """Program (query block, batch x head). scale_log2 = scale log2(e) > 0."""
+        block_m: gl.constexpr = q_desc.block_type.shape[2]
+        block_n: gl.constexpr = k_desc.block_type.shape[2]
+        # the last query blocks first: causal, they have the most keys to walk, and the short ones fill the tail
+        start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * block_m
+        row = gl.program_id(1)
+        b = row // heads
+        h = row % heads
+        if CAUSAL:   # keys [0, full) every query of the block sees, [full, end) some
+            end = gl.minimum(nk, gl.maximum(start_m + block_m + nk - nq, 0))
+            full = gl.maximum(gl.minimum(nk, start_m + 1 + nk - nq), 0) // block_n * block_n
+            reach = nk - nq
+        else:
+            end = nk
+            full = nk // block_n * block_n
+            reach = nk
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+        k_slots = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_slots = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, o_desc.block_type.shape, o_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=1)
+        args = (q_desc, k_desc, v_desc, o_desc, q_smem, k_slots, v_slots, o_smem,
+                (q_bar, k_full, v_full, k_empty, v_empty), lse_ptr, row, b, h, h // group, start_m, full, end, nq,
+                nk, reach, scale_log2)
+        # Triton 3.6 builds the default partition outside the kernel's module, where a reduction cannot tell its
+        # warps: the producer takes it (the kernel's num_warps), the MMA warpgroups are a worker partition
+        gl.warp_specialize([(_loads, args), (_attend, args)], [MMA_WARPS], [MMA_REGISTERS])
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
+    """Whether this forward takes these inputs (the tiled one takes the rest)."""
+    return (gluon is not None and not interpreting() and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+            and q.shape[3] in HEAD_DIMS and scale > 0
+            and torch.cuda.get_device_capability(q.device) == (9, 0))
+
+
+def _layout(d: int, dtype: torch.dtype, rows: int):
+    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], element)
+
+
+class Sm90Forward:
+    """The launch for q, k, v of given shapes (readable by the copy engine) on a Hopper GPU: (O, log-sum-exp)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float):
+        batch, heads, nq, d = q.shape
+        self.d, self.causal = d, causal
+        self.grid = (cdiv(nq, BLOCK_M), batch * heads)
+        self.args = (heads, heads // k.shape[1], nq, k.shape[2], scale * 1.4426950408889634)
+        self.layouts = {rows: _layout(d, q.dtype, rows) for rows in (BLOCK_M, BLOCK_N)}
+
+    def _descriptor(self, t: torch.Tensor, rows: int):
+        return tma_descriptor(t, [1, 1, rows, self.d], layout=self.layouts[rows])
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        recorder = _eager_node.recording.recorder
+        if recorder is not None:   # Triton's launcher, not a Launch: nothing a replay could repeat
+            recorder.refuse("flash_attention's sm_90 forward launches through Triton's JIT")
+        o = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+        with torch.cuda.device(q.device):
+            attention_forward_sm90_kernel[self.grid](
+                self._descriptor(q, BLOCK_M), self._descriptor(k, BLOCK_N), self._descriptor(v, BLOCK_N),
+                self._descriptor(o, BLOCK_M), lse, *self.args, CAUSAL=self.causal, STAGES=STAGES[self.d],
+                MMA_WARPS=MMA_WARPS, MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS, maxnreg=MAX_REGISTERS)
+        return o, lse
+

@@ -1,0 +1,118 @@
+"""flash_attention's Hopper forward (attention_sm90.py): compiled here for sm_90 as a launch on the H100 compiles
+it, the design checked in its machine code; its numbers on the GPU, against float64 (the `gpu` tests)."""
+
+import collections
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from ops_checks import assert_within_twice_torchs_error
+
+from roofline.inspect import sass
+from roofline.ops import attention_sm90 as sm90
+from roofline.ops._launch import clear_plans
+from roofline.ops.attention import attention_reference, flash_attention
+
+attention_module = importlib.import_module("roofline.ops.attention")
+SHARED_MEMORY_LIMIT = 227 * 1024   # what a block may hold on the H100
+
+pytestmark = pytest.mark.skipif(sm90.gluon is None, reason="Gluon ships with Triton 3.5 and later")
+
+
+def _compiled(d: int, causal: bool):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def descriptor(rows):
+        return f"tensordesc<bf16[1, 1, {rows}, {d}],{sm90._layout(d, torch.bfloat16, rows)!r}>"
+
+    signature = {"q_desc": descriptor(sm90.BLOCK_M), "k_desc": descriptor(sm90.BLOCK_N),
+                 "v_desc": descriptor(sm90.BLOCK_N), "o_desc": descriptor(sm90.BLOCK_M), "lse_ptr": "*fp32",
+                 "heads": "i32", "group": "i32", "nq": "i32", "nk": "i32", "scale_log2": "fp32",
+                 "CAUSAL": "constexpr", "STAGES": "constexpr", "MMA_WARPS": "constexpr", "MMA_REGISTERS": "constexpr"}
+    constexprs = {"CAUSAL": causal, "STAGES": sm90.STAGES[d], "MMA_WARPS": sm90.MMA_WARPS,
+                  "MMA_REGISTERS": sm90.MMA_REGISTERS}
+    source = GluonASTSource(sm90.attention_forward_sm90_kernel, signature, constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": sm90.LOAD_WARPS, "maxnreg": sm90.MAX_REGISTERS})
+
+
+def _machine_code() -> dict:
+    """For each head dim and causal or not: warps, registers, local memory, shared memory and opcode counts of the
+    kernel compiled for sm_90 (run in a process where Triton compiles: the tests' interprets)."""
+    out = {}
+    for d in sm90.HEAD_DIMS:
+        for causal in (False, True):
+            kernel = _compiled(d, causal)
+            used = sass.resources(kernel.asm["cubin"])[kernel.metadata.name]
+            ops = collections.Counter(i.base for i in sass.parse_disassembly(sass.disassemble(kernel.asm["cubin"])))
+            out[f"{d},{causal}"] = {"warps": kernel.metadata.num_warps, "registers": used.registers,
+                                    "local": used.local_memory, "ops": ops,
+                                    "shared": kernel.metadata.shared + used.static_shared_bytes}
+    return out
+
+
+@pytest.fixture(scope="module")
+def machine_code():
+    child = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_attention_sm90 as t; "
+             "print(json.dumps(t._machine_code()))")
+    done = subprocess.run([sys.executable, "-c", child, str(Path(__file__).parent)], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", sm90.HEAD_DIMS)
+def test_a_producer_warpgroup_and_two_mma_warpgroups_without_spills(machine_code, d, causal):
+    kernel = machine_code[f"{d},{causal}"]
+    ops = kernel["ops"]
+    assert kernel["warps"] == sm90.LOAD_WARPS + sm90.MMA_WARPS == 12
+    assert kernel["registers"] <= sm90.MAX_REGISTERS and kernel["local"] == 0   # nothing spilled
+    assert ops.get("USETMAXREG", 0) > 0   # the registers moved from the producer to the MMA warpgroups
+    # S = Q K^T and O += P V on the tensor cores, head_dim / 16 and BLOCK_N / 16 wgmmas each, a warpgroup: the
+    # first block's S, the loop's S and P V, the last block's P V
+    assert ops["HGMMA"] == 2 * (d // 16) + 2 * (sm90.BLOCK_N // 16)
+    assert ops["UTMALDG"] == 3 and ops["UTMASTG"] == 1   # Q, K, V in by the copy engine, O out
+    assert kernel["shared"] <= SHARED_MEMORY_LIMIT
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+@pytest.fixture
+def hopper_forward(monkeypatch):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a GPU of compute capability 9.0")
+    monkeypatch.setattr(attention_module, "SM90_FORWARD", True)
+    clear_plans()
+    yield
+    clear_plans()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 16, 4, 1023, 1023, 128), (1, 8, 8, 4096, 4096, 64), (1, 4, 1, 203, 2048, 128),
+                                   (2, 4, 2, 300, 130, 64), (1, 2, 2, 1, 77, 128)])
+def test_matches_float64_within_twice_torchs_error(hopper_forward, shape, causal, dtype):
+    """The output and, through the tiled backward, the log-sum-exp it saved (dQ, dK and dV read it): Nq != Nk both
+    ways (causal with more queries than keys: rows that see no key), grouped heads, lengths off the blocks."""
+    batch, heads, kv_heads, nq, nk, d = shape
+    q = torch.randn(batch, heads, nq, d, device="cuda", dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(batch, kv_heads, nk, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    assert attention_module._plan(q, k, v, causal, d ** -0.5).sm90 is not None   # the Hopper forward runs
+    dout = torch.randn_like(q)
+    results = []
+    for run, precision in ((lambda *a: flash_attention(*a, causal, backend="triton"), dtype),
+                           (lambda *a: attention_reference(*a, causal), torch.float64),
+                           (lambda *a: attention_reference(*a, causal), dtype)):
+        inputs = [t.detach().to(precision).requires_grad_() for t in (q, k, v)]
+        out = run(*inputs)
+        results.append([out, *torch.autograd.grad(out, inputs, dout.to(precision))])
+    assert_within_twice_torchs_error(("output", "dq", "dk", "dv"), *results, dtype)
