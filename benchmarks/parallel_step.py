@@ -54,6 +54,7 @@ Variants, a strategy and its options joined by "+":
     +keep         reshard_after_forward=False: each unit's parameters kept gathered from forward to backward
     +root         fully_shard on the model alone: one all-gather and one reduce-scatter a step
     +fp32         no mixed-precision policy (fp32 parameters gathered, autocast casts them)
+    +bf16reduce   gradients reduce-scattered in bf16 (reduce_dtype=bfloat16): half the bytes of the default fp32
     +compile      each block compiled before it is sharded (torchtitan's order)
 Writes OUT.json (every step of every round: the slowest rank's, and each rank's) and OUT.md (the table), and
 prints the table.
@@ -88,7 +89,7 @@ NCCL = {"ctas", "hiprio"}   # settings of the communicator a wrapper's collectiv
 OPTIONS = {"single": {"compile"} | EVERY,
            "ddp": {"nobcast", "view", "static", "bucket", "nosync", "bf16grads", "compile", "onegraph", "pyreducer"}
            | NCCL | EVERY,
-           "fsdp2": {"units", "keep", "root", "fp32", "compile"} | NCCL | EVERY}
+           "fsdp2": {"units", "keep", "root", "fp32", "bf16reduce", "compile"} | NCCL | EVERY}
 NUMBERED = ("bucket", "units", "ctas")   # options that take a number
 WARMUP_STEPS = 3   # compiles; DDP rebuilds its buckets in the order of the first backward, static_graph after two
 
@@ -168,7 +169,8 @@ def build(model_name: str, variant: str, device: torch.device):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy() if options.get("fp32") or device.type == "cpu" else \
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                             reduce_dtype=torch.bfloat16 if options.get("bf16reduce") else torch.float32)
     group = communicator(options)
     mesh = {"mesh": DeviceMesh.from_group(group, device.type)} if group is not None else {}
     blocks = layers(model)

@@ -23,6 +23,7 @@ def test_a_variant_is_its_strategy_and_options_and_a_wrong_one_is_named():
     assert parallel_step.parse("fsdp2+units3+keep") == ("fsdp2", {"units": 3, "keep": True})
     assert parallel_step.parse("single") == ("single", {})
     assert parallel_step.parse("ddp+view+ctas8+hiprio") == ("ddp", {"view": True, "ctas": 8, "hiprio": True})
+    assert parallel_step.parse("fsdp2+root+bf16reduce") == ("fsdp2", {"root": True, "bf16reduce": True})
     for wrong, said in [("zero3", "the strategy must be one of"), ("ddp+units2", "'units2' is not an option of ddp"),
                         ("fsdp2+units", "take a positive number"), ("ddp+view2", "'view2' is not an option"),
                         ("ddp+ctas0", "'ctas0' is not an option"), ("single+hiprio", "'hiprio' is not an option")]:
