@@ -51,10 +51,14 @@ def _machine_code() -> dict:
         for causal in (False, True):
             kernel = _compiled(d, causal)
             used = sass.resources(kernel.asm["cubin"])[kernel.metadata.name]
-            ops = collections.Counter(i.base for i in sass.parse_disassembly(sass.disassemble(kernel.asm["cubin"])))
+            code = sass.parse_disassembly(sass.disassemble(kernel.asm["cubin"]))
+            store = max(i for i, x in enumerate(code) if x.base == "UTMASTG")
+            last_write = max(i for i, x in enumerate(code[:store]) if x.base in ("STS", "STSM"))
             out[f"{d},{causal}"] = {"warps": kernel.metadata.num_warps, "registers": used.registers,
-                                    "local": used.local_memory, "ops": ops,
-                                    "shared": kernel.metadata.shared + used.static_shared_bytes}
+                                    "local": used.local_memory, "ops": collections.Counter(x.base for x in code),
+                                    "shared": kernel.metadata.shared + used.static_shared_bytes,
+                                    "o_written_then_barrier": any(x.opcode.startswith("BAR.SYNC")
+                                                                  for x in code[last_write:store])}
     return out
 
 
@@ -74,12 +78,15 @@ def test_a_producer_warpgroup_and_two_mma_warpgroups_without_spills(machine_code
     kernel = machine_code[f"{d},{causal}"]
     ops = kernel["ops"]
     assert kernel["warps"] == sm90.LOAD_WARPS + sm90.MMA_WARPS == 12
-    assert kernel["registers"] <= sm90.MAX_REGISTERS and kernel["local"] == 0   # nothing spilled
+    # every register of the SM at launch, for setmaxnreg to hand out (fewer: the MMA warpgroups would wait forever)
+    assert kernel["registers"] == sm90.MAX_REGISTERS and kernel["local"] == 0   # and nothing spilled
     assert ops.get("USETMAXREG", 0) > 0   # the registers moved from the producer to the MMA warpgroups
     # S = Q K^T and O += P V on the tensor cores, head_dim / 16 and BLOCK_N / 16 wgmmas each, a warpgroup: the
     # first block's S, the loop's S and P V, the last block's P V
     assert ops["HGMMA"] == 2 * (d // 16) + 2 * (sm90.BLOCK_N // 16)
     assert ops["UTMALDG"] == 3 and ops["UTMASTG"] == 1   # Q, K, V in by the copy engine, O out
+    # O's copy out waits for every MMA warp's write of it: a barrier the compiler puts there, not the source
+    assert kernel["o_written_then_barrier"]
     assert kernel["shared"] <= SHARED_MEMORY_LIMIT
 
 

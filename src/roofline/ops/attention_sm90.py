@@ -7,7 +7,8 @@ its Hopper partitioning fails, at 64 it doubles the work). Here it is written ou
 
     a producer warpgroup      loads Q once, then each block of keys and of values through the copy engine (TMA)
                               into a ring of STAGES shared-memory slots, each slot's mbarrier saying when it is
-                              full; its registers go to the MMA warpgroups (setmaxnreg)
+                              full; it keeps 24 registers a thread and gives the rest to the MMA warpgroups
+                              (setmaxnreg)
     two MMA warpgroups        128 queries, 64 each, 240 registers a thread: S = Q K^T on the tensor cores
                               (wgmma, asynchronous), the online softmax in base 2, O += P V with P kept in
                               registers as the product's A operand. Block j's S is issued before block j-1's
@@ -44,8 +45,11 @@ BLOCK_N = 128   # keys and values a step of the loop walks
 STAGES = {64: 3, 128: 2}   # slots in the ring by head dim: what fits the 227 KiB a block may hold beside Q and O
 LOAD_WARPS = 4   # the producer: the kernel's num_warps (Gluon's default partition), a warpgroup
 MMA_WARPS = 8
-MMA_REGISTERS = 240   # a thread of the MMA warpgroups: 8 warps of them leave the producer's warpgroup 32 of 64 K
-MAX_REGISTERS = 168   # at launch, for the 12 warps to fit the 64 K registers of an SM (setmaxnreg moves them)
+MMA_REGISTERS = 240   # a thread of the MMA warpgroups; Triton leaves the producer's warpgroup 24
+# At launch, a thread of each of the 12 warps: 168 x 384 threads = 24 x 128 + 240 x 256, the whole budget that
+# setmaxnreg moves between the partitions. A launch with fewer would leave the MMA warpgroups' request for 240
+# waiting on registers that never free (the CPU test holds the compile to exactly this many)
+MAX_REGISTERS = 168
 
 
 if gluon is not None:
@@ -150,8 +154,10 @@ if gluon is not None:
             acc = warpgroup_mma(p_operand, v_slots.index(last).reshape([block_n, head_d]), acc, is_async=True)
             acc, p_operand = warpgroup_mma_wait(0, deps=(acc, p_operand))
         seen = l_i > 0.0
-        o_smem.reshape([block_m, head_d]).store(
-            (acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None]).to(dtype))
+        o_seen = gl.convert_layout(seen, o_rows)[:, None]
+        # a row that sees no key is zeros, whatever the hidden keys' values (0 x inf would be nan)
+        out = gl.where(o_seen, acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None], 0.0)
+        o_smem.reshape([block_m, head_d]).store(out.to(dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [b, h, start_m, 0], o_smem)   # rows past nq are dropped
         lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
@@ -193,6 +199,7 @@ if gluon is not None:
             mbarrier.init(v_full.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=1)
+        fence_async_shared()   # the initialized barriers seen by the copy engine before its first copy
         args = (q_desc, k_desc, v_desc, o_desc, q_smem, k_slots, v_slots, o_smem,
                 (q_bar, k_full, v_full, k_empty, v_empty), lse_ptr, row, b, h, h // group, start_m, full, end, nq,
                 nk, reach, scale_log2)
