@@ -202,12 +202,12 @@ ATTENTION_CANDIDATES = {
 }
 
 
-def _attention_row(row: dict, call, work: float, o_current, inputs, **settings) -> dict:
-    """row with the time of call() under attention.py's settings patched, and for a forward the largest difference
-    of its O from the current settings' (a fast candidate must still be right); a candidate that does not compile
-    or fit (shared memory, registers) is a result too."""
+def _attention_row(row: dict, call, work: float, o_current, inputs, sm90=None, **settings) -> dict:
+    """row with the time of call() under attention.py's settings patched (and attention_sm90.py's: `sm90`), and
+    for a forward the largest difference of its O from the current settings' (a fast candidate must still be
+    right); a candidate that does not compile or fit (shared memory, registers) is a result too."""
     try:
-        with patched(att, **settings):
+        with patched(att, **settings), patched(att.attention_sm90, **(sm90 or {})):
             row["us"] = _graph_us(call)
             if row["kernel"] == "forward":
                 row["max_diff"] = (att._forward(*inputs)[0].float() - o_current.float()).abs().max().item()
@@ -240,11 +240,13 @@ def attention(head_dims) -> list[dict]:
                                timed="backward (delta, dK/dV, dQ)" if kernel != "forward" else "forward")
                     out.append(_attention_row(row, call, work, o, (q, k, v, causal, scale),
                                               TILES={**att.TILES, kernel: {**att.TILES[kernel], d: tiles}}))
-            if att.attention_sm90.supports(q, k, scale):   # the Hopper forward in Gluon, beside the tiles
-                sm90 = ["sm90", att.attention_sm90.BLOCK_M, att.attention_sm90.BLOCK_N,
-                        att.attention_sm90.LOAD_WARPS + att.attention_sm90.MMA_WARPS, att.attention_sm90.STAGES[d]]
-                row = dict(kernel="forward", d=d, causal=causal, tiles=sm90, current=False, timed="forward")
-                out.append(_attention_row(row, *calls["forward"], o, (q, k, v, causal, scale), SM90_FORWARD=True))
+            for parts in (1, 2) if att.attention_sm90.supports(q, k, scale) else ():   # the Hopper forward in Gluon
+                hopper = att.attention_sm90
+                tiles = [f"sm90 ({parts} MMA partition{'s' if parts > 1 else ''})", hopper.BLOCK_M, hopper.BLOCK_N,
+                         hopper.LOAD_WARPS + hopper.MMA_WARPS, hopper.STAGES[d]]
+                row = dict(kernel="forward", d=d, causal=causal, tiles=tiles, current=False, timed="forward")
+                out.append(_attention_row(row, *calls["forward"], o, (q, k, v, causal, scale),
+                                          sm90={"MMA_PARTS": parts}, SM90_FORWARD=True))
             for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
                                   ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):
                 leaves = [t.detach().requires_grad_() for t in (q, k, v)]

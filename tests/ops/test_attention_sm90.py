@@ -24,7 +24,7 @@ SHARED_MEMORY_LIMIT = 227 * 1024   # what a block may hold on the H100
 pytestmark = pytest.mark.skipif(sm90.gluon is None, reason="Gluon ships with Triton 3.5 and later")
 
 
-def _compiled(d: int, causal: bool):
+def _compiled(d: int, causal: bool, parts: int = sm90.MMA_PARTS):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -33,10 +33,10 @@ def _compiled(d: int, causal: bool):
         return f"tensordesc<bf16[1, 1, {rows}, {d}],{sm90._layout(d, torch.bfloat16, rows)!r}>"
 
     signature = {"q_desc": descriptor(sm90.BLOCK_M), "k_desc": descriptor(sm90.BLOCK_N),
-                 "v_desc": descriptor(sm90.BLOCK_N), "o_desc": descriptor(sm90.BLOCK_M), "lse_ptr": "*fp32",
+                 "v_desc": descriptor(sm90.BLOCK_N), "o_desc": descriptor(sm90.BLOCK_M // parts), "lse_ptr": "*fp32",
                  "heads": "i32", "group": "i32", "nq": "i32", "nk": "i32", "scale_log2": "fp32",
-                 "CAUSAL": "constexpr", "STAGES": "constexpr", "MMA_WARPS": "constexpr", "MMA_REGISTERS": "constexpr"}
-    constexprs = {"CAUSAL": causal, "STAGES": sm90.STAGES[d], "MMA_WARPS": sm90.MMA_WARPS,
+                 "CAUSAL": "constexpr", "STAGES": "constexpr", "MMA_PARTS": "constexpr", "MMA_REGISTERS": "constexpr"}
+    constexprs = {"CAUSAL": causal, "STAGES": sm90.STAGES[d], "MMA_PARTS": parts,
                   "MMA_REGISTERS": sm90.MMA_REGISTERS}
     source = GluonASTSource(sm90.attention_forward_sm90_kernel, signature, constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
@@ -49,16 +49,18 @@ def _machine_code() -> dict:
     out = {}
     for d in sm90.HEAD_DIMS:
         for causal in (False, True):
-            kernel = _compiled(d, causal)
-            used = sass.resources(kernel.asm["cubin"])[kernel.metadata.name]
-            code = sass.parse_disassembly(sass.disassemble(kernel.asm["cubin"]))
-            store = max(i for i, x in enumerate(code) if x.base == "UTMASTG")
-            last_write = max(i for i, x in enumerate(code[:store]) if x.base in ("STS", "STSM"))
-            out[f"{d},{causal}"] = {"warps": kernel.metadata.num_warps, "registers": used.registers,
-                                    "local": used.local_memory, "ops": collections.Counter(x.base for x in code),
-                                    "shared": kernel.metadata.shared + used.static_shared_bytes,
-                                    "o_written_then_barrier": any(x.opcode.startswith("BAR.SYNC")
-                                                                  for x in code[last_write:store])}
+            for parts in (1, 2):
+                kernel = _compiled(d, causal, parts)
+                used = sass.resources(kernel.asm["cubin"])[kernel.metadata.name]
+                code = sass.parse_disassembly(sass.disassemble(kernel.asm["cubin"]))
+                barriers = []   # for each copy of O out: a barrier after the last shared-memory write before it
+                for store in (i for i, x in enumerate(code) if x.base == "UTMASTG"):
+                    last_write = max(i for i, x in enumerate(code[:store]) if x.base in ("STS", "STSM"))
+                    barriers.append(any(x.opcode.startswith("BAR.SYNC") for x in code[last_write:store]))
+                out[f"{d},{causal},{parts}"] = {
+                    "warps": kernel.metadata.num_warps, "registers": used.registers, "local": used.local_memory,
+                    "ops": collections.Counter(x.base for x in code), "o_written_then_barrier": barriers,
+                    "shared": kernel.metadata.shared + used.static_shared_bytes}
     return out
 
 
@@ -72,10 +74,13 @@ def machine_code():
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.parametrize("parts", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", sm90.HEAD_DIMS)
-def test_a_producer_warpgroup_and_two_mma_warpgroups_without_spills(machine_code, d, causal):
-    kernel = machine_code[f"{d},{causal}"]
+def test_a_producer_warpgroup_and_two_mma_warpgroups_without_spills(machine_code, d, causal, parts):
+    """The MMA warpgroups as one partition or as a partition each: the same warps and registers, each partition's
+    products, and each partition's O out by the copy engine."""
+    kernel = machine_code[f"{d},{causal},{parts}"]
     ops = kernel["ops"]
     assert kernel["warps"] == sm90.LOAD_WARPS + sm90.MMA_WARPS == 12
     # every register of the SM at launch, for setmaxnreg to hand out (fewer: the MMA warpgroups would wait forever)
@@ -83,20 +88,21 @@ def test_a_producer_warpgroup_and_two_mma_warpgroups_without_spills(machine_code
     assert ops.get("USETMAXREG", 0) > 0   # the registers moved from the producer to the MMA warpgroups
     # S = Q K^T and O += P V on the tensor cores, head_dim / 16 and BLOCK_N / 16 wgmmas each, a warpgroup: the
     # first block's S, the loop's S and P V, the last block's P V
-    assert ops["HGMMA"] == 2 * (d // 16) + 2 * (sm90.BLOCK_N // 16)
-    assert ops["UTMALDG"] == 3 and ops["UTMASTG"] == 1   # Q, K, V in by the copy engine, O out
+    assert ops["HGMMA"] == parts * (2 * (d // 16) + 2 * (sm90.BLOCK_N // 16))
+    assert ops["UTMALDG"] == 3 and ops["UTMASTG"] == parts   # Q, K, V in by the copy engine, O out
     # O's copy out waits for every MMA warp's write of it: a barrier the compiler puts there, not the source
-    assert kernel["o_written_then_barrier"]
+    assert kernel["o_written_then_barrier"] == [True] * parts
     assert kernel["shared"] <= SHARED_MEMORY_LIMIT
 
 
 # --------------------------------------------------------------------------- on a GPU
 
-@pytest.fixture
-def hopper_forward(monkeypatch):
+@pytest.fixture(params=[1, 2], ids=["one MMA partition", "a partition a warpgroup"])
+def hopper_forward(monkeypatch, request):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a GPU of compute capability 9.0")
     monkeypatch.setattr(attention_module, "SM90_FORWARD", True)
+    monkeypatch.setattr(sm90, "MMA_PARTS", request.param)
     clear_plans()
     yield
     clear_plans()

@@ -44,7 +44,10 @@ BLOCK_M = 128   # queries a program holds: 64 for each MMA warpgroup
 BLOCK_N = 128   # keys and values a step of the loop walks
 STAGES = {64: 3, 128: 2}   # slots in the ring by head dim: what fits the 227 KiB a block may hold beside Q and O
 LOAD_WARPS = 4   # the producer: the kernel's num_warps (Gluon's default partition), a warpgroup
-MMA_WARPS = 8
+MMA_WARPS = 8   # the two MMA warpgroups
+# The MMA warpgroups as one partition (1: its barriers sync them, they move in lockstep) or a partition each (2:
+# FA3's ping-pong left to the warp schedulers); tune_ops times both
+MMA_PARTS = 1
 MMA_REGISTERS = 240   # a thread of the MMA warpgroups; Triton leaves the producer's warpgroup 24
 # At launch, a thread of each of the 12 warps: 168 x 384 threads = 24 x 128 + 240 x 256, the whole budget that
 # setmaxnreg moves between the partitions. A launch with fewer would leave the MMA warpgroups' request for 240
@@ -96,12 +99,13 @@ if gluon is not None:
     @gluon.jit
     def _attend(q_desc, k_desc, v_desc, o_desc, q_smem, k_slots, v_slots, o_smem, bars, lse_ptr, row, b, h, hk,
                 start_m, full, end, nq, nk, reach, scale_log2):
-        """The MMA warpgroups: O and the log-sum-exp of the program's queries."""
+        """An MMA partition: O and the log-sum-exp of its queries, q_smem's and o_smem's rows (the program's, or
+        where each warpgroup is a partition, its half), the first of them start_m."""
         q_bar, k_full, v_full, k_empty, v_empty = bars
         warps: gl.constexpr = gl.num_warps()
         slots: gl.constexpr = k_slots.type.shape[0]
-        block_m: gl.constexpr = q_smem.type.shape[2]
-        head_d: gl.constexpr = q_smem.type.shape[3]
+        block_m: gl.constexpr = q_smem.type.shape[0]   # q_smem: this partition's queries, [rows, head_dim]
+        head_d: gl.constexpr = q_smem.type.shape[1]
         block_n: gl.constexpr = k_slots.type.shape[3]
         dtype: gl.constexpr = q_smem.dtype
         # each warp 16 rows of every product: the two warpgroups split the queries, 64 each
@@ -112,7 +116,7 @@ if gluon is not None:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-        q = q_smem.reshape([block_m, head_d])
+        q = q_smem
         queries = start_m + gl.arange(0, block_m, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([block_m], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([block_m], gl.float32, gl.SliceLayout(1, s_layout))
@@ -166,9 +170,12 @@ if gluon is not None:
 
     @gluon.jit
     def attention_forward_sm90_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, heads, group, nq, nk, scale_log2,
-                                      CAUSAL: gl.constexpr, STAGES: gl.constexpr, MMA_WARPS: gl.constexpr,
+                                      CAUSAL: gl.constexpr, STAGES: gl.constexpr, MMA_PARTS: gl.constexpr,
                                       MMA_REGISTERS: gl.constexpr):
-        """Program (query block, batch x head). scale_log2 = scale log2(e) > 0."""
+        """Program (query block, batch x head). scale_log2 = scale log2(e) > 0. The MMA warpgroups are one partition
+        (MMA_PARTS 1: they share its barriers and move in lockstep) or one each (2: each waits only on its own
+        work, and the warp schedulers interleave one's softmax with the other's products); o_desc's blocks are one
+        partition's rows."""
         block_m: gl.constexpr = q_desc.block_type.shape[2]
         block_n: gl.constexpr = k_desc.block_type.shape[2]
         # the last query blocks first: causal, they have the most keys to walk, and the short ones fill the tail
@@ -187,7 +194,7 @@ if gluon is not None:
         q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
         k_slots = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_slots = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, o_desc.block_type.shape, o_desc.layout)
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [MMA_PARTS] + o_desc.block_type.shape, o_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -197,15 +204,26 @@ if gluon is not None:
         for i in gl.static_range(STAGES):
             mbarrier.init(k_full.index(i), count=1)
             mbarrier.init(v_full.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=MMA_PARTS)   # free once every MMA partition has read it
+            mbarrier.init(v_empty.index(i), count=MMA_PARTS)
         fence_async_shared()   # the initialized barriers seen by the copy engine before its first copy
-        args = (q_desc, k_desc, v_desc, o_desc, q_smem, k_slots, v_slots, o_smem,
-                (q_bar, k_full, v_full, k_empty, v_empty), lse_ptr, row, b, h, h // group, start_m, full, end, nq,
-                nk, reach, scale_log2)
+        bars = (q_bar, k_full, v_full, k_empty, v_empty)
+        rows: gl.constexpr = block_m // MMA_PARTS
+        loads = (q_desc, k_desc, v_desc, o_desc, q_smem, k_slots, v_slots, o_smem, bars, lse_ptr, row, b, h,
+                 h // group, start_m, full, end, nq, nk, reach, scale_log2)
+        q_rows = q_smem.reshape([block_m, q_desc.block_type.shape[3]])
+        first = (q_desc, k_desc, v_desc, o_desc, q_rows.slice(0, rows), k_slots, v_slots, o_smem.index(0),
+                 bars, lse_ptr, row, b, h, h // group, start_m, full, end, nq, nk, reach, scale_log2)
         # Triton 3.6 builds the default partition outside the kernel's module, where a reduction cannot tell its
-        # warps: the producer takes it (the kernel's num_warps), the MMA warpgroups are a worker partition
-        gl.warp_specialize([(_loads, args), (_attend, args)], [MMA_WARPS], [MMA_REGISTERS])
+        # warps: the producer takes it (the kernel's num_warps), the MMA warpgroups are worker partitions
+        if MMA_PARTS == 1:
+            gl.warp_specialize([(_loads, loads), (_attend, first)], [8], [MMA_REGISTERS])
+        else:
+            second = (q_desc, k_desc, v_desc, o_desc, q_rows.slice(rows, rows), k_slots, v_slots,
+                      o_smem.index(1), bars, lse_ptr, row, b, h, h // group, start_m + rows, full, end, nq, nk, reach,
+                      scale_log2)
+            gl.warp_specialize([(_loads, loads), (_attend, first), (_attend, second)], [4, 4],
+                               [MMA_REGISTERS, MMA_REGISTERS])
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
@@ -228,7 +246,9 @@ class Sm90Forward:
         self.d, self.causal = d, causal
         self.grid = (cdiv(nq, BLOCK_M), batch * heads)
         self.args = (heads, heads // k.shape[1], nq, k.shape[2], scale * 1.4426950408889634)
-        self.layouts = {rows: _layout(d, q.dtype, rows) for rows in (BLOCK_M, BLOCK_N)}
+        self.parts = MMA_PARTS
+        self.o_rows = BLOCK_M // self.parts   # O leaves by the copy engine a partition's rows at a time
+        self.layouts = {rows: _layout(d, q.dtype, rows) for rows in {BLOCK_M, BLOCK_N, self.o_rows}}
 
     def _descriptor(self, t: torch.Tensor, rows: int):
         return tma_descriptor(t, [1, 1, rows, self.d], layout=self.layouts[rows])
@@ -242,7 +262,7 @@ class Sm90Forward:
         with torch.cuda.device(q.device):
             attention_forward_sm90_kernel[self.grid](
                 self._descriptor(q, BLOCK_M), self._descriptor(k, BLOCK_N), self._descriptor(v, BLOCK_N),
-                self._descriptor(o, BLOCK_M), lse, *self.args, CAUSAL=self.causal, STAGES=STAGES[self.d],
-                MMA_WARPS=MMA_WARPS, MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS, maxnreg=MAX_REGISTERS)
+                self._descriptor(o, self.o_rows), lse, *self.args, CAUSAL=self.causal, STAGES=STAGES[self.d],
+                MMA_PARTS=self.parts, MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS, maxnreg=MAX_REGISTERS)
         return o, lse
 
