@@ -91,6 +91,7 @@ OPTIONS = {"single": {"compile"} | EVERY,
            | NCCL | EVERY,
            "fsdp2": {"units", "keep", "root", "fp32", "bf16reduce", "compile"} | NCCL | EVERY}
 NUMBERED = ("bucket", "units", "ctas")   # options that take a number
+COMPILED = {"compile", "onegraph", "pyreducer"}   # options that compile the step (one GPU's: compile)
 WARMUP_STEPS = 3   # compiles; DDP rebuilds its buckets in the order of the first backward, static_graph after two
 
 
@@ -135,7 +136,7 @@ def build(model_name: str, variant: str, device: torch.device):
         import roofline
 
         roofline.patch(model)
-    if {"compile", "onegraph", "pyreducer"} & set(options):
+    if COMPILED & set(options):
         own_classes(model, variant)
     ids = [device.index] if device.type == "cuda" else None
     if strategy == "single":
@@ -376,7 +377,7 @@ def reference(variant: str, variants: list[str]) -> str | None:
     strategy, options = parse(variant)
     if strategy == "single":
         return None
-    wanted = {"compile" if name in ("onegraph", "pyreducer") else name for name in options} & OPTIONS["single"]
+    wanted = {"compile" if name in COMPILED else name for name in options} & OPTIONS["single"]
     # the single variant doing most of what this one does and nothing else; compiling counts most (a compiled
     # variant against the eager model says little): ddp+compile+pin, without single+compile+pin, is held against
     # single+compile

@@ -40,6 +40,7 @@ norm = importlib.import_module("roofline.ops.norm")
 ce = importlib.import_module("roofline.ops.cross_entropy")
 sm = importlib.import_module("roofline.ops.softmax")
 att = importlib.import_module("roofline.ops.attention")
+hopper = importlib.import_module("roofline.ops.attention_sm90")
 
 BF16 = torch.bfloat16
 
@@ -207,7 +208,7 @@ def _attention_row(row: dict, call, work: float, o_current, inputs, sm90=None, *
     for a forward the largest difference of its O from the current settings' (a fast candidate must still be
     right); a candidate that does not compile or fit (shared memory, registers) is a result too."""
     try:
-        with patched(att, **settings), patched(att.attention_sm90, **(sm90 or {})):
+        with patched(att, **settings), patched(hopper, **(sm90 or {})):
             row["us"] = _graph_us(call)
             if row["kernel"] == "forward":
                 row["max_diff"] = (att._forward(*inputs)[0].float() - o_current.float()).abs().max().item()
@@ -240,8 +241,7 @@ def attention(head_dims) -> list[dict]:
                                timed="backward (delta, dK/dV, dQ)" if kernel != "forward" else "forward")
                     out.append(_attention_row(row, call, work, o, (q, k, v, causal, scale),
                                               TILES={**att.TILES, kernel: {**att.TILES[kernel], d: tiles}}))
-            for parts in (1, 2) if att.attention_sm90.supports(q, k, scale) else ():   # the Hopper forward in Gluon
-                hopper = att.attention_sm90
+            for parts in (1, 2) if hopper.supports(q, k, scale) else ():   # the Hopper forward in Gluon
                 tiles = [f"sm90 ({parts} MMA partition{'s' if parts > 1 else ''})", hopper.BLOCK_M, hopper.BLOCK_N,
                          hopper.LOAD_WARPS + hopper.MMA_WARPS, hopper.STAGES[d]]
                 row = dict(kernel="forward", d=d, causal=causal, tiles=tiles, current=False, timed="forward")

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import torch
 
-from roofline.ops import attention_sm90
 from roofline.ops._common import as_stored, cdiv, choose_backend, next_power_of_2, tl, tma_readable, triton
 from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, plan_cache, tensor_key
@@ -95,8 +94,9 @@ TILES = {
 FP32_TILES = {32: Tiles(64, 32, 4, 1), 64: Tiles(64, 32, 4, 1), 96: Tiles(32, 32, 4, 1), 128: Tiles(32, 32, 4, 1),
               256: Tiles(16, 16, 4, 1)}
 DELTA_BLOCK = 64   # queries a program of the dot(dO, O) pre-pass takes
-# The Hopper forward in Gluon (attention_sm90.py) for the inputs it takes, in place of the tiled one: off until the
-# H100 has timed it against the tiled forward and cuDNN (plans made with it keep it: clear_plans after a change)
+# The Hopper forward in Gluon (attention_sm90.py, imported only then, Gluon with it) for the inputs it takes, in
+# place of the tiled one: off until the H100 has timed it against the tiled forward and cuDNN (plans made with it
+# keep it: clear_plans after a change)
 SM90_FORWARD = os.environ.get("ROOFLINE_SM90_ATTENTION", "0") == "1"
 
 if triton is not None:
@@ -373,8 +373,12 @@ class AttentionPlan:
             descriptors={0: _block(t, d), 1: _block(t, d, "walked"), 2: _block(t, d, "walked"), 3: _block(t, d)},
             CAUSAL=causal, **settings)
         self.forward_args = (heads, heads // kv_heads, nq, nk, abs(scale) * LOG2E, -1.0 if scale < 0 else 1.0)
-        self.sm90 = attention_sm90.Sm90Forward(q, k, causal, scale) \
-            if SM90_FORWARD and attention_sm90.supports(q, k, scale) else None
+        self.sm90 = None
+        if SM90_FORWARD:
+            from roofline.ops import attention_sm90
+
+            if attention_sm90.supports(q, k, scale):
+                self.sm90 = attention_sm90.Sm90Forward(q, k, causal, scale * LOG2E)
         self.backward_args = (heads, kv_heads, heads // kv_heads, nq, nk, scale, scale * LOG2E)
         self.delta_grid = (cdiv(nq, DELTA_BLOCK), batch * heads)
         self._backward_launches = {}

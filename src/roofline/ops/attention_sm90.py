@@ -239,13 +239,14 @@ def _layout(d: int, dtype: torch.dtype, rows: int):
 
 
 class Sm90Forward:
-    """The launch for q, k, v of given shapes (readable by the copy engine) on a Hopper GPU: (O, log-sum-exp)."""
+    """The launch for q, k, v of given shapes (readable by the copy engine) on a Hopper GPU: (O, log-sum-exp).
+    scale_log2: the softmax scale times log2(e)."""
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float):
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale_log2: float):
         batch, heads, nq, d = q.shape
         self.d, self.causal = d, causal
         self.grid = (cdiv(nq, BLOCK_M), batch * heads)
-        self.args = (heads, heads // k.shape[1], nq, k.shape[2], scale * 1.4426950408889634)
+        self.args = (heads, heads // k.shape[1], nq, k.shape[2], scale_log2)
         self.parts = MMA_PARTS
         self.o_rows = BLOCK_M // self.parts   # O leaves by the copy engine a partition's rows at a time
         self.layouts = {rows: _layout(d, q.dtype, rows) for rows in {BLOCK_M, BLOCK_N, self.o_rows}}
