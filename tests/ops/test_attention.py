@@ -1,6 +1,6 @@
 """flash_attention's forward against attention in float64, by flash-attention's rule (DESIGN.md): our error is at
-most twice that of torch's own attention in the same dtype, plus 1e-5. Odd lengths, Nq != Nk both ways, causal
-and not, grouped-query heads, every supported head dim, strided inputs.
+most twice that of torch's own attention in the same dtype, plus 1e-5 and the result's rounding. Odd lengths, Nq !=
+Nk both ways, causal and not, grouped-query heads, every supported head dim, strided inputs.
 
 On a CPU the Triton kernel runs through Triton's interpreter at small shapes; the `gpu` tests repeat the checks
 at a language model's sizes.
@@ -26,7 +26,7 @@ def inputs(batch, heads, kv_heads, nq, nk, d, dtype, device=DEVICE):
 
 def check(q, k, v, causal=False, scale=None, grad=True):
     """Our output (and dQ, dK, dV) against float64, each within twice the error of torch's attention in q's
-    dtype, plus 1e-5."""
+    dtype, plus 1e-5 and the result's rounding (ops_checks.assert_within_twice_torchs_error)."""
     if not grad:
         ours = [flash_attention(q, k, v, causal, scale, backend="triton")]
         exact = [attention_reference(q.double(), k.double(), v.double(), causal, scale)]

@@ -1,9 +1,9 @@
 """linear (GEMM with fused epilogue) and int8_linear against float64.
 
 linear's rule is flash_attention's: our error against float64 is at most twice that of torch's F.linear (and the
-same epilogue in eager torch) in the same dtype, plus 1e-5, for the output and every gradient. Odd M, N, K,
-non-contiguous and transposed operands, every epilogue alone and together. int8: exact against the dequantized
-weight, and a signal-to-quantization-noise ratio against the bf16 layer.
+same epilogue in eager torch) in the same dtype, plus 1e-5 and the result's rounding, for the output and every
+gradient. Odd M, N, K, non-contiguous and transposed operands, every epilogue alone and together. int8: exact
+against the dequantized weight, and a signal-to-quantization-noise ratio against the bf16 layer.
 
 On a CPU the kernel runs through Triton's interpreter at small shapes; the `gpu` tests repeat the checks at a
 language model's sizes.
