@@ -341,7 +341,7 @@ def profile(
         roofline profile --skip 3 train.py --epochs 1
         roofline profile --nproc-per-node 2 --skip 3 train.py
     """
-    from roofline.distributed import ledger, profiling
+    from roofline.distributed import hang, ledger, profiling
     from roofline.profiler import run_program
     from roofline.profiler.trace import TraceError
 
@@ -369,6 +369,7 @@ def profile(
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         profiling.forget_earlier(folder, ranked[0])
+        hang.arm(folder, ranked[0])   # a collective that times out, and where a stopped rank was, are told
     def run():
         return run_program(target, list(args or []), module=module, skip=skip, active=steps, memory=memory,
                            shapes=shapes, python_stack=python_stack,
@@ -389,6 +390,13 @@ def profile(
         raise typer.Exit(2)
     if status or error is not None:
         _program_failed(target, status, error, prof.steps)
+    if folder is not None:
+        hang.disarm(folder, ranked[0])
+        if error is not None:
+            hang.note(folder, ranked[0], error)
+            waited = hang.explain(folder, ranked[1]).get(ranked[0])
+            if waited and os.environ.get(profiling.LAUNCHED) != "1":   # else the launcher says it, for every rank
+                err.print(f"roofline: rank {ranked[0]} {waited}", markup=False, highlight=False)
     if ranked and (ranked[0] != 0 or os.environ.get(profiling.LAUNCHED) == "1"):
         if prof.recorded:
             profiling.publish(folder, ranked[0])

@@ -1,7 +1,9 @@
 """Collectives timed across real process groups (gloo over 2 and 4 processes, started as torchrun starts them), bus
 bandwidth as nccl-tests defines it, and ranks that fail: named, with the others stopped."""
 
+import inspect
 import os
+import re
 import time
 
 import pytest
@@ -73,13 +75,13 @@ def test_a_note_cut_off_mid_write_is_not_read(tmp_path):
     exit status) speaks for it, and the notes written whole still order the errors."""
     from types import SimpleNamespace
 
-    from roofline.distributed.launch import _failures
+    from roofline.distributed.launch import what_failed
 
     (tmp_path / "rank0.draft").write_text('{"time": 2.0, "err')
     (tmp_path / "rank2.json").write_text('{"time": 1.0, "error": "ValueError: no"}')
     (tmp_path / "rank3.json").write_text('{"time": 3.0, "error": "RuntimeError: waited"}')
     launcher = {rank: SimpleNamespace(exitcode=code) for rank, code in [(0, -9), (1, 1), (2, 1), (3, 1)]}
-    assert _failures(launcher, tmp_path) == {2: "ValueError: no (the first error)", 3: "RuntimeError: waited",
+    assert what_failed(launcher, tmp_path, 4) == {2: "ValueError: no (the first error)", 3: "RuntimeError: waited",
                                              0: "killed by signal 9", 1: "exit status 1"}
 
 
@@ -90,5 +92,13 @@ def test_a_rank_that_never_arrives_times_out_the_collective_that_waited(tmp_path
     with pytest.raises(RankFailed) as failed:
         spawn(fail, 2, "hang", str(tmp_path), timeout_s=3)
     assert time.perf_counter() - started < 45
-    assert 0 in failed.value.failures and "rank 0:" in str(failed.value)
+    # rank 0 says which call it waited in, and where; rank 1, where it was when stopped
+    lines, first = inspect.getsourcelines(fail)
+    sleep, call = (first + next(i for i, text in enumerate(lines) if needle in text) for needle in
+                   ("time.sleep(60)", "dist.all_reduce"))
+    said = failed.value.failures
+    assert re.search(r"Timed out.*; waited [0-9.]+ s in call 1 of process group default_pg \(all_reduce, 16 B\) "
+                     rf"at workers.py:{call} \(fail\)$", said[0])
+    assert said[1] == f"stopped at workers.py:{sleep} (fail)"
+    assert str(failed.value).startswith("1 of the ranks failed, and the others were stopped: rank 0: ")
     assert all(_gone(int(p.name)) for p in tmp_path.iterdir())

@@ -69,3 +69,16 @@ def test_profile_two_gpus_of_ddp_training(tmp_path):
     assert timed is not None and timed["calls"] >= 2 * sum(row["calls"] for row in grads)
     assert all(ms > 0 for ms in timed["comm_ms"]) and timed["straggler"] == 1
     assert 15 < ranks["straggler"]["held_ms"] < 45 and timed["waits_ms"][0] > 15
+
+
+def test_a_collective_that_times_out_over_nccl_is_named_from_the_watchdog_s_record(tmp_path):
+    """Rank 1 sleeps through the all_reduce rank 0 waits in: NCCL's watchdog tears rank 0 down after the group's
+    5 s (no Python speaks), and the record it writes names the call; rank 1 is told where it was when stopped."""
+    from roofline.distributed import hang
+
+    with pytest.raises(RankFailed) as failed:
+        spawn(fail, 2, "hang", str(tmp_path), timeout_s=5)
+    said = failed.value.failures
+    assert "waited out the group's timeout (5 s) in call 1 of process group default_pg (all_reduce, 16 B) at " \
+           "workers.py:" in said[0], said
+    assert said[1].startswith(hang.STOPPED + " workers.py:") or "never reached call 1" in said[1], said

@@ -25,7 +25,9 @@ def fail(how: str, pids: str):
         if how == "signal":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)   # "hang": never reaches the collective
-    dist.all_reduce(torch.ones(4))
+    x = torch.ones(4, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(x)
+    x.sum().item()   # waits for the result: NCCL's call returns at once
     return dist.get_rank()
 
 

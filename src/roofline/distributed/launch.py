@@ -6,7 +6,8 @@ RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set by its rendezvous
 Each rank joins the default process group (NCCL with a GPU a rank, gloo on CPUs) before the function runs, and
 leaves it after. A rank that raises or dies stops the others (the launcher terminates them: no process is left
 running) and `RankFailed` names it, with its exit status and its error. A collective that waits longer than
-`timeout_s` for a rank fails on the ranks that waited (the process group's timeout), and is reported the same way.
+`timeout_s` for a rank fails on the ranks that waited (the process group's timeout), and is reported the same way,
+with the call each rank waited in and the line each stopped rank was at (distributed.hang).
 The environment is the parent's, inherited whole (NCCL settings included: on the lent machines NVLink multicast
 is off, NCCL_NVLS_ENABLE=0, and stays off in every rank).
 """
@@ -18,6 +19,7 @@ import datetime
 import json
 import logging
 import os
+import signal
 import tempfile
 import time
 import uuid
@@ -26,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from roofline.distributed import hang
+
 
 class RankFailed(RuntimeError):
     """A rank raised, died or timed out; the others were stopped."""
@@ -33,7 +37,8 @@ class RankFailed(RuntimeError):
     def __init__(self, failures: dict[int, str]):
         self.failures = failures   # rank -> what happened to it
         said = "; ".join(f"rank {rank}: {why}" for rank, why in failures.items())
-        super().__init__(f"{len(failures)} of the ranks failed, and the others were stopped: {said}")
+        failed = sum(not why.startswith(hang.STOPPED) for why in failures.values())
+        super().__init__(f"{failed} of the ranks failed, and the others were stopped: {said}")
 
 
 def backend() -> str:
@@ -45,7 +50,9 @@ def _in_group(fn, backend_name: str, timeout_s: float, reports: str, args: tuple
     """A rank's life: join the default group (its GPU its local rank's), run fn(*args), leave. An exception is
     noted in `reports` (a folder) with the time it was raised, so that the rank whose error came first, the cause,
     is told from the ranks that failed because it did."""
-    note = Path(reports, f"rank{os.environ['RANK']}.json")
+    rank = int(os.environ["RANK"])
+    note = Path(reports, f"rank{rank}.json")
+    hang.arm(reports, rank)
     try:
         if backend_name == "nccl":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -59,8 +66,10 @@ def _in_group(fn, backend_name: str, timeout_s: float, reports: str, args: tuple
         draft = note.with_suffix(".draft")
         draft.write_text(json.dumps({"time": time.time(), "error": f"{type(exc).__name__}: {exc}".strip()}))
         os.replace(draft, note)
+        hang.note(reports, rank, exc)   # then, while there is time, the collective it failed in
         raise
     dist.destroy_process_group()
+    hang.disarm(reports, rank)
     return result
 
 
@@ -78,9 +87,10 @@ def quiet_launcher():
             logger.setLevel(level)
 
 
-def _failures(launcher_failures: dict, reports: Path) -> dict[int, str]:
+def what_failed(launcher_failures: dict, reports: Path, world: int) -> dict[int, str]:
     """What happened to each failed rank, the first error first: the ranks' own notes (with the time each was
-    raised), and for a rank that left none (killed by a signal, a crash in C++) the launcher's record."""
+    raised), and for a rank that left none (killed by a signal, a crash in C++) the launcher's record; then what
+    the ranks' flight records and stacks say (hang.explain: the collective a rank waited in, where it stopped)."""
     noted = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in reports.glob("rank*.json")}
     said = {}
     for rank, note in sorted(noted.items(), key=lambda kv: kv[1]["time"]):
@@ -89,6 +99,10 @@ def _failures(launcher_failures: dict, reports: Path) -> dict[int, str]:
         if rank not in said:
             status = failure.exitcode
             said[rank] = f"exit status {status}" if status >= 0 else f"killed by signal {-status}"
+    for rank, why in hang.explain(reports, world).items():
+        # a rank whose SIGTERM handler wrote where it was is one the launcher stopped (the others failed first)
+        stopped = why.startswith(hang.STOPPED) and said.get(rank) == f"killed by signal {signal.SIGTERM.value}"
+        said[rank] = f"{said[rank]}; {why}" if rank in said and not stopped else why
     return said
 
 
@@ -109,5 +123,5 @@ def spawn(fn, nproc: int, *args, backend_name: str | None = None, timeout_s: flo
         try:
             results = elastic_launch(config, _in_group)(fn, backend_name, timeout_s, reports, args)
         except ChildFailedError as exc:
-            raise RankFailed(_failures(exc.failures, Path(reports))) from None
+            raise RankFailed(what_failed(exc.failures, Path(reports), nproc)) from None
     return [results[rank] for rank in range(nproc)]

@@ -64,6 +64,14 @@ def kind_of(profiling_name: str) -> str | None:
     return next((kind for word, kind in _KINDS if word in name), None)
 
 
+def message_bytes(entry: dict) -> int | None:
+    """A recorded call's message as nccl-tests sizes it: an all-gather's output, a reduce-scatter's input, either
+    for the rest (the larger of the two)."""
+    nbytes = [_nbytes(entry.get("input_sizes"), entry.get("input_dtypes")),
+              _nbytes(entry.get("output_sizes"), entry.get("output_dtypes"))]
+    return max((b for b in nbytes if b is not None), default=None)
+
+
 def _nbytes(sizes, dtypes) -> int | None:
     """The bytes of a call's tensors (sizes: one shape per tensor)."""
     total = 0
@@ -108,8 +116,6 @@ def read(spans_ns: list[tuple[int, int]]) -> list[dict]:
         step = bisect.bisect_right(starts, created) - 1
         if step < 0 or created >= spans_ns[step][1]:
             continue
-        nbytes = [_nbytes(entry.get("input_sizes"), entry.get("input_dtypes")),
-                  _nbytes(entry.get("output_sizes"), entry.get("output_dtypes"))]
         p2p = bool(entry.get("is_p2p"))
         # a group by its name, the same on each of its ranks (pg_id only counts the groups a process made), and
         # the recorder that kept it (NCCL's and gloo's count their groups apart)
@@ -117,8 +123,7 @@ def read(spans_ns: list[tuple[int, int]]) -> list[dict]:
         out.append({"step": step, "group": f"{recorder}:{name}", "p2p": p2p,
                     "seq": entry.get("p2p_seq_id" if p2p else "collective_seq_id"), "created_ns": created,
                     "kind": kind_of(str(entry.get("profiling_name", ""))),
-                    # nccl-tests' message: an all-gather's output, a reduce-scatter's input, either for the rest
-                    "bytes": max((b for b in nbytes if b is not None), default=None),
+                    "bytes": message_bytes(entry),
                     "ms": entry.get("duration_ms")})
     return out
 

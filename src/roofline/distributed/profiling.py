@@ -87,7 +87,7 @@ def launch(nproc: int, rank_argv: list[str], folder: Path) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from roofline.distributed.launch import RankFailed, quiet_launcher
+    from roofline.distributed.launch import RankFailed, quiet_launcher, what_failed
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
@@ -95,11 +95,7 @@ def launch(nproc: int, rank_argv: list[str], folder: Path) -> None:
         try:
             elastic_launch(config, sys.executable)("-m", "roofline", "profile", "--rank-dir", str(folder), *rank_argv)
         except ChildFailedError as exc:
-            raise RankFailed({rank: _status(failure.exitcode) for rank, failure in exc.failures.items()}) from None
-
-
-def _status(code: int) -> str:
-    return f"exit status {code}" if code >= 0 else f"killed by signal {-code}"
+            raise RankFailed(what_failed(exc.failures, folder, nproc)) from None
 
 
 def write_merged_trace(paths: dict[int, Path], offsets_us: list[float], out: Path) -> None:
