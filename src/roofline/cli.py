@@ -329,9 +329,19 @@ def profile(
                                                  "the program on this host, as torchrun does, and report them "
                                                  "together (or run roofline under torchrun yourself: torchrun ... "
                                                  "-m roofline profile train.py)."),
-    rank_dir: Optional[Path] = typer.Option(None, "--rank-dir", help="Under torchrun: the folder every rank writes "
-                                            "its trace to (default: one in the temporary directory, named by the "
-                                            "run; across hosts, give one they share)."),
+    rank_dir: Optional[Path] = typer.Option(None, "--rank-dir", help="The folder every rank writes its trace to "
+                                            "(default: one in the temporary directory, named by the run; across "
+                                            "hosts, give one they all share)."),
+    nnodes: int = typer.Option(1, "--nnodes", min=1, help="With --nproc-per-node: the hosts of the job, each "
+                               "running this command (torchrun's option; with --rdzv-endpoint and --rank-dir)."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT where the hosts meet "
+                                                "(torchrun's option)."),
+    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help="The job's id, the same on every host "
+                                          "(torchrun's option; default: one for every job of --nnodes 1)."),
+    rdzv_backend: str = typer.Option("c10d", "--rdzv-backend", help="c10d, or static with --node-rank "
+                                     "(torchrun's option)."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, help="This host's place, for "
+                                            "--rdzv-backend static (torchrun's option)."),
 ):
     """Run a Python program under the profiler and say where its GPU time goes, line by line, and what to do about it.
 
@@ -347,7 +357,12 @@ def profile(
 
     program = [target, *(args or [])]
     ranked = profiling.under_torchrun()
-    several = ranked is not None or (nproc_per_node or 1) > 1
+    several = ranked is not None or (nproc_per_node or 1) * nnodes > 1
+    if ranked is None and nnodes > 1 and not nproc_per_node:
+        raise typer.BadParameter("needs --nproc-per-node (the ranks each host starts)", param_hint="--nnodes")
+    if rank_dir is None and (nnodes > 1 or (ranked and profiling.hosts() > 1)):
+        raise typer.BadParameter("the ranks run on several hosts: give a folder they all share, where rank 0 "
+                                 "reads the others' traces", param_hint="--rank-dir")
     for given, option in ((ncu, "--ncu"), (verify, "--verify")):
         if given and several:   # each reruns the program, which ranks cannot do alone
             raise typer.BadParameter("not with several ranks (it runs the program again, one process)",
@@ -356,12 +371,18 @@ def profile(
         raise typer.BadParameter("one process only (each rank would note its own launches)", param_hint="--inspect")
     if inspect_top and importlib.util.find_spec("triton") is None:
         raise typer.BadParameter("looks inside Triton kernels, and Triton is not installed", param_hint="--inspect")
-    if nproc_per_node and nproc_per_node > 1 and ranked is None:
+    if nproc_per_node and nproc_per_node * nnodes > 1 and ranked is None:
+        try:
+            rendezvous = profiling.Rendezvous(nnodes, rdzv_endpoint or "localhost:0", rdzv_id, rdzv_backend,
+                                              node_rank)
+        except ValueError as exc:
+            field, why = str(exc).split(": ", 1)
+            raise typer.BadParameter(why, param_hint="--" + field.replace("_", "-")) from None
         recording = ["--skip", str(skip), *(["--steps", str(steps)] if steps else []), *(["-m"] if module else []),
                      *(["--memory"] if memory else []), *([] if shapes else ["--no-shapes"]),
                      *(["--python-stack"] if python_stack else [])]
-        raise typer.Exit(_profile_ranks(nproc_per_node, recording, program, json_path, html_path, trace_path, top,
-                                        rank_dir))
+        raise typer.Exit(_profile_ranks(nproc_per_node, rendezvous, recording, program, json_path, html_path,
+                                        trace_path, top, rank_dir))
     folder = Path(rank_dir or profiling.default_dir()) if ranked else None
     began = time.time()
     if ranked:
@@ -426,7 +447,7 @@ def profile(
         if missing:
             err.print(f"roofline: no trace from ranks {missing} after {profiling.RANK_WAIT_S:.0f} s: they failed, or "
                       "write elsewhere (--rank-dir)")
-        _show_ranks(report, paths, ranked[1], json_path, html_path, trace_path, top)
+        _show_ranks(report, paths, ranked[1], profiling.hosts(), json_path, html_path, trace_path, top)
         raise typer.Exit(status)
     _show_report(report, json_path, html_path, top)
     if trace_path:
@@ -434,39 +455,47 @@ def profile(
     raise typer.Exit(status)
 
 
-def _profile_ranks(nproc: int, recording: list[str], program: list[str], json_path: Optional[Path],
+def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[str], json_path: Optional[Path],
                    html_path: Optional[Path], trace_path: Optional[Path], top: int, rank_dir: Optional[Path]) -> int:
-    """Start the ranks (distributed.profiling.launch), then read their traces together; the exit status."""
+    """Start this host's ranks (distributed.profiling.launch), then, on the host that ran rank 0, read every rank's
+    trace together; the exit status."""
     import tempfile
 
     from roofline.distributed import RankFailed, profiling
     from roofline.profiler.report import analyze
 
+    world = nproc * rendezvous.nnodes
     with tempfile.TemporaryDirectory(prefix="roofline-ranks-") as made:
         folder = Path(rank_dir or made)
         folder.mkdir(parents=True, exist_ok=True)
         began = time.time()
         os.environ[profiling.LAUNCHED] = "1"
         try:
-            profiling.launch(nproc, [*recording, *program], folder)
+            here = profiling.launch(nproc, [*recording, *program], folder, rendezvous)
             status = 0
         except RankFailed as exc:
             err.print(f"roofline: {exc}")
-            status = 1
+            here, status = sorted(exc.failures), 1
         finally:
             os.environ.pop(profiling.LAUNCHED, None)
-        paths, missing = profiling.wait_for(folder, nproc, timeout_s=0, since=began)
+        if rendezvous.nnodes > 1 and 0 not in here:
+            ran = f"rank {here[0]}" if len(here) == 1 else f"ranks {here[0]}-{here[-1]}"
+            console.print(f"roofline: {ran} ran on this host; rank 0's host reports every rank")
+            return status
+        # the other hosts' ranks end about when this host's do: their traces may take a moment to appear
+        paths, missing = profiling.wait_for(folder, world, since=began,
+                                            timeout_s=profiling.RANK_WAIT_S if rendezvous.nnodes > 1 else 0)
         if missing:
             err.print(f"roofline: ranks {missing} recorded nothing"
                       + ("" if status else " (fewer steps ran than --skip left out?)"))
         if 0 not in paths:
             return status or 2
-        _show_ranks(analyze(paths[0]), paths, nproc, json_path, html_path, trace_path, top)
+        _show_ranks(analyze(paths[0]), paths, world, rendezvous.nnodes, json_path, html_path, trace_path, top)
     return status
 
 
-def _show_ranks(report, paths: dict[int, Path], world: int, json_path: Optional[Path], html_path: Optional[Path],
-                trace_path: Optional[Path], top: int) -> None:
+def _show_ranks(report, paths: dict[int, Path], world: int, hosts: int, json_path: Optional[Path],
+                html_path: Optional[Path], trace_path: Optional[Path], top: int) -> None:
     """Rank 0's own report, then every rank's read together (distributed.merge), with doctor's interconnect where
     it measured these GPUs (the ranks all on this host)."""
     import torch
@@ -481,7 +510,7 @@ def _show_ranks(report, paths: dict[int, Path], world: int, json_path: Optional[
     merged = merge({rank: load(path) for rank, path in paths.items()})
     console.print(f"[bold]every rank[/bold] ({merged.world} of {world} recorded):" if merged.world < world
                   else "[bold]every rank[/bold]:")
-    local = report.attribution.device == "cuda" and world <= torch.cuda.device_count()
+    local = hosts == 1 and report.attribution.device == "cuda" and world <= torch.cuda.device_count()
     ceiling = interconnect.cached(world) if local else None
     ranks_report.render(merged, console, ceiling, top)
     ranks = {**merged.to_dict(), "findings": [f.to_dict() for f in ranks_report.findings(merged, ceiling)]}

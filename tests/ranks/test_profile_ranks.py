@@ -295,3 +295,59 @@ def test_options_that_rerun_the_program_are_refused_with_ranks(program, tmp_path
     assert done.returncode == 2 and "--ncu" in done.stderr and "several ranks" in " ".join(done.stderr.split())
     done = _roofline("profile", "--nproc-per-node", "2", "--inspect", "1", str(program), "4", cwd=tmp_path)
     assert done.returncode == 2 and "--inspect" in done.stderr and "one process only" in " ".join(done.stderr.split())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("via", ["roofline", "torchrun"])
+def test_two_hosts_meet_at_the_rendezvous_and_rank_0_s_host_reports_both(tmp_path, via):
+    """Two "hosts" (two launchers on this machine, a rank each) meet at one endpoint, as torchrun's --nnodes 2 does,
+    and write their traces into the folder they share: the host that ran rank 0 reports both ranks, the planted
+    straggler at its line; the other says so."""
+    shared, port = tmp_path / "shared", _free_port()
+    (tmp_path / "train.py").write_text(PROGRAM)
+    meet = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-hosts"]
+    recording = ["--rank-dir", str(shared), "--skip", "2", "--json", "report.json", str(tmp_path / "train.py"), "5"]
+    if via == "roofline":
+        argv = ["-m", "roofline", "profile", "--nproc-per-node", "1", *meet, *recording]
+    else:
+        argv = ["-m", "torch.distributed.run", "--nproc-per-node", "1", "--rdzv-backend", "c10d", *meet, "-m",
+                "roofline", "profile", *recording]
+    hosts = [tmp_path / f"host{n}" for n in (0, 1)]
+    running = []
+    for host in hosts:
+        host.mkdir()
+        running.append(subprocess.Popen([sys.executable, *argv], cwd=host, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "100"}))
+    outputs = [p.communicate(timeout=240) for p in running]
+    assert [p.returncode for p in running] == [0, 0], [err[-2000:] for _, err in outputs]
+    reports = [host / "report.json" for host in hosts if (host / "report.json").exists()]
+    assert len(reports) == 1
+    ranks = json.loads(reports[0].read_text())["ranks"]
+    found = next(f for f in ranks["findings"] if f["id"] == "straggler")
+    assert found["title"].startswith("rank 1 holds")
+    assert found["where"].endswith(f"train.py:{_line('time.sleep')} (<module>)")
+    if via == "roofline":
+        assert any("rank 1 ran on this host; rank 0's host reports every rank" in out for out, _ in outputs)
+
+
+def test_several_hosts_need_a_shared_folder_and_a_place_to_meet(program, tmp_path):
+    done = _roofline("profile", "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400",
+                     str(program), cwd=tmp_path)
+    assert done.returncode == 2 and "--rank-dir" in done.stderr and "several hosts" in " ".join(done.stderr.split())
+    done = _roofline("profile", "--nproc-per-node", "1", "--nnodes", "2", "--rank-dir", str(tmp_path),
+                     str(program), cwd=tmp_path)
+    assert done.returncode == 2 and "--rdzv-endpoint" in done.stderr
+    done = _roofline("profile", "--nnodes", "2", str(program), cwd=tmp_path)
+    assert done.returncode == 2 and "--nproc-per-node" in done.stderr
+    # under torchrun, 2 hosts of a rank each: refused before the program runs, not after a wait for traces
+    done = subprocess.run([sys.executable, "-m", "roofline", "profile", str(program), "4"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"})
+    assert done.returncode == 2 and "--rank-dir" in done.stderr

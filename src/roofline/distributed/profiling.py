@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 RANK_WAIT_S = 300.0   # how long rank 0 waits, under torchrun, for the other ranks' traces after its own
@@ -80,22 +81,57 @@ def wait_for(folder: Path, world: int, timeout_s: float = RANK_WAIT_S,
         time.sleep(0.2)
 
 
-def launch(nproc: int, rank_argv: list[str], folder: Path) -> None:
+@dataclass(frozen=True)
+class Rendezvous:
+    """How the hosts of a job meet, in torchrun's terms (its --nnodes, --rdzv-endpoint, --rdzv-id, --rdzv-backend,
+    --node-rank). One host by default: a fresh port on localhost and a run id of its own. A bad value raises
+    ValueError("FIELD: why")."""
+    nnodes: int = 1
+    endpoint: str = "localhost:0"
+    run_id: str | None = None   # the same on every host; None: a new one (one host)
+    backend: str = "c10d"
+    node_rank: int | None = None   # the static backend's: this host's place; c10d's rendezvous assigns it
+
+    def __post_init__(self):
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes: at least 1, got {self.nnodes}")
+        if self.backend not in ("c10d", "static"):
+            raise ValueError(f"rdzv_backend: c10d or static, got {self.backend!r}")
+        port = self.endpoint.rpartition(":")[2]
+        if self.nnodes > 1 and (not port.isdigit() or int(port) == 0):
+            raise ValueError(f"rdzv_endpoint: the hosts meet at one HOST:PORT they all reach, got {self.endpoint!r}")
+        if self.backend == "static" and self.node_rank is None:
+            raise ValueError("node_rank: the static rendezvous needs each host's place (0 to nnodes - 1)")
+
+
+def launch(nproc: int, rank_argv: list[str], folder: Path, rendezvous: Rendezvous = Rendezvous()) -> list[int]:
     """Start `nproc` ranks on this host, as torchrun starts them, each running `python -m roofline profile
-    --rank-dir FOLDER ...` (rank_argv: the options and the program); raises RankFailed naming the ranks that failed,
-    with the others stopped."""
+    --rank-dir FOLDER ...` (rank_argv: the options and the program), joining the job's other hosts where
+    `rendezvous` names several. Returns the global ranks this host ran; raises RankFailed naming the ranks that
+    failed, with the others stopped."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from roofline.distributed.launch import RankFailed, quiet_launcher, what_failed
 
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
+    config = LaunchConfig(min_nodes=rendezvous.nnodes, max_nodes=rendezvous.nnodes, nproc_per_node=nproc,
+                          run_id=rendezvous.run_id or str(uuid.uuid4()), rdzv_backend=rendezvous.backend,
+                          rdzv_endpoint=rendezvous.endpoint, max_restarts=0, monitor_interval=0.1,
+                          rdzv_configs={"rank": rendezvous.node_rank} if rendezvous.backend == "static" else {})
     with quiet_launcher():
         try:
-            elastic_launch(config, sys.executable)("-m", "roofline", "profile", "--rank-dir", str(folder), *rank_argv)
+            ran = elastic_launch(config, sys.executable)("-m", "roofline", "profile", "--rank-dir", str(folder),
+                                                         *rank_argv)
         except ChildFailedError as exc:
-            raise RankFailed(what_failed(exc.failures, folder, nproc)) from None
+            raise RankFailed(what_failed(exc.failures, folder, nproc * rendezvous.nnodes)) from None
+    return sorted(ran)
+
+
+def hosts() -> int:
+    """Under torchrun: how many hosts the job's ranks run on (every host runs as many: torchrun's rule)."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
+    return max(1, world // max(local, 1))
 
 
 def write_merged_trace(paths: dict[int, Path], offsets_us: list[float], out: Path) -> None:
