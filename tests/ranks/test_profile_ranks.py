@@ -351,3 +351,43 @@ def test_several_hosts_need_a_shared_folder_and_a_place_to_meet(program, tmp_pat
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"})
     assert done.returncode == 2 and "--rank-dir" in done.stderr
+
+
+ACCUMULATING = textwrap.dedent('''\
+    import contextlib, sys
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(256, 256),
+                                                                          torch.nn.Linear(256, 256)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(5):
+        for micro in range(4):   # gradient accumulation: 4 micro-batches an optimizer step
+            quiet = model.no_sync() if sys.argv[1] == "no_sync" and micro < 3 else contextlib.nullcontext()
+            with quiet:
+                model(torch.randn(16, 256)).square().mean().backward()
+        opt.step(); opt.zero_grad()
+    dist.destroy_process_group()
+''')
+
+
+@pytest.mark.parametrize("how", ["every", "no_sync"])
+def test_ddp_reducing_every_micro_batch_is_told_to_use_no_sync(tmp_path, how):
+    path = tmp_path / "accumulate.py"
+    path.write_text(ACCUMULATING)
+    out = tmp_path / "report.json"
+    done = _roofline("profile", "--nproc-per-node", "2", "--skip", "1", "--json", str(out), str(path), how,
+                     cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = json.loads(out.read_text())["ranks"]
+    found = [f for f in ranks["findings"] if f["id"] == "ddp-no-sync"]
+    if how == "no_sync":   # reduced once a step: nothing to say
+        assert found == []
+        return
+    backward = next(i for i, line in enumerate(ACCUMULATING.splitlines(), 1) if ".backward()" in line)
+    assert found[0]["title"] == "DDP reduces the gradients 4 times a step"
+    assert found[0]["where"].startswith(f"accumulate.py:{backward}") and "no_sync()" in found[0]["message"]
+    # a rank's reductions (its only communication: within the union of the calls' spans, comm_ms, where they do
+    # not overlap) less one in four
+    assert 0 < found[0]["gain_ms"] <= max(r["comm_ms"] for r in ranks["ranks"]) * 3 / 4 * 1.05
+    # the same bucket four times a step is no case for larger buckets
+    assert not any(f["id"] == "small-collectives" and "bucket_cap_mb" in f["message"] for f in ranks["findings"])

@@ -185,3 +185,19 @@ def test_collectives_on_the_stream_that_computes_are_named_with_their_stream_and
     assert f.where == str(LINE) and f.gain_ms == pytest.approx(min(2.5, RANK1["exposed_ms"]))
     assert "rank 1, NCCL's kernels run on stream 7" in f.message and "2.50 ms a step" in f.message
     assert "serialized-communication" not in {f.id for f in findings(_merged([_rank(0, **RANK0), _rank(1, **RANK1)]))}
+
+
+def test_ddp_reducing_each_bucket_four_times_a_step_gains_three_in_four_of_the_least_waiting_rank_s_reductions():
+    from roofline.distributed.comms import Call
+
+    def reductions(ms_each):   # 10 steps of 4 micro-batches, each reducing buckets 0 and 1
+        return [Call("all_reduce", 1 << 20, 0, 0, ms_each * 1e3, LINE, None, 0, True, True, f"DDP bucket {b} (x)")
+                for _ in range(10 * 4) for b in (0, 1)]
+
+    ranks = [_rank(0, **RANK0), _rank(1, **RANK1)]
+    ranks[0].calls, ranks[1].calls = reductions(2.0), reductions(0.5)   # rank 0 waits in them for rank 1
+    found = next(f for f in findings(_merged(ranks)) if f.id == "ddp-no-sync")
+    assert found.title == "DDP reduces the gradients 4 times a step" and found.where == str(LINE)
+    assert found.gain_ms == pytest.approx(8 * 0.5 * 3 / 4)   # rank 1's 8 calls a step of 0.5 ms, less one in four
+    ranks[0].calls, ranks[1].calls = reductions(2.0)[:20], reductions(0.5)[:20]   # once a step: nothing to say
+    assert not any(f.id == "ddp-no-sync" for f in findings(_merged(ranks)))

@@ -234,6 +234,12 @@ def owners(calls: list[Call]) -> str | None:
 _BUCKET = re.compile(r"^DDP bucket (\d+)")
 
 
+def bucket_index(owner: str) -> int | None:
+    """The DDP bucket an owner names ("DDP bucket 2 (...)": 2), or None."""
+    found = _BUCKET.match(owner)
+    return int(found[1]) if found else None
+
+
 def _asynchronous(op) -> bool:
     """c10d's ops take async_op as their one bool argument (allreduce_(tensors, group, op, indices, asyncOp, ...))."""
     return "True" in (op.scalars or [])

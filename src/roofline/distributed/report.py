@@ -98,9 +98,14 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
         out.append(Finding("exposed-communication", "communication no computation hides", f"{said} {advice}", top,
                            estimate))
     out += _serialized(merged, step)
+    out += _reduced_every_micro_batch(merged)
     out += _fsdp2_hooks(merged)
     out += _slow_transfers(merged, rows, ceiling)
+    # DDP's calls repeated for each micro-batch are no_sync()'s to remove: larger buckets would not make fewer
+    accumulating = any(f.id == "ddp-no-sync" for f in out)
     for row in rows:
+        if accumulating and (row["owner"] or "").startswith("DDP bucket"):
+            continue
         if row["bytes"] and row["bytes"] < SMALL_BYTES and row["calls"] >= 4 and step and row["ms"] > 0.01 * step:
             out.append(Finding(
                 "small-collectives", f"{row['calls']:.0f} small {row['kind']}s a step",
@@ -129,6 +134,33 @@ def _serialized(merged: Merged, step: float | None) -> list[Finding]:
         "(torch.cuda.Stream) and have the work that reads its result wait on an event. At most the transfers' "
         "time, where computation that does not need them is there to overlap.",
         str(worst.serialized_at) if worst.serialized_at else None, min(worst.serialized_ms, worst.exposed_ms))]
+
+
+def _reduced_every_micro_batch(merged: Merged) -> list[Finding]:
+    """DDP under gradient accumulation without no_sync(): its reducer all-reduces every bucket after every
+    backward, so k micro-batches an optimizer step reduce each gradient k times where once would do (accumulated
+    locally under no_sync(), reduced with the last micro-batch). Told by its first bucket, reduced k times a step
+    (a step is an optimizer.step()). The gain is at most the reductions' time on the GPU less one in k: what a
+    step wins is their exposed part, and the SMs and memory bandwidth they take from the backward they overlap.
+    The rank whose reductions took least is the one that waited least in them for the others."""
+    def reductions(rank) -> list:
+        return [c for c in rank.calls if c.owner and comms.bucket_index(c.owner) is not None]
+
+    rank = min(merged.ranks, key=lambda r: sum(c.us for c in reductions(r)) / max(r.steps, 1))
+    steps, ddp = max(rank.steps, 1), reductions(rank)
+    per_step = sum(comms.bucket_index(c.owner) == 0 for c in ddp) / steps
+    if per_step < 1.5:
+        return []
+    reduced_ms = sum(c.us for c in ddp) / steps / 1e3
+    gain = reduced_ms * (1 - 1 / per_step)
+    where = next((str(c.location) for c in ddp if c.location), None)
+    return [Finding(
+        "ddp-no-sync", f"DDP reduces the gradients {per_step:.0f} times a step",
+        f"Each optimizer step runs {per_step:.0f} backwards, and DDP all-reduces every gradient bucket after each "
+        f"({reduced_ms:,.2f} ms a step of all_reduce on rank {rank.rank}). Under gradient accumulation, run all but "
+        "the last micro-batch's forward and backward in `with ddp.no_sync():`: the gradients add up locally and "
+        f"are reduced once, {per_step:.0f}x fewer bytes. The estimate is the reductions' time saved, at most: what a "
+        "step wins is the part no computation hid.", where, gain)]
 
 
 def _fsdp2_hooks(merged: Merged) -> list[Finding]:
