@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from roofline import bench, ops
 from roofline.bench import report
 from roofline.ops import cuda
+from roofline.ops.examples import EPS, EXAMPLES, randn
 from roofline.ops.gelu import gelu_tanh_by_hand
 from roofline.ops.norm import add_rms_norm_reference
 from roofline.ops.softmax import softmax_by_hand
@@ -43,7 +44,6 @@ except ImportError:  # not installed here: the Liger column says so
     liger = None
 
 BF16 = torch.bfloat16
-EPS = 1e-6
 OURS = "roofline (triton)"
 PARTS = ("headline", "headline_graphs", "rows", "rows_graphs", "attention")
 
@@ -55,7 +55,12 @@ def _no_liger(name):
 
 
 def _randn(shape, dev, grad=False, scale=1.0):
-    return (torch.randn(shape, device=dev, dtype=BF16) * scale).requires_grad_(grad)
+    return randn(shape, dev, BF16, grad, scale)
+
+
+def _inputs(name: str):
+    """The op's inputs in bf16, made as `roofline inspect OP` makes them (roofline.ops.examples)."""
+    return lambda shape, dev, grad: EXAMPLES[name].inputs(shape, dev, BF16, grad)
 
 
 class Op:
@@ -73,7 +78,7 @@ class Op:
 
 
 def _softmax_op():
-    return Op("softmax", lambda shape, dev, grad: (_randn(shape, dev, grad, 3.0),), {
+    return Op("softmax", _inputs("softmax"), {
         "eager": lambda x: F.softmax(x, -1),
         "eager, by hand": softmax_by_hand,
         "compile": torch.compile(functools.partial(F.softmax, dim=-1)),
@@ -83,13 +88,8 @@ def _softmax_op():
     })
 
 
-def _params(n, dev, grad, bias=True):
-    w = (1 + 0.1 * torch.randn(n, device=dev, dtype=BF16)).requires_grad_(grad)
-    return (w, (0.1 * torch.randn(n, device=dev, dtype=BF16)).requires_grad_(grad)) if bias else (w,)
-
-
 def _layer_norm_op():
-    return Op("layer_norm", lambda shape, dev, grad: (_randn(shape, dev, grad), *_params(shape[-1], dev, grad)), {
+    return Op("layer_norm", _inputs("layer_norm"), {
         "eager": lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS),
         "compile": torch.compile(lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS)),
         "liger": (lambda x, w, b: liger.liger_layer_norm(x, w, b, EPS)) if liger else _no_liger,
@@ -98,7 +98,7 @@ def _layer_norm_op():
 
 
 def _rms_norm_op():
-    return Op("rms_norm", lambda shape, dev, grad: (_randn(shape, dev, grad), *_params(shape[-1], dev, grad, False)), {
+    return Op("rms_norm", _inputs("rms_norm"), {
         "eager": lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS),
         "compile": torch.compile(lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS)),
         # in_place=False: Liger's default writes dx over dy, which would change the next provider's input
@@ -108,9 +108,7 @@ def _rms_norm_op():
 
 
 def _add_rms_norm_op():
-    def inputs(shape, dev, grad):
-        return _randn(shape, dev, grad), _randn(shape, dev, grad), *_params(shape[-1], dev, grad, False)
-    return Op("add_rms_norm", inputs, {
+    return Op("add_rms_norm", _inputs("add_rms_norm"), {
         "eager": lambda x, r, w: add_rms_norm_reference(x, r, w, EPS),
         "compile": torch.compile(lambda x, r, w: add_rms_norm_reference(x, r, w, EPS)),
         "liger": (lambda x, r, w: liger.liger_fused_add_rms_norm(x, r, w, EPS, in_place=False)) if liger else _no_liger,
@@ -120,7 +118,7 @@ def _add_rms_norm_op():
 
 def _gelu_op():
     tanh = functools.partial(F.gelu, approximate="tanh")
-    return Op("gelu_tanh", lambda shape, dev, grad: (_randn(shape, dev, grad, 3.0),), {
+    return Op("gelu_tanh", _inputs("gelu"), {
         "eager": tanh,
         "eager, by hand": gelu_tanh_by_hand,
         "compile": torch.compile(tanh),
@@ -130,7 +128,7 @@ def _gelu_op():
 
 
 def _swiglu_op():
-    return Op("swiglu", lambda shape, dev, grad: (_randn(shape, dev, grad, 2.0), _randn(shape, dev, grad)), {
+    return Op("swiglu", _inputs("swiglu"), {
         "eager": swiglu_reference,
         "compile": torch.compile(swiglu_reference),
         OURS: functools.partial(ops.swiglu, backend="triton"),
@@ -141,10 +139,7 @@ def _swiglu_op():
 
 
 def _cross_entropy_op():
-    def inputs(shape, dev, grad):
-        target = torch.randint(0, shape[-1], shape[:-1], device=dev)
-        return _randn(shape, dev, grad, 2.0), target
-    return Op("cross_entropy", inputs, {
+    return Op("cross_entropy", _inputs("cross_entropy"), {
         "eager": F.cross_entropy,
         "compile": torch.compile(F.cross_entropy),
         "liger": (lambda x, t: liger.liger_cross_entropy(x, t)) if liger else _no_liger,
@@ -156,21 +151,10 @@ def _cross_entropy_op():
         syncs=("liger", OURS))   # Liger counts the targets with .item(); roofline checks their range
 
 
-ROPE_HEADS = (32, 8)   # query and key heads (grouped-query attention)
-
-
 def _rope_op():
     from roofline.ops.rope import rope_reference
 
-    def inputs(shape, dev, grad):
-        batch, seq, dim = shape
-        q = _randn((batch, ROPE_HEADS[0], seq, dim), dev, grad)
-        k = _randn((batch, ROPE_HEADS[1], seq, dim), dev, grad)
-        freqs = torch.arange(seq, device=dev)[:, None] / 10000 ** (torch.arange(0, dim, 2, device=dev) / dim)
-        emb = torch.cat((freqs, freqs), -1)[None]
-        return q, k, emb.cos().to(BF16), emb.sin().to(BF16)
-
-    return Op("rope", inputs, {
+    return Op("rope", _inputs("rope"), {
         "eager": rope_reference,
         "compile": torch.compile(rope_reference),
         OURS: functools.partial(ops.rope, backend="triton"),

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -459,8 +460,6 @@ def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[s
                    html_path: Optional[Path], trace_path: Optional[Path], top: int, rank_dir: Optional[Path]) -> int:
     """Start this host's ranks (distributed.profiling.launch), then, on the host that ran rank 0, read every rank's
     trace together; the exit status."""
-    import tempfile
-
     from roofline.distributed import RankFailed, profiling
     from roofline.profiler.report import analyze
 
@@ -658,8 +657,12 @@ def analyze(
 @app.command()
 def inspect(
     target: str = typer.Argument(..., help="FILE_OR_MODULE:FUNCTION: a function of no arguments that launches the "
-                                 "Triton kernels to inspect (roofline's ops, or kernels of your own); with --kernel, "
-                                 "a trace."),
+                                 "Triton kernels to inspect (roofline's ops, or kernels of your own); or an op of "
+                                 "roofline.ops by name, with --shape; with --kernel, a trace."),
+    shape: Optional[str] = typer.Option(None, "--shape", help="With an op as TARGET: its sizes, e.g. 4096x4096 "
+                                        "(what they mean is the op's: the error says it)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="With an op as TARGET: bf16, fp16 or fp32."),
+    backward: bool = typer.Option(False, "--backward", help="With an op as TARGET: its backward's kernels too."),
     arch: Optional[str] = typer.Option(None, help="The GPU to compile for, e.g. sm_90 (default: this machine's GPU, "
                                        "else sm_90)."),
     sms: Optional[int] = typer.Option(None, min=1, help="The GPU's SM count, for the findings about the grid "
@@ -687,13 +690,20 @@ def inspect(
     limits it, the instruction mix, and the source lines the machine code comes from. Without a GPU, the kernels
     run through Triton's interpreter and are compiled here for --arch. Every kernel torch.compile generates for
     the function is listed with its time, the lines of yours it fused, and (on a GPU) the same view of its code.
-    With --kernel, TARGET is a trace, and the kernel of that name is read from the binary Triton cached."""
+    An op of roofline.ops named as TARGET is called at --shape, on random inputs (its backward too, with
+    --backward). With --kernel, TARGET is a trace, and the kernel of that name is read from the binary Triton
+    cached.
+
+    \b
+        roofline inspect rms_norm --shape 8192x4096 --backward
+        roofline inspect train.py:step --compile"""
     import torch
 
     if kernel is not None:
-        if ncu or compile or arch is not None:
-            raise typer.BadParameter("reads a kernel of a trace from the binary the program ran: --ncu, --compile "
-                                     "and --arch are for a function", param_hint="--kernel")
+        if ncu or compile or arch is not None or shape is not None or backward:
+            raise typer.BadParameter("reads a kernel of a trace from the binary the program ran: --ncu, --compile, "
+                                     "--arch, --shape and --backward are for a function or an op",
+                                     param_hint="--kernel")
         _write_inspection(_inspect_trace(target, kernel, cache, sms), f"roofline inspect {target} --kernel {kernel}",
                           top, json_path, html_path, out)
         return
@@ -703,7 +713,6 @@ def inspect(
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before the target's kernels are made
     from roofline.inspect.kernels import target as gpu_target
-    from roofline.inspect.report import inspect_function, stall_findings
 
     try:
         gpu_target(arch)
@@ -717,6 +726,52 @@ def inspect(
                                      "and no --arch", param_hint="--ncu")
         if ncu_binary() is None:
             raise typer.BadParameter("Nsight Compute (ncu) is not installed here", param_hint="--ncu")
+    title = f"roofline inspect {target}"
+    with tempfile.TemporaryDirectory(prefix="roofline-op-") as folder:
+        if ":" not in target:   # an op by name, run as a function of its own, so that ncu can run it too
+            title += f" --shape {shape} --dtype {dtype}" + (" --backward" if backward else "")
+            target = _op_target(target, shape, dtype, backward, Path(folder))
+        elif shape is not None or backward:
+            raise typer.BadParameter("are for an op of roofline.ops named as TARGET", param_hint="--shape/--backward")
+        _inspect_function(target, title, compile, arch, sms, runs, ncu, top, json_path, html_path, out)
+
+
+def _op_target(name: str, shape: str | None, dtype: str, backward: bool, folder: Path) -> str:
+    """roofline inspect OP --shape: the op called at that shape (roofline.ops.examples), as a FILE:FUNCTION target
+    written into `folder`; usage errors name the option."""
+    from roofline.ops.examples import EXAMPLES
+
+    if name not in EXAMPLES:
+        raise typer.BadParameter(f"{name!r} is neither FILE_OR_MODULE:FUNCTION nor an op of roofline.ops "
+                                 f"({', '.join(sorted(EXAMPLES))})", param_hint="TARGET")
+    example = EXAMPLES[name]
+    if shape is None:
+        raise typer.BadParameter(f"an op needs its sizes: {example.shape_means}", param_hint="--shape")
+    try:
+        sizes = tuple(int(s) for s in shape.lower().split("x"))
+        example.check(sizes)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{shape!r}: {example.shape_means}, as positive sizes joined by x ({exc})",
+                                 param_hint="--shape") from None
+    dtypes = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+              "fp32": "float32", "float32": "float32"}
+    if dtype.lower() not in dtypes:
+        raise typer.BadParameter(f"{dtype!r}: one of bf16, fp16, fp32", param_hint="--dtype")
+    path = folder / f"{name}_op.py"
+    path.write_text("import torch\nfrom roofline.ops.examples import run\n\n\ndef op():\n"
+                    f"    return run({name!r}, {sizes!r}, device='cuda' if torch.cuda.is_available() else 'cpu',\n"
+                    f"               dtype=torch.{dtypes[dtype.lower()]}, backward={backward!r})\n")
+    return f"{path}:op"
+
+
+def _inspect_function(target: str, title: str, compile: bool, arch, sms, runs: int, ncu: bool, top: int, json_path,
+                      html_path, out) -> None:
+    """inspect FILE:FUNCTION: the kernels the function launches (and torch.compile's, with --compile or where it
+    compiles its own), and with --ncu where their warps waited."""
+    import torch
+
+    from roofline.inspect.report import inspect_function, stall_findings
+
     fn = _load_name(target, object)   # every object is a `kind` of object: the function loaded, not called
     if not callable(fn):
         raise typer.BadParameter(f"{target} must be a function", param_hint="TARGET")
@@ -735,7 +790,7 @@ def inspect(
                     r.findings += stall_findings(r)
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
             err.print(f"roofline: --ncu: {exc}")
-    _write_inspection(found, f"roofline inspect {target}", top, json_path, html_path, out)
+    _write_inspection(found, title, top, json_path, html_path, out)
 
 
 def _inspect_trace(trace: str, kernel: str, cache: list[Path] | None, sms: int | None):
