@@ -102,3 +102,17 @@ def test_profile_names_the_collective_a_rank_timed_out_in_and_where_the_late_ran
                      r"\(all_reduce, 16 B\) at late.py:8 \(<module>\)", said), said[-3000:]
     assert "rank 1: stopped at late.py:7 (<module>)" in said and "1 of the ranks failed" in said
 
+
+
+def test_a_rank_armed_in_a_folder_reused_forgets_the_last_job_s_record(tmp_path, monkeypatch):
+    for name in ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        monkeypatch.setenv(name, "")   # so that the test's end puts each back as it was, arm's setting undone
+        monkeypatch.delenv(name)
+    _write(tmp_path, 1, [_entry(1, "all_reduce", "started", 40)])
+    hang.arm(tmp_path, 1)
+    try:
+        assert hang.explain(tmp_path, 2) == {}
+        assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / hang.RECORD)
+    finally:
+        hang.disarm(tmp_path, 1)
+    assert not (tmp_path / hang.STACK.format(1)).exists()

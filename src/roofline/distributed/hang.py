@@ -43,6 +43,7 @@ def arm(folder: Path, rank: int) -> None:
     timeout (the user's own settings stand; the recorder itself is on by default, 2,000 calls), and have SIGTERM
     write where the rank is."""
     global _stack_file
+    (Path(folder) / f"{RECORD}{rank}").unlink(missing_ok=True)   # an earlier job's, in a folder reused
     record = str(Path(folder) / RECORD)
     for name, value in (("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"), ("TORCH_FR_DUMP_TEMP_FILE", record),
                         ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", record)):   # the latter, torch's older name
