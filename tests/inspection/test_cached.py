@@ -89,7 +89,8 @@ def test_what_is_missing_is_named(program, tmp_path):
     done = run(app, ["inspect", str(other), "--kernel", "softmax_forward_kernel", "--cache", str(cache)])
     assert done.exit_code == 2 and "none for the trace's launches" in " ".join(done.output.split())
     done = run(app, ["inspect", str(trace), "--kernel", "softmax_forward_kernel", "--ncu"])
-    assert done.exit_code == 2 and "--ncu, --compile and --arch are for a function" in " ".join(done.output.split())
+    said = " ".join(done.output.split())
+    assert done.exit_code == 2 and "--ncu, --compile, --arch, --shape and --backward are for a function or an op" in said
     done = run(app, ["inspect", "examples/inspect_kernels.py:matmuls", "--cache", str(cache)])
     assert done.exit_code == 2 and "--kernel" in done.output
 
