@@ -1,14 +1,29 @@
 """Every file the repository's text points at exists: the relative links of its markdown, and every
 benchmarks/results/NAME named anywhere (results are pruned to the latest of each suite; a figure's evidence must
-not be pruned from under the sentence that quotes it)."""
+not be pruned from under the sentence that quotes it). A pruned result is cited from git history as
+`git show REV:benchmarks/results/NAME`: that file must exist at REV."""
 
+import functools
 import re
 import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-RESULT = re.compile(r"benchmarks/results/([\w.\-]+\w)")
+RESULT = re.compile(r"(?<!:)benchmarks/results/([\w.\-]+\w)")     # REV:benchmarks/results/NAME is IN_GIT's
+IN_GIT = re.compile(r"\b([0-9a-f]{7,40}):(benchmarks/results/[\w.\-]+\w)")
+
+
+@functools.cache
+def _shallow() -> bool:
+    """A shallow clone lacks the commits that pruned results are cited at: those citations cannot be checked."""
+    out = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() != "false"
+
+
+def _in_git(rev: str, path: str) -> bool:
+    return _shallow() or subprocess.run(["git", "cat-file", "-e", f"{rev}:{path}"], cwd=ROOT,
+                                        capture_output=True).returncode == 0
 
 
 def _texts() -> list[Path]:
@@ -31,6 +46,9 @@ def _broken(path: Path, root: Path = ROOT) -> list[str]:
     for name in RESULT.findall(text):
         if not (root / "benchmarks" / "results" / name).exists():
             out.append(f"{path.relative_to(root)}: benchmarks/results/{name}")
+    for rev, name in IN_GIT.findall(text):
+        if not _in_git(rev, name):
+            out.append(f"{path.relative_to(root)}: {rev}:{name}")
     return out
 
 
@@ -42,11 +60,16 @@ def test_every_link_and_every_results_file_named_exists():
 
 
 def test_the_check_finds_a_broken_link(tmp_path):
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
     (tmp_path / "benchmarks" / "results" / "h100x2-distributed.md").write_text("")
     (tmp_path / "docs").mkdir()
     page = tmp_path / "docs" / "page.md"
     page.write_text("[gone](missing.md) [here](page.md) [web](https://example.com) [anchor](#top) `k[grid](...)`\n"
-                    "see benchmarks/results/no-such-run.json and benchmarks/results/h100x2-distributed.md.\n")
+                    "see benchmarks/results/no-such-run.json and benchmarks/results/h100x2-distributed.md.\n"
+                    f"in git: `git show {head}:benchmarks/results/h100.md`, "
+                    "`git show 0000000:benchmarks/results/a.json`\n")
     assert _broken(page, tmp_path) == ["docs/page.md: ](missing.md)",
-                                       "docs/page.md: benchmarks/results/no-such-run.json"]
+                                       "docs/page.md: benchmarks/results/no-such-run.json",
+                                       *([] if _shallow() else ["docs/page.md: 0000000:benchmarks/results/a.json"])]
