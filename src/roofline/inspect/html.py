@@ -1,13 +1,15 @@
 """`roofline inspect --html`: the kernels side by side, then each kernel's source with what every line compiled to
-beside it (instructions, tensor-core instructions, global loads by width, spills), its findings, and its TTGIR,
-PTX and SASS (each instruction under its source line) to read or search; torch.compile's kernels with the lines of
-the user's code each fused, their time and their generated code."""
+beside it (SASS instructions, tensor-core instructions, global loads by width, spills; PTX instructions, its
+tensor-core instructions and loads; TTGIR ops and those of note), its findings, and its TTGIR, PTX and SASS (each
+instruction under its source line) to read or search; torch.compile's kernels with the lines of the user's code
+each fused, their time and their generated code."""
 
 from __future__ import annotations
 
 from html import escape
 from pathlib import Path
 
+from roofline.inspect import sass, ttgir
 from roofline.inspect.generated import compact
 from roofline.inspect.report import Inspection, KernelReport, Uncompiled, count_text, us_text, widths
 from roofline.inspect.stalls import REASONS
@@ -75,30 +77,36 @@ def _kernel(r: KernelReport, anchor: str) -> str:
 
 def _source(r: KernelReport, anchor: str) -> str:
     """The kernel's lines with what each compiled to; then the lines it inlined from other files."""
-    counts = {(x.file, x.line): x.mix for x in r.lines}
+    counts = {(x.file, x.line): x for x in r.lines}
     spills = bool(r.mix.counts.get("spill"))
     sampled = r.stalls is not None and r.stalls.samples > 0   # --ncu: where its warps waited, by line
     waits = {x.line: x for x in r.stalls.lines} if sampled else {}
 
-    def row(where: str, code: str, mix, line: int | None = None) -> dict:
+    def row(where: str, code: str, x, line: int | None = None) -> dict:
         waited = waits.get(line)
+        mix, ptx, ops = (x.mix, x.ptx, x.ttgir) if x else (None, sass.Mix(), sass.Mix())
         return {"line": where, "code": code, "instructions": mix.total if mix else None,
                 "tc": mix.counts.get("tensor core", 0) if mix else None,
                 "loads": widths(mix.load_bits) if mix else "", "stores": widths(mix.store_bits) if mix else "",
                 "spills": mix.counts.get("spill", 0) if mix else None,
+                "ptx": ptx.total if x else None, "ptx_tc": ptx.counts.get("tensor core", 0) if x else None,
+                "ptx_loads": widths(ptx.load_bits), "ttgir": ops.total if x else None,
+                "ttgir_notable": ttgir.notable(ops),
                 "samples": (waited.samples / r.stalls.samples, f"{waited.samples / r.stalls.samples:.0%}")
                 if waited and waited.samples else None,
                 "why": REASONS.get(waited.top_reason, waited.top_reason or "") if waited else "",
-                "_class": None if mix else "cold"}
+                "_class": None if x else "cold"}
 
     own = [row(str(r.first_line + k), text, counts.get((r.file, r.first_line + k)), r.first_line + k)
            for k, text in enumerate(r.source)]
-    inlined = [row(f"{Path(x.file).name}:{x.line}", x.source, x.mix,
+    inlined = [row(f"{Path(x.file).name}:{x.line}", x.source, x,
                    x.line if Path(x.file).name == Path(r.file).name else None) for x in r.lines
                if x.file != r.file or not r.first_line <= x.line < r.first_line + len(r.source)]
-    columns = [("line", "line"), ("source", "code:code"), ("instr.", "instructions:n"),
-               ("tensor core", "tc:n"), ("global loads", "loads"), ("global stores", "stores"),
+    columns = [("line", "line"), ("source", "code:code"), ("SASS instr.", "instructions:n"),
+               ("SASS tensor core", "tc:n"), ("SASS global loads", "loads"), ("SASS global stores", "stores"),
                *([("spills", "spills:n")] if spills else []),
+               ("PTX instr.", "ptx:n"), ("PTX tensor core", "ptx_tc:n"), ("PTX global loads", "ptx_loads"),
+               ("TTGIR ops", "ttgir:n"), ("TTGIR ops of note", "ttgir_notable"),
                *([("warp samples (ncu)", "samples:n"), ("most often waiting on", "why")] if sampled else [])]
     out = "<h3>Source, with what each line compiled to</h3>" + (
         table(columns, own, f"{anchor}-source") if own else

@@ -1,6 +1,7 @@
 """One view of each kernel a function launches: its launch, its resources, its occupancy and what limits it, its
-instruction mix, the source lines its machine code comes from, and findings at those lines. Kernels that
-torch.compile generated for the function come beside them: the user's lines each fused, its time, its code.
+instruction mix, the source lines its code comes from (what each line became in SASS, in PTX and in TTGIR), and
+findings at those lines. Kernels that torch.compile generated for the function come beside them: the user's lines
+each fused, its time, its code.
 
     found = inspect_function(fn, arch="sm_90")      # roofline inspect FILE:FUNCTION
 """
@@ -13,7 +14,9 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from roofline.inspect import generated, kernels, occupancy, sass
+from rich.markup import escape
+
+from roofline.inspect import generated, kernels, occupancy, ptx, sass, ttgir
 from roofline.inspect.stalls import REASONS
 from roofline.tables import Column, Row, show
 
@@ -35,14 +38,17 @@ class Finding:
 
 @dataclass
 class LineRow:
-    """What one source line of the kernel compiled to."""
+    """What one source line of the kernel compiled to: its SASS, its PTX and its TTGIR ops."""
     file: str
     line: int
     source: str
-    mix: sass.Mix
+    mix: sass.Mix                                        # SASS
+    ptx: sass.Mix = field(default_factory=sass.Mix)      # PTX, in the same classes
+    ttgir: sass.Mix = field(default_factory=sass.Mix)    # TTGIR ops by name
 
     def to_dict(self) -> dict:
-        return {"file": self.file, "line": self.line, "source": self.source, **self.mix.to_dict()}
+        return {"file": self.file, "line": self.line, "source": self.source, **self.mix.to_dict(),
+                "ptx": self.ptx.to_dict(), "ttgir": ttgir.to_dict(self.ttgir)}
 
 
 @dataclass
@@ -67,6 +73,8 @@ class KernelReport:
     source: list[str] = field(default_factory=list, repr=False)   # its function's lines,
     first_line: int = 0        # numbered from this line of its file
     stalls: object = None      # stalls.KernelStalls: where its warps waited, by line (--ncu); None without
+    ptx: sass.Mix = field(default_factory=sass.Mix)      # its PTX's mix, in the SASS mix's classes
+    ttgir: sass.Mix = field(default_factory=sass.Mix)    # its TTGIR's ops by name
 
     @property
     def blocks(self) -> int | None:
@@ -87,7 +95,8 @@ class KernelReport:
                 "registers": self.resources.registers, "local_bytes": self.resources.local_bytes,
                 "stack_bytes": self.resources.stack_bytes, "local_memory": self.resources.local_memory,
                 "shared_bytes": self.shared_bytes,
-                "occupancy": self.occupancy.to_dict(), "mix": self.mix.to_dict(), "sms": self.sms,
+                "occupancy": self.occupancy.to_dict(), "mix": self.mix.to_dict(), "ptx": self.ptx.to_dict(),
+                "ttgir": ttgir.to_dict(self.ttgir), "sms": self.sms,
                 "waves": self.waves, "compiled_here": self.compiled_here,
                 "lines": [r.to_dict() for r in self.lines], "findings": [f.to_dict() for f in self.findings],
                 "source": {"file": self.file, "first_line": self.first_line, "lines": self.source},
@@ -160,19 +169,22 @@ def analyze(launch: kernels.Launch, built: dict, sms: int | None = None) -> Kern
     listing = sass.disassemble(cubin)
     file, first = launch.where
     instructions = [_in_file(i, file) for i in sass.parse_disassembly(listing)]
+    # the same kernel one and two levels up (a binary from a cache may come without them)
+    ptx_code = [_in_file(i, file) for i in ptx.parse(built["asm"].get("ptx") or "")]
+    ttgir_ops = [_in_file(i, file) for i in ttgir.parse(built["asm"].get("ttgir") or "")]
     found = sass.resources(cubin)
     if meta["name"] not in found:
         raise RuntimeError(f"cuobjdump reports no function {meta['name']} in its cubin (it has: {', '.join(found)})")
     used = found[meta["name"]]
     shared = meta["shared"] + _own_static_shared(used, cubin, meta["arch"])
     occ = occupancy.occupancy(meta["arch"], meta["num_warps"] * 32, used.registers, shared)
-    rows = _line_rows(instructions, file)
+    rows = _line_rows(instructions, file, ptx_code, ttgir_ops)
     report = KernelReport(
         launch.name, _where(file, first), meta["arch"], launch.grid, meta["num_warps"], meta["num_stages"],
         {k: v for k, v in launch.kwargs.items() if k not in OPTIONS}, used, shared, occ, sass.mix(instructions),
         rows, [], built["here"], sms,
         {**{k: v for k, v in built["asm"].items() if isinstance(v, str)}, "sass": listing},
-        file, *_kernel_source(launch))
+        file, *_kernel_source(launch), ptx=ptx.mix(ptx_code), ttgir=ttgir.mix(ttgir_ops))
     report.findings = findings(report, launch, instructions)
     return report
 
@@ -186,20 +198,24 @@ def _in_file(instruction: sass.Instruction, file: str) -> sass.Instruction:
     return replace(instruction, file=file)
 
 
-def _line_rows(instructions: list[sass.Instruction], file: str) -> list[LineRow]:
-    """The source lines the kernel's instructions come from, most instructions first: its own file's, and the
-    lines of what it inlined from other files (Triton's reductions: triton/language/standard.py)."""
+def _line_rows(instructions: list[sass.Instruction], file: str, ptx_code: list[sass.Instruction],
+               ttgir_ops: list[sass.Instruction]) -> list[LineRow]:
+    """The source lines the kernel's code comes from, most SASS instructions first: its own file's, and the lines
+    of what it inlined from other files (Triton's reductions: triton/language/standard.py). A line whose PTX or
+    TTGIR ops left no SASS (ptxas dropped or merged them) is there too, with no SASS instruction."""
+    machine, ptx_lines, ttgir_lines = sass.by_line(instructions), ptx.by_line(ptx_code), ttgir.by_line(ttgir_ops)
     texts: dict[str, list[str]] = {}
     out = []
-    for (path, line), m in sass.by_line(instructions).items():
+    for path, line in {**machine, **ptx_lines, **ttgir_lines}:
         if path not in texts:
             try:
                 texts[path] = Path(path).read_text().splitlines()
             except OSError:
                 texts[path] = []
         source = texts[path][line - 1].strip() if 0 < line <= len(texts[path]) else ""
-        out.append(LineRow(path, line, source, m))
-    return sorted(out, key=lambda r: (-r.mix.total, r.file != file, r.line))
+        out.append(LineRow(path, line, source, machine.get((path, line), sass.Mix()),
+                           ptx_lines.get((path, line), sass.Mix()), ttgir_lines.get((path, line), sass.Mix())))
+    return sorted(out, key=lambda r: (-r.mix.total, -r.ptx.total, r.file != file, r.line))
 
 
 def _where(file: str, line: int) -> str:
@@ -246,7 +262,8 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
             f"({occ.warps} of its {occupancy.limits(report.arch).max_warps} warps): {held}. A "
             "memory-bound kernel needs many warps in flight to hide DRAM's latency; one that keeps its tensor "
             "cores busy from shared memory can run well like this.", report.where))
-    compiled_lines = {(x.file, x.line) for x in report.lines}   # a tl.dot a constexpr left out compiled to nothing
+    # a tl.dot a constexpr left out compiled to nothing
+    compiled_lines = {(x.file, x.line) for x in report.lines if x.mix.total}
     dots = [n for n in _source_lines(launch, r"\.dot\(") if (launch.where[0], n) in compiled_lines]
     if dots and not m.counts.get("tensor core"):
         out.append(Finding(
@@ -455,17 +472,27 @@ def render_reports(reports: list, console, top: int) -> None:
         console.print(f"\n[bold]{r.name}[/bold] {r.where}  "
                       + " ".join(f"{k}={v}" for k, v in r.constexprs.items()), highlight=False)
         spills = bool(r.mix.counts.get("spill"))   # a column only where the kernel spills
-        lines = [Row([f"{Path(x.file).name}:{x.line}", x.source, str(x.mix.total),
+        lines = [Row([f"{Path(x.file).name}:{x.line}", _source_cell(x), str(x.mix.total),
                       str(x.mix.counts.get("tensor core", 0)), widths(x.mix.load_bits),
-                      *([str(x.mix.counts.get("spill", 0) or "")] if spills else [])]) for x in r.lines[:top]]
-        show(console, f"lines by instructions ({r.mix.total} in all)",
-             [Column("line", justify="left"), Column("source", justify="left", fold=True), Column("instr."),
-              Column("tensor core", "tc"), Column("global loads", "loads", justify="left", fold=True),
-              *([Column("spills")] if spills else [])], lines)
+                      *([str(x.mix.counts.get("spill", 0) or "")] if spills else []), str(x.ptx.total)])
+                 for x in r.lines[:top]]
+        show(console, f"lines by instructions ({r.mix.total} SASS, {r.ptx.total} PTX; {r.ttgir.total} TTGIR ops)",
+             [Column("line", justify="left"),
+              Column("source (and its TTGIR ops of note)", "source", justify="left", fold=True),
+              Column("SASS instr.", "instr."), Column("tensor core", "tc"),
+              Column("global loads", "loads", justify="left", fold=True),
+              *([Column("spills")] if spills else []), Column("PTX instr.", "ptx")], lines)
         if r.stalls is not None:
             _render_stalls(r.stalls, console, top)
         for f in r.findings:
             console.print(f"[bold yellow]{f.title}[/bold yellow] ({f.where}): {f.message}", highlight=False)
+
+
+def _source_cell(x: LineRow) -> str:
+    """A line's source, and under it, dimmed, the TTGIR ops of note it became: in the source's own column, which
+    folds, since a column of their own would not fit 80 columns beside the SASS and PTX counts."""
+    ops = ttgir.notable(x.ttgir)
+    return escape(x.source) + (f"\n[dim]ttgir: {ops}[/dim]" if ops else "")
 
 
 def _render_stalls(found, console, top: int) -> None:

@@ -10,7 +10,8 @@ does, a machine without a GPU included; a CUDA toolkit's on PATH serves otherwis
 The instruction mix sorts opcodes into what a performance engineer looks for: tensor-core MMAs (HMMA on sm_80,
 HGMMA, the warpgroup MMA, on sm_90), global loads and stores by width (a 128-bit LDG.E.128 moves four times a
 32-bit LDG.E's bytes per instruction), asynchronous copies into shared memory (LDGSTS: cp.async) and the Tensor
-Memory Accelerator's (UTMALDG, UBLKCP), shared-memory traffic, barriers, and spills (local memory: LDL/STL).
+Memory Accelerator's (UTMALDG, UBLKCP), shared-memory traffic, barriers and fences, and spills (local memory:
+LDL/STL). ptx.py sorts PTX into the same classes.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def resources(cubin: bytes) -> dict[str, Resources]:
 
 @dataclass(frozen=True)
 class Instruction:
-    offset: int
+    """One SASS instruction; ptx.py and ttgir.py read PTX instructions and TTGIR ops into the same shape."""
+    offset: int             # its address (PTX, TTGIR: its line in the text)
     opcode: str             # with its modifiers: "LDG.E.128", "HGMMA.64x128x16.F32.BF16"
     text: str               # the whole instruction, predicate and operands included
     file: str | None        # the source line the line table gives it
@@ -152,7 +154,7 @@ _CLASSES = (
     ("global load", re.compile(r"^(LDG|LD)\b")),
     ("global store", re.compile(r"^(STG|ST|RED|ATOMG|ATOM)\b")),
     ("shared", re.compile(r"^(LDS|STS|LDSM|STSM|ATOMS)\b")),
-    ("barrier", re.compile(r"^(BAR|SYNCS|WARPSYNC|MEMBAR|DEPBAR|WARPGROUP|ARRIVES)\b")),
+    ("barrier", re.compile(r"^(BAR|SYNCS|WARPSYNC|MEMBAR|FENCE|DEPBAR|WARPGROUP|ARRIVES)\b")),
     ("special function", re.compile(r"^MUFU\b")),
     ("shuffle", re.compile(r"^SHFL\b")),
     ("float", re.compile(r"^(FFMA|FADD|FMUL|FMNMX|FSETP|FSEL|HFMA2|HADD2|HMUL2|HMNMX2|F2F|F2FP|F2I|I2F|FCHK|DFMA|DADD|"
@@ -181,7 +183,8 @@ def access_bits(opcode: str) -> int:
 @dataclass
 class Mix:
     """The instruction mix of one kernel: counts by class, and the global accesses by width (static counts: an
-    instruction in a loop counts once)."""
+    instruction in a loop counts once). PTX's mix (ptx.py) has the same classes, TTGIR's (ttgir.py) counts ops by
+    name and no widths."""
     counts: Counter = field(default_factory=Counter)
     load_bits: Counter = field(default_factory=Counter)    # global loads (LDG, LDGSTS) by width
     store_bits: Counter = field(default_factory=Counter)   # global stores by width
@@ -193,22 +196,35 @@ class Mix:
                 "store_bits": {str(k): v for k, v in sorted(self.store_bits.items())}}
 
 
-def mix(instructions: list[Instruction]) -> Mix:
+def global_access(instruction: Instruction, name: str) -> tuple[str, int] | None:
+    """("load" or "store", bits a thread) for an instruction of class `name` whose width the mix counts: global
+    loads and cp.async's copies, global stores (atomics and reductions are not counted by width); None for the
+    rest."""
+    if name in ("global load", "async copy"):
+        return "load", access_bits(instruction.opcode)
+    if name == "global store" and instruction.base in ("STG", "ST"):
+        return "store", access_bits(instruction.opcode)
+    return None
+
+
+def mix(instructions: list[Instruction], kind_of=kind, access_of=global_access) -> Mix:
+    """The mix of instructions, each classed by kind_of and its global access's width read by access_of: SASS's
+    by default; ptx.py passes PTX's, ttgir.py an op's name."""
     out = Mix(total=len(instructions))
     for ins in instructions:
-        name = kind(ins)
+        name = kind_of(ins)
         out.counts[name] += 1
-        if name in ("global load", "async copy"):
-            out.load_bits[access_bits(ins.opcode)] += 1
-        elif name == "global store" and ins.base in ("STG", "ST"):
-            out.store_bits[access_bits(ins.opcode)] += 1
+        access = access_of(ins, name)
+        if access is not None:
+            (out.load_bits if access[0] == "load" else out.store_bits)[access[1]] += 1
     return out
 
 
-def by_line(instructions: list[Instruction]) -> dict[tuple[str, int], Mix]:
-    """The mix of each source line's instructions."""
+def by_line(instructions: list[Instruction], summarize=mix) -> dict[tuple[str, int], Mix]:
+    """The mix of each source line's instructions (summarize: SASS's mix by default); instructions without a line
+    count in no line's."""
     grouped: dict[tuple[str, int], list[Instruction]] = {}
     for ins in instructions:
-        if ins.file is not None:
+        if ins.file is not None and ins.line is not None:
             grouped.setdefault((ins.file, ins.line), []).append(ins)
-    return {where: mix(group) for where, group in grouped.items()}
+    return {where: summarize(group) for where, group in grouped.items()}
