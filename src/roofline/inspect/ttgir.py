@@ -75,8 +75,9 @@ def _trailing_loc(line: str) -> str | None:
     return None
 
 
-def _closing(text: str, start: int) -> int | None:
-    """The index of the bracket that closes the one at `start`, skipping quoted strings (file paths)."""
+def _outside_quotes(text: str, start: int = 0):
+    """Each character of `text` from `start` that stands outside quoted strings (file paths), with the depth of
+    brackets after it: (index, character, depth)."""
     depth, quoted, k = 0, False, start
     while k < len(text):
         c = text[k]
@@ -87,38 +88,24 @@ def _closing(text: str, start: int) -> int | None:
                 quoted = False
         elif c == '"':
             quoted = True
-        elif c in "([<":
-            depth += 1
-        elif c in ")]>":
-            depth -= 1
-            if depth == 0:
-                return k
+        else:
+            depth += (c in "([<") - (c in ")]>")
+            yield k, c, depth
         k += 1
-    return None
+
+
+def _closing(text: str, start: int) -> int | None:
+    """The index of the bracket that closes the one at `start`."""
+    return next((k for k, c, depth in _outside_quotes(text, start) if depth == 0 and c in ")]>"), None)
 
 
 def _split(text: str, separator: str) -> list[str]:
     """`text` split at `separator` where it stands outside brackets and quotes."""
-    parts, depth, quoted, begin, k = [], 0, False, 0, 0
-    while k < len(text):
-        c = text[k]
-        if quoted:
-            if c == "\\":
-                k += 1
-            elif c == '"':
-                quoted = False
-        elif c == '"':
-            quoted = True
-        elif c in "([<":
-            depth += 1
-        elif c in ")]>":
-            depth -= 1
-        elif depth == 0 and text.startswith(separator, k):
+    parts, begin = [], 0
+    for k, c, depth in _outside_quotes(text):
+        if k >= begin and depth == 0 and c not in ")]>" and text.startswith(separator, k):
             parts.append(text[begin:k])
             begin = k + len(separator)
-            k = begin
-            continue
-        k += 1
     return [*parts, text[begin:]]
 
 
