@@ -460,6 +460,8 @@ def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[s
                    html_path: Optional[Path], trace_path: Optional[Path], top: int, rank_dir: Optional[Path]) -> int:
     """Start this host's ranks (distributed.profiling.launch), then, on the host that ran rank 0, read every rank's
     trace together; the exit status."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
     from roofline.distributed import RankFailed, profiling
     from roofline.profiler.report import analyze
 
@@ -474,16 +476,21 @@ def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[s
             status = 0
         except RankFailed as exc:
             err.print(f"roofline: {exc}")
-            here, status = sorted(exc.failures), 1
+            here, status = list(exc.here), 1
+        except RendezvousError as exc:   # the hosts never met, or the one that held the meeting went
+            err.print(f"roofline: the hosts did not meet at --rdzv-endpoint {rendezvous.endpoint}: {exc}")
+            return 1
         finally:
             os.environ.pop(profiling.LAUNCHED, None)
         if rendezvous.nnodes > 1 and 0 not in here:
             ran = f"rank {here[0]}" if len(here) == 1 else f"ranks {here[0]}-{here[-1]}"
             console.print(f"roofline: {ran} ran on this host; rank 0's host reports every rank")
             return status
-        # the other hosts' ranks end about when this host's do: their traces may take a moment to appear
+        # the other hosts' ranks end about when this host's do: their traces may take a moment to appear (after a
+        # failure, those that failed write none)
         paths, missing = profiling.wait_for(folder, world, since=began,
-                                            timeout_s=profiling.RANK_WAIT_S if rendezvous.nnodes > 1 else 0)
+                                            timeout_s=profiling.RANK_WAIT_S if rendezvous.nnodes > 1 and not status
+                                            else 0)
         if missing:
             err.print(f"roofline: ranks {missing} recorded nothing"
                       + ("" if status else " (fewer steps ran than --skip left out?)"))
@@ -661,7 +668,8 @@ def inspect(
                                  "roofline.ops by name, with --shape; with --kernel, a trace."),
     shape: Optional[str] = typer.Option(None, "--shape", help="With an op as TARGET: its sizes, e.g. 4096x4096 "
                                         "(what they mean is the op's: the error says it)."),
-    dtype: str = typer.Option("bf16", "--dtype", help="With an op as TARGET: bf16, fp16 or fp32."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="With an op as TARGET: bf16 (the default), fp16 "
+                                        "or fp32."),
     backward: bool = typer.Option(False, "--backward", help="With an op as TARGET: its backward's kernels too."),
     arch: Optional[str] = typer.Option(None, help="The GPU to compile for, e.g. sm_90 (default: this machine's GPU, "
                                        "else sm_90)."),
@@ -700,9 +708,9 @@ def inspect(
     import torch
 
     if kernel is not None:
-        if ncu or compile or arch is not None or shape is not None or backward:
+        if ncu or compile or arch is not None or shape is not None or dtype is not None or backward:
             raise typer.BadParameter("reads a kernel of a trace from the binary the program ran: --ncu, --compile, "
-                                     "--arch, --shape and --backward are for a function or an op",
+                                     "--arch, --shape, --dtype and --backward are for a function or an op",
                                      param_hint="--kernel")
         _write_inspection(_inspect_trace(target, kernel, cache, sms), f"roofline inspect {target} --kernel {kernel}",
                           top, json_path, html_path, out)
@@ -728,12 +736,20 @@ def inspect(
             raise typer.BadParameter("Nsight Compute (ncu) is not installed here", param_hint="--ncu")
     title = f"roofline inspect {target}"
     with tempfile.TemporaryDirectory(prefix="roofline-op-") as folder:
-        if ":" not in target:   # an op by name, run as a function of its own, so that ncu can run it too
+        op = ":" not in target
+        if op:   # an op by name, run as a function of its own, so that ncu can run it too
+            dtype = dtype or "bf16"
             title += f" --shape {shape} --dtype {dtype}" + (" --backward" if backward else "")
             target = _op_target(target, shape, dtype, backward, Path(folder))
-        elif shape is not None or backward:
-            raise typer.BadParameter("are for an op of roofline.ops named as TARGET", param_hint="--shape/--backward")
-        _inspect_function(target, title, compile, arch, sms, runs, ncu, top, json_path, html_path, out)
+        elif shape is not None or dtype is not None or backward:
+            raise typer.BadParameter("are for an op of roofline.ops named as TARGET",
+                                     param_hint="--shape/--dtype/--backward")
+        try:
+            _inspect_function(target, title, compile, arch, sms, runs, ncu, top, json_path, html_path, out)
+        except ValueError as exc:   # the op refused the shape (a head_dim it does not take, an odd one for rope)
+            if not op:
+                raise
+            raise typer.BadParameter(f"{shape!r}: {exc}", param_hint="--shape") from None
 
 
 def _op_target(name: str, shape: str | None, dtype: str, backward: bool, folder: Path) -> str:

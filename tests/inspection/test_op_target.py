@@ -48,3 +48,16 @@ def test_what_an_op_cannot_take_is_named():
     assert code == 2 and "--dtype" in said and "bf16, fp16, fp32" in said
     code, said = run("examples/inspect_kernels.py:matmuls", "--shape", "4x4")
     assert code == 2 and "for an op of roofline.ops" in said
+
+
+def test_a_shape_the_op_itself_refuses_is_named_as_the_shape():
+    from typer.testing import CliRunner
+
+    from roofline.cli import app
+
+    done = CliRunner().invoke(app, ["inspect", "rope", "--shape", "1x5x33"], env={"COLUMNS": "80"})
+    said = " ".join(done.output.split())
+    assert done.exit_code == 2 and "--shape" in said and "'1x5x33'" in said and "even" in said, said
+    done = CliRunner().invoke(app, ["inspect", "examples/inspect_kernels.py:matmuls", "--dtype", "fp16"],
+                              env={"COLUMNS": "80"})
+    assert done.exit_code == 2 and "for an op of roofline.ops" in " ".join(done.output.split())

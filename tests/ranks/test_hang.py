@@ -116,3 +116,13 @@ def test_a_rank_armed_in_a_folder_reused_forgets_the_last_job_s_record(tmp_path,
     finally:
         hang.disarm(tmp_path, 1)
     assert not (tmp_path / hang.STACK.format(1)).exists()
+
+
+def test_a_record_that_would_make_an_object_is_never_loaded(tmp_path):
+    """The folder may be shared (a --rank-dir on a network file system): a record is read as plain data only."""
+    class Planted:
+        def __reduce__(self):
+            return (os.system, ("touch planted",))
+
+    (tmp_path / f"{hang.RECORD}0").write_bytes(pickle.dumps({"entries": [Planted()]}))
+    assert hang.explain(tmp_path, 1) == {} and not (tmp_path / "planted").exists()

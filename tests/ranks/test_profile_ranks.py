@@ -346,6 +346,9 @@ def test_several_hosts_need_a_shared_folder_and_a_place_to_meet(program, tmp_pat
     assert done.returncode == 2 and "--rdzv-endpoint" in done.stderr
     done = _roofline("profile", "--nnodes", "2", str(program), cwd=tmp_path)
     assert done.returncode == 2 and "--nproc-per-node" in done.stderr
+    done = _roofline("profile", "--nproc-per-node", "1", "--nnodes", "2", "--rank-dir", str(tmp_path),
+                     "--rdzv-endpoint", "10.0.0.1:29400", "--node-rank", "1", str(program), cwd=tmp_path)
+    assert done.returncode == 2 and "--node-rank" in done.stderr and "static" in done.stderr
     # under torchrun, 2 hosts of a rank each: refused before the program runs, not after a wait for traces
     done = subprocess.run([sys.executable, "-m", "roofline", "profile", str(program), "4"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120,

@@ -17,6 +17,7 @@ rank's line.
 from __future__ import annotations
 
 import faulthandler
+import io
 import os
 import pickle
 import re
@@ -43,12 +44,12 @@ def arm(folder: Path, rank: int) -> None:
     timeout (the user's own settings stand; the recorder itself is on by default, 2,000 calls), and have SIGTERM
     write where the rank is."""
     global _stack_file
-    (Path(folder) / f"{RECORD}{rank}").unlink(missing_ok=True)   # an earlier job's, in a folder reused
-    record = str(Path(folder) / RECORD)
-    for name, value in (("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"), ("TORCH_FR_DUMP_TEMP_FILE", record),
-                        ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", record)):   # the latter, torch's older name
-        os.environ.setdefault(name, value)
-    _stack_file = open(Path(folder) / STACK.format(rank), "w")   # held open: the handler writes to its descriptor
+    folder = Path(folder).resolve()   # the program may change its directory
+    (folder / f"{RECORD}{rank}").unlink(missing_ok=True)   # an earlier job's, in a folder reused
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    if not {"TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} & set(os.environ):   # (torch's older name)
+        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(folder / RECORD)
+    _stack_file = open(folder / STACK.format(rank), "w")   # held open: the handler writes to its descriptor
     faulthandler.register(signal.SIGTERM, file=_stack_file, all_threads=False, chain=True)
 
 
@@ -78,7 +79,7 @@ def note(folder: Path, rank: int, error: BaseException) -> None:
     record for `explain` (unless NCCL's watchdog wrote it already), the call it waited in given the line its
     traceback names. (The recorder's own stacks are not asked for: their first symbolization imports for 2 s, long
     enough for the launcher to stop a failing rank before it writes.)"""
-    path = Path(folder) / f"{RECORD}{rank}"
+    path = Path(folder).resolve() / f"{RECORD}{rank}"
     if path.exists() or not raised_in_collective(error):
         return
     try:
@@ -90,7 +91,7 @@ def note(folder: Path, rank: int, error: BaseException) -> None:
         if dump is None:
             continue
         try:
-            record = pickle.loads(dump(True, False, False))
+            record = _load(dump(True, False, False))
         except Exception:   # a recorder not built in, or never used
             continue
         entries = [e for e in record.get("entries") or [] if not e.get("is_p2p")]
@@ -107,6 +108,19 @@ def note(folder: Path, rank: int, error: BaseException) -> None:
 
 
 # --------------------------------------------------------------------------- reading them
+
+
+class _Plain(pickle.Unpickler):
+    """A flight record holds dicts, lists, strings and numbers only. The folder it is read from may be shared
+    (--rank-dir on a network file system, a name in /tmp): no class is ever made from it, so nothing it holds
+    can run."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"a flight record holds no {module}.{name}")
+
+
+def _load(data: bytes) -> dict:
+    return _Plain(io.BytesIO(data)).load()
 
 
 def _user_line(frames: list[tuple[str, int, str]]) -> str | None:
@@ -173,8 +187,8 @@ def explain(folder: Path, world: int) -> dict[int, str]:
     for r in range(world):
         path = folder / f"{RECORD}{r}"
         try:
-            records[r] = _calls(pickle.loads(path.read_bytes()))
-        except (OSError, pickle.UnpicklingError, EOFError):
+            records[r] = _calls(_load(path.read_bytes()))
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
             continue
     waits = {r: c for r, c in ((r, waited_in(calls)) for r, calls in records.items()) if c is not None}
     said: dict[int, list[str]] = {}

@@ -34,11 +34,11 @@ from roofline.distributed import hang
 class RankFailed(RuntimeError):
     """A rank raised, died or timed out; the others were stopped."""
 
-    def __init__(self, failures: dict[int, str]):
+    def __init__(self, failures: dict[int, str], stopped: frozenset = frozenset(), here: tuple = ()):
         self.failures = failures   # rank -> what happened to it
+        self.here = here           # the ranks this host ran that failed or were stopped (the launcher's record)
         said = "; ".join(f"rank {rank}: {why}" for rank, why in failures.items())
-        failed = sum(not why.startswith(hang.STOPPED) for why in failures.values())
-        super().__init__(f"{failed} of the ranks failed, and the others were stopped: {said}")
+        super().__init__(f"{len(set(failures) - stopped)} of the ranks failed, and the others were stopped: {said}")
 
 
 def backend() -> str:
@@ -87,6 +87,17 @@ def quiet_launcher():
             logger.setLevel(level)
 
 
+def rank_failed(launcher_failures: dict, reports: Path, world: int) -> RankFailed:
+    """RankFailed for the launcher's record of the ranks that ended (ChildFailedError.failures) and the ranks'
+    notes in `reports`; a rank the launcher stopped (SIGTERM) is counted apart from those that failed."""
+    said = what_failed(launcher_failures, reports, world)
+    noted = {int(p.stem.removeprefix("rank")) for p in reports.glob("rank*.json")}
+    # SIGTERM's, and those the launcher does not list (a function's ranks) that said nothing but where they were
+    stopped = frozenset(r for r, f in launcher_failures.items() if f.exitcode == -signal.SIGTERM.value) | \
+        (set(said) - set(launcher_failures) - noted)
+    return RankFailed(said, stopped, tuple(sorted(launcher_failures)))
+
+
 def what_failed(launcher_failures: dict, reports: Path, world: int) -> dict[int, str]:
     """What happened to each failed rank, the first error first: the ranks' own notes (with the time each was
     raised), and for a rank that left none (killed by a signal, a crash in C++) the launcher's record; then what
@@ -123,5 +134,5 @@ def spawn(fn, nproc: int, *args, backend_name: str | None = None, timeout_s: flo
         try:
             results = elastic_launch(config, _in_group)(fn, backend_name, timeout_s, reports, args)
         except ChildFailedError as exc:
-            raise RankFailed(what_failed(exc.failures, Path(reports), nproc)) from None
+            raise rank_failed(exc.failures, Path(reports), nproc) from None
     return [results[rank] for rank in range(nproc)]

@@ -88,7 +88,7 @@ class Rendezvous:
     ValueError("FIELD: why")."""
     nnodes: int = 1
     endpoint: str = "localhost:0"
-    run_id: str | None = None   # the same on every host; None: a new one (one host)
+    run_id: str | None = None   # the same on every host; None: torchrun's "none" (several hosts), a new one (one)
     backend: str = "c10d"
     node_rank: int | None = None   # the static backend's: this host's place; c10d's rendezvous assigns it
 
@@ -100,8 +100,12 @@ class Rendezvous:
         port = self.endpoint.rpartition(":")[2]
         if self.nnodes > 1 and (not port.isdigit() or int(port) == 0):
             raise ValueError(f"rdzv_endpoint: the hosts meet at one HOST:PORT they all reach, got {self.endpoint!r}")
-        if self.backend == "static" and self.node_rank is None:
-            raise ValueError("node_rank: the static rendezvous needs each host's place (0 to nnodes - 1)")
+        if self.backend == "static" and (self.node_rank is None or not 0 <= self.node_rank < self.nnodes
+                                         or self.endpoint.endswith(":0")):
+            raise ValueError("node_rank: the static rendezvous needs each host's place (0 to nnodes - 1) and "
+                             "--rdzv-endpoint (rank 0's host:port)")
+        if self.backend != "static" and self.node_rank is not None:
+            raise ValueError("node_rank: only the static rendezvous takes it (c10d's assigns each host's place)")
 
 
 def launch(nproc: int, rank_argv: list[str], folder: Path, rendezvous: Rendezvous = Rendezvous()) -> list[int]:
@@ -112,10 +116,12 @@ def launch(nproc: int, rank_argv: list[str], folder: Path, rendezvous: Rendezvou
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from roofline.distributed.launch import RankFailed, quiet_launcher, what_failed
+    from roofline.distributed.launch import quiet_launcher, rank_failed
 
     config = LaunchConfig(min_nodes=rendezvous.nnodes, max_nodes=rendezvous.nnodes, nproc_per_node=nproc,
-                          run_id=rendezvous.run_id or str(uuid.uuid4()), rdzv_backend=rendezvous.backend,
+                          # several hosts meet under one id: torchrun's default, "none", where none is given
+                          run_id=rendezvous.run_id or ("none" if rendezvous.nnodes > 1 else str(uuid.uuid4())),
+                          rdzv_backend=rendezvous.backend,
                           rdzv_endpoint=rendezvous.endpoint, max_restarts=0, monitor_interval=0.1,
                           rdzv_configs={"rank": rendezvous.node_rank} if rendezvous.backend == "static" else {})
     with quiet_launcher():
@@ -123,7 +129,7 @@ def launch(nproc: int, rank_argv: list[str], folder: Path, rendezvous: Rendezvou
             ran = elastic_launch(config, sys.executable)("-m", "roofline", "profile", "--rank-dir", str(folder),
                                                          *rank_argv)
         except ChildFailedError as exc:
-            raise RankFailed(what_failed(exc.failures, folder, nproc * rendezvous.nnodes)) from None
+            raise rank_failed(exc.failures, folder, nproc * rendezvous.nnodes) from None
     return sorted(ran)
 
 
