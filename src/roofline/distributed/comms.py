@@ -225,9 +225,9 @@ def owners(calls: list[Call]) -> str | None:
     seen = list(dict.fromkeys(c.owner for c in calls if c.owner))
     if len(seen) <= 1:
         return seen[0] if seen else None
-    buckets = [_BUCKET.match(o) for o in seen]
-    if all(buckets):
-        return "DDP buckets " + ", ".join(b[1] for b in buckets)
+    buckets = [bucket_index(o) for o in seen]
+    if None not in buckets:
+        return "DDP buckets " + ", ".join(map(str, buckets))
     return f"{seen[0]} … {seen[-1].removeprefix('FSDP2 ')} ({len(seen)})"
 
 

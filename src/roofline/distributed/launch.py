@@ -91,18 +91,23 @@ def rank_failed(launcher_failures: dict, reports: Path, world: int) -> RankFaile
     """RankFailed for the launcher's record of the ranks that ended (ChildFailedError.failures) and the ranks'
     notes in `reports`; a rank the launcher stopped (SIGTERM) is counted apart from those that failed."""
     said = what_failed(launcher_failures, reports, world)
-    noted = {int(p.stem.removeprefix("rank")) for p in reports.glob("rank*.json")}
+    noted = set(_notes(reports))
     # SIGTERM's, and those the launcher does not list (a function's ranks) that said nothing but where they were
     stopped = frozenset(r for r, f in launcher_failures.items() if f.exitcode == -signal.SIGTERM.value) | \
         (set(said) - set(launcher_failures) - noted)
     return RankFailed(said, stopped, tuple(sorted(launcher_failures)))
 
 
+def _notes(reports: Path) -> dict[int, dict]:
+    """The ranks' notes of their errors (_in_group): rank -> {"time", "error"}."""
+    return {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in reports.glob("rank*.json")}
+
+
 def what_failed(launcher_failures: dict, reports: Path, world: int) -> dict[int, str]:
     """What happened to each failed rank, the first error first: the ranks' own notes (with the time each was
     raised), and for a rank that left none (killed by a signal, a crash in C++) the launcher's record; then what
     the ranks' flight records and stacks say (hang.explain: the collective a rank waited in, where it stopped)."""
-    noted = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in reports.glob("rank*.json")}
+    noted = _notes(reports)
     said = {}
     for rank, note in sorted(noted.items(), key=lambda kv: kv[1]["time"]):
         said[rank] = note["error"] + (" (the first error)" if not said and len(noted) > 1 else "")
