@@ -1,6 +1,7 @@
 """How roofline.ops' launch settings were chosen: times the alternatives on this GPU, side by side in one run.
 
-    python benchmarks/tune_ops.py OUT_DIR [--only norm-forward cross-entropy softmax-long attention]
+    python benchmarks/tune_ops.py OUT_DIR [--only norm-forward cross-entropy softmax-long attention
+                                                attention-forward]
 
 norm-forward   the norm forward kernel over (rows per program, warps) at row lengths 256 .. 16384 (256 MB bf16),
                rms_norm and layer_norm, CUDA graphs (the kernel alone), against the current rule
@@ -11,8 +12,11 @@ softmax-long   softmax's kernels for rows longer than a block (read twice) over 
                row lengths 32768, 65536 and 262144 (256 MB bf16), CUDA graphs
 attention      flash_attention's tiles (rows held, rows walked, warps, pipeline stages) for each of its kernels
                (forward, dK/dV, dQ), one kernel's varied at a time with the others at their current tiles, at
-               B4 H32 N4096 bf16, head_dim 64 and 128, causal and not, CUDA graphs; SDPA's flash and cuDNN
+               B4 H32 N4096 bf16, head_dim 64 and 128, causal and not, CUDA graphs; the Hopper forward's
+               variants (attention_sm90.py: MMA partitions, in turns, ring slots) and SDPA's flash and cuDNN
                backends beside them
+attention-forward  the same without the tile candidates: the current tiled forward, the Hopper forward's variants
+               and SDPA's backends
 (The host's time per call is benchmarks/host_overhead.py's.)
 
 Writes OUT_DIR/tune.md and OUT_DIR/tune.json.
@@ -219,7 +223,11 @@ def _attention_row(row: dict, call, work: float, o_current, inputs, sm90=None, *
     return row
 
 
-def attention(head_dims) -> list[dict]:
+# The Hopper forward's settings (MMA partitions, in turns, slots beyond the default ring)
+SM90_VARIANTS = [(1, False, 0), (2, False, 0), (2, True, 0), (2, False, 1), (2, True, 1)]
+
+
+def attention(head_dims, candidates=ATTENTION_CANDIDATES) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     out = []
@@ -233,20 +241,21 @@ def attention(head_dims) -> list[dict]:
             o, lse = att._forward(q, k, v, causal, scale)
             backward = (lambda: att._backward(do, q, k, v, o, lse, causal, scale), 2.5 * flops)
             calls = {"forward": (lambda: att._forward(q, k, v, causal, scale), flops), "dkdv": backward, "dq": backward}
-            for kernel, candidates in ATTENTION_CANDIDATES.items():
+            for kernel, tried in candidates.items():
                 current = att.TILES[kernel][d]
                 call, work = calls[kernel]
-                for tiles in [current] + [t for t in candidates if t != current]:
+                for tiles in [current] + [t for t in tried if t != current]:
                     row = dict(kernel=kernel, d=d, causal=causal, tiles=list(astuple(tiles)), current=tiles == current,
                                timed="backward (delta, dK/dV, dQ)" if kernel != "forward" else "forward")
                     out.append(_attention_row(row, call, work, o, (q, k, v, causal, scale),
                                               TILES={**att.TILES, kernel: {**att.TILES[kernel], d: tiles}}))
-            for parts in (1, 2) if hopper.supports(q, k, scale) else ():   # the Hopper forward in Gluon
-                tiles = [f"sm90 ({parts} MMA partition{'s' if parts > 1 else ''})", hopper.BLOCK_M, hopper.BLOCK_N,
-                         hopper.LOAD_WARPS + hopper.MMA_WARPS, hopper.STAGES[d]]
+            for parts, turns, more in SM90_VARIANTS if hopper.supports(q, k, scale) else ():   # Gluon's forward
+                stages = {head_d: n + more for head_d, n in hopper.STAGES.items()}
+                name = f"sm90 ({parts} MMA partition{'s' if parts > 1 else ''}{', in turns' if turns else ''})"
+                tiles = [name, hopper.BLOCK_M, hopper.BLOCK_N, hopper.LOAD_WARPS + hopper.MMA_WARPS, stages[d]]
                 row = dict(kernel="forward", d=d, causal=causal, tiles=tiles, current=False, timed="forward")
-                out.append(_attention_row(row, *calls["forward"], o, (q, k, v, causal, scale),
-                                          sm90={"MMA_PARTS": parts}, SM90_FORWARD=True))
+                out.append(_attention_row(row, *calls["forward"], o, (q, k, v, causal, scale), SM90_FORWARD=True,
+                                          sm90={"MMA_PARTS": parts, "PINGPONG": turns, "STAGES": stages}))
             for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
                                   ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):
                 leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -300,12 +309,14 @@ def markdown(results: dict) -> str:
         lines += [f"| {r['n']} | {r['per_sm']} | {r['warps']} | {r['fwd_us']:.1f} | {r['fwd_gbps']:,.0f} | "
                   f"{r['bwd_us']:.1f} | {r['bwd_gbps']:,.0f} | {'yes' if r['current'] else ''} |"
                   for r in results["softmax-long"]] + [""]
-    if "attention" in results:
+    for part in ("attention", "attention-forward"):
+        if part not in results:
+            continue
         lines += ["### flash_attention tiles (B4 H32 N4096 bf16, CUDA graphs): one kernel's tiles varied, the others "
                   "current; the backward timed whole (delta, dK/dV, dQ)", "",
                   "| kernel | head_dim | causal | held, walked, warps, stages | us | TFLOP/s | max abs O - current O "
                   "| current |", "|---|---|---|---|---|---|---|---|"]
-        for r in results["attention"]:
+        for r in results[part]:
             if "tiles" not in r:
                 continue
             timing = f"{r['us']:.1f} | {r['tflops']:.0f}" if "us" in r else f"{r['error']} | "
@@ -315,7 +326,7 @@ def markdown(results: dict) -> str:
         lines += ["", "| SDPA backend | head_dim | causal | fwd us | fwd TFLOP/s | bwd us | bwd TFLOP/s |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['kernel']} | {r['d']} | {r['causal']} | {r['fwd_us']:.1f} | {r['fwd_tflops']:.0f} | "
-                  f"{r['bwd_us']:.1f} | {r['bwd_tflops']:.0f} |" for r in results["attention"] if "tiles" not in r]
+                  f"{r['bwd_us']:.1f} | {r['bwd_tflops']:.0f} |" for r in results[part] if "tiles" not in r]
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -334,7 +345,9 @@ def main(argv=None) -> int:
         print(f"=== {part}", flush=True)
         results[part] = {"norm-forward": lambda: norm_forward(args.lengths),
                          "norm-backward": lambda: norm_backward(args.lengths), "cross-entropy": cross_entropy,
-                         "softmax-long": softmax_long, "attention": lambda: attention(args.head_dims)}[part]()
+                         "softmax-long": softmax_long, "attention": lambda: attention(args.head_dims),
+                         # the current tiled forward, the Hopper forward's variants and SDPA's backends only
+                         "attention-forward": lambda: attention(args.head_dims, {"forward": []})}[part]()
         (args.out / "tune.json").write_text(json.dumps(results, indent=1))
         (args.out / "tune.md").write_text(markdown(results))
     print(markdown(results))

@@ -24,7 +24,11 @@ SHARED_MEMORY_LIMIT = 227 * 1024   # what a block may hold on the H100
 pytestmark = pytest.mark.skipif(sm90.gluon is None, reason="Gluon ships with Triton 3.5 and later")
 
 
-def _compiled(d: int, causal: bool, parts: int = sm90.MMA_PARTS):
+# (MMA partitions, ping-pong): one partition of both MMA warpgroups, a partition each, a partition each in turns
+VARIANTS = [(1, False), (2, False), (2, True)]
+
+
+def _compiled(d: int, causal: bool, parts: int, pingpong: bool, stages: int):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -35,8 +39,9 @@ def _compiled(d: int, causal: bool, parts: int = sm90.MMA_PARTS):
     signature = {"q_desc": descriptor(sm90.BLOCK_M), "k_desc": descriptor(sm90.BLOCK_N),
                  "v_desc": descriptor(sm90.BLOCK_N), "o_desc": descriptor(sm90.BLOCK_M // parts), "lse_ptr": "*fp32",
                  "heads": "i32", "group": "i32", "nq": "i32", "nk": "i32", "scale_log2": "fp32",
-                 "CAUSAL": "constexpr", "STAGES": "constexpr", "MMA_PARTS": "constexpr", "MMA_REGISTERS": "constexpr"}
-    constexprs = {"CAUSAL": causal, "STAGES": sm90.STAGES[d], "MMA_PARTS": parts,
+                 "CAUSAL": "constexpr", "STAGES": "constexpr", "MMA_PARTS": "constexpr", "PINGPONG": "constexpr",
+                 "MMA_REGISTERS": "constexpr"}
+    constexprs = {"CAUSAL": causal, "STAGES": stages, "MMA_PARTS": parts, "PINGPONG": pingpong,
                   "MMA_REGISTERS": sm90.MMA_REGISTERS}
     source = GluonASTSource(sm90.attention_forward_sm90_kernel, signature, constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
@@ -49,15 +54,15 @@ def _machine_code() -> dict:
     out = {}
     for d in sm90.HEAD_DIMS:
         for causal in (False, True):
-            for parts in (1, 2):
-                kernel = _compiled(d, causal, parts)
+            for parts, pingpong in VARIANTS:
+                kernel = _compiled(d, causal, parts, pingpong, sm90.STAGES[d])
                 used = sass.resources(kernel.asm["cubin"])[kernel.metadata.name]
                 code = sass.parse_disassembly(sass.disassemble(kernel.asm["cubin"]))
                 barriers = []   # for each copy of O out: a barrier after the last shared-memory write before it
                 for store in (i for i, x in enumerate(code) if x.base == "UTMASTG"):
                     last_write = max(i for i, x in enumerate(code[:store]) if x.base in ("STS", "STSM"))
                     barriers.append(any(x.opcode.startswith("BAR.SYNC") for x in code[last_write:store]))
-                out[f"{d},{causal},{parts}"] = {
+                out[f"{d},{causal},{parts},{pingpong}"] = {
                     "warps": kernel.metadata.num_warps, "registers": used.registers, "local": used.local_memory,
                     "ops": collections.Counter(x.base for x in code), "o_written_then_barrier": barriers,
                     "shared": kernel.metadata.shared + used.static_shared_bytes}
@@ -74,13 +79,13 @@ def machine_code():
     return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("parts", [1, 2])
+@pytest.mark.parametrize("parts,pingpong", VARIANTS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", sm90.HEAD_DIMS)
-def test_a_producer_warpgroup_and_two_mma_warpgroups_without_spills(machine_code, d, causal, parts):
-    """The MMA warpgroups as one partition or as a partition each: the same warps and registers, each partition's
-    products, and each partition's O out by the copy engine."""
-    kernel = machine_code[f"{d},{causal},{parts}"]
+def test_a_producer_warpgroup_and_two_mma_warpgroups_without_spills(machine_code, d, causal, parts, pingpong):
+    """The MMA warpgroups as one partition or as a partition each (in turns or not): the same warps and
+    registers, each partition's products, and each partition's O out by the copy engine."""
+    kernel = machine_code[f"{d},{causal},{parts},{pingpong}"]
     ops = kernel["ops"]
     assert kernel["warps"] == sm90.LOAD_WARPS + sm90.MMA_WARPS == 12
     # every register of the SM at launch, for setmaxnreg to hand out (fewer: the MMA warpgroups would wait forever)
@@ -95,14 +100,44 @@ def test_a_producer_warpgroup_and_two_mma_warpgroups_without_spills(machine_code
     assert kernel["shared"] <= SHARED_MEMORY_LIMIT
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", sm90.HEAD_DIMS)
+def test_ping_pong_waits_and_passes_a_turn_at_each_issue_of_products(machine_code, d, causal):
+    """In turns, each of the two partitions waits for its turn and passes it on at each of its three places that
+    issue products (the first S, the loop's S and P V, the last P V): mbarrier operations the other lacks."""
+    alone, turns = (machine_code[f"{d},{causal},2,{pingpong}"]["ops"] for pingpong in (False, True))
+    assert turns["SYNCS"] - alone["SYNCS"] >= 2 * 3 * 2
+    assert turns["HGMMA"] == alone["HGMMA"]
+
+
+@pytest.mark.parametrize("d", sm90.HEAD_DIMS)
+def test_one_more_stage_fits_now_that_o_leaves_through_q_s_memory(d):
+    """O is staged in Q's shared memory, so a ring of one more slot than the default still fits a block."""
+    child = ("import sys; sys.path.insert(0, sys.argv[1]); import test_attention_sm90 as t; "
+             "from roofline.inspect import sass; "
+             f"k = t._compiled({d}, True, 2, True, t.sm90.STAGES[{d}] + 1); "
+             "used = sass.resources(k.asm['cubin'])[k.metadata.name]; "
+             "print(k.metadata.shared + used.static_shared_bytes, used.local_memory)")
+    done = subprocess.run([sys.executable, "-c", child, str(Path(__file__).parent)], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shared, local = map(int, done.stdout.split()[-2:])
+    q, slot = sm90.BLOCK_M * d * 2, sm90.BLOCK_N * d * 2   # bf16 bytes: Q, and a key or value block
+    assert q + 2 * (sm90.STAGES[d] + 1) * slot <= shared <= SHARED_MEMORY_LIMIT and local == 0
+
+
 # --------------------------------------------------------------------------- on a GPU
 
-@pytest.fixture(params=[1, 2], ids=["one MMA partition", "a partition a warpgroup"])
+@pytest.fixture(params=[(1, False, 0), (2, False, 0), (2, True, 0), (2, True, 1)],
+                ids=["one MMA partition", "a partition a warpgroup", "in turns", "in turns, one more stage"])
 def hopper_forward(monkeypatch, request):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a GPU of compute capability 9.0")
+    parts, pingpong, more_stages = request.param
     monkeypatch.setattr(attention_module, "SM90_FORWARD", True)
-    monkeypatch.setattr(sm90, "MMA_PARTS", request.param)
+    monkeypatch.setattr(sm90, "MMA_PARTS", parts)
+    monkeypatch.setattr(sm90, "PINGPONG", pingpong)
+    monkeypatch.setattr(sm90, "STAGES", {d: n + more_stages for d, n in sm90.STAGES.items()})
     clear_plans()
     yield
     clear_plans()

@@ -13,15 +13,17 @@ its Hopper partitioning fails, at 64 it doubles the work). Here it is written ou
                               (wgmma, asynchronous), the online softmax in base 2, O += P V with P kept in
                               registers as the product's A operand. Block j's S is issued before block j-1's
                               P V, and block j's softmax runs while that product does; each slot is handed back
-                              (its "empty" mbarrier) once the product reading it has retired
+                              (its "empty" mbarrier) once the product reading it has retired. Each warpgroup a
+                              partition of its own (MMA_PARTS), optionally taking turns to issue (PINGPONG)
 
 Same conventions as attention.py's forward: bottom-right causal alignment, grouped-query heads (query head h reads
 key head h // group), a query that sees no key gets zeros and a log-sum-exp of -inf, the log-sum-exp saved in
 natural log for the backward (attention.py's kernels). For bf16 and fp16 at head dims 64 and 128, a positive
 scale, on a device of compute capability 9.0.
 
-Off unless attention.SM90_FORWARD (ROOFLINE_SM90_ATTENTION=1): not yet timed on a GPU against the tiled
-forward and cuDNN (benchmarks/tune_ops.py attention times it beside them).
+Off unless attention.SM90_FORWARD (ROOFLINE_SM90_ATTENTION=1). Timed alone on an H200 (h200-tune.md, bf16,
+head dim 128, 4 x 32 heads x 4096): a partition a warpgroup 1.16x the tiled forward (1.12x causal), 0.76x cuDNN's
+(0.81x causal). It stays off until the op as eager code calls it and a whole program agree.
 """
 
 from __future__ import annotations
@@ -42,12 +44,16 @@ except ImportError:
 HEAD_DIMS = (64, 128)
 BLOCK_M = 128   # queries a program holds: 64 for each MMA warpgroup
 BLOCK_N = 128   # keys and values a step of the loop walks
-STAGES = {64: 3, 128: 2}   # slots in the ring by head dim: what fits the 227 KiB a block may hold beside Q and O
+# Slots in the ring by head dim (one more fits the 227 KiB a block may hold beside Q: O leaves through Q's memory)
+STAGES = {64: 3, 128: 2}
 LOAD_WARPS = 4   # the producer: the kernel's num_warps (Gluon's default partition), a warpgroup
 MMA_WARPS = 8   # the two MMA warpgroups
 # The MMA warpgroups as one partition (1: its barriers sync them, they move in lockstep) or a partition each (2:
-# FA3's ping-pong left to the warp schedulers); tune_ops times both
-MMA_PARTS = 1
+# each waits only on its own work); on the H200 two were 1.21x one, bf16 at head dim 128 (h200-tune.md)
+MMA_PARTS = 2
+# With two: FA3's ping-pong, each partition issues its products only after the other has issued its own (turn
+# mbarriers), instead of leaving the order to the warp schedulers; tune_ops times both
+PINGPONG = False
 MMA_REGISTERS = 240   # a thread of the MMA warpgroups; Triton leaves the producer's warpgroup 24
 # At launch, a thread of each of the 12 warps: 168 x 384 threads = 24 x 128 + 240 x 256, the whole budget that
 # setmaxnreg moves between the partitions. A launch with fewer would leave the MMA warpgroups' request for 240
@@ -58,8 +64,7 @@ MAX_REGISTERS = 168
 if gluon is not None:
 
     @gluon.jit
-    def _loads(q_desc, k_desc, v_desc, o_desc, q_smem, k_slots, v_slots, o_smem, bars, lse_ptr, row, b, h, hk,
-               start_m, full, end, nq, nk, reach, scale_log2):
+    def _loads(q_desc, k_desc, v_desc, q_smem, k_slots, v_slots, bars, b, h, hk, start_m, end):
         """The producer: Q, then the key and value blocks [0, end) into the ring, each slot waited for until
         the MMA warpgroups have handed it back."""
         q_bar, k_full, v_full, k_empty, v_empty = bars
@@ -97,17 +102,33 @@ if gluon is not None:
         return p, m_new, gl.exp2(m_i - m_use)
 
     @gluon.jit
-    def _attend(q_desc, k_desc, v_desc, o_desc, q_smem, k_slots, v_slots, o_smem, bars, lse_ptr, row, b, h, hk,
-                start_m, full, end, nq, nk, reach, scale_log2):
-        """An MMA partition: O and the log-sum-exp of its queries, q_smem's and o_smem's rows (the program's, or
-        where each warpgroup is a partition, its half), the first of them start_m."""
+    def _take_turn(turns, k, order: gl.constexpr, PINGPONG: gl.constexpr):
+        """Ping-pong: before its k-th issue of products, an MMA partition waits until the other has issued its
+        own k-th (order 1) or (k-1)-th (order 0, which goes first), so that the tensor cores take one warpgroup's
+        products while the other exponentiates. A fresh mbarrier counts as having completed the phase before its
+        first: order 0's first wait passes."""
+        if PINGPONG:
+            mbarrier.wait(turns.index(order), (k & 1) ^ (1 - order))
+
+    @gluon.jit
+    def _pass_turn(turns, order: gl.constexpr, PINGPONG: gl.constexpr):
+        if PINGPONG:
+            mbarrier.arrive(turns.index(1 - order), count=1)
+
+    @gluon.jit
+    def _attend(q_desc, k_desc, v_desc, o_desc, q, o_staging, k_slots, v_slots, bars, turns, lse_ptr, row, b, h,
+                hk, start_m, full, end, nq, nk, reach, scale_log2, order: gl.constexpr, PINGPONG: gl.constexpr):
+        """An MMA partition: O and the log-sum-exp of its queries, q's rows (the program's, or where each warpgroup
+        is a partition, its half), the first of them start_m. O leaves through the same shared memory (o_staging,
+        q's rows as the copy engine takes them): Q is read for the last time before O is written there.
+        order: the partition's place in the ping-pong."""
         q_bar, k_full, v_full, k_empty, v_empty = bars
         warps: gl.constexpr = gl.num_warps()
         slots: gl.constexpr = k_slots.type.shape[0]
-        block_m: gl.constexpr = q_smem.type.shape[0]   # q_smem: this partition's queries, [rows, head_dim]
-        head_d: gl.constexpr = q_smem.type.shape[1]
+        block_m: gl.constexpr = q.type.shape[0]   # q: this partition's queries, [rows, head_dim]
+        head_d: gl.constexpr = q.type.shape[1]
         block_n: gl.constexpr = k_slots.type.shape[3]
-        dtype: gl.constexpr = q_smem.dtype
+        dtype: gl.constexpr = q.dtype
         # each warp 16 rows of every product: the two warpgroups split the queries, 64 each
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
                                                            instr_shape=[16, block_n, 16])
@@ -116,7 +137,6 @@ if gluon is not None:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-        q = q_smem
         queries = start_m + gl.arange(0, block_m, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([block_m], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([block_m], gl.float32, gl.SliceLayout(1, s_layout))
@@ -125,8 +145,10 @@ if gluon is not None:
         mbarrier.wait(q_bar, 0)   # even with no key to walk: no copy into this block's memory outlives it
         if blocks > 0:
             mbarrier.wait(k_full.index(0), 0)
+            _take_turn(turns, 0, order, PINGPONG)
             s = warpgroup_mma(q, k_slots.index(0).reshape([block_n, head_d]).permute((1, 0)),
                               gl.zeros([block_m, block_n], gl.float32, s_layout), use_acc=False, is_async=True)
+            _pass_turn(turns, order, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s, ))
             mbarrier.arrive(k_empty.index(0), count=1)
             p, m_i, alpha = _weights(s, m_i, 0, full, queries, nk, reach, scale_log2, s_layout)
@@ -138,11 +160,13 @@ if gluon is not None:
                 slot = j % slots
                 last = (j - 1) % slots
                 mbarrier.wait(k_full.index(slot), (j // slots) & 1)
+                _take_turn(turns, j, order, PINGPONG)
                 s = warpgroup_mma(q, k_slots.index(slot).reshape([block_n, head_d]).permute((1, 0)), s,
                                   use_acc=False, is_async=True)
                 mbarrier.wait(v_full.index(last), ((j - 1) // slots) & 1)
                 p_operand = gl.convert_layout(p, p_layout)
                 acc = warpgroup_mma(p_operand, v_slots.index(last).reshape([block_n, head_d]), acc, is_async=True)
+                _pass_turn(turns, order, PINGPONG)
                 s = warpgroup_mma_wait(1, deps=(s, ))   # block j's scores; block j-1's P V may still be running
                 mbarrier.arrive(k_empty.index(slot), count=1)
                 p, m_i, alpha = _weights(s, m_i, j * block_n, full, queries, nk, reach, scale_log2, s_layout)
@@ -155,15 +179,17 @@ if gluon is not None:
             last = (blocks - 1) % slots
             mbarrier.wait(v_full.index(last), ((blocks - 1) // slots) & 1)
             p_operand = gl.convert_layout(p, p_layout)
+            _take_turn(turns, blocks, order, PINGPONG)
             acc = warpgroup_mma(p_operand, v_slots.index(last).reshape([block_n, head_d]), acc, is_async=True)
+            _pass_turn(turns, order, PINGPONG)
             acc, p_operand = warpgroup_mma_wait(0, deps=(acc, p_operand))
         seen = l_i > 0.0
         o_seen = gl.convert_layout(seen, o_rows)[:, None]
         # a row that sees no key is zeros, whatever the hidden keys' values (0 x inf would be nan)
         out = gl.where(o_seen, acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None], 0.0)
-        o_smem.reshape([block_m, head_d]).store(out.to(dtype))
+        q.store(out.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, h, start_m, 0], o_smem)   # rows past nq are dropped
+        tma.async_copy_shared_to_global(o_desc, [b, h, start_m, 0], o_staging)   # rows past nq are dropped
         lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
         gl.store(lse_ptr + row.to(gl.int64) * nq + queries, lse, mask=queries < nq)
         tma.store_wait(0)
@@ -171,7 +197,7 @@ if gluon is not None:
     @gluon.jit
     def attention_forward_sm90_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, heads, group, nq, nk, scale_log2,
                                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, MMA_PARTS: gl.constexpr,
-                                      MMA_REGISTERS: gl.constexpr):
+                                      PINGPONG: gl.constexpr, MMA_REGISTERS: gl.constexpr):
         """Program (query block, batch x head). scale_log2 = scale log2(e) > 0. The MMA warpgroups are one partition
         (MMA_PARTS 1: they share its barriers and move in lockstep) or one each (2: each waits only on its own
         work, and the warp schedulers interleave one's softmax with the other's products); o_desc's blocks are one
@@ -194,34 +220,37 @@ if gluon is not None:
         q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
         k_slots = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_slots = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, [MMA_PARTS] + o_desc.block_type.shape, o_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_full.index(i), count=1)
             mbarrier.init(v_full.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=MMA_PARTS)   # free once every MMA partition has read it
             mbarrier.init(v_empty.index(i), count=MMA_PARTS)
+        for i in gl.static_range(2):
+            mbarrier.init(turns.index(i), count=1)
         fence_async_shared()   # the initialized barriers seen by the copy engine before its first copy
         bars = (q_bar, k_full, v_full, k_empty, v_empty)
         rows: gl.constexpr = block_m // MMA_PARTS
-        loads = (q_desc, k_desc, v_desc, o_desc, q_smem, k_slots, v_slots, o_smem, bars, lse_ptr, row, b, h,
-                 h // group, start_m, full, end, nq, nk, reach, scale_log2)
-        q_rows = q_smem.reshape([block_m, q_desc.block_type.shape[3]])
-        first = (q_desc, k_desc, v_desc, o_desc, q_rows.slice(0, rows), k_slots, v_slots, o_smem.index(0),
-                 bars, lse_ptr, row, b, h, h // group, start_m, full, end, nq, nk, reach, scale_log2)
+        pingpong: gl.constexpr = PINGPONG and MMA_PARTS == 2
+        loads = (q_desc, k_desc, v_desc, q_smem, k_slots, v_slots, bars, b, h, h // group, start_m, end)
+        q_rows = q_smem.reshape([block_m, q_desc.block_type.shape[3]])   # slices cannot be reshaped: both views
+        first = (q_desc, k_desc, v_desc, o_desc, q_rows.slice(0, rows), q_smem.slice(0, rows, dim=2), k_slots,
+                 v_slots, bars, turns, lse_ptr, row, b, h, h // group, start_m, full, end, nq, nk, reach, scale_log2,
+                 0, pingpong)
         # Triton 3.6 builds the default partition outside the kernel's module, where a reduction cannot tell its
         # warps: the producer takes it (the kernel's num_warps), the MMA warpgroups are worker partitions
         if MMA_PARTS == 1:
             gl.warp_specialize([(_loads, loads), (_attend, first)], [8], [MMA_REGISTERS])
         else:
-            second = (q_desc, k_desc, v_desc, o_desc, q_rows.slice(rows, rows), k_slots, v_slots,
-                      o_smem.index(1), bars, lse_ptr, row, b, h, h // group, start_m + rows, full, end, nq, nk, reach,
-                      scale_log2)
+            second = (q_desc, k_desc, v_desc, o_desc, q_rows.slice(rows, rows), q_smem.slice(rows, rows, dim=2),
+                      k_slots, v_slots, bars, turns, lse_ptr, row, b, h, h // group, start_m + rows, full, end, nq, nk,
+                      reach, scale_log2, 1, pingpong)
             gl.warp_specialize([(_loads, loads), (_attend, first), (_attend, second)], [4, 4],
                                [MMA_REGISTERS, MMA_REGISTERS])
 
@@ -247,7 +276,7 @@ class Sm90Forward:
         self.d, self.causal = d, causal
         self.grid = (cdiv(nq, BLOCK_M), batch * heads)
         self.args = (heads, heads // k.shape[1], nq, k.shape[2], scale_log2)
-        self.parts = MMA_PARTS
+        self.parts, self.pingpong, self.stages = MMA_PARTS, PINGPONG, STAGES[d]
         self.o_rows = BLOCK_M // self.parts   # O leaves by the copy engine a partition's rows at a time
         self.layouts = {rows: _layout(d, q.dtype, rows) for rows in {BLOCK_M, BLOCK_N, self.o_rows}}
 
@@ -263,7 +292,8 @@ class Sm90Forward:
         with torch.cuda.device(q.device):
             attention_forward_sm90_kernel[self.grid](
                 self._descriptor(q, BLOCK_M), self._descriptor(k, BLOCK_N), self._descriptor(v, BLOCK_N),
-                self._descriptor(o, self.o_rows), lse, *self.args, CAUSAL=self.causal, STAGES=STAGES[self.d],
-                MMA_PARTS=self.parts, MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS, maxnreg=MAX_REGISTERS)
+                self._descriptor(o, self.o_rows), lse, *self.args, CAUSAL=self.causal, STAGES=self.stages,
+                MMA_PARTS=self.parts, PINGPONG=self.pingpong, MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS,
+                maxnreg=MAX_REGISTERS)
         return o, lse
 
