@@ -6,7 +6,8 @@
 
 bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens a rank (each rank its own random batch). DDP reduces the
 gradients in buckets while the backward runs; --bucket-cap-mb sets their size (DDP's default: 25), --slow-rank R
-makes rank R sleep --slow-ms after each step (a planted straggler: a rank that loads its data late). On CPUs it
+makes rank R sleep --slow-ms after each step (a planted straggler: a rank that loads its data late), --log-every N
+makes rank 0 print the loss every N steps (a host sync on one rank). On CPUs it
 trains a two-layer model of the same code over gloo in seconds. Rank 0 prints the median step time of the steps
 after the first five (CUDA events between steps, no synchronization in the loop).
 """
@@ -41,6 +42,8 @@ def main(argv=None):
                    "each kept gathered from its forward to its backward (roofline profile's fsdp2-hooks advice)")
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--slow-ms", type=float, default=20.0)
+    p.add_argument("--log-every", type=int, default=0, help="rank 0 prints the loss every N steps: loss.item() "
+                   "waits for its GPU (a host sync on one rank)")
     args = p.parse_args(argv)
     if args.fsdp2_groups < 0 or (args.fsdp2_groups and not args.fsdp2):
         p.error("--fsdp2-groups: a positive number of groups, with --fsdp2")
@@ -88,6 +91,8 @@ def main(argv=None):
         optimizer.zero_grad(set_to_none=True)
         if rank == args.slow_rank:
             time.sleep(args.slow_ms / 1e3)   # a rank late to every next collective
+        if rank == 0 and args.log_every and (step + 1) % args.log_every == 0:
+            print(f"step {step + 1}: loss {loss.item():.4f}")
         marks.append(_mark(gpu))
     if rank == 0:
         world = dist.get_world_size() if several else 1

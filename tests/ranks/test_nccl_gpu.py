@@ -82,3 +82,26 @@ def test_a_collective_that_times_out_over_nccl_is_named_from_the_watchdog_s_reco
     assert "waited out the group's timeout (5 s) in call 1 of process group default_pg (all_reduce, 16 B) at " \
            "workers.py:" in said[0], said
     assert said[1].startswith(hang.STOPPED + " workers.py:") or "never reached call 1" in said[1], said
+
+
+def test_a_loss_printed_by_rank_0_alone_is_its_host_sync(tmp_path):
+    """Rank 0 prints the loss every step (loss.item()): a line where its host waits for its GPU and the other
+    rank's does not."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "roofline", "profile", "--nproc-per-node", "2", "--skip", "4",
+                           "--steps", "3", "--json", str(out), "examples/ddp_train.py", "--steps", "9",
+                           "--log-every", "1"], cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "120"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    syncs = json.loads(out.read_text())["ranks"]["host_syncs"]
+    printed = [row for row in syncs if "ddp_train.py" in row["where"]]
+    assert printed and printed[0]["ranks"] == [0] and not printed[0]["every_rank"]
+    assert printed[0]["calls"] == 1 and printed[0]["wait_ms"][0] > 0
+    assert "host syncs" in done.stdout

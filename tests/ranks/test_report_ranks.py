@@ -201,3 +201,78 @@ def test_ddp_reducing_each_bucket_four_times_a_step_gains_three_in_four_of_the_l
     assert found.gain_ms == pytest.approx(8 * 0.5 * 3 / 4)   # rank 1's 8 calls a step of 0.5 ms, less one in four
     ranks[0].calls, ranks[1].calls = reductions(2.0)[:20], reductions(0.5)[:20]   # once a step: nothing to say
     assert not any(f.id == "ddp-no-sync" for f in findings(_merged(ranks)))
+
+
+SYNC_LINE = Location("train.py", 42, "<module>")
+
+
+def _synced(rank, count, wait_ms, gain_ms, **figures):
+    from roofline.distributed.merge import HostSync
+
+    r = _rank(rank, **{**RANK1, **figures})
+    r.syncs = [HostSync(SYNC_LINE, "cudaStreamSynchronize", count, wait_ms, gain_ms)]
+    return r
+
+
+def test_a_sync_on_every_rank_gains_the_least_any_rank_would_win():
+    # loss.item() once a step on both ranks: rank 0's GPU idles 1.5 ms after it, rank 1's 0.9 ms
+    found = {f.id: f for f in findings(_merged([_synced(0, 1.0, 2.0, 1.5), _synced(1, 1.0, 1.2, 0.9)]))}
+    every = found["host-sync-every-rank"]
+    assert every.gain_ms == pytest.approx(0.9) and every.where == str(SYNC_LINE)
+    assert "ran 1 times a step at this line on each rank" in every.message
+    assert "rank 0 2.00, rank 1 1.20" in every.message and "rank 0 1.50, rank 1 0.90" in every.message
+    assert "host-sync-some-ranks" not in found
+
+
+def test_a_sync_on_one_rank_costs_every_rank_what_it_costs_that_one():
+    ranks = [_synced(0, 2.0, 3.0, 2.5), _rank(1, **RANK1)]
+    found = {f.id: f for f in findings(_merged(ranks))}
+    some = found["host-sync-some-ranks"]
+    assert some.gain_ms == pytest.approx(2.5) and some.title.endswith("on rank 0")
+    assert "Only rank 0 of 2 waits for the GPU at this line" in some.message
+
+
+def test_a_sync_s_gain_is_at_most_what_the_rank_s_gpu_does_not_compute_unrecorded():
+    # rank 0's unrecorded step 28 ms of 27.14 ms compute: at most 0.86 ms to win, whatever the recorded idle
+    ranks = [_synced(0, 2.0, 3.0, 2.5, unprofiled_ms=28.0), _rank(1, **RANK1)]
+    assert {f.id: f for f in findings(_merged(ranks))}["host-sync-some-ranks"].gain_ms == pytest.approx(0.86)
+
+
+def test_a_sync_outside_the_loop_or_too_cheap_to_matter_is_no_finding():
+    once = [_synced(0, 0.1, 5.0, 4.0), _synced(1, 0.1, 5.0, 4.0)]   # 1 call in the window's 10 steps
+    cheap = [_synced(0, 1.0, 0.5, 0.2), _synced(1, 1.0, 0.5, 0.2)]  # 0.2 ms of a 66.54 ms step
+    for ranks in (once, cheap):
+        assert not {f.id for f in findings(_merged(ranks))} & {"host-sync-every-rank", "host-sync-some-ranks"}
+
+
+def test_the_host_syncs_table_reads_at_80_columns():
+    import io
+
+    from rich.console import Console
+
+    from roofline.distributed.merge import host_sync_rows
+    from roofline.distributed.report import render
+
+    merged = _merged([_synced(0, 1.0, 2.0, 1.5), _synced(1, 1.0, 1.2, 0.9)])
+    rows = host_sync_rows(merged)
+    assert [(r["ranks"], r["every_rank"], r["gain_ms"]) for r in rows] == [([0, 1], True, {0: 1.5, 1: 0.9})]
+    out = io.StringIO()
+    render(merged, Console(file=out, width=80, force_terminal=False))
+    text = out.getvalue()
+    table = text[text.index("host syncs"):text.index("findings across")]
+    assert all(len(line) <= 80 for line in text.splitlines())
+    for cell in ("train.py:42", "cudaStream", "all", "1.20-2.00", "0.90-1.50"):
+        assert cell in table, cell
+
+
+def test_the_ranks_page_lists_the_host_syncs():
+    from roofline.distributed.merge import host_sync_rows
+    from roofline.profiler.html import _ranks
+
+    merged = _merged([_synced(0, 2.0, 3.0, 2.5), _rank(1, **RANK1)])
+    rank = {"rank": 0, "overlap": None, "unprofiled_ms": 1.0, "step_ms": 1.0, "compute_ms": 1.0, "comm_ms": 0.0,
+            "exposed_ms": 0.0}
+    page = _ranks({"ranks": {"ranks": [rank, {**rank, "rank": 1}], "waits_ms": [0.0, 0.0], "unrecorded": None,
+                             "collectives": [], "lanes": None, "world_size": 2, "matched": 0,
+                             "host_syncs": host_sync_rows(merged), "findings": []}})
+    assert 'id="host-syncs"' in page and "train.py:42 (&lt;module&gt;)" in page and "0: 3.00" in page

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from roofline.distributed import comms, ledger
 from roofline.profiler.attribution import Location, Resolver
 from roofline.profiler.overhead import unprofiled_steps
+from roofline.profiler.timeline import analyze
 from roofline.profiler.trace import Trace
 
 
@@ -61,6 +62,22 @@ def _overlap(a, b) -> float:
 # --------------------------------------------------------------------------- one rank
 
 @dataclass
+class HostSync:
+    """A line at which a rank's host waits for its GPU (.item(), .cpu(), a synchronize), a step."""
+    location: Location
+    call: str
+    count: float                 # calls a step
+    wait_ms: float               # the host blocked in them
+    # the GPU's idle after them that the host's lead would have covered (timeline.SyncRow.gain_us): what the rank's
+    # GPU wins without them, recorded
+    gain_ms: float
+
+    def to_dict(self) -> dict:
+        return {"where": str(self.location), "call": self.call, "count": self.count, "wait_ms": self.wait_ms,
+                "gain_ms": self.gain_ms}
+
+
+@dataclass
 class Rank:
     rank: int
     trace: Trace = field(repr=False)
@@ -88,6 +105,7 @@ class Rank:
     # the recorded steps' mean: what a step's compute, comm and hooks (each the window's over its steps) add up
     # within, where step_ms (their median) holds no spiked step
     mean_step_ms: float | None = None
+    syncs: list[HostSync] = field(default_factory=list)   # the lines its host waits for its GPU at
 
     @property
     def overlap(self) -> float | None:
@@ -113,7 +131,8 @@ class Rank:
                 "collectives": len(self.calls), "unprofiled_ms": self.unprofiled_ms, "stretch": self.stretch,
                 "not_computing_ms": self.not_computing_ms, "serialized_ms": self.serialized_ms,
                 "serialized_streams": self.serialized_streams, "fsdp2_hooks_ms": self.hooks_ms,
-                "fsdp2_units": self.hook_units, "mean_step_ms": self.mean_step_ms}
+                "fsdp2_units": self.hook_units, "mean_step_ms": self.mean_step_ms,
+                "host_syncs": [x.to_dict() for x in self.syncs]}
 
 
 def _compute_spans(trace: Trace, calls: list[comms.Call]) -> list[tuple[float, float]]:
@@ -172,6 +191,14 @@ def _fsdp2_hooks(trace: Trace, resolver: Resolver) -> tuple[float, int, Location
     return _length(_union(spans)), len(units), where
 
 
+def _host_syncs(trace: Trace, resolver: Resolver, steps: int) -> list[HostSync]:
+    """The program's lines at which the host waited for the GPU, a step (on a CPU, the host never waits for one)."""
+    if not trace.gpu:
+        return []
+    return [HostSync(x.location, x.call, x.count / steps, x.wait_us / steps / 1e3, x.gain_us / steps / 1e3)
+            for x in analyze(trace, resolver).syncs if x.location is not None]
+
+
 def rank_of(trace: Trace, rank: int) -> Rank:
     resolver = Resolver(trace)
     calls = comms.calls(trace, resolver)
@@ -187,7 +214,7 @@ def rank_of(trace: Trace, rank: int) -> Rank:
     return Rank(rank, trace, calls, len(trace.steps), step_ms, _length(compute) / steps / 1e3,
                 _length(comm) / steps / 1e3, exposed / steps / 1e3, statistics.median(timed) if timed else None,
                 compute, comm, serialized / steps / 1e3, streams, at, hooks / steps / 1e3, units, hooks_at,
-                mean_step_ms)
+                mean_step_ms, _host_syncs(trace, resolver, steps))
 
 
 # --------------------------------------------------------------------------- the ranks together
@@ -245,7 +272,7 @@ class Merged:
                 "ranks": [r.to_dict() for r in self.ranks],
                 "unrecorded": self.ledger.to_dict() if self.ledger else None,
                 "straggler": self.straggler.to_dict() if self.straggler else None,
-                "collectives": collective_rows(self), "lanes": lanes(self)}
+                "collectives": collective_rows(self), "host_syncs": host_sync_rows(self), "lanes": lanes(self)}
 
 
 def _offsets(ranks: list[Rank], matched: int) -> list[float]:
@@ -403,3 +430,19 @@ def collective_rows(merged: Merged) -> list[dict]:
                      "unrecorded": bool(transfers), "on_gpu": median_call.on_gpu,
                      "asynchronous": median_call.asynchronous})
     return sorted(rows, key=lambda row: -row["ms"])
+
+
+def host_sync_rows(merged: Merged) -> list[dict]:
+    """The lines at which hosts waited for their GPUs, across the ranks: which ranks wait there, and a step: the
+    calls (the median of those ranks), each rank's wait in them and the GPU idle after them that it would win
+    without them ({rank: ms}), the largest gain first."""
+    groups: dict[tuple, dict[int, HostSync]] = {}
+    for r in merged.ranks:
+        for x in r.syncs:
+            groups.setdefault((str(x.location), x.call), {})[r.rank] = x
+    rows = [{"where": where, "call": call, "ranks": sorted(per_rank), "every_rank": len(per_rank) == merged.world,
+             "calls": statistics.median(x.count for x in per_rank.values()),
+             "wait_ms": {k: x.wait_ms for k, x in sorted(per_rank.items())},
+             "gain_ms": {k: x.gain_ms for k, x in sorted(per_rank.items())}}
+            for (where, call), per_rank in groups.items()]
+    return sorted(rows, key=lambda row: -max(row["gain_ms"].values()))

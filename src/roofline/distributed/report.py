@@ -9,7 +9,7 @@ import collections
 from dataclasses import asdict, dataclass
 
 from roofline.distributed import comms
-from roofline.distributed.merge import Merged, collective_rows
+from roofline.distributed.merge import Merged, collective_rows, host_sync_rows
 from roofline.distributed.wrapping import FSDP2_GROUPS
 from roofline.tables import Column, Row, show
 
@@ -18,6 +18,8 @@ SLOW_SHARE = 0.5       # a transfer under this share of the bus bandwidth doctor
 SMALL_BYTES = 1 << 20  # messages under this are latency-bound on NVLink (busbw under a tenth of the peak at 1 MiB)
 HOOKS_SHARE = 0.1      # FSDP2's hooks worth a finding: this share of a step's time on the host, at least
 ADVISED_UNITS = FSDP2_GROUPS + 1   # what the FSDP2 finding advises: the blocks in FSDP2_GROUPS groups, and the root
+SYNC_SHARE = 0.01      # a line of host syncs worth a finding: its gain this share of a step, at least
+SYNC_CALLS = 3         # ... and this many calls in the window (one at the loop's end is no sync in the loop)
 
 
 @dataclass
@@ -99,6 +101,7 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
         out.append(Finding("exposed-communication", "communication no computation hides", f"{said} {advice}", top,
                            estimate))
     out += _serialized(merged, step)
+    out += _host_syncs(merged, step)
     out += _reduced_every_micro_batch(merged)
     out += _fsdp2_hooks(merged)
     out += _slow_transfers(merged, rows, ceiling)
@@ -135,6 +138,53 @@ def _serialized(merged: Merged, step: float | None) -> list[Finding]:
         "(torch.cuda.Stream) and have the work that reads its result wait on an event. At most the transfers' "
         "time, where computation that does not need them is there to overlap.",
         str(worst.serialized_at) if worst.serialized_at else None, min(worst.serialized_ms, worst.exposed_ms))]
+
+
+def _host_syncs(merged: Merged, step: float | None) -> list[Finding]:
+    """Lines at which hosts wait for their GPUs in the loop. After each such wait a GPU idles until its host
+    launches again, and reaches the next collective that much later. On every rank, each step waits for the rank
+    whose sync cost most, and wins at least what the least-stalled one would (the gain); on some ranks only (a rank
+    that logs), the others wait at the next collective for them, and the step wins what the worst of them would.
+    Each rank's gain is at most the part of its unrecorded step its GPU does not compute."""
+    if not step:
+        return []
+    ranks = {r.rank: r for r in merged.ranks}
+    steps = max(merged.ranks[0].steps, 1)
+
+    def bounded(k: int, gain: float) -> float:
+        idle = ranks[k].not_computing_ms
+        return gain if idle is None else min(gain, idle)
+
+    out = []
+    for row in host_sync_rows(merged):
+        gains = {k: bounded(k, g) for k, g in row["gain_ms"].items()}
+        gain = min(gains.values()) if row["every_rank"] else max(gains.values())
+        if row["calls"] * steps < SYNC_CALLS or gain < SYNC_SHARE * step:
+            continue
+        waits = ", ".join(f"rank {k} {ms:,.2f}" for k, ms in row["wait_ms"].items())
+        idles = ", ".join(f"rank {k} {ms:,.2f}" for k, ms in gains.items())
+        said = (f"`{row['call']}` ran {row['calls']:g} times a step at this line on each rank. Each time the host "
+                f"stops queuing work until its GPU catches up (ms a step: {waits}), and the GPU then idles before the "
+                f"next launch (ms a step it would win without them: {idles}). A rank that idles reaches the next "
+                "collective late, so a step waits for the rank whose syncs cost most; the gain is the least any "
+                "rank wins." if row["every_rank"] else
+                f"Only {_ranks(row['ranks'])} of {merged.world} wait{'' if len(row['ranks']) > 1 else 's'} for "
+                f"the GPU at this line (`{row['call']}`, {row['calls']:g} times a step; ms a step: {waits}). The "
+                f"GPU then idles before the next launch (ms a step it would win without them: {idles}), "
+                f"{'the rank reaches' if len(row['ranks']) == 1 else 'those ranks reach'} the next collective late, "
+                f"and every other rank waits there: one rank's logging costs every rank.")
+        out.append(Finding(
+            "host-sync-every-rank" if row["every_rank"] else "host-sync-some-ranks",
+            f"hosts wait for their GPUs {row['calls']:g} times a step"
+            + ("" if row["every_rank"] else f" on {_ranks(row['ranks'])}"),
+            f"{said} Keep values on the GPU (accumulate `loss.detach()`, not `loss.item()`) and read them every N "
+            "steps, or copy them to pinned memory with non_blocking=True and read them a step later.",
+            row["where"], gain))
+    return out
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _reduced_every_micro_batch(merged: Merged) -> list[Finding]:
@@ -332,6 +382,17 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
              [Column("collective", "coll", justify="left"), Column("size"), Column("line", justify="left", fold=True),
               Column("calls"), Column("ms"), Column("us a call", "us"), Column("busbw GB/s", "busbw"),
               Column("of peak", "peak")], rows)
+    syncs = host_sync_rows(merged)
+    if syncs:
+        def spread(ms: dict) -> str:
+            low, high = min(ms.values()), max(ms.values())
+            return f"{low:,.2f}" if high - low < 0.005 else f"{low:,.2f}-{high:,.2f}"
+
+        show(console, "host syncs: where hosts wait for their GPUs (a step; over the ranks that wait there)",
+             [Column("line", justify="left", fold=True), Column("call", justify="left", fold=True),
+              Column("ranks"), Column("calls"), Column("host wait ms", "wait"), Column("GPU idle it costs, ms", "idle")],
+             [Row([x["where"], x["call"], "all" if x["every_rank"] else ", ".join(map(str, x["ranks"])),
+                   f"{x['calls']:g}", spread(x["wait_ms"]), spread(x["gain_ms"])]) for x in syncs[:top]])
     found = findings(merged, ceiling)
     if found:
         show(console, "findings across the ranks (estimated gains a step overlap; do not add them up)",

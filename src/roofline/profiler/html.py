@@ -223,6 +223,10 @@ def _ranks(d: dict) -> str:
                ("exposed ms", "exposed_ms:n"), ("overlap", "overlap:n"), ("waited ms", "wait_ms:n")]
     collectives = [{**c, "size": size_text(c["bytes"]), "timed": "outside the window" if c.get("unrecorded") else
                     "in the window"} for c in ranks["collectives"]]
+    syncs = [{**x, "ranks": "all" if x["every_rank"] else ", ".join(map(str, x["ranks"])),
+              "waits": ", ".join(f"{k}: {ms:,.2f}" for k, ms in x["wait_ms"].items()),
+              "costs": ", ".join(f"{k}: {ms:,.2f}" for k, ms in x["gain_ms"].items())}
+             for x in ranks.get("host_syncs", [])]
     cards = "".join(
         f'<div class="card rank-finding" data-id="{escape(f["id"])}"><span class="gain">~{f["gain_ms"]:,.2f} ms'
         f'</span><b>{escape(f["title"])}</b> <span class="where">{escape(f["where"] or "(no single line)")}</span>'
@@ -242,6 +246,11 @@ def _ranks(d: dict) -> str:
                 ("calls a step", "calls:n"),
                 ("ms a step", "ms:n"), ("us a call", "call_us:n"), ("busbw GB/s", "busbw_gbps:n"),
                 ("us and busbw timed", "timed")], collectives, "collectives"),
+        *(["<h3>Host syncs</h3><p class='note'>Lines at which hosts waited for their GPUs, a step, over the ranks "
+            "that wait there: each rank's wait in them, and the GPU idle after them that it would win without "
+            "them.</p>", table([("line", "where"), ("call", "call"), ("ranks", "ranks"), ("calls a step", "calls:n"),
+                                ("host wait ms, by rank", "waits"), ("GPU idle it costs ms, by rank", "costs")],
+                               syncs, "host-syncs")] if syncs else []),
         "<h3>Findings across the ranks</h3>",
         cards or '<p class="note">No finding across the ranks.</p>',
     ])
