@@ -79,9 +79,9 @@ def test_a_collective_that_times_out_over_nccl_is_named_from_the_watchdog_s_reco
     with pytest.raises(RankFailed) as failed:
         spawn(fail, 2, "hang", str(tmp_path), timeout_s=5)
     said = failed.value.failures
-    assert "waited out the group's timeout (5 s) in call 1 of process group default_pg (all_reduce, 16 B) at " \
+    assert "waited out the group's timeout (5 s) in call 2 of process group default_pg (all_reduce, 16 B) at " \
            "workers.py:" in said[0], said
-    assert said[1].startswith(hang.STOPPED + " workers.py:") or "never reached call 1" in said[1], said
+    assert said[1].startswith(hang.STOPPED + " workers.py:") or "never reached call 2" in said[1], said
 
 
 def test_a_loss_printed_by_rank_0_alone_is_its_host_sync(tmp_path):

@@ -255,7 +255,7 @@ def test_the_host_syncs_table_reads_at_80_columns():
 
     merged = _merged([_synced(0, 1.0, 2.0, 1.5), _synced(1, 1.0, 1.2, 0.9)])
     rows = host_sync_rows(merged)
-    assert [(r["ranks"], r["every_rank"], r["gain_ms"]) for r in rows] == [([0, 1], True, {0: 1.5, 1: 0.9})]
+    assert [(r["ranks"], r["every_rank"], r["gain_ms"]) for r in rows] == [([0, 1], True, [1.5, 0.9])]
     out = io.StringIO()
     render(merged, Console(file=out, width=80, force_terminal=False))
     text = out.getvalue()

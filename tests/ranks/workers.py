@@ -19,13 +19,17 @@ def every_collective(sizes):
 def fail(how: str, pids: str):
     """Rank 1 fails `how`; rank 0 waits for it in an all_reduce. Each rank notes its pid in `pids` first."""
     Path(pids, str(os.getpid())).touch()
+    x = torch.ones(4, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    if how == "hang":
+        # a first call on both ranks: NCCL makes its communicator in the first collective, where rank 0 would
+        # otherwise wait for the late rank (seen on two H200s: the watchdog noticed only when rank 1 arrived)
+        dist.all_reduce(x)
     if dist.get_rank() == 1:
         if how == "raise":
             raise ValueError("rank 1 could not go on")
         if how == "signal":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)   # "hang": never reaches the collective
-    x = torch.ones(4, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(x)
     x.sum().item()   # waits for the result: NCCL's call returns at once
     return dist.get_rank()

@@ -434,15 +434,15 @@ def collective_rows(merged: Merged) -> list[dict]:
 
 def host_sync_rows(merged: Merged) -> list[dict]:
     """The lines at which hosts waited for their GPUs, across the ranks: which ranks wait there, and a step: the
-    calls (the median of those ranks), each rank's wait in them and the GPU idle after them that it would win
-    without them ({rank: ms}), the largest gain first."""
+    calls (the median of those ranks), each of those ranks' wait in them and the GPU idle after them that it would
+    win without them (lists in the order of "ranks"), the largest gain first."""
     groups: dict[tuple, dict[int, HostSync]] = {}
     for r in merged.ranks:
         for x in r.syncs:
             groups.setdefault((str(x.location), x.call), {})[r.rank] = x
     rows = [{"where": where, "call": call, "ranks": sorted(per_rank), "every_rank": len(per_rank) == merged.world,
              "calls": statistics.median(x.count for x in per_rank.values()),
-             "wait_ms": {k: x.wait_ms for k, x in sorted(per_rank.items())},
-             "gain_ms": {k: x.gain_ms for k, x in sorted(per_rank.items())}}
+             "wait_ms": [x.wait_ms for _, x in sorted(per_rank.items())],
+             "gain_ms": [x.gain_ms for _, x in sorted(per_rank.items())]}
             for (where, call), per_rank in groups.items()]
-    return sorted(rows, key=lambda row: -max(row["gain_ms"].values()))
+    return sorted(rows, key=lambda row: -max(row["gain_ms"]))

@@ -157,12 +157,12 @@ def _host_syncs(merged: Merged, step: float | None) -> list[Finding]:
 
     out = []
     for row in host_sync_rows(merged):
-        gains = {k: bounded(k, g) for k, g in row["gain_ms"].items()}
-        gain = min(gains.values()) if row["every_rank"] else max(gains.values())
+        gains = [bounded(k, g) for k, g in zip(row["ranks"], row["gain_ms"])]
+        gain = min(gains) if row["every_rank"] else max(gains)
         if row["calls"] * steps < SYNC_CALLS or gain < SYNC_SHARE * step:
             continue
-        waits = ", ".join(f"rank {k} {ms:,.2f}" for k, ms in row["wait_ms"].items())
-        idles = ", ".join(f"rank {k} {ms:,.2f}" for k, ms in gains.items())
+        waits = ", ".join(f"rank {k} {ms:,.2f}" for k, ms in zip(row["ranks"], row["wait_ms"]))
+        idles = ", ".join(f"rank {k} {ms:,.2f}" for k, ms in zip(row["ranks"], gains))
         said = (f"`{row['call']}` ran {row['calls']:g} times a step at this line on each rank. Each time the host "
                 f"stops queuing work until its GPU catches up (ms a step: {waits}), and the GPU then idles before the "
                 f"next launch (ms a step it would win without them: {idles}). A rank that idles reaches the next "
@@ -384,8 +384,8 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
               Column("of peak", "peak")], rows)
     syncs = host_sync_rows(merged)
     if syncs:
-        def spread(ms: dict) -> str:
-            low, high = min(ms.values()), max(ms.values())
+        def spread(ms: list) -> str:
+            low, high = min(ms), max(ms)
             return f"{low:,.2f}" if high - low < 0.005 else f"{low:,.2f}-{high:,.2f}"
 
         show(console, "host syncs: where hosts wait for their GPUs (a step; over the ranks that wait there)",

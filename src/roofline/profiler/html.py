@@ -224,8 +224,8 @@ def _ranks(d: dict) -> str:
     collectives = [{**c, "size": size_text(c["bytes"]), "timed": "outside the window" if c.get("unrecorded") else
                     "in the window"} for c in ranks["collectives"]]
     syncs = [{**x, "ranks": "all" if x["every_rank"] else ", ".join(map(str, x["ranks"])),
-              "waits": ", ".join(f"{k}: {ms:,.2f}" for k, ms in x["wait_ms"].items()),
-              "costs": ", ".join(f"{k}: {ms:,.2f}" for k, ms in x["gain_ms"].items())}
+              "waits": ", ".join(f"{k}: {ms:,.2f}" for k, ms in zip(x["ranks"], x["wait_ms"])),
+              "costs": ", ".join(f"{k}: {ms:,.2f}" for k, ms in zip(x["ranks"], x["gain_ms"]))}
              for x in ranks.get("host_syncs", [])]
     cards = "".join(
         f'<div class="card rank-finding" data-id="{escape(f["id"])}"><span class="gain">~{f["gain_ms"]:,.2f} ms'
