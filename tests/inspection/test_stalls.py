@@ -43,6 +43,7 @@ class _Report:
     def __init__(self, name, num_warps=4, blocks=64):
         self.name, self.num_warps, self.blocks = name, num_warps, blocks
         self.file, self.stalls = "/here/src/roofline/ops/norm.py", None
+        self.lines = []   # report.LineRow: its SASS line by line (which lines wait on an mbarrier)
 
 
 def test_a_report_takes_the_launch_of_its_own_block_and_grid_not_a_trial_s_or_another_configuration_s():
@@ -155,3 +156,33 @@ def test_exact_access_counts_speak_without_samples_and_busy_warps_give_no_stall(
     assert [f.id for f in stall_findings(report)] == ["uncoalesced"]   # ncu caught no warp of a short kernel
     report.stalls = stalls.KernelStalls("k", [_line(7, 90, {"selected": 50, "math": 40}, sectors=1000)])
     assert stall_findings(report) == []
+
+
+def test_a_wait_on_an_mbarrier_is_named_as_such_not_as_memory():
+    """Hopper's try-wait on an mbarrier (SYNCS.PHASECHK) stalls as long scoreboard: at such a line the finding
+    and the table say the warps wait for the copy engine's bytes or other warps, with advice for a
+    warp-specialized kernel's partitions; a plain load's long scoreboard keeps its own words."""
+    import io
+
+    from rich.console import Console
+
+    from roofline.inspect import sass
+    from roofline.inspect.report import LineRow, _render_stalls, mbarrier_lines, stall_findings
+
+    report = _Report("k")
+    report.file = "/here/k.py"
+    report.lines = [LineRow("/elsewhere/k.py", 82, "mbarrier.wait(v_empty.index(slot), phase ^ 1)", sass.Mix(),
+                            mbarrier_waits=1), LineRow("/elsewhere/k.py", 90, "x = tl.load(p)", sass.Mix())]
+    report.stalls = stalls.KernelStalls("k", [_line(82, 30, {"long_sb": 27, "selected": 3}),
+                                              _line(90, 70, {"long_sb": 25, "math": 45})])
+    assert mbarrier_lines(report) == {("k.py", 82)}
+    (found,) = stall_findings(report)
+    assert found.where.endswith("k.py:82") and "mbarrier" in found.title and "27%" in found.title
+    assert "warp-specialized" in found.message and "more stages in flight" in found.message
+    out = io.StringIO()
+    _render_stalls(report.stalls, Console(file=out, width=80), top=4, barriers=mbarrier_lines(report))
+    text = " ".join(out.getvalue().split())
+    assert "waiting at an mbarrier" in text and "waiting on global or local memory" in text
+    report.lines[0].mbarrier_waits = 0   # the same samples at a plain load: memory's words and advice
+    (found,) = stall_findings(report)
+    assert "global" in found.message and "warp-specialized" not in found.message

@@ -12,7 +12,7 @@ from pathlib import Path
 from roofline.inspect import sass, ttgir
 from roofline.inspect.generated import compact
 from roofline.inspect.report import Inspection, KernelReport, Uncompiled, count_text, us_text, widths
-from roofline.inspect.stalls import REASONS
+from roofline.inspect.stalls import reason_text
 from roofline.page import page, table
 
 
@@ -94,7 +94,7 @@ def _source(r: KernelReport, anchor: str) -> str:
                 "ttgir_notable": ttgir.notable(ops),
                 "samples": (waited.samples / r.stalls.samples, f"{waited.samples / r.stalls.samples:.0%}")
                 if waited and waited.samples else None,
-                "why": REASONS.get(waited.top_reason, waited.top_reason or "") if waited else "",
+                "why": reason_text(waited.top_reason, bool(x and x.mbarrier_waits)) if waited else "",
                 "_class": None if x else "cold"}
 
     own = [row(str(r.first_line + k), text, counts.get((r.file, r.first_line + k)), r.first_line + k)

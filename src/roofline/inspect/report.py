@@ -8,6 +8,7 @@ each fused, its time, its code.
 
 from __future__ import annotations
 
+import collections
 import inspect as _inspect
 import itertools
 import re
@@ -17,7 +18,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from roofline.inspect import generated, kernels, occupancy, ptx, sass, ttgir
-from roofline.inspect.stalls import REASONS
+from roofline.inspect.stalls import reason_text
 from roofline.tables import Column, Row, show
 
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
@@ -36,6 +37,9 @@ class Finding:
         return asdict(self)
 
 
+MBARRIER_WAIT = "SYNCS.PHASECHK"   # Hopper's try-wait on an mbarrier's phase
+
+
 @dataclass
 class LineRow:
     """What one source line of the kernel compiled to: its SASS, its PTX and its TTGIR ops."""
@@ -45,10 +49,11 @@ class LineRow:
     mix: sass.Mix                                        # SASS
     ptx: sass.Mix = field(default_factory=sass.Mix)      # PTX, in the same classes
     ttgir: sass.Mix = field(default_factory=sass.Mix)    # TTGIR ops by name
+    mbarrier_waits: int = 0   # its SASS's waits on an mbarrier (SYNCS.PHASECHK): a TMA copy's or other warps'
 
     def to_dict(self) -> dict:
         return {"file": self.file, "line": self.line, "source": self.source, **self.mix.to_dict(),
-                "ptx": self.ptx.to_dict(), "ttgir": ttgir.to_dict(self.ttgir)}
+                "ptx": self.ptx.to_dict(), "ttgir": ttgir.to_dict(self.ttgir), "mbarrier_waits": self.mbarrier_waits}
 
 
 @dataclass
@@ -204,6 +209,7 @@ def _line_rows(instructions: list[sass.Instruction], file: str, ptx_code: list[s
     of what it inlined from other files (Triton's reductions: triton/language/standard.py). A line whose PTX or
     TTGIR ops left no SASS (ptxas dropped or merged them) is there too, with no SASS instruction."""
     machine, ptx_lines, ttgir_lines = sass.by_line(instructions), ptx.by_line(ptx_code), ttgir.by_line(ttgir_ops)
+    waits = collections.Counter((i.file, i.line) for i in instructions if i.opcode.startswith(MBARRIER_WAIT))
     texts: dict[str, list[str]] = {}
     out = []
     for path, line in {**machine, **ptx_lines, **ttgir_lines}:
@@ -214,7 +220,8 @@ def _line_rows(instructions: list[sass.Instruction], file: str, ptx_code: list[s
                 texts[path] = []
         source = texts[path][line - 1].strip() if 0 < line <= len(texts[path]) else ""
         out.append(LineRow(path, line, source, machine.get((path, line), sass.Mix()),
-                           ptx_lines.get((path, line), sass.Mix()), ttgir_lines.get((path, line), sass.Mix())))
+                           ptx_lines.get((path, line), sass.Mix()), ttgir_lines.get((path, line), sass.Mix()),
+                           waits[(path, line)]))
     return sorted(out, key=lambda r: (-r.mix.total, -r.ptx.total, r.file != file, r.line))
 
 
@@ -317,7 +324,17 @@ STALL_ADVICE = {
                "constexpr-specialized branches).",
     "membar": "its warps wait at memory fences: atomics with acquire or release semantics (sem='relaxed' where "
               "no ordering is needed).",
+    # long scoreboard at a line that waits on an mbarrier (a TMA copy's, or another partition's signal)
+    "mbarrier": "its warps wait for an mbarrier's phase: for bytes the copy engine (TMA) brings, or for other warps "
+                "to arrive. Waiting for data, more stages in flight hide the copy's latency. In a warp-specialized "
+                "kernel a partition that waits for another idles by design (a producer for a free slot, its "
+                "consumers for data): what to change is in the lines of the partition it waits for.",
 }
+
+
+def mbarrier_lines(report: KernelReport) -> set[tuple[str, int]]:
+    """(file name, line) of the kernel's lines that wait on an mbarrier, as ncu's stalls name them."""
+    return {(Path(x.file).name, x.line) for x in report.lines if x.mbarrier_waits}
 
 
 def stall_findings(report: KernelReport) -> list[Finding]:
@@ -329,14 +346,20 @@ def stall_findings(report: KernelReport) -> list[Finding]:
     if found is None or not found.lines:
         return []
     out = []
+    barriers = mbarrier_lines(report)
+
+    def advice(reason: str, x) -> str:
+        return "mbarrier" if reason == "long_sb" and (Path(x.file).name, x.line) in barriers else reason
+
     waits = [(n, reason, x) for x in found.lines for reason, n in x.reasons.items() if reason in STALL_ADVICE]
     if waits and found.samples:
         n, reason, top = max(waits, key=lambda w: w[0])
+        said = reason_text(reason, advice(reason, top) == "mbarrier")
         if n >= STALL_SHARE * found.samples:
             out.append(Finding(
-                "stall", f"{n / found.samples:.0%} of the warp samples wait at one line: {REASONS.get(reason, reason)}",
+                "stall", f"{n / found.samples:.0%} of the warp samples wait at one line: {said}",
                 f"ncu sampled the kernel's warps {found.samples:,} times; {n:,} of them sat at `{top.source.strip()}` "
-                f"{REASONS.get(reason, reason)}: {STALL_ADVICE[reason]}", _where(report.file, top.line)))
+                f"{said}: {STALL_ADVICE[advice(reason, top)]}", _where(report.file, top.line)))
     for kind, excess, total in (("global", "excess_sectors", "sectors"), ("shared", "shared_excess",
                                                                           "shared_wavefronts")):
         moved = sum(getattr(x, total) for x in found.lines)
@@ -483,7 +506,7 @@ def render_reports(reports: list, console, top: int) -> None:
               Column("global loads", "loads", justify="left", fold=True),
               *([Column("spills")] if spills else []), Column("PTX instr.", "ptx")], lines)
         if r.stalls is not None:
-            _render_stalls(r.stalls, console, top)
+            _render_stalls(r.stalls, console, top, mbarrier_lines(r))
         for f in r.findings:
             console.print(f"[bold yellow]{f.title}[/bold yellow] ({f.where}): {f.message}", highlight=False)
 
@@ -495,16 +518,22 @@ def _source_cell(x: LineRow) -> str:
     return escape(x.source) + (f"\n[dim]ttgir: {ops}[/dim]" if ops else "")
 
 
-def _render_stalls(found, console, top: int) -> None:
-    """Where the kernel's warps waited (ncu's samples), its lines by samples, and why."""
+def _render_stalls(found, console, top: int, barriers: set = frozenset()) -> None:
+    """Where the kernel's warps waited (ncu's samples), its lines by samples, and why. barriers: (file name,
+    line) of the lines that wait on an mbarrier."""
     total = found.samples
     if not total:
         console.print("ncu sampled no warp of it at its own lines (a kernel this short gives few samples: run it "
                       "at the sizes you train at)", highlight=False)
         return
-    why = ", ".join(f"{REASONS.get(k, k)} {n / total:.0%}" for k, n in list(found.reasons().items())[:3])
+    totals: collections.Counter = collections.Counter()   # by reason, an mbarrier's waits apart from memory's
+    for x in found.lines:
+        for reason, n in x.reasons.items():
+            totals[reason_text(reason, (Path(x.file).name, x.line) in barriers)] += n
+    why = ", ".join(f"{text} {n / total:.0%}" for text, n in totals.most_common(3))
     rows = [Row([f"{Path(x.file).name}:{x.line}", x.source, f"{x.samples / total:.0%}",
-                 REASONS.get(x.top_reason, x.top_reason or ""), f"{x.excess_sectors:,}" if x.excess_sectors else ""])
+                 reason_text(x.top_reason, (Path(x.file).name, x.line) in barriers),
+                 f"{x.excess_sectors:,}" if x.excess_sectors else ""])
             for x in sorted(found.lines, key=lambda x: -x.samples)[:top] if x.samples]
     show(console, f"where its warps waited (ncu, {total:,} samples): {why}",
          [Column("line", justify="left"), Column("source", justify="left", fold=True), Column("samples", "smpl"),

@@ -40,6 +40,16 @@ REASONS = {
     "tex": "texture unit queue full",
 }
 SAMPLES = "Warp Stall Sampling (All Samples)"   # the source page's column of a line's warp samples
+# A warp waiting on an mbarrier (Hopper's try-wait, SASS SYNCS.PHASECHK) is filed under long scoreboard, where it
+# waits for the copy engine's bytes or for other warps' arrival, not for a load of its own
+AT_MBARRIER = "waiting at an mbarrier: for the copy engine's bytes or other warps (long scoreboard)"
+
+
+def reason_text(reason: str | None, at_mbarrier: bool = False) -> str:
+    """A stall reason in words; at a line that waits on an mbarrier, long scoreboard is that wait."""
+    if reason == "long_sb" and at_mbarrier:
+        return AT_MBARRIER
+    return REASONS.get(reason, reason or "")
 
 
 @dataclass
