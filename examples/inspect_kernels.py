@@ -2,6 +2,7 @@
 
     roofline inspect examples/inspect_kernels.py:softmax_forward_and_backward --arch sm_90
     roofline inspect examples/inspect_kernels.py:matmuls --out kernels/
+    roofline inspect examples/inspect_kernels.py:outer_products --arch sm_90
     roofline inspect examples/inspect_kernels.py:gpt2_block          (on a GPU: gpt2_small_block)
     roofline inspect examples/inspect_kernels.py:ops_tour            roofline.ops' own kernels
     roofline inspect examples/inspect_kernels.py:attention_forward_tiles --arch sm_90 --sms 132
@@ -117,6 +118,28 @@ def matmuls(size: int = 128):
     matmul(a, b)
     matmul(a.float(), b.float(), "tf32")
     matmul(a.float(), b.float(), "ieee")
+
+
+@triton.jit
+def outer_product_matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """C = A B one step of K at a time, as a CUDA matmul's first lesson writes it: an outer product a step."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(K):
+        a = tl.load(a_ptr + rows * K + k)
+        b = tl.load(b_ptr + k * N + cols)
+        acc += a[:, None] * b[None, :]
+    tl.store(c_ptr + rows[:, None] * N + cols[None, :], acc)
+
+
+def outer_products(size: int = 64, block: int = 32):
+    """A matmul by outer products: no tl.dot, so no tensor cores (inspect's finding "outer-products")."""
+    a, b = (torch.randn(size, size, device=DEVICE) for _ in range(2))
+    c = torch.empty(size, size, device=DEVICE)
+    outer_product_matmul_kernel[(size // block, size // block)](a, b, c, size, size, size, BLOCK_M=block,
+                                                                BLOCK_N=block)
+    torch.testing.assert_close(c, a @ b, rtol=1e-4, atol=1e-4)
 
 
 def gpt2_block(batch: int = 2, seq: int = 32, d_model: int = 64, heads: int = 4):

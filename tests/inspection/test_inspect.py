@@ -57,6 +57,20 @@ def test_the_same_matmul_three_ways_on_and_off_the_tensor_cores(matmuls):
     assert max(len(line) for line in done.stdout.splitlines()) <= 80
 
 
+def test_a_matmul_by_outer_products_is_told_to_take_tl_dot(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "roofline", "inspect", "examples/inspect_kernels.py:outer_products",
+                           "--arch", "sm_90", "--sms", "132", "--json", str(tmp_path / "k.json")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (kernel,) = json.loads((tmp_path / "k.json").read_text())["kernels"]
+    assert "tensor core" not in kernel["mix"]["counts"]
+    (finding,) = [f for f in kernel["findings"] if f["id"] == "outer-products"]
+    line = next(i for i, text in enumerate((ROOT / "examples/inspect_kernels.py").read_text().splitlines(), 1)
+                if "acc += a[:, None] * b[None, :]" in text)
+    assert finding["where"] == f"examples/inspect_kernels.py:{line}" and "32 x 32 outer product" in finding["title"]
+    assert "tl.dot(a, b, acc)" in finding["message"]
+
+
 def test_registers_agree_with_ptxas_and_the_code_is_written(matmuls):
     """The registers read from the cubin (cuobjdump) are those ptxas reports compiling the same PTX, and the
     occupancy follows from them."""

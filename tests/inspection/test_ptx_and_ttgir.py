@@ -346,3 +346,34 @@ def test_the_terminal_json_and_page_show_ptx_and_ttgir_beside_the_sass(compiled)
     table = table[:table.index("</table>")]
     row = re.search(rf"<tr[^>]*><td>{dot}</td>.*?</tr>", table)[0]
     assert "PTX tensor core" in table and "TTGIR ops of note" in table and "<td>warp_group_dot</td>" in row
+
+
+# A loop of outer products as Triton 3.6 prints it in TTGIR (from a compile for sm_90 of a kernel like
+# examples/inspect_kernels.py's outer_product_matmul_kernel at 64 x 64 blocks, N made 32; layouts cut short), and
+# three adds that are no such update
+OUTER_PRODUCTS = """\
+    %acc = scf.for %k = %c0_i32 to %K step %c1_i32 iter_args(%acc_5 = %cst_0) -> (tensor<64x32xf32, #blocked>)  : i32 {
+      %acc_13 = tt.expand_dims %a_8 {axis = 1 : i32} : tensor<64xf32, #ttg.slice<{dim = 1, parent = #blocked}>> -> tensor<64x1xf32, #blocked> loc(#loc38)
+      %acc_14 = tt.expand_dims %b_12 {axis = 0 : i32} : tensor<32xf32, #ttg.slice<{dim = 0, parent = #blocked}>> -> tensor<1x32xf32, #blocked> loc(#loc39)
+      %acc_15 = tt.broadcast %acc_13 : tensor<64x1xf32, #blocked> -> tensor<64x32xf32, #blocked> loc(#loc40)
+      %acc_16 = tt.broadcast %acc_14 : tensor<1x32xf32, #blocked> -> tensor<64x32xf32, #blocked> loc(#loc40)
+      %acc_17 = arith.mulf %acc_16, %acc_15 : tensor<64x32xf32, #blocked> loc(#loc40)
+      %acc_18 = arith.addf %acc_5, %acc_17 : tensor<64x32xf32, #blocked> loc(#loc41)
+      %twice = arith.addf %acc_17, %acc_17 : tensor<64x32xf32, #blocked> loc(#loc41)
+      %scaled = arith.mulf %acc_15, %acc_15 : tensor<64x32xf32, #blocked> loc(#loc40)
+      %other = arith.addf %acc_5, %scaled : tensor<64x32xf32, #blocked> loc(#loc41)
+      scf.yield %acc_18 : tensor<64x32xf32, #blocked> loc(#loc16)
+    } loc(#loc37)
+"""
+
+
+def test_a_loop_that_adds_an_outer_product_each_step_is_a_matmul_on_the_cuda_cores():
+    from roofline.inspect import ttgir
+
+    # the add of the carried accumulator and the product of a [64, 1] and a [1, 32] broadcast; not a product added
+    # to itself, nor a product of two [64, 1] broadcasts
+    assert ttgir.outer_product_updates(OUTER_PRODUCTS) == [(7, 64, 32)]
+    narrow = OUTER_PRODUCTS.replace("1x32x", "1x8x").replace("tensor<32xf32", "tensor<8xf32")
+    assert ttgir.outer_product_updates(narrow) == []   # N under the tensor cores' 16
+    uncarried = OUTER_PRODUCTS.replace("iter_args(%acc_5 = %cst_0)", "iter_args(%other_5 = %cst_0)")
+    assert ttgir.outer_product_updates(uncarried) == []   # no loop carries what it adds to

@@ -225,6 +225,27 @@ def _line_rows(instructions: list[sass.Instruction], file: str, ptx_code: list[s
     return sorted(out, key=lambda r: (-r.mix.total, -r.ptx.total, r.file != file, r.line))
 
 
+def _outer_products(report: KernelReport) -> list[Finding]:
+    """A loop that adds an outer product to its accumulator each step (TTGIR: ttgir.outer_product_updates): a
+    matmul on the CUDA cores, at the line of the add."""
+    text = report.asm.get("ttgir", "")
+    updates = ttgir.outer_product_updates(text)
+    if not updates:
+        return []
+    ops = {op.offset: op for op in ttgir.parse(text)}
+    out = []
+    for number, rows, cols in updates:
+        op = ops.get(number)
+        out.append(Finding(
+            "outer-products", f"a {rows} x {cols} outer product a step: a matmul on the CUDA cores",
+            f"The loop adds an outer product of a {rows}-vector and a {cols}-vector to its accumulator each step "
+            f"(`acc += a[:, None] * b[None, :]`): over K steps a matmul of {rows} x K by K x {cols}, as one scalar "
+            "FMA an element a step. Load a block of 16 or more steps of each ([M, BLOCK_K] and [BLOCK_K, N]) and "
+            "call tl.dot(a, b, acc): the tensor cores (HGMMA on sm_90, HMMA before) take it in bf16 or fp16, and "
+            "fp32 as TF32.", _where(op.file, op.line) if op is not None and op.file else report.where))
+    return out
+
+
 def _where(file: str, line: int) -> str:
     """file:line as a user finds it: relative to the working folder where it lies inside, else its name."""
     path = Path(file)
@@ -279,6 +300,7 @@ def findings(report: KernelReport, launch: kernels.Launch, instructions: list[sa
             "products run as scalar FMAs. fp32 inputs take the tensor cores as TF32 (tl.dot's input_precision="
             "'tf32', its default unless TRITON_F32_DEFAULT says otherwise), bf16 and fp16 inputs always, where each "
             "dimension of the product is at least 16.", _where(launch.where[0], dots[0])))
+    out += _outer_products(report)
     loads = m.load_bits
     if sum(loads.values()) >= 2 and max(loads) < 64:
         why = launch.unaligned()

@@ -173,3 +173,49 @@ def notable(m: sass.Mix) -> str:
 
 def to_dict(m: sass.Mix) -> dict:
     return {"total": m.total, "ops": dict(sorted(m.counts.items()))}
+
+
+# --------------------------------------------------------------------------- a matmul done by outer products
+
+_DEFINED = re.compile(r'^(%[\w.$-]+)(?::\d+)?\s*=\s*"?([A-Za-z_][\w$]*\.[\w.$]+)"?\s*(.*)$')
+_ITER_ARGS = re.compile(r"iter_args\(([^)]*)\)")
+_VALUE = re.compile(r"%[\w.$-]+")
+_TENSOR = re.compile(r"tensor<((?:\d+x)+)[a-z]")   # its shape: "64x1x" of tensor<64x1xf32, ...>
+MIN_MMA = 16   # the tensor cores' smallest M and N
+
+
+def outer_product_updates(text: str) -> list[tuple[int, int, int]]:
+    """Loop-carried accumulators that add an M x N outer product each step, `acc += a[:, None] * b[None, :]`:
+    K steps of it are a matmul of M x K by K x N done as scalar FMAs. (TTGIR line of the add, M, N), where M and N
+    are at least the tensor cores' 16. Triton turns `tl.sum(a[:, :, None] * b[None, :, :], axis=1)` into a
+    tl.dot of its own; not this."""
+    defined: dict[str, tuple[str, str]] = {}
+    carried: set[str] = set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        found = _DEFINED.match(line)
+        if found:
+            defined[found[1]] = (found[2], found[3])
+        for args in _ITER_ARGS.findall(line):
+            carried.update(part.split("=")[0].strip() for part in args.split(","))
+
+    def broadcast_shape(value: str) -> tuple[int, ...] | None:
+        op, rest = defined.get(value, ("", ""))
+        shape = _TENSOR.search(rest) if op == "tt.broadcast" else None
+        return tuple(int(n) for n in shape[1].rstrip("x").split("x")) if shape else None
+
+    out = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        found = _DEFINED.match(raw.strip())
+        if not found or found[2] != "arith.addf":
+            continue
+        operands = _VALUE.findall(found[3])[:2]
+        products = [v for v in operands if defined.get(v, ("",))[0] == "arith.mulf"]
+        if len(products) != 1 or not set(operands) - set(products) <= carried or len(set(operands)) != 2:
+            continue
+        shapes = sorted((broadcast_shape(v) for v in _VALUE.findall(defined[products[0]][1])[:2]),
+                        key=lambda s: s is None or s[0] == 1)   # [M, 1] first, then [1, N]
+        if (len(shapes) == 2 and None not in shapes and len(shapes[0]) == len(shapes[1]) == 2
+                and shapes[0][1] == 1 and shapes[1][0] == 1 and min(shapes[0][0], shapes[1][1]) >= MIN_MMA):
+            out.append((number, shapes[0][0], shapes[1][1]))
+    return out
