@@ -61,10 +61,11 @@ def test_a_rank_whose_calls_all_completed_and_that_no_one_waited_for_says_where_
     assert hang.explain(tmp_path, 2) == {0: "stopped at train.py:12 (load)"}
 
 
-def test_records_cut_off_or_missing_are_no_record(tmp_path):
+def test_a_record_cut_off_is_said_unread_and_a_draft_is_no_record(tmp_path):
     (tmp_path / f"{hang.RECORD}0").write_bytes(b"\x80\x04garbage")
     (tmp_path / f"{hang.RECORD}1.draft").write_bytes(pickle.dumps({"entries": [_entry(1, "all_reduce", "x", 1)]}))
-    assert hang.explain(tmp_path, 2) == {}
+    said = hang.explain(tmp_path, 2)
+    assert list(said) == [0] and said[0].startswith(f"its flight record {hang.RECORD}0 could not be read (")
 
 
 def test_an_error_of_the_program_s_own_is_no_collective_s(tmp_path):
@@ -125,4 +126,8 @@ def test_a_record_that_would_make_an_object_is_never_loaded(tmp_path):
             return (os.system, ("touch planted",))
 
     (tmp_path / f"{hang.RECORD}0").write_bytes(pickle.dumps({"entries": [Planted()]}))
-    assert hang.explain(tmp_path, 1) == {} and not (tmp_path / "planted").exists()
+    said = hang.explain(tmp_path, 1)
+    assert not (tmp_path / "planted").exists()
+    # what could not be read is said, with why (a torch whose record holds more than plain data, say)
+    assert said == {0: f"its flight record {hang.RECORD}0 could not be read (UnpicklingError: a flight record holds "
+                       "no posix.system)"}

@@ -184,14 +184,18 @@ def explain(folder: Path, world: int) -> dict[int, str]:
     last call it made before the call the others waited in; and where it was when stopped ("stopped at LINE")."""
     folder = Path(folder)
     records = {}
+    said: dict[int, list[str]] = {}
     for r in range(world):
         path = folder / f"{RECORD}{r}"
         try:
-            records[r] = _calls(_load(path.read_bytes()))
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+            data = path.read_bytes()
+        except OSError:   # none written
             continue
+        try:
+            records[r] = _calls(_load(data))
+        except Exception as error:   # written, by a torch whose record is not as read here: say so, and why
+            said[r] = [f"its flight record {path.name} could not be read ({type(error).__name__}: {error})"]
     waits = {r: c for r, c in ((r, waited_in(calls)) for r, calls in records.items()) if c is not None}
-    said: dict[int, list[str]] = {}
     for r, call in waits.items():
         if call["waited_ns"] is not None:   # noted by the rank as its call raised
             waited = f"waited {call['waited_ns'] / 1e9:.3g} s"
