@@ -131,3 +131,11 @@ def test_a_record_that_would_make_an_object_is_never_loaded(tmp_path):
     # what could not be read is said, with why (a torch whose record holds more than plain data, say)
     assert said == {0: f"its flight record {hang.RECORD}0 could not be read (UnpicklingError: a flight record holds "
                        "no posix.system)"}
+
+
+def test_a_job_forgets_the_last_job_s_records_and_stacks_of_its_ranks(tmp_path):
+    _write(tmp_path, 0, [_entry(1, "all_reduce", "started", 40)])
+    (tmp_path / hang.STACK.format(1)).write_text('  File "/u/train.py", line 12 in load\n')
+    (tmp_path / hang.STACK.format(2)).write_text('  File "/u/train.py", line 30 in step\n')   # not this job's rank
+    hang.forget(tmp_path, range(2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [hang.STACK.format(2)]

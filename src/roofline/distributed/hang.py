@@ -53,6 +53,14 @@ def arm(folder: Path, rank: int) -> None:
     faulthandler.register(signal.SIGTERM, file=_stack_file, all_threads=False, chain=True)
 
 
+def forget(folder: Path, ranks) -> None:
+    """Before a job whose ranks write into `folder`, a folder used before: the earlier job's records and stacks of
+    these ranks go (a rank that ends before it is armed would otherwise be told by another job's)."""
+    for rank in ranks:
+        for name in (f"{RECORD}{rank}", STACK.format(rank)):
+            (Path(folder) / name).unlink(missing_ok=True)
+
+
 def disarm(folder: Path, rank: int) -> None:
     """The rank ended on its own: nothing to say of where it stopped."""
     global _stack_file
