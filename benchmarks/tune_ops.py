@@ -312,8 +312,11 @@ def markdown(results: dict) -> str:
     for part in ("attention", "attention-forward"):
         if part not in results:
             continue
-        lines += ["### flash_attention tiles (B4 H32 N4096 bf16, CUDA graphs): one kernel's tiles varied, the others "
-                  "current; the backward timed whole (delta, dK/dV, dQ)", "",
+        title = ("flash_attention tiles (B4 H32 N4096 bf16, CUDA graphs): one kernel's tiles varied, the others "
+                 "current; the backward timed whole (delta, dK/dV, dQ)" if part == "attention" else
+                 "flash_attention's forward (B4 H32 N4096 bf16, CUDA graphs): the current tiles, and the Hopper "
+                 "forward's settings")
+        lines += [f"### {title}", "",
                   "| kernel | head_dim | causal | held, walked, warps, stages | us | TFLOP/s | max abs O - current O "
                   "| current |", "|---|---|---|---|---|---|---|---|"]
         for r in results[part]:

@@ -9,7 +9,7 @@ gradients in buckets while the backward runs; --bucket-cap-mb sets their size (D
 makes rank R sleep --slow-ms after each step (a planted straggler: a rank that loads its data late), --log-every N
 makes rank 0 print the loss every N steps (a host sync on one rank). On CPUs it
 trains a two-layer model of the same code over gloo in seconds. Rank 0 prints the median step time of the steps
-after the first five (CUDA events between steps, no synchronization in the loop).
+after the first five (CUDA events between steps, no synchronization in the loop but --log-every's).
 """
 
 import argparse

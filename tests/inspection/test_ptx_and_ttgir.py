@@ -377,3 +377,12 @@ def test_a_loop_that_adds_an_outer_product_each_step_is_a_matmul_on_the_cuda_cor
     assert ttgir.outer_product_updates(narrow) == []   # N under the tensor cores' 16
     uncarried = OUTER_PRODUCTS.replace("iter_args(%acc_5 = %cst_0)", "iter_args(%other_5 = %cst_0)")
     assert ttgir.outer_product_updates(uncarried) == []   # no loop carries what it adds to
+    unyielded = OUTER_PRODUCTS.replace("scf.yield %acc_18", "scf.yield %acc_5")
+    assert ttgir.outer_product_updates(unyielded) == []   # the sum is not handed to the next step
+    # each function's values are its own: f's loop carries an %acc_5, g's adds to an %acc_5 its loop does not carry
+    loop = OUTER_PRODUCTS.splitlines()[0]
+    two = (f"tt.func @f() {{\n{loop}\n      scf.yield %acc_5 : tensor<64x32xf32, #blocked>\n    }}\n}}\n"
+           f"tt.func @g() {{\n{uncarried}}}\n")
+    assert ttgir.outer_product_updates(two) == []
+    # g's own, found: its add at the text's line 13 (5 of f, g's header, its 7th)
+    assert ttgir.outer_product_updates(two.replace("%other_5", "%acc_5")) == [(13, 64, 32)]

@@ -219,23 +219,42 @@ def test_a_sync_on_every_rank_gains_the_least_any_rank_would_win():
     found = {f.id: f for f in findings(_merged([_synced(0, 1.0, 2.0, 1.5), _synced(1, 1.0, 1.2, 0.9)]))}
     every = found["host-sync-every-rank"]
     assert every.gain_ms == pytest.approx(0.9) and every.where == str(SYNC_LINE)
-    assert "ran 1 times a step at this line on each rank" in every.message
+    assert "runs once a step at this line on each rank" in every.message and "once a step" in every.title
     assert "rank 0 2.00, rank 1 1.20" in every.message and "rank 0 1.50, rank 1 0.90" in every.message
     assert "host-sync-some-ranks" not in found
 
 
-def test_a_sync_on_one_rank_costs_every_rank_what_it_costs_that_one():
+def _waiting(ranks, waits):
+    merged = _merged(ranks)
+    merged.waits_ms = waits   # each rank's wait for later ranks, a step (recorded)
+    return {f.id: f for f in findings(merged)}
+
+
+def test_a_sync_on_one_rank_costs_every_rank_what_it_costs_that_one_at_most_what_they_waited():
     ranks = [_synced(0, 2.0, 3.0, 2.5), _rank(1, **RANK1)]
-    found = {f.id: f for f in findings(_merged(ranks))}
-    some = found["host-sync-some-ranks"]
-    assert some.gain_ms == pytest.approx(2.5) and some.title.endswith("on rank 0")
-    assert "Only rank 0 of 2 waits for the GPU at this line" in some.message
+    some = _waiting(ranks, [0.0, 3.0])["host-sync-some-ranks"]   # rank 1 waited 3 ms a step for rank 0
+    assert some.gain_ms == pytest.approx(2.5) and some.title == "hosts wait for their GPUs 2 times a step on rank 0"
+    assert "Only rank 0 of 2 waits for its GPU at this line" in some.message and "The GPU then idles" in some.message
+    assert _waiting(ranks, [0.0, 1.0])["host-sync-some-ranks"].gain_ms == pytest.approx(1.0)
+    # the others never waited for rank 0 (another rank is late, or none): nothing to win
+    assert "host-sync-some-ranks" not in _waiting(ranks, [0.0, 0.0])
+    # NCCL's timing outside the window, where there is one, says how long the others waited
+    merged = _merged(ranks)
+    merged.waits_ms, merged.ledger = [0.0, 3.0], _timed([0.0, 0.0], [0.0, 1.5])
+    assert {f.id: f for f in findings(merged)}["host-sync-some-ranks"].gain_ms == pytest.approx(1.5)
+
+
+def test_syncs_on_several_ranks_of_more_are_said_of_those_ranks():
+    ranks = [_synced(0, 1.0, 3.0, 2.5), _synced(1, 1.0, 3.0, 2.0), _rank(2, **RANK1)]
+    some = _waiting(ranks, [0.0, 0.0, 4.0])["host-sync-some-ranks"]
+    assert some.gain_ms == pytest.approx(2.5) and some.title.endswith("once a step on ranks 0, 1")
+    assert "Only ranks 0, 1 of 3 wait for their GPUs" in some.message and "Their GPUs then idle" in some.message
 
 
 def test_a_sync_s_gain_is_at_most_what_the_rank_s_gpu_does_not_compute_unrecorded():
     # rank 0's unrecorded step 28 ms of 27.14 ms compute: at most 0.86 ms to win, whatever the recorded idle
     ranks = [_synced(0, 2.0, 3.0, 2.5, unprofiled_ms=28.0), _rank(1, **RANK1)]
-    assert {f.id: f for f in findings(_merged(ranks))}["host-sync-some-ranks"].gain_ms == pytest.approx(0.86)
+    assert _waiting(ranks, [0.0, 3.0])["host-sync-some-ranks"].gain_ms == pytest.approx(0.86)
 
 
 def test_a_sync_outside_the_loop_or_too_cheap_to_matter_is_no_finding():

@@ -196,13 +196,12 @@ def explain(folder: Path, world: int) -> dict[int, str]:
     for r in range(world):
         path = folder / f"{RECORD}{r}"
         try:
-            data = path.read_bytes()
-        except OSError:   # none written
+            records[r] = _calls(_load(path.read_bytes()))
+        except FileNotFoundError:   # none written
             continue
-        try:
-            records[r] = _calls(_load(data))
-        except Exception as error:   # written, by a torch whose record is not as read here: say so, and why
-            said[r] = [f"its flight record {path.name} could not be read ({type(error).__name__}: {error})"]
+        except Exception as error:   # written, unreadable or not as read here (another torch's): say so, and why
+            why = f"{type(error).__name__}: {error}"
+            said[r] = [f"its flight record {path.name} could not be read ({why[:200]})"]
     waits = {r: c for r, c in ((r, waited_in(calls)) for r, calls in records.items()) if c is not None}
     for r, call in waits.items():
         if call["waited_ns"] is not None:   # noted by the rank as its call raised

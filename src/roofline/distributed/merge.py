@@ -66,14 +66,14 @@ class HostSync:
     """A line at which a rank's host waits for its GPU (.item(), .cpu(), a synchronize), a step."""
     location: Location
     call: str
-    count: float                 # calls a step
+    calls: float                 # a step
     wait_ms: float               # the host blocked in them
     # the GPU's idle after them that the host's lead would have covered (timeline.SyncRow.gain_us): what the rank's
     # GPU wins without them, recorded
     gain_ms: float
 
     def to_dict(self) -> dict:
-        return {"where": str(self.location), "call": self.call, "count": self.count, "wait_ms": self.wait_ms,
+        return {"where": str(self.location), "call": self.call, "calls": self.calls, "wait_ms": self.wait_ms,
                 "gain_ms": self.gain_ms}
 
 
@@ -441,7 +441,7 @@ def host_sync_rows(merged: Merged) -> list[dict]:
         for x in r.syncs:
             groups.setdefault((str(x.location), x.call), {})[r.rank] = x
     rows = [{"where": where, "call": call, "ranks": sorted(per_rank), "every_rank": len(per_rank) == merged.world,
-             "calls": statistics.median(x.count for x in per_rank.values()),
+             "calls": statistics.median(x.calls for x in per_rank.values()),
              "wait_ms": [x.wait_ms for _, x in sorted(per_rank.items())],
              "gain_ms": [x.gain_ms for _, x in sorted(per_rank.items())]}
             for (where, call), per_rank in groups.items()]

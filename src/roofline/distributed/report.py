@@ -143,13 +143,16 @@ def _serialized(merged: Merged, step: float | None) -> list[Finding]:
 def _host_syncs(merged: Merged, step: float | None) -> list[Finding]:
     """Lines at which hosts wait for their GPUs in the loop. After each such wait a GPU idles until its host
     launches again, and reaches the next collective that much later. On every rank, each step waits for the rank
-    whose sync cost most, and wins at least what the least-stalled one would (the gain); on some ranks only (a rank
-    that logs), the others wait at the next collective for them, and the step wins what the worst of them would.
-    Each rank's gain is at most the part of its unrecorded step its GPU does not compute."""
+    whose sync cost most, and wins at least what the least-stalled one would (the gain). On some ranks only (a rank
+    that logs), the others wait at the next collective for those, if those arrive last: the step wins what the
+    worst of them would, at most what the other ranks waited a step (NCCL's timing outside the window, else the
+    recorded waits). Each rank's gain is at most the part of its unrecorded step its GPU does not compute."""
     if not step:
         return []
     ranks = {r.rank: r for r in merged.ranks}
+    index = {r.rank: k for k, r in enumerate(merged.ranks)}
     steps = max(merged.ranks[0].steps, 1)
+    waits = merged.ledger.waits_ms if merged.ledger is not None else merged.waits_ms
 
     def bounded(k: int, gain: float) -> float:
         idle = ranks[k].not_computing_ms
@@ -158,29 +161,40 @@ def _host_syncs(merged: Merged, step: float | None) -> list[Finding]:
     out = []
     for row in host_sync_rows(merged):
         gains = [bounded(k, g) for k, g in zip(row["ranks"], row["gain_ms"])]
-        gain = min(gains) if row["every_rank"] else max(gains)
+        if row["every_rank"]:
+            gain = min(gains)
+        else:
+            others = [waits[index[k]] for k in ranks if k not in row["ranks"]]
+            gain = min(max(gains), max(others, default=0.0))
         if row["calls"] * steps < SYNC_CALLS or gain < SYNC_SHARE * step:
             continue
-        waits = ", ".join(f"rank {k} {ms:,.2f}" for k, ms in zip(row["ranks"], row["wait_ms"]))
+        several = len(row["ranks"]) > 1
+        waited = ", ".join(f"rank {k} {ms:,.2f}" for k, ms in zip(row["ranks"], row["wait_ms"]))
         idles = ", ".join(f"rank {k} {ms:,.2f}" for k, ms in zip(row["ranks"], gains))
-        said = (f"`{row['call']}` ran {row['calls']:g} times a step at this line on each rank. Each time the host "
-                f"stops queuing work until its GPU catches up (ms a step: {waits}), and the GPU then idles before the "
+        said = (f"`{row['call']}` runs {_times(row['calls'])} a step at this line on each rank. Each time the host "
+                f"stops queuing work until its GPU catches up (ms a step: {waited}), and the GPU then idles before the "
                 f"next launch (ms a step it would win without them: {idles}). A rank that idles reaches the next "
                 "collective late, so a step waits for the rank whose syncs cost most; the gain is the least any "
                 "rank wins." if row["every_rank"] else
-                f"Only {_ranks(row['ranks'])} of {merged.world} wait{'' if len(row['ranks']) > 1 else 's'} for "
-                f"the GPU at this line (`{row['call']}`, {row['calls']:g} times a step; ms a step: {waits}). The "
-                f"GPU then idles before the next launch (ms a step it would win without them: {idles}), "
-                f"{'the rank reaches' if len(row['ranks']) == 1 else 'those ranks reach'} the next collective late, "
-                f"and every other rank waits there: one rank's logging costs every rank.")
+                f"Only {_ranks(row['ranks'])} of {merged.world} wait{'' if several else 's'} for "
+                f"{'their GPUs' if several else 'its GPU'} at this line (`{row['call']}`, {_times(row['calls'])} a "
+                f"step; ms a step: {waited}). {'Their GPUs' if several else 'The GPU'} then idle"
+                f"{'' if several else 's'} before the next launch (ms a step it would win without them: {idles}), "
+                f"{'those ranks reach' if several else 'the rank reaches'} the next collective late, and the other "
+                "ranks wait there: one rank's logging costs every rank. The gain is at most what the others waited "
+                f"a step ({max(others, default=0.0):,.2f} ms).")
         out.append(Finding(
             "host-sync-every-rank" if row["every_rank"] else "host-sync-some-ranks",
-            f"hosts wait for their GPUs {row['calls']:g} times a step"
+            f"hosts wait for their GPUs {_times(row['calls'])} a step"
             + ("" if row["every_rank"] else f" on {_ranks(row['ranks'])}"),
             f"{said} Keep values on the GPU (accumulate `loss.detach()`, not `loss.item()`) and read them every N "
             "steps, or copy them to pinned memory with non_blocking=True and read them a step later.",
             row["where"], gain))
     return out
+
+
+def _times(n: float) -> str:
+    return "once" if n == 1 else f"{n:g} times"
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -346,17 +346,22 @@ STALL_ADVICE = {
                "constexpr-specialized branches).",
     "membar": "its warps wait at memory fences: atomics with acquire or release semantics (sem='relaxed' where "
               "no ordering is needed).",
-    # long scoreboard at a line that waits on an mbarrier (a TMA copy's, or another partition's signal)
-    "mbarrier": "its warps wait for an mbarrier's phase: for bytes the copy engine (TMA) brings, or for other warps "
-                "to arrive. Waiting for data, more stages in flight hide the copy's latency. In a warp-specialized "
-                "kernel a partition that waits for another idles by design (a producer for a free slot, its "
-                "consumers for data): what to change is in the lines of the partition it waits for.",
 }
+# What long scoreboard asks at a line that waits on an mbarrier (a TMA copy's, or another partition's signal)
+MBARRIER_ADVICE = ("the phase completes when the copy engine's (TMA's) bytes have landed or the other warps have "
+                   "arrived. Waiting for data, more stages in flight hide the copy's latency. In a warp-specialized "
+                   "kernel a partition that waits for another idles by design (a producer for a free slot, its "
+                   "consumers for data): what to change is in the lines of the partition it waits for.")
 
 
 def mbarrier_lines(report: KernelReport) -> set[tuple[str, int]]:
     """(file name, line) of the kernel's lines that wait on an mbarrier, as ncu's stalls name them."""
     return {(Path(x.file).name, x.line) for x in report.lines if x.mbarrier_waits}
+
+
+def _at(x, barriers: set) -> bool:
+    """Whether ncu's line x (stalls.LineStalls) is one of `barriers` (mbarrier_lines)."""
+    return (Path(x.file).name, x.line) in barriers
 
 
 def stall_findings(report: KernelReport) -> list[Finding]:
@@ -369,19 +374,17 @@ def stall_findings(report: KernelReport) -> list[Finding]:
         return []
     out = []
     barriers = mbarrier_lines(report)
-
-    def advice(reason: str, x) -> str:
-        return "mbarrier" if reason == "long_sb" and (Path(x.file).name, x.line) in barriers else reason
-
     waits = [(n, reason, x) for x in found.lines for reason, n in x.reasons.items() if reason in STALL_ADVICE]
     if waits and found.samples:
         n, reason, top = max(waits, key=lambda w: w[0])
-        said = reason_text(reason, advice(reason, top) == "mbarrier")
+        at_mbarrier = reason == "long_sb" and _at(top, barriers)
+        said = reason_text(reason, at_mbarrier)
         if n >= STALL_SHARE * found.samples:
             out.append(Finding(
                 "stall", f"{n / found.samples:.0%} of the warp samples wait at one line: {said}",
                 f"ncu sampled the kernel's warps {found.samples:,} times; {n:,} of them sat at `{top.source.strip()}` "
-                f"{said}: {STALL_ADVICE[advice(reason, top)]}", _where(report.file, top.line)))
+                f"{said}: {MBARRIER_ADVICE if at_mbarrier else STALL_ADVICE[reason]}",
+                _where(report.file, top.line)))
     for kind, excess, total in (("global", "excess_sectors", "sectors"), ("shared", "shared_excess",
                                                                           "shared_wavefronts")):
         moved = sum(getattr(x, total) for x in found.lines)
@@ -551,10 +554,10 @@ def _render_stalls(found, console, top: int, barriers: set = frozenset()) -> Non
     totals: collections.Counter = collections.Counter()   # by reason, an mbarrier's waits apart from memory's
     for x in found.lines:
         for reason, n in x.reasons.items():
-            totals[reason_text(reason, (Path(x.file).name, x.line) in barriers)] += n
+            totals[reason_text(reason, _at(x, barriers))] += n
     why = ", ".join(f"{text} {n / total:.0%}" for text, n in totals.most_common(3))
     rows = [Row([f"{Path(x.file).name}:{x.line}", x.source, f"{x.samples / total:.0%}",
-                 reason_text(x.top_reason, (Path(x.file).name, x.line) in barriers),
+                 reason_text(x.top_reason, _at(x, barriers)),
                  f"{x.excess_sectors:,}" if x.excess_sectors else ""])
             for x in sorted(found.lines, key=lambda x: -x.samples)[:top] if x.samples]
     show(console, f"where its warps waited (ncu, {total:,} samples): {why}",

@@ -42,7 +42,7 @@ REASONS = {
 SAMPLES = "Warp Stall Sampling (All Samples)"   # the source page's column of a line's warp samples
 # A warp waiting on an mbarrier (Hopper's try-wait, SASS SYNCS.PHASECHK) is filed under long scoreboard, where it
 # waits for the copy engine's bytes or for other warps' arrival, not for a load of its own
-AT_MBARRIER = "waiting at an mbarrier: for the copy engine's bytes or other warps (long scoreboard)"
+AT_MBARRIER = "waiting at an mbarrier, for the copy engine's bytes or other warps (long scoreboard)"
 
 
 def reason_text(reason: str | None, at_mbarrier: bool = False) -> str:

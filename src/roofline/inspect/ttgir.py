@@ -188,16 +188,27 @@ def outer_product_updates(text: str) -> list[tuple[int, int, int]]:
     """Loop-carried accumulators that add an M x N outer product each step, `acc += a[:, None] * b[None, :]`:
     K steps of it are a matmul of M x K by K x N done as scalar FMAs. (TTGIR line of the add, M, N), where M and N
     are at least the tensor cores' 16. Triton turns `tl.sum(a[:, :, None] * b[None, :, :], axis=1)` into a
-    tl.dot of its own; not this."""
+    tl.dot of its own; not this. Each function's values are its own (MLIR names them afresh in each)."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip().startswith("tt.func")]
+    edges = [0] + starts[1:] + [len(lines)]
+    return [update for a, b in zip(edges, edges[1:]) for update in _outer_products_in(lines[a:b], a)]
+
+
+def _outer_products_in(lines: list[str], first: int) -> list[tuple[int, int, int]]:
+    """outer_product_updates of one function's lines, the first of them line first + 1 of the text."""
     defined: dict[str, tuple[str, str]] = {}
-    carried: set[str] = set()
-    for raw in text.splitlines():
+    carried: set[str] = set()   # a loop's iter_args: what it carries from step to step
+    yielded: set[str] = set()   # what a loop's steps hand on to the next
+    for raw in lines:
         line = raw.strip()
         found = _DEFINED.match(line)
         if found:
             defined[found[1]] = (found[2], found[3])
         for args in _ITER_ARGS.findall(line):
             carried.update(part.split("=")[0].strip() for part in args.split(","))
+        if line.startswith("scf.yield"):
+            yielded.update(_VALUE.findall(line))
 
     def broadcast_shape(value: str) -> tuple[int, ...] | None:
         op, rest = defined.get(value, ("", ""))
@@ -205,9 +216,9 @@ def outer_product_updates(text: str) -> list[tuple[int, int, int]]:
         return tuple(int(n) for n in shape[1].rstrip("x").split("x")) if shape else None
 
     out = []
-    for number, raw in enumerate(text.splitlines(), 1):
+    for number, raw in enumerate(lines, first + 1):
         found = _DEFINED.match(raw.strip())
-        if not found or found[2] != "arith.addf":
+        if not found or found[2] != "arith.addf" or found[1] not in yielded:
             continue
         operands = _VALUE.findall(found[3])[:2]
         products = [v for v in operands if defined.get(v, ("",))[0] == "arith.mulf"]

@@ -21,9 +21,10 @@ key head h // group), a query that sees no key gets zeros and a log-sum-exp of -
 natural log for the backward (attention.py's kernels). For bf16 and fp16 at head dims 64 and 128, a positive
 scale, on a device of compute capability 9.0.
 
-Off unless attention.SM90_FORWARD (ROOFLINE_SM90_ATTENTION=1). Timed alone on an H200 (h200-tune.md, bf16,
-head dim 128, 4 x 32 heads x 4096): a partition a warpgroup 1.16x the tiled forward (1.12x causal), 0.76x cuDNN's
-(0.81x causal). It stays off until the op as eager code calls it and a whole program agree.
+Off unless attention.SM90_FORWARD (ROOFLINE_SM90_ATTENTION=1). Timed alone on an H200
+(benchmarks/results/h200-attention.md, bf16, 4 x 32 heads x 4096, two runs): at head dim 128 a partition a
+warpgroup was 1.08-1.16x the tiled forward and 0.80x cuDNN's (run 2, causal or not); at head dim 64, 0.83-0.88x the
+tiled forward. It stays off until the op as eager code calls it and a whole program agree.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ STAGES = {64: 3, 128: 2}
 LOAD_WARPS = 4   # the producer: the kernel's num_warps (Gluon's default partition), a warpgroup
 MMA_WARPS = 8   # the two MMA warpgroups
 # The MMA warpgroups as one partition (1: its barriers sync them, they move in lockstep) or a partition each (2:
-# each waits only on its own work); on the H200 two were 1.21x one, bf16 at head dim 128 (h200-tune.md)
+# each waits only on its own work); on the H200 two were 1.21x one, bf16 at head dim 128 (h200-attention.md)
 MMA_PARTS = 2
 # With two: FA3's ping-pong, each partition issues its products only after the other has issued its own (turn
 # mbarriers), instead of leaving the order to the warp schedulers; tune_ops times both
@@ -225,6 +226,7 @@ if gluon is not None:
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        # (16 bytes, used only in turns: every partition takes the same arguments)
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         for i in gl.static_range(STAGES):
