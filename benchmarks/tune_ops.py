@@ -223,8 +223,9 @@ def _attention_row(row: dict, call, work: float, o_current, inputs, sm90=None, *
     return row
 
 
-# The Hopper forward's settings (MMA partitions, in turns, slots beyond the default ring)
-SM90_VARIANTS = [(1, False, 0), (2, False, 0), (2, True, 0), (2, False, 1), (2, True, 1)]
+# The Hopper forward's settings (MMA partitions, in turns, slots beyond the default ring, O rescaled under S)
+SM90_VARIANTS = [(1, False, 0, False), (2, False, 0, False), (2, True, 0, False), (2, False, 1, False),
+                 (2, True, 1, False), (2, False, 0, True), (2, True, 0, True)]
 
 
 def attention(head_dims, candidates=ATTENTION_CANDIDATES) -> list[dict]:
@@ -249,13 +250,15 @@ def attention(head_dims, candidates=ATTENTION_CANDIDATES) -> list[dict]:
                                timed="backward (delta, dK/dV, dQ)" if kernel != "forward" else "forward")
                     out.append(_attention_row(row, call, work, o, (q, k, v, causal, scale),
                                               TILES={**att.TILES, kernel: {**att.TILES[kernel], d: tiles}}))
-            for parts, turns, more in SM90_VARIANTS if hopper.supports(q, k, scale) else ():   # Gluon's forward
+            for parts, turns, more, early in SM90_VARIANTS if hopper.supports(q, k, scale) else ():   # Gluon's
                 stages = {head_d: n + more for head_d, n in hopper.STAGES.items()}
-                name = f"sm90 ({parts} MMA partition{'s' if parts > 1 else ''}{', in turns' if turns else ''})"
+                name = (f"sm90 ({parts} MMA partition{'s' if parts > 1 else ''}{', in turns' if turns else ''}"
+                        f"{', O rescaled under S' if early else ''})")
                 tiles = [name, hopper.BLOCK_M, hopper.BLOCK_N, hopper.LOAD_WARPS + hopper.MMA_WARPS, stages[d]]
                 row = dict(kernel="forward", d=d, causal=causal, tiles=tiles, current=False, timed="forward")
                 out.append(_attention_row(row, *calls["forward"], o, (q, k, v, causal, scale), SM90_FORWARD=True,
-                                          sm90={"MMA_PARTS": parts, "PINGPONG": turns, "STAGES": stages}))
+                                          sm90={"MMA_PARTS": parts, "PINGPONG": turns, "STAGES": stages,
+                                                "RESCALE_UNDER_S": early}))
             for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
                                   ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):
                 leaves = [t.detach().requires_grad_() for t in (q, k, v)]

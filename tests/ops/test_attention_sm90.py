@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(sm90.gluon is None, reason="Gluon ships with Tri
 VARIANTS = [(1, False), (2, False), (2, True)]
 
 
-def _compiled(d: int, causal: bool, parts: int, pingpong: bool, stages: int):
+def _compiled(d: int, causal: bool, parts: int, pingpong: bool, stages: int, rescale_under_s: bool = False):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -40,9 +40,9 @@ def _compiled(d: int, causal: bool, parts: int, pingpong: bool, stages: int):
                  "v_desc": descriptor(sm90.BLOCK_N), "o_desc": descriptor(sm90.BLOCK_M // parts), "lse_ptr": "*fp32",
                  "heads": "i32", "group": "i32", "nq": "i32", "nk": "i32", "scale_log2": "fp32",
                  "CAUSAL": "constexpr", "STAGES": "constexpr", "MMA_PARTS": "constexpr", "PINGPONG": "constexpr",
-                 "MMA_REGISTERS": "constexpr"}
+                 "RESCALE_UNDER_S": "constexpr", "MMA_REGISTERS": "constexpr"}
     constexprs = {"CAUSAL": causal, "STAGES": stages, "MMA_PARTS": parts, "PINGPONG": pingpong,
-                  "MMA_REGISTERS": sm90.MMA_REGISTERS}
+                  "RESCALE_UNDER_S": rescale_under_s, "MMA_REGISTERS": sm90.MMA_REGISTERS}
     source = GluonASTSource(sm90.attention_forward_sm90_kernel, signature, constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": sm90.LOAD_WARPS, "maxnreg": sm90.MAX_REGISTERS})
@@ -111,6 +111,23 @@ def test_ping_pong_waits_and_passes_a_turn_at_each_issue_of_products(machine_cod
 
 
 @pytest.mark.parametrize("d", sm90.HEAD_DIMS)
+def test_o_rescaled_under_s_compiles_to_the_same_products_without_spills(d):
+    """FA3's order (O rescaled while the next S runs): the same registers, products and copies, nothing spilled."""
+    child = ("import sys, json, collections; sys.path.insert(0, sys.argv[1]); import test_attention_sm90 as t; "
+             "from roofline.inspect import sass; "
+             f"k = t._compiled({d}, True, 2, False, t.sm90.STAGES[{d}], True); "
+             "used = sass.resources(k.asm['cubin'])[k.metadata.name]; "
+             "code = sass.parse_disassembly(sass.disassemble(k.asm['cubin'])); "
+             "print(json.dumps([used.registers, used.local_memory, collections.Counter(x.base for x in code)]))")
+    done = subprocess.run([sys.executable, "-c", child, str(Path(__file__).parent)], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    registers, local, ops = json.loads(done.stdout.splitlines()[-1])
+    assert registers == sm90.MAX_REGISTERS and local == 0
+    assert ops["HGMMA"] == 2 * (2 * (d // 16) + 2 * (sm90.BLOCK_N // 16)) and ops["UTMASTG"] == 2
+
+
+@pytest.mark.parametrize("d", sm90.HEAD_DIMS)
 def test_one_more_stage_fits_now_that_o_leaves_through_q_s_memory(d):
     """O is staged in Q's shared memory, so a ring of one more slot than the default still fits a block."""
     child = ("import sys; sys.path.insert(0, sys.argv[1]); import test_attention_sm90 as t; "
@@ -128,12 +145,15 @@ def test_one_more_stage_fits_now_that_o_leaves_through_q_s_memory(d):
 
 # --------------------------------------------------------------------------- on a GPU
 
-@pytest.fixture(params=[(1, False, 0), (2, False, 0), (2, True, 0), (2, True, 1)],
-                ids=["one MMA partition", "a partition a warpgroup", "in turns", "in turns, one more stage"])
+@pytest.fixture(params=[(1, False, 0, False), (2, False, 0, False), (2, True, 0, False), (2, True, 1, False),
+                        (2, False, 0, True)],
+                ids=["one MMA partition", "a partition a warpgroup", "in turns", "in turns, one more stage",
+                     "O rescaled under S"])
 def hopper_forward(monkeypatch, request):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a GPU of compute capability 9.0")
-    parts, pingpong, more_stages = request.param
+    parts, pingpong, more_stages, rescale_under_s = request.param
+    monkeypatch.setattr(sm90, "RESCALE_UNDER_S", rescale_under_s)
     monkeypatch.setattr(attention_module, "SM90_FORWARD", True)
     monkeypatch.setattr(sm90, "MMA_PARTS", parts)
     monkeypatch.setattr(sm90, "PINGPONG", pingpong)

@@ -14,7 +14,8 @@ its Hopper partitioning fails, at 64 it doubles the work). Here it is written ou
                               registers as the product's A operand. Block j's S is issued before block j-1's
                               P V, and block j's softmax runs while that product does; each slot is handed back
                               (its "empty" mbarrier) once the product reading it has retired. Each warpgroup a
-                              partition of its own (MMA_PARTS), optionally taking turns to issue (PINGPONG)
+                              partition of its own (MMA_PARTS), optionally taking turns to issue (PINGPONG), and
+                              optionally rescaling O while the next S runs (RESCALE_UNDER_S; not yet timed)
 
 Same conventions as attention.py's forward: bottom-right causal alignment, grouped-query heads (query head h reads
 key head h // group), a query that sees no key gets zeros and a log-sum-exp of -inf, the log-sum-exp saved in
@@ -55,6 +56,9 @@ MMA_PARTS = 2
 # With two: FA3's ping-pong, each partition issues its products only after the other has issued its own (turn
 # mbarriers), instead of leaving the order to the warp schedulers; tune_ops times both
 PINGPONG = False
+# O rescaled by the last block's factor while this block's S = Q K^T runs (FA3's order: off the path from one P V to
+# the next issue), instead of after P V has retired; tune_ops times both
+RESCALE_UNDER_S = False
 MMA_REGISTERS = 240   # a thread of the MMA warpgroups; Triton leaves the producer's warpgroup 24
 # At launch, a thread of each of the 12 warps: 168 x 384 threads = 24 x 128 + 240 x 256, the whole budget that
 # setmaxnreg moves between the partitions. A launch with fewer would leave the MMA warpgroups' request for 240
@@ -118,7 +122,8 @@ if gluon is not None:
 
     @gluon.jit
     def _attend(q_desc, k_desc, v_desc, o_desc, q, o_staging, k_slots, v_slots, bars, turns, lse_ptr, row, b, h,
-                hk, start_m, full, end, nq, nk, reach, scale_log2, order: gl.constexpr, PINGPONG: gl.constexpr):
+                hk, start_m, full, end, nq, nk, reach, scale_log2, order: gl.constexpr, PINGPONG: gl.constexpr,
+                RESCALE_UNDER_S: gl.constexpr):
         """An MMA partition: O and the log-sum-exp of its queries, q's rows (the program's, or where each warpgroup
         is a partition, its half), the first of them start_m. O leaves through the same shared memory (o_staging,
         q's rows as the copy engine takes them): Q is read for the last time before O is written there.
@@ -164,6 +169,8 @@ if gluon is not None:
                 _take_turn(turns, j, order, PINGPONG)
                 s = warpgroup_mma(q, k_slots.index(slot).reshape([block_n, head_d]).permute((1, 0)), s,
                                   use_acc=False, is_async=True)
+                if RESCALE_UNDER_S:   # by block j-1's factor, as S runs
+                    acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
                 mbarrier.wait(v_full.index(last), ((j - 1) // slots) & 1)
                 p_operand = gl.convert_layout(p, p_layout)
                 acc = warpgroup_mma(p_operand, v_slots.index(last).reshape([block_n, head_d]), acc, is_async=True)
@@ -176,10 +183,13 @@ if gluon is not None:
                 # the product read P from registers as it ran: they stay P's until it has retired
                 acc, p_operand = warpgroup_mma_wait(0, deps=(acc, p_operand))
                 mbarrier.arrive(v_empty.index(last), count=1)
-                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                if not RESCALE_UNDER_S:   # by block j's factor, now that P V has retired
+                    acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             last = (blocks - 1) % slots
             mbarrier.wait(v_full.index(last), ((blocks - 1) // slots) & 1)
             p_operand = gl.convert_layout(p, p_layout)
+            if RESCALE_UNDER_S:   # the last block's factor, not yet applied
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             _take_turn(turns, blocks, order, PINGPONG)
             acc = warpgroup_mma(p_operand, v_slots.index(last).reshape([block_n, head_d]), acc, is_async=True)
             _pass_turn(turns, order, PINGPONG)
@@ -198,7 +208,8 @@ if gluon is not None:
     @gluon.jit
     def attention_forward_sm90_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, heads, group, nq, nk, scale_log2,
                                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, MMA_PARTS: gl.constexpr,
-                                      PINGPONG: gl.constexpr, MMA_REGISTERS: gl.constexpr):
+                                      PINGPONG: gl.constexpr, RESCALE_UNDER_S: gl.constexpr,
+                                      MMA_REGISTERS: gl.constexpr):
         """Program (query block, batch x head). scale_log2 = scale log2(e) > 0. The MMA warpgroups are one partition
         (MMA_PARTS 1: they share its barriers and move in lockstep) or one each (2: each waits only on its own
         work, and the warp schedulers interleave one's softmax with the other's products); o_desc's blocks are one
@@ -244,7 +255,7 @@ if gluon is not None:
         q_rows = q_smem.reshape([block_m, q_desc.block_type.shape[3]])   # slices cannot be reshaped: both views
         first = (q_desc, k_desc, v_desc, o_desc, q_rows.slice(0, rows), q_smem.slice(0, rows, dim=2), k_slots,
                  v_slots, bars, turns, lse_ptr, row, b, h, h // group, start_m, full, end, nq, nk, reach, scale_log2,
-                 0, pingpong)
+                 0, pingpong, RESCALE_UNDER_S)
         # Triton 3.6 builds the default partition outside the kernel's module, where a reduction cannot tell its
         # warps: the producer takes it (the kernel's num_warps), the MMA warpgroups are worker partitions
         if MMA_PARTS == 1:
@@ -252,7 +263,7 @@ if gluon is not None:
         else:
             second = (q_desc, k_desc, v_desc, o_desc, q_rows.slice(rows, rows), q_smem.slice(rows, rows, dim=2),
                       k_slots, v_slots, bars, turns, lse_ptr, row, b, h, h // group, start_m + rows, full, end, nq, nk,
-                      reach, scale_log2, 1, pingpong)
+                      reach, scale_log2, 1, pingpong, RESCALE_UNDER_S)
             gl.warp_specialize([(_loads, loads), (_attend, first), (_attend, second)], [4, 4],
                                [MMA_REGISTERS, MMA_REGISTERS])
 
@@ -278,7 +289,7 @@ class Sm90Forward:
         self.d, self.causal = d, causal
         self.grid = (cdiv(nq, BLOCK_M), batch * heads)
         self.args = (heads, heads // k.shape[1], nq, k.shape[2], scale_log2)
-        self.parts, self.pingpong, self.stages = MMA_PARTS, PINGPONG, STAGES[d]
+        self.parts, self.pingpong, self.rescale, self.stages = MMA_PARTS, PINGPONG, RESCALE_UNDER_S, STAGES[d]
         self.o_rows = BLOCK_M // self.parts   # O leaves by the copy engine a partition's rows at a time
         self.layouts = {rows: _layout(d, q.dtype, rows) for rows in {BLOCK_M, BLOCK_N, self.o_rows}}
 
@@ -295,7 +306,8 @@ class Sm90Forward:
             attention_forward_sm90_kernel[self.grid](
                 self._descriptor(q, BLOCK_M), self._descriptor(k, BLOCK_N), self._descriptor(v, BLOCK_N),
                 self._descriptor(o, self.o_rows), lse, *self.args, CAUSAL=self.causal, STAGES=self.stages,
-                MMA_PARTS=self.parts, PINGPONG=self.pingpong, MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS,
+                MMA_PARTS=self.parts, PINGPONG=self.pingpong, RESCALE_UNDER_S=self.rescale,
+                MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS,
                 maxnreg=MAX_REGISTERS)
         return o, lse
 
