@@ -4,6 +4,7 @@ communication figures against the step time they claim.
     python benchmarks/distributed.py OUT_DIR ladder --task gpt2 [--parallel ddp fsdp2] [--skip RUNG ...]
     python benchmarks/distributed.py OUT_DIR profile [--nproc 2]
     python benchmarks/distributed.py OUT_DIR fsdp2-advice [--repeats 3]
+    python benchmarks/distributed.py OUT_DIR sync-advice [--repeats 3]
 
 ladder: `roofline ladder --nproc-per-node N examples/ladder_tasks.py:TASK` (GPT-2 small or the Llama-style model,
 their full sizes): every rung on one GPU, then on N ranks; tokens/s per GPU, scaling efficiency, MFU, peak memory
@@ -25,6 +26,11 @@ fsdp2-advice: the fsdp2-hooks finding's estimate against its advice applied: exa
 unit a block) profiled (`roofline profile --nproc-per-node N --json`), and timed unprofiled a unit a block and with
 the blocks in 4 groups kept gathered (--fsdp2-groups 4), `--repeats` times each, in turns; the finding's gain
 against the difference of the medians. Writes OUT_DIR/fsdp2-advice.md and .json.
+
+sync-advice: the host-sync findings' estimate against their advice applied: examples/ddp_train.py with rank 0
+printing its loss every step (--log-every 1: loss.item(), a host sync on one rank) profiled, and timed unprofiled
+with and without it, `--repeats` times each, in turns; the finding's gain (none where it estimates under 1% of a
+step) against the difference of the medians. Writes OUT_DIR/sync-advice.md and .json.
 
 recording: what recording costs a rank's step: the same DDP GPT-2 step on N ranks, plain and under each way of
 recording it (torch.profiler with CUDA activity only, with CPU and CUDA activity, roofline.profile() and it
@@ -192,6 +198,35 @@ def fsdp2_advice(out: Path, nproc: int, repeats: int) -> None:
     print("\n".join(lines))
 
 
+def sync_advice(out: Path, nproc: int, repeats: int) -> None:
+    logging, quiet = [], []
+    for _ in range(repeats):   # in turns: a drift of the machine moves both
+        logging.append(_train(nproc, "--log-every", "1"))
+        quiet.append(_train(nproc))
+    measured = statistics.median(logging) - statistics.median(quiet)
+    ranks = _profile(nproc, out / "profile-sync.json", "--log-every", "1")
+    finding = next((f for f in ranks["findings"] if f["id"].startswith("host-sync")), None)
+    rows = [x for x in ranks["host_syncs"] if "ddp_train.py" in x["where"]]
+    lines = [f"examples/ddp_train.py --log-every 1 (rank 0 prints its loss each step; GPT-2 small, bf16, DDP, 8 x 1024 "
+             f"tokens a rank) on {_machine(nproc)}, torch {torch.__version__}", "",
+             f"Unprofiled, {repeats} runs each in turns (a run's step: the median of steps 6 to {STEPS}): printing "
+             f"{statistics.median(logging):.2f} ms ({', '.join(f'{t:.2f}' for t in logging)}); not printing "
+             f"{statistics.median(quiet):.2f} ms ({', '.join(f'{t:.2f}' for t in quiet)}): the sync costs "
+             f"{measured:.2f} ms a step.", "",
+             "| line | call | ranks | calls a step | host wait ms | GPU idle it costs ms |", "|---|---|---|---|---|---|",
+             *(f"| {x['where']} | {x['call']} | {', '.join(map(str, x['ranks']))} | {x['calls']:g} | "
+               f"{', '.join(map(_ms, x['wait_ms']))} | {', '.join(map(_ms, x['gain_ms']))} |" for x in rows), "",
+             "The host-sync finding: " + (f"{finding['title']}, estimated gain {finding['gain_ms']:.2f} ms against "
+                                          f"{measured:.2f} ms measured" if finding else
+                                          f"none (its estimate under 1% of a step) against {measured:.2f} ms "
+                                          "measured"), ""]
+    (out / "sync-advice.md").write_text("\n".join(lines))
+    (out / "sync-advice.json").write_text(json.dumps(
+        {"logging_ms": logging, "quiet_ms": quiet, "measured_gain_ms": measured, "finding": finding,
+         "host_syncs": rows, "ranks": ranks["ranks"]}, indent=1))
+    print("\n".join(lines))
+
+
 def _recorders() -> dict:
     import contextlib
 
@@ -282,7 +317,7 @@ def recording(out: Path, nproc: int, rounds: int = 3, steps: int = 10) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("what", choices=("ladder", "profile", "fsdp2-advice", "recording"))
+    parser.add_argument("what", choices=("ladder", "profile", "fsdp2-advice", "sync-advice", "recording"))
     parser.add_argument("--nproc", type=int, default=torch.cuda.device_count(), help="ranks (on CPUs, ladder and "
                         "profile run gloo processes: a dry run of the small models; recording needs GPUs)")
     parser.add_argument("--task", default="gpt2", choices=("gpt2", "llama"))
@@ -299,6 +334,8 @@ def main() -> None:
         recording(args.out, args.nproc)
     elif args.what == "fsdp2-advice":
         fsdp2_advice(args.out, args.nproc, args.repeats)
+    elif args.what == "sync-advice":
+        sync_advice(args.out, args.nproc, args.repeats)
     else:
         profile(args.out, args.nproc, args.repeats)
 
