@@ -666,8 +666,13 @@ def analyze(
 @app.command()
 def inspect(
     target: str = typer.Argument(..., help="FILE_OR_MODULE:FUNCTION: a function of no arguments that launches the "
-                                 "Triton kernels to inspect (roofline's ops, or kernels of your own); or an op of "
+                                 "Triton kernels to inspect (roofline's ops, or kernels of your own); "
+                                 "FILE_OR_MODULE:KERNEL, a Triton kernel, with --args and --grid; or an op of "
                                  "roofline.ops by name, with --shape; with --kernel, a trace."),
+    args: Optional[str] = typer.Option(None, "--args", help="With a Triton kernel as TARGET: its arguments in order, "
+                                       "then by name: tensors as DTYPE[SIZES] (random), numbers, strings, "
+                                       "NAME=VALUE for constexprs and num_warps, e.g. 'bf16[128x64] 128 BLOCK=64'."),
+    grid: Optional[str] = typer.Option(None, "--grid", help="With a Triton kernel as TARGET: its grid, e.g. 4x4."),
     shape: Optional[str] = typer.Option(None, "--shape", help="With an op as TARGET: its sizes, e.g. 4096x4096 "
                                         "(what they mean is the op's: the error says it)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="With an op as TARGET: bf16 (the default), fp16 "
@@ -706,13 +711,15 @@ def inspect(
 
     \b
         roofline inspect rms_norm --shape 8192x4096 --backward
-        roofline inspect train.py:step --compile"""
+        roofline inspect train.py:step --compile
+        roofline inspect kernels.py:add_kernel --args 'fp32[4096] fp32[4096] fp32[4096] 4096 BLOCK=1024' --grid 4"""
     import torch
 
     if kernel is not None:
-        if ncu or compile or arch is not None or shape is not None or dtype is not None or backward:
+        if ncu or compile or arch is not None or shape is not None or dtype is not None or backward or args or grid:
             raise typer.BadParameter("reads a kernel of a trace from the binary the program ran: --ncu, --compile, "
-                                     "--arch, --shape, --dtype and --backward are for a function or an op",
+                                     "--arch, --shape, --dtype, --backward, --args and --grid are for a function, "
+                                     "a kernel or an op",
                                      param_hint="--kernel")
         _write_inspection(_inspect_trace(target, kernel, cache, sms), f"roofline inspect {target} --kernel {kernel}",
                           top, json_path, html_path, out)
@@ -746,12 +753,51 @@ def inspect(
         elif shape is not None or dtype is not None or backward:
             raise typer.BadParameter("are for an op of roofline.ops named as TARGET",
                                      param_hint="--shape/--dtype/--backward")
+        launched = not op and (args is not None or grid is not None or _is_kernel(target))
+        if launched:   # a Triton kernel, launched once on example arguments by a function of its own
+            title += f" --args {args!r} --grid {grid}"
+            target = _kernel_target(target, args, grid, Path(folder))
         try:
             _inspect_function(target, title, compile, arch, sms, runs, ncu, top, json_path, html_path, out)
+        except TypeError as exc:   # the kernel does not take these arguments (Triton's binding says which)
+            if not launched:
+                raise
+            raise typer.BadParameter(str(exc), param_hint="--args") from None
         except ValueError as exc:   # the op refused the shape (a head_dim it does not take, an odd one for rope)
             if not op:
                 raise
             raise typer.BadParameter(f"{shape!r}: {exc}", param_hint="--shape") from None
+
+
+def _is_kernel(target: str) -> bool:
+    from triton.runtime.jit import KernelInterface
+
+    return isinstance(_load_name(target, object), KernelInterface)
+
+
+def _kernel_target(target: str, args: str | None, grid: str | None, folder: Path) -> str:
+    """roofline inspect FILE:KERNEL --args --grid: the kernel launched once (inspect.example_launch), as a
+    FILE:FUNCTION target written into `folder`; usage errors name the option."""
+    from roofline.inspect import example_launch
+
+    if not _is_kernel(target):
+        raise typer.BadParameter("are for a Triton kernel (@triton.jit) named as TARGET", param_hint="--args/--grid")
+    for given, option, parse in ((args, "--args", example_launch.parse_args),
+                                 (grid, "--grid", example_launch.parse_grid)):
+        if given is None:
+            raise typer.BadParameter(f"a kernel as TARGET needs {option}, e.g. --args 'fp32[4096] fp32[4096] 4096 "
+                                     "BLOCK=1024' --grid 4", param_hint=option)
+        try:
+            parse(given)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint=option) from None
+    where, name = target.rsplit(":", 1)
+    if where.endswith(".py") or "/" in where:
+        where = str(Path(where).resolve())   # the function's file lies elsewhere
+    path = folder / f"{name}_launch.py"
+    path.write_text("from roofline.inspect.example_launch import launch\n\n\ndef kernel():\n"
+                    f"    launch({where + ':' + name!r}, {args!r}, {grid!r})\n")
+    return f"{path}:kernel"
 
 
 def _op_target(name: str, shape: str | None, dtype: str, backward: bool, folder: Path) -> str:

@@ -204,6 +204,35 @@ def test_bad_input_is_named_before_anything_runs(monkeypatch):
     assert code == 2 and "--runs" in said
     code, said = run("examples/inspect_kernels.py:matmuls", "--ncu", "--arch", "sm_90")
     assert code == 2 and "--ncu" in said and "needs a CUDA GPU, and no --arch" in said
+    # a kernel as TARGET: its example arguments and grid, each named where it is wrong
+    kernel = "examples/inspect_kernels.py:matmul_kernel"
+    code, said = run(kernel, "--grid", "2x2")
+    assert code == 2 and "--args" in said and "needs --args" in said
+    code, said = run(kernel, "--args", "fp32[64x64] xx[3]", "--grid", "2")
+    assert code == 2 and "--args" in said and "'xx[3]'" in said and "bf16" in said
+    code, said = run(kernel, "--args", "BLOCK=4 fp32[64]", "--grid", "2")
+    assert code == 2 and "positional ones come first" in said
+    code, said = run(kernel, "--args", "fp32[64x64]", "--grid", "0x2")
+    assert code == 2 and "--grid" in said and "positive sizes" in said
+    code, said = run("examples/inspect_kernels.py:matmuls", "--args", "1", "--grid", "1")
+    assert code == 2 and "are for a Triton kernel" in said
+    code, said = run(kernel, "--args", "fp32[64x64] fp32[64x64]", "--grid", "2x2", "--arch", "sm_90")
+    assert code == 2 and "--args" in said and "missing 8 required positional arguments" in said
+
+
+def test_a_kernel_launched_on_example_arguments(tmp_path):
+    """FILE:KERNEL with --args and --grid: the kernel launched once on random tensors, looked inside as a
+    function's launches are; the example arguments' constexprs are the ones compiled."""
+    done = subprocess.run([sys.executable, "-m", "roofline", "inspect", "examples/inspect_kernels.py:matmul_kernel",
+                           "--args", "fp32[64x64] fp32[64x64] fp32[64x64] 64 64 64 BLOCK_M=32 BLOCK_N=32 BLOCK_K=16 "
+                           "PRECISION=ieee num_warps=2", "--grid", "2x2", "--arch", "sm_90", "--sms", "132",
+                           "--json", str(tmp_path / "k.json")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (k,) = json.loads((tmp_path / "k.json").read_text())["kernels"]
+    assert k["name"] == "matmul_kernel" and k["grid"] == [2, 2, 1] and k["num_warps"] == 2
+    assert k["constexprs"]["BLOCK_K"] == "16" and k["constexprs"]["PRECISION"] == "'ieee'"
+    assert any(f["id"] == "no-tensor-cores" for f in k["findings"])
 
 
 def test_only_roofline_s_own_kernels_are_compiled_with_the_gpu_s_constexprs():

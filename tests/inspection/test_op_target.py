@@ -61,3 +61,19 @@ def test_a_shape_the_op_itself_refuses_is_named_as_the_shape():
     done = CliRunner().invoke(app, ["inspect", "examples/inspect_kernels.py:matmuls", "--dtype", "fp16"],
                               env={"COLUMNS": "80"})
     assert done.exit_code == 2 and "for an op of roofline.ops" in " ".join(done.output.split())
+
+
+def test_example_arguments_read_as_a_kernel_takes_them():
+    from roofline.inspect.example_launch import parse_args, parse_grid
+
+    positional, named = parse_args("bf16[128x64] i32[7] 128 0.5 true tf32 BLOCK=64 num_warps=4 scale=1e-3")
+    assert positional == [(torch.bfloat16, (128, 64)), (torch.int32, (7,)), 128, 0.5, True, "tf32"]
+    assert named == {"BLOCK": 64, "num_warps": 4, "scale": 1e-3}
+    assert parse_grid("4x2") == (4, 2) and parse_grid("7") == (7,)
+    for bad, said in (("", "no argument"), ("fp8[4]", "dtype is one of"), ("fp32[4x]", "a tensor is DTYPE"),
+                      ("A=1 A=2", "given twice"), ("1-x=2", "NAME=VALUE"), ("A=1 2", "positional ones come first")):
+        with pytest.raises(ValueError, match=said):
+            parse_args(bad)
+    for bad in ("", "0", "1x2x3x4", "2xa"):
+        with pytest.raises(ValueError, match="positive sizes"):
+            parse_grid(bad)
