@@ -712,7 +712,7 @@ def inspect(
     \b
         roofline inspect rms_norm --shape 8192x4096 --backward
         roofline inspect train.py:step --compile
-        roofline inspect kernels.py:add_kernel --args 'fp32[4096] fp32[4096] fp32[4096] 4096 BLOCK=1024' --grid 4"""
+        roofline inspect k.py:add --args 'fp32[64] fp32[64] 64 BLOCK=64' --grid 1"""
     import torch
 
     if kernel is not None:

@@ -90,7 +90,8 @@ def test_what_is_missing_is_named(program, tmp_path):
     assert done.exit_code == 2 and "none for the trace's launches" in " ".join(done.output.split())
     done = run(app, ["inspect", str(trace), "--kernel", "softmax_forward_kernel", "--ncu"])
     said = " ".join(done.output.split())
-    assert done.exit_code == 2 and "--arch, --shape, --dtype and --backward are for a function or an op" in said
+    assert done.exit_code == 2 and ("--arch, --shape, --dtype, --backward, --args and --grid are for a function, a "
+                                    "kernel or an op") in said
     done = run(app, ["inspect", "examples/inspect_kernels.py:matmuls", "--cache", str(cache)])
     assert done.exit_code == 2 and "--kernel" in done.output
 

@@ -126,7 +126,7 @@ def test_spilled_registers_are_the_stack_frame_s_and_named_at_the_kernel_s_own_l
                              kernel=SimpleNamespace(fn=_kernel_source_stand_in))
     report = SimpleNamespace(resources=used, occupancy=occupancy("sm_90", 128, 255, 0), mix=sass.Mix(),
                              lines=[], where="kern.py:10", arch="sm_90", shared_bytes=0, num_warps=4, sms=None,
-                             blocks=None)
+                             blocks=None, asm={})
     (found,) = [f for f in inspect_report.findings(report, launch, spills) if f.id == "spills"]
     assert "1,672 bytes of local memory a thread" in found.title and "2 spill loads and stores" in found.message
     # the kernel's own line first, Triton's library line (inlined into it) after

@@ -236,6 +236,8 @@ def _outer_products(report: KernelReport) -> list[Finding]:
     out = []
     for number, rows, cols in updates:
         op = ops.get(number)
+        if op is not None and op.file and Path(op.file).name == Path(report.file).name:
+            op = replace(op, file=report.file)   # the file as this run loaded it (a cached compile names another's)
         out.append(Finding(
             "outer-products", f"a {rows} x {cols} outer product a step: a matmul on the CUDA cores",
             f"The loop adds an outer product of a {rows}-vector and a {cols}-vector to its accumulator each step "
