@@ -2,6 +2,7 @@
 it, the design checked in its machine code; its numbers on the GPU, against float64 (the `gpu` tests)."""
 
 import collections
+import faulthandler
 import importlib
 import json
 import os
@@ -20,6 +21,7 @@ from roofline.ops.attention import attention_reference, flash_attention
 
 attention_module = importlib.import_module("roofline.ops.attention")
 SHARED_MEMORY_LIMIT = 227 * 1024   # what a block may hold on the H100
+DEADLOCK_S = 300   # a GPU test of the forward takes seconds (its first compile included)
 
 pytestmark = pytest.mark.skipif(sm90.gluon is None, reason="Gluon ships with Triton 3.5 and later")
 
@@ -159,7 +161,11 @@ def hopper_forward(monkeypatch, request):
     monkeypatch.setattr(sm90, "PINGPONG", pingpong)
     monkeypatch.setattr(sm90, "STAGES", {d: n + more_stages for d, n in sm90.STAGES.items()})
     clear_plans()
+    # a kernel whose warps wait on each other forever (a barrier's phase wrong) never returns: after this long the
+    # run ends with every thread's stack, instead of running into the device call's limit with nothing said
+    faulthandler.dump_traceback_later(DEADLOCK_S, exit=True)
     yield
+    faulthandler.cancel_dump_traceback_later()
     clear_plans()
 
 
