@@ -258,7 +258,7 @@ def attention(head_dims, candidates=ATTENTION_CANDIDATES) -> list[dict]:
                 row = dict(kernel="forward", d=d, causal=causal, tiles=tiles, current=False, timed="forward")
                 out.append(_attention_row(row, *calls["forward"], o, (q, k, v, causal, scale), SM90_FORWARD=True,
                                           sm90={"MMA_PARTS": parts, "PINGPONG": turns, "STAGES": stages,
-                                                "RESCALE_UNDER_S": early}))
+                                                "RESCALE_UNDER_S": early, "ROUTED_HEAD_DIMS": hopper.HEAD_DIMS}))
             for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
                                   ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):
                 leaves = [t.detach().requires_grad_() for t in (q, k, v)]

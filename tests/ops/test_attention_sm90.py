@@ -157,6 +157,7 @@ def hopper_forward(monkeypatch, request):
     parts, pingpong, more_stages, rescale_under_s = request.param
     monkeypatch.setattr(sm90, "RESCALE_UNDER_S", rescale_under_s)
     monkeypatch.setattr(attention_module, "SM90_FORWARD", True)
+    monkeypatch.setattr(sm90, "ROUTED_HEAD_DIMS", sm90.HEAD_DIMS)
     monkeypatch.setattr(sm90, "MMA_PARTS", parts)
     monkeypatch.setattr(sm90, "PINGPONG", pingpong)
     monkeypatch.setattr(sm90, "STAGES", {d: n + more_stages for d, n in sm90.STAGES.items()})
@@ -186,3 +187,18 @@ def test_matches_float64_within_twice_torchs_error(hopper_forward, shape, causal
     exact = outputs_and_grads(lambda *a: attention_reference(*a, causal), (q, k, v), dout, torch.float64)
     theirs = outputs_and_grads(lambda *a: attention_reference(*a, causal), (q, k, v), dout)
     assert_within_twice_torchs_error(("output", "dq", "dk", "dv"), ours, exact, theirs, dtype)
+
+
+def test_flash_attention_takes_it_only_at_the_head_dims_it_was_timed_faster(monkeypatch):
+    """With ROOFLINE_SM90_ATTENTION=1, head dim 128 (faster than the tiled forward on the H200); not 64 (slower),
+    though the kernel takes it."""
+    monkeypatch.setattr(attention_module, "SM90_FORWARD", True)
+    monkeypatch.setattr(sm90, "supports", lambda q, k, scale: True)   # as on a Hopper GPU
+    monkeypatch.setattr(sm90, "Sm90Forward", lambda *args: "the Hopper forward")
+    clear_plans()
+    try:
+        for d, taken in ((128, "the Hopper forward"), (64, None)):
+            q, k, v = (torch.randn(1, 2, 16, d) for _ in range(3))
+            assert attention_module._plan(q, k, v, False, d ** -0.5).sm90 == taken
+    finally:
+        clear_plans()

@@ -377,7 +377,7 @@ class AttentionPlan:
         if SM90_FORWARD:
             from roofline.ops import attention_sm90
 
-            if attention_sm90.supports(q, k, scale):
+            if attention_sm90.supports(q, k, scale) and d in attention_sm90.ROUTED_HEAD_DIMS:
                 self.sm90 = attention_sm90.Sm90Forward(q, k, causal, scale * LOG2E)
         self.backward_args = (heads, kv_heads, heads // kv_heads, nq, nk, scale, scale * LOG2E)
         self.delta_grid = (cdiv(nq, DELTA_BLOCK), batch * heads)

@@ -44,6 +44,9 @@ except ImportError:
     gluon = None
 
 HEAD_DIMS = (64, 128)
+# Where flash_attention takes it, with ROOFLINE_SM90_ATTENTION=1: the head dims it was timed faster than the tiled
+# forward at (h200-attention.md: 1.08-1.16x at 128; 0.83-0.88x at 64). tune_ops and the tests route both.
+ROUTED_HEAD_DIMS = (128,)
 BLOCK_M = 128   # queries a program holds: 64 for each MMA warpgroup
 BLOCK_N = 128   # keys and values a step of the loop walks
 # Slots in the ring by head dim (one more fits the 227 KiB a block may hold beside Q: O leaves through Q's memory)
