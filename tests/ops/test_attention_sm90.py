@@ -112,37 +112,38 @@ def test_ping_pong_waits_and_passes_a_turn_at_each_issue_of_products(machine_cod
     assert turns["HGMMA"] == alone["HGMMA"]
 
 
-@pytest.mark.parametrize("d", sm90.HEAD_DIMS)
-def test_o_rescaled_under_s_compiles_to_the_same_products_without_spills(d):
-    """FA3's order (O rescaled while the next S runs): the same registers, products and copies, nothing spilled."""
+def _one_compiled(d: int, parts: int, pingpong: bool, stages: int, rescale_under_s: bool = False) -> dict:
+    """Registers, local memory, shared memory and opcode counts of one causal variant compiled for sm_90, in a process
+    of its own (where Triton compiles: the tests' interprets)."""
     child = ("import sys, json, collections; sys.path.insert(0, sys.argv[1]); import test_attention_sm90 as t; "
              "from roofline.inspect import sass; "
-             f"k = t._compiled({d}, True, 2, False, t.sm90.STAGES[{d}], True); "
+             f"k = t._compiled({d}, True, {parts}, {pingpong}, {stages}, {rescale_under_s}); "
              "used = sass.resources(k.asm['cubin'])[k.metadata.name]; "
              "code = sass.parse_disassembly(sass.disassemble(k.asm['cubin'])); "
-             "print(json.dumps([used.registers, used.local_memory, collections.Counter(x.base for x in code)]))")
+             "print(json.dumps({'registers': used.registers, 'local': used.local_memory, "
+             "'shared': k.metadata.shared + used.static_shared_bytes, "
+             "'ops': collections.Counter(x.base for x in code)}))")
     done = subprocess.run([sys.executable, "-c", child, str(Path(__file__).parent)], capture_output=True, text=True,
                           env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    registers, local, ops = json.loads(done.stdout.splitlines()[-1])
-    assert registers == sm90.MAX_REGISTERS and local == 0
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("d", sm90.HEAD_DIMS)
+def test_o_rescaled_under_s_compiles_to_the_same_products_without_spills(d):
+    """FA3's order (O rescaled while the next S runs): the same registers, products and copies, nothing spilled."""
+    kernel = _one_compiled(d, 2, False, sm90.STAGES[d], rescale_under_s=True)
+    assert kernel["registers"] == sm90.MAX_REGISTERS and kernel["local"] == 0
+    ops = kernel["ops"]
     assert ops["HGMMA"] == 2 * (2 * (d // 16) + 2 * (sm90.BLOCK_N // 16)) and ops["UTMASTG"] == 2
 
 
 @pytest.mark.parametrize("d", sm90.HEAD_DIMS)
 def test_one_more_stage_fits_now_that_o_leaves_through_q_s_memory(d):
     """O is staged in Q's shared memory, so a ring of one more slot than the default still fits a block."""
-    child = ("import sys; sys.path.insert(0, sys.argv[1]); import test_attention_sm90 as t; "
-             "from roofline.inspect import sass; "
-             f"k = t._compiled({d}, True, 2, True, t.sm90.STAGES[{d}] + 1); "
-             "used = sass.resources(k.asm['cubin'])[k.metadata.name]; "
-             "print(k.metadata.shared + used.static_shared_bytes, used.local_memory)")
-    done = subprocess.run([sys.executable, "-c", child, str(Path(__file__).parent)], capture_output=True, text=True,
-                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    shared, local = map(int, done.stdout.split()[-2:])
+    kernel = _one_compiled(d, 2, True, sm90.STAGES[d] + 1)
     q, slot = sm90.BLOCK_M * d * 2, sm90.BLOCK_N * d * 2   # bf16 bytes: Q, and a key or value block
-    assert q + 2 * (sm90.STAGES[d] + 1) * slot <= shared <= SHARED_MEMORY_LIMIT and local == 0
+    assert q + 2 * (sm90.STAGES[d] + 1) * slot <= kernel["shared"] <= SHARED_MEMORY_LIMIT and kernel["local"] == 0
 
 
 # --------------------------------------------------------------------------- on a GPU
