@@ -753,7 +753,7 @@ def inspect(
         elif shape is not None or dtype is not None or backward:
             raise typer.BadParameter("are for an op of roofline.ops named as TARGET",
                                      param_hint="--shape/--dtype/--backward")
-        launched = not op and (args is not None or grid is not None or _is_kernel(target))
+        launched = not op and (args is not None or grid is not None)
         if launched:   # a Triton kernel, launched once on example arguments by a function of its own
             title += f" --args {args!r} --grid {grid}"
             target = _kernel_target(target, args, grid, Path(folder))
@@ -769,10 +769,13 @@ def inspect(
             raise typer.BadParameter(f"{shape!r}: {exc}", param_hint="--shape") from None
 
 
-def _is_kernel(target: str) -> bool:
+def _is_kernel(obj) -> bool:
     from triton.runtime.jit import KernelInterface
 
-    return isinstance(_load_name(target, object), KernelInterface)
+    return isinstance(obj, KernelInterface)
+
+
+_KERNEL_ARGS_EXAMPLE = "--args 'fp32[4096] fp32[4096] 4096 BLOCK=1024' --grid 4"
 
 
 def _kernel_target(target: str, args: str | None, grid: str | None, folder: Path) -> str:
@@ -780,13 +783,13 @@ def _kernel_target(target: str, args: str | None, grid: str | None, folder: Path
     FILE:FUNCTION target written into `folder`; usage errors name the option."""
     from roofline.inspect import example_launch
 
-    if not _is_kernel(target):
+    if not _is_kernel(_load_name(target, object)):
         raise typer.BadParameter("are for a Triton kernel (@triton.jit) named as TARGET", param_hint="--args/--grid")
     for given, option, parse in ((args, "--args", example_launch.parse_args),
                                  (grid, "--grid", example_launch.parse_grid)):
         if given is None:
-            raise typer.BadParameter(f"a kernel as TARGET needs {option}, e.g. --args 'fp32[4096] fp32[4096] 4096 "
-                                     "BLOCK=1024' --grid 4", param_hint=option)
+            raise typer.BadParameter(f"a kernel as TARGET needs {option}, e.g. {_KERNEL_ARGS_EXAMPLE}",
+                                     param_hint=option)
         try:
             parse(given)
         except ValueError as exc:
@@ -837,6 +840,9 @@ def _inspect_function(target: str, title: str, compile: bool, arch, sms, runs: i
     from roofline.inspect.report import inspect_function, stall_findings
 
     fn = _load_name(target, object)   # every object is a `kind` of object: the function loaded, not called
+    if _is_kernel(fn):   # loaded once here: a kernel is launched by a function of its own (_kernel_target)
+        raise typer.BadParameter(f"a kernel as TARGET needs --args and --grid, e.g. {_KERNEL_ARGS_EXAMPLE}",
+                                 param_hint="--args")
     if not callable(fn):
         raise typer.BadParameter(f"{target} must be a function", param_hint="TARGET")
     found = inspect_function(torch.compile(fn) if compile else fn, arch=arch, sms=sms, runs=runs)

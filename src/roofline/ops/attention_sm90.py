@@ -124,9 +124,8 @@ if gluon is not None:
             mbarrier.arrive(turns.index(1 - order), count=1)
 
     @gluon.jit
-    def _attend(q_desc, k_desc, v_desc, o_desc, q, o_staging, k_slots, v_slots, bars, turns, lse_ptr, row, b, h,
-                hk, start_m, full, end, nq, nk, reach, scale_log2, order: gl.constexpr, PINGPONG: gl.constexpr,
-                RESCALE_UNDER_S: gl.constexpr):
+    def _attend(o_desc, q, o_staging, k_slots, v_slots, bars, turns, lse_ptr, row, b, h, start_m, full, end, nq, nk,
+                reach, scale_log2, order: gl.constexpr, PINGPONG: gl.constexpr, RESCALE_UNDER_S: gl.constexpr):
         """An MMA partition: O and the log-sum-exp of its queries, q's rows (the program's, or where each warpgroup
         is a partition, its half), the first of them start_m. O leaves through the same shared memory (o_staging,
         q's rows as the copy engine takes them): Q is read for the last time before O is written there.
@@ -256,17 +255,16 @@ if gluon is not None:
         pingpong: gl.constexpr = PINGPONG and MMA_PARTS == 2
         loads = (q_desc, k_desc, v_desc, q_smem, k_slots, v_slots, bars, b, h, h // group, start_m, end)
         q_rows = q_smem.reshape([block_m, q_desc.block_type.shape[3]])   # slices cannot be reshaped: both views
-        first = (q_desc, k_desc, v_desc, o_desc, q_rows.slice(0, rows), q_smem.slice(0, rows, dim=2), k_slots,
-                 v_slots, bars, turns, lse_ptr, row, b, h, h // group, start_m, full, end, nq, nk, reach, scale_log2,
-                 0, pingpong, RESCALE_UNDER_S)
+        first = (o_desc, q_rows.slice(0, rows), q_smem.slice(0, rows, dim=2), k_slots, v_slots, bars, turns, lse_ptr,
+                 row, b, h, start_m, full, end, nq, nk, reach, scale_log2, 0, pingpong, RESCALE_UNDER_S)
         # Triton 3.6 builds the default partition outside the kernel's module, where a reduction cannot tell its
         # warps: the producer takes it (the kernel's num_warps), the MMA warpgroups are worker partitions
         if MMA_PARTS == 1:
             gl.warp_specialize([(_loads, loads), (_attend, first)], [8], [MMA_REGISTERS])
         else:
-            second = (q_desc, k_desc, v_desc, o_desc, q_rows.slice(rows, rows), q_smem.slice(rows, rows, dim=2),
-                      k_slots, v_slots, bars, turns, lse_ptr, row, b, h, h // group, start_m + rows, full, end, nq, nk,
-                      reach, scale_log2, 1, pingpong, RESCALE_UNDER_S)
+            second = (o_desc, q_rows.slice(rows, rows), q_smem.slice(rows, rows, dim=2), k_slots, v_slots, bars,
+                      turns, lse_ptr, row, b, h, start_m + rows, full, end, nq, nk, reach, scale_log2, 1, pingpong,
+                      RESCALE_UNDER_S)
             gl.warp_specialize([(_loads, loads), (_attend, first), (_attend, second)], [4, 4],
                                [MMA_REGISTERS, MMA_REGISTERS])
 
