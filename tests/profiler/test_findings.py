@@ -291,11 +291,11 @@ def test_misaligned_matmul(tmp_path):
     assert "misaligned-matmul" not in _ids(_report(tmp_path, _matmul_shape(4096, us=600.0)))
 
 
-def _grid(blocks):
+def _grid(blocks, kernel="void at::native::reduce_kernel<512, 1>"):
     def build(b):
         b.mark(10, at(120))
         b.op("aten::sum", 11, 5, shapes=[[1 << 24]])
-        b.kernel("void at::native::reduce_kernel<512, 1>", 20, 300, launch_ts=12, grid=(blocks, 1, 1))
+        b.kernel(kernel, 20, 300, launch_ts=12, grid=(blocks, 1, 1))
     return build
 
 
@@ -304,6 +304,9 @@ def test_small_grid(tmp_path):
     assert f.location.line == 120 and f.evidence["blocks"] == 33 and f.evidence["sms"] == 132
     assert f.est_gain_ms == pytest.approx(300 * (1 - 33 / 132) / 1e3)
     assert "small-grid" not in _ids(_report(tmp_path, _grid(264)))
+    # NCCL's grid is its channels (24 blocks on two H200s): not a kernel short of parallelism
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    assert "small-grid" not in _ids(_report(tmp_path, _grid(24, nccl)))
 
 
 def test_below_roofline(tmp_path):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from roofline.profiler.attribution import Location
 from roofline.profiler.costs import MATMUL_KEY, ParameterSet
-from roofline.profiler.kernels import category
+from roofline.profiler.kernels import category, short_name
 
 MIN_SHARE = 0.01              # a finding must be worth at least 1% of the profiled wall time
 PINNED_H2D_GBPS = 25.0        # host<->device rate assumed for pinned copies (PCIe 4 x16 achieves ~25)
@@ -431,7 +431,8 @@ def small_grid(report) -> list[Finding]:
         return []
     rows: dict = {}
     for w in report.attribution.work:
-        if w.kind != "kernel":
+        # NCCL sizes its grid to the channels that drive the links: more blocks would not move more bytes
+        if w.kind != "kernel" or category(w.name) == "communication":
             continue
         g = report.trace.gpu[w.index]
         if not g.grid:
@@ -445,8 +446,6 @@ def small_grid(report) -> list[Finding]:
         row[2] += w.us * (1 - blocks / sms)
         row[4][w.location] = row[4].get(w.location, 0.0) + w.us
     out = []
-    from roofline.profiler.kernels import short_name
-
     for name, (count, us, idle_sm_us, blocks, locations) in rows.items():
         if count and us / count < 10.0:
             continue   # short kernels: their cost is the launch, which launch-bound covers
