@@ -1,7 +1,8 @@
 """transformers' own LlamaForCausalLM and Qwen2ForCausalLM, built from a config (no download), behind the interface
 benchmarks/models.py drives its models through: forward(idx, targets=) -> (logits, loss) for a training step (the
 loss computed by transformers, F.cross_entropy over shifted labels), and setup_cache + forward(idx, positions) for
-decoding through the model's own DynamicCache. And Liger-Kernel's patch of them, undone afterwards.
+decoding through the model's own DynamicCache (a StaticCache under CUDA graphs). And Liger-Kernel's patch of them,
+undone afterwards.
 
 Sizes as on the H100 in DESIGN.md: 12 layers, d 2048, 32 query and 8 key/value heads, SwiGLU 5632, vocabulary 32000.
 """
@@ -33,16 +34,21 @@ class CausalLM(nn.Module):
         super().__init__()
         self.model = model
         self.config = model.config
-        self.cache = None
+        self.cache, self.static = None, False
         self.at = 0          # where the tokens given go (the caller's count)
         self.length = 0      # what the cache holds (ours: no host sync to ask it)
         # the cache's keyword: `cache` where transformers has it (5.24 deprecates past_key_values), else the old one
         self.cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
-    def setup_cache(self, batch: int, length: int, dtype: torch.dtype) -> None:
+    def setup_cache(self, batch: int, length: int, dtype: torch.dtype, static: bool = False) -> None:
+        """static: a StaticCache of `length` positions, which a CUDA graph can replay (a DynamicCache grows by
+        concatenation: a replayed step would write where the captured one's tensors were, freed since)."""
         import transformers
 
-        self.cache, self.length = transformers.DynamicCache(config=self.config), 0
+        self.static = static
+        self.cache = (transformers.StaticCache(config=self.config, max_cache_len=length) if static else
+                      transformers.DynamicCache(config=self.config))
+        self.length = 0
 
     def forward(self, idx, positions=None, targets=None):
         if targets is not None:
@@ -50,12 +56,24 @@ class CausalLM(nn.Module):
             return out.logits, out.loss
         if self.cache is None:
             return self.model(input_ids=idx).logits
-        if self.length > self.at:   # a negative count: what both 5.17 and 5.24 take
-            self.cache.crop(self.at - self.length)
+        if self.static:
+            self._static_count_at(positions[:1])
+        elif self.length > self.at:   # a dynamic cache drops what lies past the position; a negative count: what
+            self.cache.crop(self.at - self.length)   # both 5.17 and 5.24 take
         out = self.model(input_ids=idx, position_ids=positions[None].expand(idx.shape[0], -1), cache_position=positions,
                          use_cache=True, **{self.cache_keyword: self.cache})
         self.length = self.at + idx.shape[1]
         return out.logits
+
+
+    def _static_count_at(self, first: torch.Tensor) -> None:
+        """A static cache writes each position in place: 5.17 where cache_position says, 5.24 where its own count
+        on the GPU says (advanced by every call), set here from the position tensor, on the GPU, so that a replayed
+        graph writes where the step it replays is."""
+        for layer in self.cache.layers:
+            count = getattr(layer, "cumulative_length", None)
+            if isinstance(count, torch.Tensor) and layer.is_initialized:
+                count.copy_(first.reshape(()))
 
 
 def build(name: str, tiny: bool) -> CausalLM:

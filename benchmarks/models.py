@@ -254,7 +254,10 @@ class Decoding:
         if mode.startswith("int8"):
             roofline.quantize_int8_weight_only(model)
         self.prompt = prompt = _sizes(args.tiny)["prompt"]
-        model.setup_cache(batch, prompt + args.tokens, torch.bfloat16)
+        # CUDA graphs (ours, or compile's reduce-overhead) replay a step: transformers' models take a StaticCache
+        replayed = "graphs" in mode or mode == "compile"
+        model.setup_cache(batch, prompt + args.tokens, torch.bfloat16,
+                          **({"static": replayed} if isinstance(model, hf_models.CausalLM) else {}))
         generator = torch.Generator(self.device).manual_seed(2)   # every mode sees the same tokens
         self.sequence = torch.randint(0, model.config.vocab_size, (batch, prompt + args.tokens), device=self.device,
                                       generator=generator)
@@ -266,8 +269,9 @@ class Decoding:
         def decode():
             return forward(self.token, self.position)[:, -1]
 
-        # transformers' models decode through their own DynamicCache, cropped to the position decoded (the
-        # host's count: warm-up decodes one position again and again); the examples' caches are static
+        # transformers' models decode through their own cache, a DynamicCache cropped to the position decoded (the
+        # host's count: warm-up decodes one position again and again) or a StaticCache written at it; the
+        # examples' caches are static
         self.cropped = isinstance(model, hf_models.CausalLM)
         with torch.inference_mode():
             model(self.sequence[:, :prompt], self.positions[:prompt])     # prefill

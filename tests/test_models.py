@@ -215,6 +215,28 @@ def test_transformers_models_train_and_decode_through_their_own_cache(tmp_path):
         assert {"rms_norm", "swiglu", "rope", "cross_entropy"} <= served
 
 
+def test_transformers_static_cache_decodes_as_the_dynamic_one():
+    """Under CUDA graphs transformers' models decode through a StaticCache (a replayed step of a DynamicCache writes
+    into tensors freed since: wrong logits, then an illegal address on an H200). Written at the position given,
+    warm-up's repeated position included, it gives the DynamicCache's logits."""
+    import hf_models
+    import transformers
+
+    torch.manual_seed(0)
+    model = hf_models.build("hf-llama", tiny=True).eval()
+    tokens, positions = torch.randint(0, 96, (2, 12)), torch.arange(12)
+    logits = {}
+    for static in (False, True):
+        model.setup_cache(2, 12, torch.float32, static=static)
+        with torch.inference_mode():
+            model(tokens[:, :6], positions[:6])
+            for at in (6, 6, 6, 7, 8, 9, 10, 11):   # position 6 decoded three times, as warm-up does
+                model.at = at
+                logits.setdefault(static, []).append(model(tokens[:, at:at + 1], positions[at:at + 1])[:, -1])
+    assert torch.allclose(torch.stack(logits[True]), torch.stack(logits[False]), atol=1e-5, rtol=1e-5)
+    assert isinstance(model.cache, transformers.StaticCache)
+
+
 def test_liger_is_undone_after_its_mode(monkeypatch):
     """Liger-Kernel replaces names in transformers' modeling file and the model class's forward, for every model of
     the process; the benchmark puts them back, so that the modes after it run unpatched."""
