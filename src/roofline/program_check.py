@@ -13,7 +13,11 @@ ROUNDS rounds, the order reversed every other round so that a drift of the machi
 is the interval from its start to the next forward's start, by CUDA events on the current stream where CUDA runs
 (no synchronization: host time shows wherever the GPU waits for it) and by perf_counter elsewhere, so a training
 step's backward and optimizer count with its forward; an interval far from the others held more than a step and
-is left out. Each round gives the ratio of its medians (off / on); the verdict is their median with the sign
+is left out, as is a forward that served some signature from a side for the first time in the process (its one-time
+costs: Triton's compilation, torch's plans for a new shape; a decode step through a growing cache meets a new length
+every step, which a steady program meets once). A trial left without enough steady forwards that way is not counted
+against the op: it is tried again once the program is quiet. Each round gives the ratio of its medians (off / on);
+the verdict is their median with the sign
 test's 95% interval over rounds. The op keeps its routes only where the whole
 interval is above 1 (faster in this program); otherwise its routed signatures go back to torch, the routes settle
 and cost nothing, and the report says so with the figures. Verdicts are cached per device and software, the
@@ -87,10 +91,11 @@ class _Clock:
 class _Trial:
     """One op's A/B: which side each forward is served by, and the marks at their starts."""
 
-    def __init__(self, op: str, clock: _Clock):
-        self.op, self.clock = op, clock
+    def __init__(self, op: str, clock: _Clock, router):
+        self.op, self.clock, self.router = op, clock, router
         self.forwards = 0
-        self.marks: list[tuple[bool, object]] = []   # (routed as decided, mark), one a forward, and a last mark
+        # (routed as decided, mark, the router's first calls so far), one a forward, and a last mark
+        self.marks: list[tuple[bool, object, int]] = []
 
     @property
     def total(self) -> int:
@@ -101,22 +106,34 @@ class _Trial:
         block, round_ = forward // BLOCK, forward // (2 * BLOCK)
         return (block % 2 == 0) != (round_ % 2 == 1)
 
+    def mark(self, on: bool) -> None:
+        self.marks.append((on, self.clock.mark(), self.router.first_calls))
+
     def ready(self) -> bool:
         """Whether every interval's end has been reached (by the GPU, where CUDA events mark them)."""
         return self.clock.ready(self.marks[-1][1])
+
+    def cold(self) -> int:
+        """Forwards that served a signature from a side for the first time."""
+        return sum(b[2] != a[2] for a, b in zip(self.marks, self.marks[1:]))
 
     def verdict(self) -> Verdict | None:
         """The verdict over the rounds that held a step on each side, or None where fewer than VALID did.
 
         An interval far from its side's median (NOT_A_STEP) held something else than a step of the program (the
         program's other work between two forwards: an evaluation, another model's turn in a benchmark, a prefill
-        among decode steps) and is left out; a round left without an interval on either side is dropped."""
-        times = [(on, self.clock.between(a, b)) for (on, a), (_, b) in zip(self.marks, self.marks[1:])]
-        typical = {side: statistics.median(t for s, t in times if s == side) for side in (True, False)}
+        among decode steps) and is left out, as is one that served a signature from a side for the first time; a
+        round left without an interval on either side is dropped."""
+        times = [(on, self.clock.between(a, b) if first == then else None)
+                 for (on, a, first), (_, b, then) in zip(self.marks, self.marks[1:])]
+        steady = {side: [t for s, t in times if s == side and t is not None] for side in (True, False)}
+        if not (steady[True] and steady[False]):
+            return None
+        typical = {side: statistics.median(steady[side]) for side in (True, False)}
         ratios, on_all, off_all = [], [], []
         for r in range(ROUNDS):
             chunk = [(side, t) for side, t in times[r * 2 * BLOCK:(r + 1) * 2 * BLOCK]
-                     if typical[side] / NOT_A_STEP <= t <= typical[side] * NOT_A_STEP]
+                     if t is not None and typical[side] / NOT_A_STEP <= t <= typical[side] * NOT_A_STEP]
             on = [t for side, t in chunk if side]
             off = [t for side, t in chunk if not side]
             if on and off:
@@ -190,7 +207,7 @@ class ProgramCheck:
             if cached is not None:
                 self._conclude(Verdict(**{**cached, "cached": True}), store=False)
                 return
-        self.trial = _Trial(op, _Clock(self.device))
+        self.trial = _Trial(op, _Clock(self.device), self.router)
         self._step(self.trial)
 
     def _step(self, trial: _Trial) -> None:
@@ -201,17 +218,20 @@ class ProgramCheck:
             return
         if trial.forwards < trial.total:
             on = trial.side(trial.forwards)
-            trial.marks.append((on, trial.clock.mark()))
+            trial.mark(on)
             (self.router.held_back.discard if on else self.router.held_back.add)(trial.op)
             trial.forwards += 1
             return
         if len(trial.marks) == trial.total:   # the last forward's end: this forward's start
-            trial.marks.append((True, trial.clock.mark()))
+            trial.mark(True)
             self.router.held_back.discard(trial.op)
         if not trial.ready():
             return
         self.trial = None
         found = trial.verdict()
+        if found is None and trial.cold():   # the program met new signatures: not yet steady, not the op's fault
+            self._quiet = 0
+            return
         self.tries[trial.op] = self.tries.get(trial.op, 0) + 1   # trials run to their end
         if found is not None:
             self._conclude(found, store=True)

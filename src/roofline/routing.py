@@ -71,6 +71,9 @@ MEASUREMENT = 4      # how decisions are made; cached ones made otherwise are ma
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # relative error, as a norm
 
 
+TORCH_SERVED, OURS_SERVED = 1, 2   # Decision.served's bits
+
+
 class _Awaited:
     """A signature that wants a gradient, awaiting the layouts of the gradients the program's backward passes to its
     outputs: hooks on the outputs of the calls torch serves meanwhile record their strides."""
@@ -102,6 +105,8 @@ class Decision:
     ours_us: float | None = None
     torch_us: float | None = None
     calls: int = 0
+    # which sides served a call of it in this process (TORCH_SERVED | OURS_SERVED): not cached with it
+    served: int = dataclasses.field(default=0, repr=False)
 
 
 class Router:
@@ -127,6 +132,10 @@ class Router:
         self.held_back: set[str] = set()   # ops whose routed calls torch serves for now (program_check's trials)
         self.measurements = 0              # signatures timed so far: each takes milliseconds of the program's time
         self.taken_back: dict[str, str] = {}   # op -> why: the program ran slower with it (program_check)
+        # Calls that were the first of their signature served by their side in this process (a cached decision's
+        # both sides, a measured one's neither): they pay one-time costs (compiling, torch's plans for a new shape),
+        # so program_check leaves out the steps that hold one
+        self.first_calls = 0
 
     def call(self, op: str, why_not, ours, theirs, *args, **kwargs):
         return self.serve(op, why_not, ours, theirs, args, kwargs)[0]
@@ -149,7 +158,12 @@ class Router:
                 if awaited is not None:
                     awaited.watch(output)
                 return output, None
-        if decision.ours and self.held_back and key[0] in self.held_back:
+        held_back = decision.ours and key[0] in self.held_back
+        side = OURS_SERVED if decision.ours and not held_back else TORCH_SERVED
+        if not decision.served & side:
+            decision.served |= side
+            self.first_calls += 1
+        if held_back:
             decision.calls += 1
             return theirs(*args, **kwargs), decision
         if decision.ours and not decision.calls:
@@ -214,6 +228,7 @@ class Router:
                 self.measured[op] += 1
                 strides = None if awaited is None else awaited.strides
                 decision = self._measure(op, ours, theirs, args, kwargs, grad, signature, strides)
+                decision.served = TORCH_SERVED | OURS_SERVED   # the measurement ran both at this signature
                 if self._persist and decision.ours_us is not None:
                     _store(cache_key, args, decision)
         if len(self.decisions) < DECISIONS_KEPT:
@@ -448,5 +463,5 @@ def _cached(key: str, args) -> dict | None:
 def _store(key: str, args, decision: Decision) -> None:
     name = _cache_name(args)
     entries = _device.read_cache(CACHE).get(name, {})
-    entries[key] = dataclasses.asdict(decision)
+    entries[key] = {k: v for k, v in dataclasses.asdict(decision).items() if k != "served"}
     _device.write_cache(CACHE, name, entries)
