@@ -56,13 +56,14 @@ class CausalLM(nn.Module):
             return out.logits, out.loss
         if self.cache is None:
             return self.model(input_ids=idx).logits
-        if self.static:
+        if self.static:   # nothing read from the host's count: torch.compile would specialize on it, a step each
             self._static_count_at(positions[:1])
-        elif self.length > self.at:   # a dynamic cache drops what lies past the position; a negative count: what
-            self.cache.crop(self.at - self.length)   # both 5.17 and 5.24 take
+        else:
+            if self.length > self.at:   # a dynamic cache drops what lies past the position; a negative count: what
+                self.cache.crop(self.at - self.length)   # both 5.17 and 5.24 take
+            self.length = self.at + idx.shape[1]
         out = self.model(input_ids=idx, position_ids=positions[None].expand(idx.shape[0], -1), cache_position=positions,
                          use_cache=True, **{self.cache_keyword: self.cache})
-        self.length = self.at + idx.shape[1]
         return out.logits
 
 

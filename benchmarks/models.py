@@ -196,7 +196,8 @@ def _train(name: str, mode: str, model, args) -> dict:
         run = step
         for _ in range(args.warmup):
             losses.append(run().clone())
-        _until_judged(patched, run)
+        # steps patch's judge asks for count as steps: the losses stay comparable with eager's step by step
+        _until_judged(patched, lambda: losses.append(run().clone()))
     first_s = time.perf_counter() - start
     warmup_peak = _warmup_peak_gib(device)
     timer = StepTimer(device)
