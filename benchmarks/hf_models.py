@@ -1,8 +1,8 @@
 """transformers' own LlamaForCausalLM and Qwen2ForCausalLM, built from a config (no download), behind the interface
 benchmarks/models.py drives its models through: forward(idx, targets=) -> (logits, loss) for a training step (the
 loss computed by transformers, F.cross_entropy over shifted labels), and setup_cache + forward(idx, positions) for
-decoding through the model's own DynamicCache (a StaticCache under CUDA graphs). And Liger-Kernel's patch of them,
-undone afterwards.
+decoding through the model's own DynamicCache (a StaticCache under CUDA graphs and compile). And Liger-Kernel's
+patch of them, undone afterwards.
 
 Sizes as on the H100 in DESIGN.md: 12 layers, d 2048, 32 query and 8 key/value heads, SwiGLU 5632, vocabulary 32000.
 """
@@ -27,16 +27,17 @@ FAMILIES = {"hf-llama": ("LlamaForCausalLM", "LlamaConfig", "llama"),
 
 
 class CausalLM(nn.Module):
-    """A transformers causal LM as models.py calls its models. Decoding crops the cache to `at`, the position of
-    the tokens given (set by the caller, on the host: warm-up steps decode one position again and again)."""
+    """A transformers causal LM as models.py calls its models. Decoding through a DynamicCache crops it to `at`, the
+    position of the tokens given (set by the caller, on the host: warm-up steps decode one position again and
+    again); a StaticCache is written at the positions given, on the GPU."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
         self.config = model.config
         self.cache, self.static = None, False
-        self.at = 0          # where the tokens given go (the caller's count)
-        self.length = 0      # what the cache holds (ours: no host sync to ask it)
+        self.at = 0          # where the tokens given go (the caller's count; a DynamicCache's only)
+        self.length = 0      # what a DynamicCache holds (ours: no host sync to ask it)
         # the cache's keyword: `cache` where transformers has it (5.24 deprecates past_key_values), else the old one
         self.cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -66,12 +67,13 @@ class CausalLM(nn.Module):
                          use_cache=True, **{self.cache_keyword: self.cache})
         return out.logits
 
-
     def _static_count_at(self, first: torch.Tensor) -> None:
         """A static cache writes each position in place: 5.17 where cache_position says, 5.24 where its own count
         on the GPU says (advanced by every call), set here from the position tensor, on the GPU, so that a replayed
         graph writes where the step it replays is."""
         for layer in self.cache.layers:
+            if hasattr(layer, "cumulative_length_int"):   # a sliding window's count is the host's: not set here
+                raise NotImplementedError("decoding transformers' sliding-window caches under CUDA graphs")
             count = getattr(layer, "cumulative_length", None)
             if isinstance(count, torch.Tensor) and layer.is_initialized:
                 count.copy_(first.reshape(()))

@@ -121,39 +121,60 @@ def test_a_signature_measured_mid_trial_starts_the_trial_again_later():
     assert model.check.verdicts["double"].kept
 
 
+def _model_of_a_new_process():
+    """A Doubler whose torch side takes 1 ms, and 15 more the first time its process sees a length (as cuDNN builds
+    a plan for a new shape), and roofline's 3 ms: slower, once the program repeats its shapes. Its router keeps its
+    decisions in the cache, as a later run of the program reads them."""
+    seen = set()
+
+    def theirs(x):
+        _sleeper(1.0 if x.numel() in seen else 16.0)(x)
+        seen.add(x.numel())
+        return x * 2
+    model = Doubler(3.0, 1.0)
+    model.router = routing.Router(timer=Timer(), persist=True)
+    model.route = routing.Route(model.router, "double", lambda x: None, _sleeper(3.0), theirs, "double")
+    model.check = ProgramCheck(model.router, [model.route], persist=False)
+    model._forward_pre_hooks.clear()
+    model.register_forward_pre_hook(model.check)
+    return model
+
+
 def test_forwards_that_meet_a_signature_for_the_first_time_are_no_steady_steps(monkeypatch, tmp_path):
     """A decode step through a growing cache meets a new length every step; torch's first call at a shape can cost
-    milliseconds (cuDNN builds a plan: transformers' Llama's attention, decoded on an H200, judged 6x faster in a
-    first pass). Those forwards are left out, and the trial is tried again, not counted against the op, until the
-    program repeats its shapes: then roofline's slower side is seen for what it is."""
+    milliseconds (transformers' Llama's attention, decoded on an H200, was judged 6x faster in a first pass). Those
+    forwards are left out, and their trials are not counted against the op, until the program repeats its shapes:
+    then roofline's slower side is seen for what it is."""
     monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))
-    lengths = range(1, 31)   # under routing.MEASURED_PER_OP: each length measured and cached as roofline's
-
-    def model_of_a_new_process():
-        seen = set()
-
-        def theirs(x):   # 1 ms, and 15 more the first time this process sees the length
-            _sleeper(1.0 if x.numel() in seen else 16.0)(x)
-            seen.add(x.numel())
-            return x * 2
-        model = Doubler(3.0, 1.0)
-        model.router = routing.Router(timer=Timer(), persist=True)
-        model.route = routing.Route(model.router, "double", lambda x: None, _sleeper(3.0), theirs, "double")
-        model.check = ProgramCheck(model.router, [model.route], persist=False)
-        model._forward_pre_hooks.clear()
-        model.register_forward_pre_hook(model.check)
-        return model
-
-    first = model_of_a_new_process()
+    monkeypatch.setattr(routing, "MEASURED_PER_OP", 200)
+    lengths = range(1, 101)   # two trials' worth and more, each forward at a length new to the process
+    first = _model_of_a_new_process()
     for n in lengths:   # decides (and caches) every length: roofline's, by the loop's say
         _run(first, 1, torch.ones(n))
-    model = model_of_a_new_process()   # the cached decisions: no measurement, every length new to both sides
+    model = _model_of_a_new_process()   # the cached decisions: no measurement, every length new to both sides
     for n in lengths:
         _run(model, 1, torch.ones(n))
     assert "double" not in model.check.verdicts and model.check.tries.get("double", 0) == 0
-    _run(model, 2 * ENOUGH, torch.ones(30))   # the same length again and again: steady
+    assert model.check.cold_tries["double"] >= 2
+    _run(model, 2 * ENOUGH, torch.ones(100))   # the same length again and again: steady
     verdict = model.check.verdicts["double"]
     assert not verdict.kept and verdict.rounds >= VALID and verdict.on_ms > verdict.off_ms
+
+
+def test_a_program_that_never_repeats_its_shapes_is_not_judged_forever(monkeypatch, tmp_path):
+    monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(routing, "MEASURED_PER_OP", 1000)
+    monkeypatch.setattr(program_check, "COLD_TRIES", 1)
+    lengths = range(1, 4 * ENOUGH)
+    first = _model_of_a_new_process()
+    for n in lengths:
+        _run(first, 1, torch.ones(n))
+    model = _model_of_a_new_process()
+    for n in lengths:
+        _run(model, 1, torch.ones(n))
+    verdict = model.check.verdicts["double"]   # one trial not counted, then TRIES counted: taken back, unjudged
+    assert model.check.cold_tries["double"] == 1 and not verdict.kept and verdict.rounds == 0
+    assert "kept meeting new shapes" in str(verdict) and not model.router.held_back
 
 
 def test_a_verdict_is_cached_and_applied_at_once_by_a_later_run(monkeypatch, tmp_path):

@@ -7,22 +7,21 @@ transformers' Llama decoded slower patched than unpatched on one machine and muc
 program itself is the measurement.
 
 Once the routes' decisions are made and the program is in its steady state (QUIET forwards of the model in a row
-with no signature measured: a measurement takes milliseconds of the program's time), each op that roofline serves somewhere (layer_norm, swiglu, attention, ...) is put on
-trial: its routed calls are served as decided (on) and by torch (off) in alternating blocks of BLOCK forwards,
-ROUNDS rounds, the order reversed every other round so that a drift of the machine falls on both. A forward's time
-is the interval from its start to the next forward's start, by CUDA events on the current stream where CUDA runs
-(no synchronization: host time shows wherever the GPU waits for it) and by perf_counter elsewhere, so a training
-step's backward and optimizer count with its forward; an interval far from the others held more than a step and
-is left out, as is a forward that served some signature from a side for the first time in the process (its one-time
-costs: Triton's compilation, torch's plans for a new shape; a decode step through a growing cache meets a new length
-every step, which a steady program meets once). A trial left without enough steady forwards that way is not counted
-against the op: it is tried again once the program is quiet. Each round gives the ratio of its medians (off / on);
-the verdict is their median with the sign
-test's 95% interval over rounds. The op keeps its routes only where the whole
-interval is above 1 (faster in this program); otherwise its routed signatures go back to torch, the routes settle
-and cost nothing, and the report says so with the figures. Verdicts are cached per device and software, the
-model's class and parameters, and the op's routed signatures: a later run of the same program applies them at
-once.
+with no signature measured: a measurement takes milliseconds of the program's time), each op that roofline serves
+somewhere (layer_norm, swiglu, attention, ...) is put on trial: its routed calls are served as decided (on) and by
+torch (off) in alternating blocks of BLOCK forwards, ROUNDS rounds, the order reversed every other round so that a
+drift of the machine falls on both. A forward's time is the interval from its start to the next forward's start, by
+CUDA events on the current stream where CUDA runs (no synchronization: host time shows wherever the GPU waits for
+it) and by perf_counter elsewhere, so a training step's backward and optimizer count with its forward; an interval
+far from the others held more than a step and is left out, as is a forward that served some signature from a side
+for the first time in the process (its one-time costs: Triton's compilation, torch's plans for a new shape; a decode
+step through a growing cache meets a new length every step, which a steady program meets once). A trial left without
+enough steady forwards that way is not counted against the op, up to COLD_TRIES times: it is tried again once the
+program is quiet. Each round gives the ratio of its medians (off / on); the verdict is their median with the sign
+test's 95% interval over rounds. The op keeps its routes only where the whole interval is above 1 (faster in this
+program); otherwise its routed signatures go back to torch, the routes settle and cost nothing, and the report says
+so with the figures. Verdicts are cached per device and software, the model's class and parameters, and the op's
+routed signatures: a later run of the same program applies them at once.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ VALID = 6     # rounds a verdict needs (the fewest that give a 95% interval), on
 BLOCK = 2     # forwards a side serves in a row: a program that calls its model twice a step gets one of each
 QUIET = 2     # forwards in a row with no signature measured before a trial starts
 TRIES = 2     # trials an op gets before an unsteady program's op goes back to torch, unjudged
+COLD_TRIES = 8   # trials more, not counted, while the program still meets new signatures (see _step)
 NOT_A_STEP = 3.0   # an interval this many times its side's median, or its inverse, held something else than a step
 CACHE = "program_checks.json"
 
@@ -59,7 +59,8 @@ class Verdict:
 
     def __str__(self) -> str:
         if not self.rounds:
-            return (f"{self.op}: taken back: the program's steps varied too much, in {TRIES} trials, to show it "
+            return (f"{self.op}: taken back: the program's steps varied too much, or kept meeting new shapes, in "
+                    f"{TRIES} trials, to show it "
                     "faster")
         said = (f"{self.op}: {'kept' if self.kept else 'taken back'}: in this program a step took {self.on_ms:.3f} "
                 f"ms with roofline's {self.op} and {self.off_ms:.3f} ms with torch's, {self.speedup:.3f}x "
@@ -117,14 +118,14 @@ class _Trial:
         """Forwards that served a signature from a side for the first time."""
         return sum(b[2] != a[2] for a, b in zip(self.marks, self.marks[1:]))
 
-    def verdict(self) -> Verdict | None:
+    def verdict(self, cold_too: bool = False) -> Verdict | None:
         """The verdict over the rounds that held a step on each side, or None where fewer than VALID did.
 
         An interval far from its side's median (NOT_A_STEP) held something else than a step of the program (the
         program's other work between two forwards: an evaluation, another model's turn in a benchmark, a prefill
         among decode steps) and is left out, as is one that served a signature from a side for the first time; a
         round left without an interval on either side is dropped."""
-        times = [(on, self.clock.between(a, b) if first == then else None)
+        times = [(on, self.clock.between(a, b) if first == then or cold_too else None)
                  for (on, a, first), (_, b, then) in zip(self.marks, self.marks[1:])]
         steady = {side: [t for s, t in times if s == side and t is not None] for side in (True, False)}
         if not (steady[True] and steady[False]):
@@ -157,6 +158,7 @@ class ProgramCheck:
         self.verdicts: dict[str, Verdict] = {}
         self.trial: _Trial | None = None
         self.tries: dict[str, int] = {}   # trials run to their end, by op
+        self.cold_tries: dict[str, int] = {}   # trials not counted: new signatures cost them their verdict
         self._measured = -1     # the router's count of measurements at the last forward
         self._quiet = 0
         self._scanned = -1      # the router's count of decisions when every routed op was last found judged
@@ -164,7 +166,11 @@ class ProgramCheck:
 
     def pending(self) -> bool:
         """Whether an op roofline serves is still to be judged (a trial runs, or one is yet to start)."""
-        return self.trial is not None or any(op not in self.verdicts for op in self._routed_ops())
+        return self.trial is not None or bool(self.unjudged())
+
+    def unjudged(self) -> list[str]:
+        """The ops roofline serves somewhere that have no verdict yet."""
+        return [op for op in self._routed_ops() if op not in self.verdicts]
 
     def __call__(self, module, args) -> None:
         if torch.compiler.is_compiling() or _capturing():
@@ -229,7 +235,11 @@ class ProgramCheck:
             return
         self.trial = None
         found = trial.verdict()
-        if found is None and trial.cold():   # the program met new signatures: not yet steady, not the op's fault
+        if (found is None and trial.cold() and self.cold_tries.get(trial.op, 0) < COLD_TRIES
+                and trial.verdict(cold_too=True) is not None):
+            # the forwards that met new signatures are what left it without a verdict: the program is not steady
+            # yet, which is not the op's fault; a program that never repeats its shapes ends as an unsteady one
+            self.cold_tries[trial.op] = self.cold_tries.get(trial.op, 0) + 1
             self._quiet = 0
             return
         self.tries[trial.op] = self.tries.get(trial.op, 0) + 1   # trials run to their end

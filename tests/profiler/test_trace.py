@@ -103,3 +103,18 @@ def test_values_split_across_read_chunks(monkeypatch):
     events = list(iter_events(text, meta))
     assert events == [{"name": "a long name to cut", "ts": 1234.5678}, {"name": "b", "ts": 98765}]
     assert meta == {"schemaVersion": 123456789, "tail": [1, 2500.0, True, None]}
+
+
+@pytest.mark.parametrize("gpu_tail_us", [0.0, 300.0])
+def test_the_window_ends_with_the_last_step_not_the_profiler_s_own_work_after_it(tmp_path, gpu_tail_us):
+    """The hook that marks the last step stops the recording inside optimizer.step(): that op runs on past the
+    step's end (the profiler collecting its trace), which the window must not count as the step's idle (on two
+    H200 ranks it made a recorded step 62.57 ms where the steps' mean was 48.85). GPU work launched within the
+    steps still ends the window wherever it runs."""
+    b = TraceBuilder()
+    b.step(0, 1000, 0)
+    b.step(1000, 1000, 1)
+    b.op("Optimizer.step#AdamW.step", 1800, 700)   # 500 us past the last step: the profiler's own
+    b.kernel("void fill_kernel", 1900, 90 + gpu_tail_us, launch_ts=1850)
+    trace = load(b.write(tmp_path / "t.json"))
+    assert trace.start == 0 and trace.end == pytest.approx(2000 + max(gpu_tail_us - 10, 0.0))

@@ -113,8 +113,9 @@ class Rank:
 
     @property
     def stretch(self) -> float | None:
-        """How much longer a step took recorded than unrecorded."""
-        return self.step_ms / self.unprofiled_ms if self.step_ms and self.unprofiled_ms else None
+        """How much longer a step took recorded than unrecorded: the recorded steps' mean, as the rank's own report
+        says it (profiler.overhead) and as its per-step figures (hooks among them) are means."""
+        return self.mean_step_ms / self.unprofiled_ms if self.mean_step_ms and self.unprofiled_ms else None
 
     @property
     def not_computing_ms(self) -> float | None:

@@ -15,7 +15,7 @@ its Hopper partitioning fails, at 64 it doubles the work). Here it is written ou
                               P V, and block j's softmax runs while that product does; each slot is handed back
                               (its "empty" mbarrier) once the product reading it has retired. Each warpgroup a
                               partition of its own (MMA_PARTS), optionally taking turns to issue (PINGPONG), and
-                              optionally rescaling O while the next S runs (RESCALE_UNDER_S; not yet timed)
+                              optionally rescaling O while the next S runs (RESCALE_UNDER_S; slower where timed)
 
 Same conventions as attention.py's forward: bottom-right causal alignment, grouped-query heads (query head h reads
 key head h // group), a query that sees no key gets zeros and a log-sum-exp of -inf, the log-sum-exp saved in
@@ -57,10 +57,12 @@ MMA_WARPS = 8   # the two MMA warpgroups
 # each waits only on its own work); on the H200 two were 1.21x one, bf16 at head dim 128 (h200-attention.md)
 MMA_PARTS = 2
 # With two: FA3's ping-pong, each partition issues its products only after the other has issued its own (turn
-# mbarriers), instead of leaving the order to the warp schedulers; tune_ops times both
+# mbarriers), instead of leaving the order to the warp schedulers; on the H200 it ran 0.95-1.02x as fast as without
+# over two runs, within their spread (h200-attention.md): off
 PINGPONG = False
 # O rescaled by the last block's factor while this block's S = Q K^T runs (FA3's order: off the path from one P V to
-# the next issue), instead of after P V has retired; tune_ops times both
+# the next issue), instead of after P V has retired; on the H200 it ran 0.94-0.99x as fast as without
+# (h200-attention.md, run 3): off
 RESCALE_UNDER_S = False
 MMA_REGISTERS = 240   # a thread of the MMA warpgroups; Triton leaves the producer's warpgroup 24
 # At launch, a thread of each of the 12 warps: 168 x 384 threads = 24 x 128 + 240 x 256, the whole budget that
