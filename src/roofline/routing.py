@@ -106,7 +106,7 @@ class Decision:
     torch_us: float | None = None
     calls: int = 0
     # which sides served a call of it in this process (TORCH_SERVED | OURS_SERVED): not cached with it
-    served: int = dataclasses.field(default=0, repr=False)
+    served: int = dataclasses.field(default=0, repr=False, compare=False)
 
 
 class Router:
@@ -158,7 +158,7 @@ class Router:
                 if awaited is not None:
                     awaited.watch(output)
                 return output, None
-        held_back = decision.ours and key[0] in self.held_back
+        held_back = decision.ours and self.held_back and key[0] in self.held_back
         side = OURS_SERVED if decision.ours and not held_back else TORCH_SERVED
         if not decision.served & side:
             decision.served |= side
