@@ -4,7 +4,7 @@ communication figures against the step time they claim.
     python benchmarks/distributed.py OUT_DIR ladder --task gpt2 [--parallel ddp fsdp2] [--skip RUNG ...]
     python benchmarks/distributed.py OUT_DIR profile [--nproc 2]
     python benchmarks/distributed.py OUT_DIR fsdp2-advice [--repeats 3]
-    python benchmarks/distributed.py OUT_DIR sync-advice [--repeats 3]
+    python benchmarks/distributed.py OUT_DIR sync-advice [--rounds 9]
 
 ladder: `roofline ladder --nproc-per-node N examples/ladder_tasks.py:TASK` (GPT-2 small or the Llama-style model,
 their full sizes): every rung on one GPU, then on N ranks; tokens/s per GPU, scaling efficiency, MFU, peak memory
@@ -28,9 +28,11 @@ the blocks in 4 groups kept gathered (--fsdp2-groups 4), `--repeats` times each,
 against the difference of the medians. Writes OUT_DIR/fsdp2-advice.md and .json.
 
 sync-advice: the host-sync findings' estimate against their advice applied: examples/ddp_train.py with rank 0
-printing its loss every step (--log-every 1: loss.item(), a host sync on one rank) profiled, and timed unprofiled
-with and without it, `--repeats` times each, in turns; the finding's gain (none where it estimates under 1% of a
-step) against the difference of the medians. Writes OUT_DIR/sync-advice.md and .json.
+printing its loss every step (--log-every 1: loss.item(), a host sync on one rank) profiled; and unprofiled, in one
+run, rank 0 printing in turns of TURN steps, printing then not (--log-in-turns), `--rounds` pairs of turns: what a
+print costs the step after it, the median over the pairs with the sign test's 95% interval (separate runs moved
+by 26-37 ms on one machine, where the print costs about 1 ms); the finding's gain (none where it estimates under
+1% of a step) against it. Writes OUT_DIR/sync-advice.md and .json.
 
 recording: what recording costs a rank's step: the same DDP GPT-2 step on N ranks, plain and under each way of
 recording it (torch.profiler with CUDA activity only, with CPU and CUDA activity, roofline.profile() and it
@@ -54,9 +56,12 @@ from unittest import mock
 
 import torch
 
+from roofline.bench.stats import median_ci
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "ddp_train.py")
 STEPS = 30
+TURN = 6   # sync-advice: steps a turn of printing, and of not
 SLOW_MS = 20.0
 LARGER_BUCKETS_MB = 100   # the exposed-communication finding's first advice, against DDP's default 25 MB
 
@@ -85,13 +90,20 @@ def _ms(value) -> str:
 
 def _train(nproc: int, *args: str) -> float:
     """examples/ddp_train.py's median step time (ms): on one GPU without DDP, or on nproc ranks by torchrun."""
+    return float(_example(nproc, r"step time ([\d.]+) ms", "--steps", str(STEPS), *args).group(1))
+
+
+def _example(nproc: int, said: str, *args: str) -> re.Match:
+    """examples/ddp_train.py run with args, on one GPU (nproc 1: no DDP) or on nproc ranks by torchrun: where its
+    output matches the pattern `said`."""
     launch = [sys.executable, EXAMPLE] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), EXAMPLE]
-    done = subprocess.run([*launch, "--steps", str(STEPS), *args], capture_output=True, text=True, timeout=600)
-    found = re.search(r"step time ([\d.]+) ms", done.stdout)
+    done = subprocess.run([*launch, *args], capture_output=True, text=True, timeout=600)
+    found = re.search(said, done.stdout, re.MULTILINE)
     if done.returncode or not found:
-        raise RuntimeError(f"{' '.join(launch)} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return float(found.group(1))
+        raise RuntimeError(f"{' '.join(launch)} failed ({done.returncode}):\n{done.stdout[-2000:]}"
+                           f"{done.stderr[-2000:]}")
+    return found
 
 
 def _profile(nproc: int, json_path: Path, *args: str) -> dict:
@@ -198,21 +210,27 @@ def fsdp2_advice(out: Path, nproc: int, repeats: int) -> None:
     print("\n".join(lines))
 
 
-def sync_advice(out: Path, nproc: int, repeats: int) -> None:
-    logging, quiet = [], []
-    for _ in range(repeats):   # in turns: a drift of the machine moves both
-        logging.append(_train(nproc, "--log-every", "1"))
-        quiet.append(_train(nproc))
-    measured = statistics.median(logging) - statistics.median(quiet)
+def _print_in_turns(nproc: int, rounds: int) -> list[tuple[float, float]]:
+    """examples/ddp_train.py --log-in-turns TURN on nproc ranks: each pair of turns' median step after a print and
+    after none (ms)."""
+    found = _example(nproc, r"the print in turns.*?: ([\d./ ]+)$", "--log-in-turns", str(TURN),
+                     "--steps", str(5 + 2 * TURN * rounds + 1))   # a turn's last print shows in the step after
+    return [tuple(map(float, pair.split("/"))) for pair in found.group(1).split()]
+
+
+def sync_advice(out: Path, nproc: int, rounds: int) -> None:
+    pairs = _print_in_turns(nproc, rounds)
+    low, measured, high = median_ci([a - b for a, b in pairs])
+    after_print, after_none = (statistics.median(side) for side in zip(*pairs))
     ranks = _profile(nproc, out / "profile-sync.json", "--log-every", "1")
     finding = next((f for f in ranks["findings"] if f["id"].startswith("host-sync")), None)
     rows = [x for x in ranks["host_syncs"] if "ddp_train.py" in x["where"]]
     lines = [f"examples/ddp_train.py --log-every 1 (rank 0 prints its loss each step; GPT-2 small, bf16, DDP, 8 x 1024 "
              f"tokens a rank) on {_machine(nproc)}, torch {torch.__version__}", "",
-             f"Unprofiled, {repeats} runs each in turns (a run's step: the median of steps 6 to {STEPS}): printing "
-             f"{statistics.median(logging):.2f} ms ({', '.join(f'{t:.2f}' for t in logging)}); not printing "
-             f"{statistics.median(quiet):.2f} ms ({', '.join(f'{t:.2f}' for t in quiet)}): the sync costs "
-             f"{measured:.2f} ms a step.", "",
+             f"Unprofiled, one run, rank 0 printing in turns of {TURN} steps, printing then not, {len(pairs)} pairs "
+             f"of turns (the first 2 steps of a turn left out): a step after a print {after_print:.2f} ms, after "
+             f"none {after_none:.2f} ms; the print costs {measured:.2f} ms a step (95% interval {low:.2f} to "
+             f"{high:.2f}; the pairs' differences: {', '.join(f'{a - b:.2f}' for a, b in pairs)}).", "",
              "| line | call | ranks | calls a step | host wait ms | GPU idle it costs ms |", "|---|---|---|---|---|---|",
              *(f"| {x['where']} | {x['call']} | {', '.join(map(str, x['ranks']))} | {x['calls']:g} | "
                f"{', '.join(map(_ms, x['wait_ms']))} | {', '.join(map(_ms, x['gain_ms']))} |" for x in rows), "",
@@ -222,7 +240,7 @@ def sync_advice(out: Path, nproc: int, repeats: int) -> None:
                                           "measured"), ""]
     (out / "sync-advice.md").write_text("\n".join(lines))
     (out / "sync-advice.json").write_text(json.dumps(
-        {"logging_ms": logging, "quiet_ms": quiet, "measured_gain_ms": measured, "finding": finding,
+        {"pairs_ms": pairs, "measured_gain_ms": measured, "interval_ms": [low, high], "finding": finding,
          "host_syncs": rows, "ranks": ranks["ranks"]}, indent=1))
     print("\n".join(lines))
 
@@ -324,6 +342,8 @@ def main() -> None:
     parser.add_argument("--parallel", nargs="+", default=["ddp", "fsdp2"])
     parser.add_argument("--skip", nargs="*", default=[], help="rungs to leave out, by name")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=9, help="sync-advice: pairs of turns (6 at least: the 95% "
+                        "interval needs them)")
     args = parser.parse_args()
     if args.nproc < 2:
         parser.error("--nproc: 2 ranks at least (default: the GPUs here)")
@@ -335,7 +355,7 @@ def main() -> None:
     elif args.what == "fsdp2-advice":
         fsdp2_advice(args.out, args.nproc, args.repeats)
     elif args.what == "sync-advice":
-        sync_advice(args.out, args.nproc, args.repeats)
+        sync_advice(args.out, args.nproc, args.rounds)
     else:
         profile(args.out, args.nproc, args.repeats)
 

@@ -7,9 +7,10 @@
 bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens a rank (each rank its own random batch). DDP reduces the
 gradients in buckets while the backward runs; --bucket-cap-mb sets their size (DDP's default: 25), --slow-rank R
 makes rank R sleep --slow-ms after each step (a planted straggler: a rank that loads its data late), --log-every N
-makes rank 0 print the loss every N steps (a host sync on one rank). On CPUs it
-trains a two-layer model of the same code over gloo in seconds. Rank 0 prints the median step time of the steps
-after the first five (CUDA events between steps, no synchronization in the loop but --log-every's).
+makes rank 0 print the loss every N steps (a host sync on one rank), and --log-in-turns N in turns of N steps,
+printing then not: the print's cost measured in one run. On CPUs it trains a two-layer model of the same code over
+gloo in seconds. Rank 0 prints the median step time of the steps after the first five (CUDA events between steps,
+no synchronization in the loop but the prints').
 """
 
 import argparse
@@ -27,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 
 TINY = dict(vocab_size=96, max_seq=64, n_layer=2, n_head=2, d_model=32)
+WARM = 5         # steps before the timed ones
+SETTLING = 2     # steps of a turn not timed: the host's lead over its GPU builds up again after a print
 
 
 def main(argv=None):
@@ -44,7 +47,12 @@ def main(argv=None):
     p.add_argument("--slow-ms", type=float, default=20.0)
     p.add_argument("--log-every", type=int, default=0, help="rank 0 prints the loss every N steps: loss.item() "
                    "waits for its GPU (a host sync on one rank)")
+    p.add_argument("--log-in-turns", type=int, default=0, metavar="N", help="rank 0 prints the loss in turns of N "
+                   "steps, printing then not, after the first five; it then prints each pair of turns' median step "
+                   "after a print and after none")
     args = p.parse_args(argv)
+    if args.log_in_turns and (args.log_every or args.log_in_turns <= SETTLING):
+        p.error(f"--log-in-turns: more than {SETTLING} steps a turn, without --log-every")
     if args.fsdp2_groups < 0 or (args.fsdp2_groups and not args.fsdp2):
         p.error("--fsdp2-groups: a positive number of groups, with --fsdp2")
 
@@ -81,7 +89,7 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-4, fused=gpu)
     generator = torch.Generator(device).manual_seed(rank)   # each rank its own data
     vocab = model.config.vocab_size
-    marks = []
+    marks, printed = [], []
     for step in range(args.steps):
         idx = torch.randint(0, vocab, (args.batch, args.seq), device=device, generator=generator)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu):
@@ -91,17 +99,39 @@ def main(argv=None):
         optimizer.zero_grad(set_to_none=True)
         if rank == args.slow_rank:
             time.sleep(args.slow_ms / 1e3)   # a rank late to every next collective
-        if rank == 0 and args.log_every and (step + 1) % args.log_every == 0:
+        printed.append(rank == 0 and _prints(step, args))
+        if printed[-1]:
             print(f"step {step + 1}: loss {loss.item():.4f}")
         marks.append(_mark(gpu))
     if rank == 0:
         world = dist.get_world_size() if several else 1
         print(f"final loss {loss.item():.4f} after {args.steps} steps on {world} rank{'s' if world > 1 else ''}")
-        times = _elapsed_ms(marks[4:], gpu)
-        if times:
-            print(f"step time {statistics.median(times):.2f} ms (the median of steps 6 to {args.steps})")
+        times = _elapsed_ms(marks, gpu)   # times[j]: step j + 1, after step j's print if it printed
+        if times[WARM - 1:]:
+            print(f"step time {statistics.median(times[WARM - 1:]):.2f} ms (the median of steps 6 to {args.steps})")
+        if args.log_in_turns:
+            pairs = _turns(times, args.log_in_turns)
+            print("the print in turns, a step after a print / after none (ms): "
+                  + " ".join(f"{a:.3f}/{b:.3f}" for a, b in pairs))
     if several:
         dist.destroy_process_group()
+
+
+def _prints(step: int, args) -> bool:
+    if args.log_every:
+        return (step + 1) % args.log_every == 0
+    return bool(args.log_in_turns) and step >= WARM and (step - WARM) // args.log_in_turns % 2 == 0
+
+
+def _turns(times: list[float], n: int) -> list[tuple[float, float]]:
+    """Each pair of turns' medians: the steps after a print, the steps after none (the first SETTLING of each
+    turn left out). A print waits for the GPU at a step's end, and the GPU then idles at the next step's start."""
+    pairs = []
+    for start in range(WARM, len(times) - 2 * n + 1, 2 * n):
+        after_print = times[start + SETTLING:start + n]
+        after_none = times[start + n + SETTLING:start + 2 * n]
+        pairs.append((statistics.median(after_print), statistics.median(after_none)))
+    return pairs
 
 
 def _mark(gpu: bool):
