@@ -264,8 +264,13 @@ def row_sweeps(quick: bool) -> list[bench.Sweep]:
 ATTENTION_HEADLINE = (4, 32, 4096, 128)   # batch, heads, sequence, head_dim: the issue's shape
 
 
-def _attention_providers(causal: bool) -> dict:
+def _attention_providers(causal: bool, head_dims) -> dict:
+    """SDPA's flash and cuDNN backends and flash_attention; on a Hopper GPU, where every head dim swept is one
+    flash_attention routes to its Hopper forward, also flash_attention with that forward on (opt-in,
+    ROOFLINE_SM90_ATTENTION), call by call: both forwards as eager code calls them, in the same turns."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from roofline.ops import attention
 
     def sdpa(backend):
         def run(q, k, v):
@@ -273,8 +278,23 @@ def _attention_providers(causal: bool) -> dict:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return run
 
+    def flash(sm90: bool):
+        def run(q, k, v):
+            before, attention.SM90_FORWARD = attention.SM90_FORWARD, sm90
+            try:
+                return ops.flash_attention(q, k, v, causal, backend="triton")
+            finally:
+                attention.SM90_FORWARD = before
+        return run
+
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    if hopper:
+        from roofline.ops import attention_sm90
+
+        hopper = set(head_dims) <= set(attention_sm90.ROUTED_HEAD_DIMS)
     return {"sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-            OURS: lambda q, k, v: ops.flash_attention(q, k, v, causal, backend="triton")}
+            OURS: flash(False),
+            **({OURS + ", Hopper forward": flash(True)} if hopper else {})}
 
 
 def attention_sweeps(quick: bool) -> list[bench.Sweep]:
@@ -298,7 +318,7 @@ def attention_sweeps(quick: bool) -> list[bench.Sweep]:
             return forward * (3.5 if backward else 1.0)
 
         providers = [bench.Provider(p, _fwd_bwd(fn) if backward else fn)
-                     for p, fn in _attention_providers(causal).items()]
+                     for p, fn in _attention_providers(causal, {s[3] for s in shapes}).items()]
         # bf16 attention from different kernels agrees to a few bf16 ulps; gradients less closely
         rtol, atol = (0.05, 0.05) if backward else (0.02, 0.02)
         out.append(bench.Sweep(name=name, x_name="shape", x_values=list(by_x), inputs=inputs, providers=providers,

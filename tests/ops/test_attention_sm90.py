@@ -190,6 +190,23 @@ def test_matches_float64_within_twice_torchs_error(hopper_forward, shape, causal
     assert_within_twice_torchs_error(("output", "dq", "dk", "dv"), ours, exact, theirs, dtype)
 
 
+def test_the_setting_is_read_at_each_call(monkeypatch):
+    """SM90_FORWARD set call by call (a benchmark timing both forwards as eager code calls them) takes effect at the
+    next call, with no plans cleared: plans and call signatures hold it."""
+    monkeypatch.setattr(sm90, "supports", lambda q, k, scale: True)   # as on a Hopper GPU
+    monkeypatch.setattr(sm90, "Sm90Forward", lambda *args: lambda q, k, v: (torch.zeros_like(q),
+                                                                            torch.zeros(q.shape[:3])))
+    clear_plans()
+    q, k, v = (torch.randn(1, 2, 16, 128) for _ in range(3))
+    try:
+        for on in (True, False, True, False):
+            monkeypatch.setattr(attention_module, "SM90_FORWARD", on)
+            out = flash_attention(q, k, v, False, backend="triton")
+            assert bool(out.abs().sum() == 0) is on   # the stand-in's zeros only where it is on
+    finally:
+        clear_plans()
+
+
 def test_flash_attention_takes_it_only_at_the_head_dims_it_was_timed_faster(monkeypatch):
     """With ROOFLINE_SM90_ATTENTION=1, head dim 128 (faster than the tiled forward on the H200); not 64 (slower),
     though the kernel takes it."""

@@ -96,7 +96,8 @@ FP32_TILES = {32: Tiles(64, 32, 4, 1), 64: Tiles(64, 32, 4, 1), 96: Tiles(32, 32
 DELTA_BLOCK = 64   # queries a program of the dot(dO, O) pre-pass takes
 # The Hopper forward in Gluon (attention_sm90.py, imported only then, Gluon with it) for the inputs it takes, in
 # place of the tiled one: opt-in, timed alone only (h200-attention.md: 1.08-1.16x the tiled forward at head dim 128,
-# 0.80x cuDNN's, slower at 64); plans made with it keep it: clear_plans after a change
+# 0.80x cuDNN's, slower at 64). Read at each call (plans and call signatures hold it), so that a benchmark can set
+# it call by call and time both forwards as eager code calls them
 SM90_FORWARD = os.environ.get("ROOFLINE_SM90_ATTENTION", "0") == "1"
 
 if triton is not None:
@@ -422,7 +423,7 @@ class AttentionPlan:
 
 
 @plan_cache("flash_attention", key=lambda q, k, v, causal, scale: (q.shape, q.stride(), k.shape, k.stride(), v.stride(),
-                                                                    q.dtype, q.device, causal, scale))
+                                                                    q.dtype, q.device, causal, scale, SM90_FORWARD))
 def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> AttentionPlan:
     """The plan for q, k and v readable by the copy engine (_aligned)."""
     return AttentionPlan(q, k, causal, scale)
@@ -464,7 +465,7 @@ _attention = KernelOp(
                                                                torch.empty_like(v)),
     setup_context=_save_for_backward, backward_rule=_backward_rule, plan=_plan,
     signature=lambda q, k, v, causal, scale, backend: (type(q), tensor_key(q), tensor_key(k), tensor_key(v), causal,
-                                                       type(causal), scale, type(scale), backend))
+                                                       type(causal), scale, type(scale), backend, SM90_FORWARD))
 
 
 # --------------------------------------------------------------------------- entry point
