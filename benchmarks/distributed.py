@@ -56,7 +56,7 @@ from unittest import mock
 
 import torch
 
-from roofline.bench.stats import median_ci
+from roofline.bench.stats import median_ci, min_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "ddp_train.py")
@@ -345,6 +345,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9, help="sync-advice: pairs of turns (6 at least: the 95% "
                         "interval needs them)")
     args = parser.parse_args()
+    if args.what == "sync-advice" and args.rounds < min_rounds(0.95):
+        parser.error(f"--rounds: at least {min_rounds(0.95)}, for a 95% interval")
     if args.nproc < 2:
         parser.error("--nproc: 2 ranks at least (default: the GPUs here)")
     args.out.mkdir(parents=True, exist_ok=True)

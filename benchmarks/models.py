@@ -117,26 +117,27 @@ def _patch(model, mode: str):
     return roofline.patch(model, policy="always" if mode == "patch-all" else "faster")
 
 
-JUDGING_STEPS = 200   # steps at most that a patch mode warms up further while its ops are on trial in the program
+JUDGING_STEPS = 400   # steps at most that a patch mode warms up further while its ops are on trial in the program
 
 
-def _until_judged(report, run) -> int:
+def _until_judged(report, run) -> list[str]:
     """Run more warm-up steps while patch's program check has ops on trial (roofline.program_check): a timed step
-    must not be half of a trial, served by torch. Returns the steps run."""
+    must not be half of a trial, served by torch. Returns the ops still unjudged when JUDGING_STEPS ran out (the
+    trial then goes on into the timed steps)."""
     steps = 0
     while report is not None and report.check is not None and report.check.pending() and steps < JUDGING_STEPS:
         run()
         steps += 1
-    return steps
+    return report.check.unjudged() if report is not None and report.check is not None else []
 
 
-def _patch_fields(report) -> dict:
-    """A row's routes (who served each call signature, read after the run), swapped and left."""
+def _patch_fields(report, unjudged=()) -> dict:
+    """A row's routes (who served each call signature, read after the run), swapped and left; and the verdicts,
+    with the ops still unjudged when the timing began."""
     if report is None:
         return dict(routes=None, swapped=None, left=None, settled=None, verdicts=None)
     verdicts = [str(v) for v in report.check.verdicts.values()] if report.check else []
-    # JUDGING_STEPS ran out before the judge did: its trial's forwards are timed too, half served by torch
-    verdicts += [f"{op}: not judged before the timing began" for op in report.check.unjudged()] if report.check else []
+    verdicts += [f"{op}: not judged before the timing began (timed half served by torch)" for op in unjudged]
     return dict(routes=report.router.report(), swapped=[list(s) for s in report.swapped],
                 left=[list(s) for s in report.left], settled=report.settled(), verdicts=verdicts)
 
@@ -192,7 +193,7 @@ def _train(name: str, mode: str, model, args) -> dict:
         optimizer.step()
         return loss.detach()
 
-    losses = []
+    losses, unjudged = [], []
     start = time.perf_counter()
     if graphs:
         run = capture(step)
@@ -201,7 +202,7 @@ def _train(name: str, mode: str, model, args) -> dict:
         for _ in range(args.warmup):
             losses.append(run().clone())
         # steps patch's judge asks for count as steps: the losses stay comparable with eager's step by step
-        _until_judged(patched, lambda: losses.append(run().clone()))
+        unjudged = _until_judged(patched, lambda: losses.append(run().clone()))
     first_s = time.perf_counter() - start
     warmup_peak = _warmup_peak_gib(device)
     timer = StepTimer(device)
@@ -217,7 +218,7 @@ def _train(name: str, mode: str, model, args) -> dict:
                 warmup_peak_gib=warmup_peak, warmup_s=first_s,
                 losses=[float(x) for x in torch.stack(losses).float().cpu()],
                 first_step=CAPTURE_WARMUP if graphs else 0,
-                **_patch_fields(patched))
+                **_patch_fields(patched, unjudged))
 
 
 def _check_losses(rows: list[dict]) -> None:
@@ -277,7 +278,7 @@ class Decoding:
         # transformers' models decode through their own cache, a DynamicCache cropped to the position decoded (the
         # host's count: warm-up decodes one position again and again) or a StaticCache written at it; the
         # examples' caches are static
-        self.cropped = isinstance(model, hf_models.CausalLM)
+        self.cropped, self.unjudged = isinstance(model, hf_models.CausalLM), []
         with torch.inference_mode():
             model(self.sequence[:, :prompt], self.positions[:prompt])     # prefill
             if self.cropped:
@@ -292,7 +293,7 @@ class Decoding:
                     self._restart()    # signature for patch to decide, so the steady state is a second pass
                     self.decode(args.tokens)
                     self.model.at = prompt
-                _until_judged(self.patched, decode)
+                self.unjudged = _until_judged(self.patched, decode)
         self.setup_s = time.perf_counter() - start
         self.held_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else None
         self._restart()
@@ -324,7 +325,7 @@ class Decoding:
         return dict(model=name, mode=self.mode, batch=self.batch, samples_ms=self.samples, turns=self.turns,
                     median_ms=median,
                     tokens_per_s=self.batch / median * 1e3, held_gib=self.held_gib, warmup_s=self.setup_s,
-                    logits=torch.stack(self.logits).float(), **_patch_fields(self.patched))
+                    logits=torch.stack(self.logits).float(), **_patch_fields(self.patched, self.unjudged))
 
 
 def generate(name: str, modes, batch: int, args) -> list[dict]:

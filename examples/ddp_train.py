@@ -89,7 +89,7 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-4, fused=gpu)
     generator = torch.Generator(device).manual_seed(rank)   # each rank its own data
     vocab = model.config.vocab_size
-    marks, printed = [], []
+    marks = []
     for step in range(args.steps):
         idx = torch.randint(0, vocab, (args.batch, args.seq), device=device, generator=generator)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=gpu):
@@ -99,10 +99,9 @@ def main(argv=None):
         optimizer.zero_grad(set_to_none=True)
         if rank == args.slow_rank:
             time.sleep(args.slow_ms / 1e3)   # a rank late to every next collective
-        printed.append(rank == 0 and _prints(step, args))
-        if printed[-1]:
+        marks.append(_mark(gpu))   # before a print: its whole cost falls in the next step's time
+        if rank == 0 and _prints(step, args):
             print(f"step {step + 1}: loss {loss.item():.4f}")
-        marks.append(_mark(gpu))
     if rank == 0:
         world = dist.get_world_size() if several else 1
         print(f"final loss {loss.item():.4f} after {args.steps} steps on {world} rank{'s' if world > 1 else ''}")

@@ -60,7 +60,7 @@ class Verdict:
     def __str__(self) -> str:
         if not self.rounds:
             return (f"{self.op}: taken back: the program's steps varied too much, or kept meeting new shapes, in "
-                    f"{TRIES} trials, to show it "
+                    f"{TRIES} trials (and up to {COLD_TRIES} more while it met them), to show it "
                     "faster")
         said = (f"{self.op}: {'kept' if self.kept else 'taken back'}: in this program a step took {self.on_ms:.3f} "
                 f"ms with roofline's {self.op} and {self.off_ms:.3f} ms with torch's, {self.speedup:.3f}x "

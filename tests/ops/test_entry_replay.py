@@ -67,6 +67,15 @@ def ticketed_sine(x, step=1):
     return torch.sin(x) + _eager_node.host_step(next_ticket, x, step)
 
 
+SETTING = ["sine"]   # what by_setting's Python reads besides its arguments
+
+
+@entry_replay(settings=lambda: SETTING[0])
+def by_setting(x):
+    RUNS.append(SETTING[0])
+    return torch.sin(x) if SETTING[0] == "sine" else torch.cos(x)
+
+
 BROKEN = [None]   # what halves hands back instead of its two tensors
 
 
@@ -87,9 +96,7 @@ def fresh(monkeypatch):
     """Entry points recorded on this test's device, with nothing recorded yet."""
     monkeypatch.setattr(_eager_node, "ENTRY_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(_eager_node, "REPLAY_FORWARDS", True)
-    for entry in (scaled_sine, sine_and_product, sine_op, sines_into_new_memory, ticketed_sine, halves_summed,
-                  sine_beside_a_held_word):
-        entry.replays.programs = None
+    _eager_node.forget_entries()
     RUNS.clear()
     TICKETS.clear()
     ISSUED.zero_()
@@ -110,6 +117,18 @@ def test_a_recorded_entry_point_replays_without_python_on_fresh_inputs():
         torch.testing.assert_close(sine, torch.sin(x), rtol=0, atol=0)
         torch.testing.assert_close(product, x @ y, rtol=0, atol=0)
     assert RUNS.count("sine_and_product") == 1
+
+
+def test_each_value_of_an_entry_point_s_settings_replays_its_own_recorded_calls():
+    """A module's switch set call by call (flash_attention's Hopper forward, timed beside the tiled one): a call
+    recorded under one value is never replayed under another."""
+    x = _x(3, 4)
+    for setting in ("sine", "cosine") * 4:
+        SETTING[0] = setting
+        expected = torch.sin(x) if setting == "sine" else torch.cos(x)
+        torch.testing.assert_close(by_setting(x), expected, rtol=0, atol=0)
+    SETTING[0] = "sine"
+    assert RUNS == ["sine", "cosine"]   # each value recorded once, then replayed
 
 
 def test_the_replay_builtin_refuses_what_is_not_a_call():

@@ -283,18 +283,21 @@ def forget_entries() -> None:
     from settings that may have changed)."""
     for holder in _EntryPrograms.registry:
         holder.programs = None
+        holder.others.clear()
 
 
 ENTRY_DEVICES = ("cuda",)   # where entry points are recorded (the tests add the CPU, for plans made of torch ops)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)   # not a subclass, which may mean something else
 
 
-def replayed_entry(function):
-    """entry_replay(function) where forwards are replayed (the default), else function itself."""
-    return entry_replay(function) if REPLAY_FORWARDS else function
+def replayed_entry(function=None, *, settings=None):
+    """entry_replay(function, settings=...) where forwards are replayed (the default), else function itself."""
+    if function is None:
+        return functools.partial(replayed_entry, settings=settings)
+    return entry_replay(function, settings=settings) if REPLAY_FORWARDS else function
 
 
-def entry_replay(function):
+def entry_replay(function=None, *, settings=None):
     """The entry point `function` of an op (softmax(x, dim, *, backend)), replayed from C++ as a whole: an op's
     plan-level replay (forward) still runs the entry point's Python, its checks and its look-up of the call's
     signature, and for a call that wants a gradient its context and node, which cost as much as torch's whole op
@@ -311,14 +314,21 @@ def entry_replay(function):
     nothing kept between calls but plans, except through host_step (cross_entropy's check of its targets), which a
     replay calls again.
 
+    settings, where given, returns what else the entry point's Python reads at a call (a module's switch set
+    call by call: attention's Hopper forward): each value keeps recorded calls of its own.
+
     replayed_entry, the decorator on the ops' entry points, applies it where replays are on (unless
     ROOFLINE_FORWARD_REPLAY=0) and leaves the entry point as it is otherwise: no wrapper on the hot path of a
     program that does not replay."""
+    if function is None:
+        return functools.partial(entry_replay, settings=settings)
     holder = _EntryPrograms(function)
 
     @functools.wraps(function)
     def entry(*args, **kwargs):
         if not _is_compiling():
+            if settings is not None:
+                holder.select(settings())
             replay = holder.replay
             if replay is not None:
                 output = replay(args, kwargs)
@@ -342,13 +352,21 @@ class _EntryPrograms:
     """An entry point's recorded calls (made at its first call that could be recorded), or None; and their replay
     (ForwardPrograms.replayer), or None."""
 
-    __slots__ = ("function", "_programs", "replay", "name")
+    __slots__ = ("function", "_programs", "replay", "name", "setting", "others")
     registry: list["_EntryPrograms"] = []   # every wrapped entry point's (clear_plans forgets their programs)
 
     def __init__(self, function):
         self.function, self.programs = function, None
+        self.setting, self.others = None, {}   # the settings' value now, and the other values' recorded calls
         self.name = f"roofline::{function.__name__}"
         _EntryPrograms.registry.append(self)
+
+    def select(self, setting) -> None:
+        """The recorded calls of this value of the entry point's settings."""
+        if setting != self.setting:
+            self.others[self.setting] = self.programs
+            self.setting = setting
+            self.programs = self.others.pop(setting, None)
 
     @property
     def programs(self):

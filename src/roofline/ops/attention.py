@@ -500,7 +500,7 @@ def _check(q, k, v, causal, scale) -> None:
         raise ValueError(f"flash_attention: scale must be a finite number or None, got {scale!r}")
 
 
-@replayed_entry
+@replayed_entry(settings=lambda: SM90_FORWARD)   # a call under each setting is recorded apart
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     scale: float | None = None, *, backend: str | None = None) -> torch.Tensor:
     """Attention over (batch, heads, seq, head_dim) tensors, without the seq x seq matrix in memory.

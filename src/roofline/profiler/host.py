@@ -42,10 +42,12 @@ def host_lines(trace: Trace, resolver: Resolver) -> list[HostLine]:
             lines[loc] = HostLine(loc)
         return lines[loc]
 
-    # The main thread's intervals between marks, and the line of each.
+    # The main thread's intervals between marks, and the line of each; the host's work ends with the last step
+    # (after it, the profiler's own; the window may run on for the GPU's)
+    end = max(e for _, e in trace.steps) if trace.steps else trace.end
     at: list[HostLine | None] = []
     for k, sid in enumerate(ids):
-        stop = times[k + 1] if k + 1 < len(times) else trace.end
+        stop = times[k + 1] if k + 1 < len(times) else end
         frames = stacks[sid] if 0 <= sid < len(stacks) else None
         target = row(Location(*frames[-1])) if frames else None
         if target is not None:
