@@ -50,6 +50,9 @@ class CausalLM(nn.Module):
         self.cache = (transformers.StaticCache(config=self.config, max_cache_len=length) if static else
                       transformers.DynamicCache(config=self.config))
         self.length = 0
+        # a sliding window's layer keeps its count on the host, which a replayed step cannot set
+        if static and any(hasattr(layer, "cumulative_length_int") for layer in self.cache.layers):
+            raise NotImplementedError("decoding transformers' sliding-window caches under CUDA graphs")
 
     def forward(self, idx, positions=None, targets=None):
         if targets is not None:
@@ -70,13 +73,11 @@ class CausalLM(nn.Module):
     def _static_count_at(self, first: torch.Tensor) -> None:
         """A static cache writes each position in place: 5.17 where cache_position says, 5.24 where its own count
         on the GPU says (advanced by every call), set here from the position tensor, on the GPU, so that a replayed
-        graph writes where the step it replays is."""
-        for layer in self.cache.layers:
-            if hasattr(layer, "cumulative_length_int"):   # a sliding window's count is the host's: not set here
-                raise NotImplementedError("decoding transformers' sliding-window caches under CUDA graphs")
-            count = getattr(layer, "cumulative_length", None)
-            if isinstance(count, torch.Tensor) and layer.is_initialized:
-                count.copy_(first.reshape(()))
+        graph writes where the step it replays is (one launch for every layer's count)."""
+        counts = [layer.cumulative_length for layer in self.cache.layers
+                  if layer.is_initialized and isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+        if counts:
+            torch._foreach_copy_(counts, [first.reshape(())] * len(counts))
 
 
 def build(name: str, tiny: bool) -> CausalLM:

@@ -278,7 +278,8 @@ class Decoding:
         # transformers' models decode through their own cache, a DynamicCache cropped to the position decoded (the
         # host's count: warm-up decodes one position again and again) or a StaticCache written at it; the
         # examples' caches are static
-        self.cropped, self.unjudged = isinstance(model, hf_models.CausalLM), []
+        self.cropped = isinstance(model, hf_models.CausalLM)
+        self.unjudged: list[str] = []   # patch's ops still unjudged when the timing began
         with torch.inference_mode():
             model(self.sequence[:, :prompt], self.positions[:prompt])     # prefill
             if self.cropped:
