@@ -409,15 +409,16 @@ def markdown(result: dict) -> str:
     for name, rows in result["train"].items():
         out += [f"## {name}: training step (batch {rows[0]['batch']} x {rows[0]['seq']} tokens, bf16 autocast, "
                 "fused AdamW)", "",
-                "| mode | ms/step | vs eager (95% CI) | tokens/s | peak GiB | warm-up: s, peak GiB | loss vs eager: "
-                "3 steps, all | served |", "|---|---|---|---|---|---|---|---|"]
+                "| mode | ms/step | vs eager (95% CI) | vs compile | tokens/s | peak GiB | warm-up: s, peak GiB | "
+                "loss vs eager: 3 steps, all | served |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if "error" in r:
-                out.append(f"| {r['mode']} | failed: {r['error']} |||||||")
+                out.append(f"| {r['mode']} | failed: {r['error']} ||||||||")
                 continue
             error = "" if r["loss_error"] is None else \
                 f"{r['loss_error']:.1e} {_check_mark(r)}, {r['loss_spread']:.1e}"
-            out.append(f"| {r['mode']} | {r['median_ms']:.2f} | {_x(r['vs_eager'])} | {r['tokens_per_s']:,.0f} | "
+            out.append(f"| {r['mode']} | {r['median_ms']:.2f} | {_x(r['vs_eager'])} | "
+                       f"{_x(r['vs_compile']) if r['mode'].startswith('compile') else ''} | {r['tokens_per_s']:,.0f} | "
                        f"{_gib(r['peak_gib'])} | {r['warmup_s']:.1f}, {_gib(r['warmup_peak_gib'])} | {error} | "
                        f"{_served(r['routes'])} |")
         out.append("")
@@ -512,6 +513,7 @@ def main(argv=None) -> int:
         if rows:
             _check_losses(rows)
             _speedups(rows, "eager", "vs_eager")
+            _speedups(rows, "compile", "vs_compile")
             result["train"][name] = rows
         rows = []
         for batch in args.batches:

@@ -18,6 +18,10 @@ tokens (GPT-2 small) or 4 x 1024 (the Llama-style model of examples/models); on 
 Variants, a strategy and its options joined by "+":
   single          the model alone on each GPU: nothing communicated; every set holds it, the reference
     +compile      torch.compile(model)
+    +blocks       each block compiled on its own (block.compile()), the rest eager: under DDP each block's backward
+                  is one graph whose gradients reach DDP's buckets as the backward goes, so they are reduced while
+                  the blocks below still compute (Dynamo's DDP optimizer off: a block's parameters, over a
+                  bucket's 25 MB, would split it)
   ddp             DistributedDataParallel as constructed by default: 25 MB buckets, buffers broadcast each forward
     +nobcast      broadcast_buffers=False (GPT-2's causal mask is a buffer: its broadcast joins the ranks at the
                   start of every forward)
@@ -86,12 +90,14 @@ from roofline.distributed.wrapping import grouped, layers  # noqa: E402
 
 EVERY = {"patch", "lce", "pin"}   # options of every strategy
 NCCL = {"ctas", "hiprio"}   # settings of the communicator a wrapper's collectives run on: only NCCL's
-OPTIONS = {"single": {"compile"} | EVERY,
-           "ddp": {"nobcast", "view", "static", "bucket", "nosync", "bf16grads", "compile", "onegraph", "pyreducer"}
+OPTIONS = {"single": {"compile", "blocks"} | EVERY,
+           "ddp": {"nobcast", "view", "static", "bucket", "nosync", "bf16grads", "compile", "onegraph", "pyreducer",
+                   "blocks"}
            | NCCL | EVERY,
            "fsdp2": {"units", "keep", "root", "fp32", "bf16reduce", "compile"} | NCCL | EVERY}
 NUMBERED = ("bucket", "units", "ctas")   # options that take a number
 COMPILED = {"compile", "onegraph", "pyreducer"}   # options that compile the step (one GPU's: compile)
+BLOCKS = "blocks"   # compiles each block alone (one GPU's: blocks)
 WARMUP_STEPS = 3   # compiles; DDP rebuilds its buckets in the order of the first backward, static_graph after two
 
 
@@ -136,8 +142,11 @@ def build(model_name: str, variant: str, device: torch.device):
         import roofline
 
         roofline.patch(model)
-    if COMPILED & set(options):
+    if (COMPILED | {BLOCKS}) & set(options):
         own_classes(model, variant)
+    if options.get(BLOCKS):
+        for block in layers(model):
+            block.compile()
     ids = [device.index] if device.type == "cuda" else None
     if strategy == "single":
         return (forward_backward(torch.compile(model) if options.get("compile") else model), model,
@@ -159,7 +168,7 @@ def build(model_name: str, variant: str, device: torch.device):
             stack = contextlib.ExitStack()
             if options.get("nosync"):
                 stack.enter_context(ddp.no_sync())
-            if options.get("onegraph"):
+            if options.get("onegraph") or options.get(BLOCKS):
                 stack.enter_context(torch._dynamo.config.patch(optimize_ddp=False))
             return stack
         if options.get("pyreducer"):   # compiled autograd compiles a backward called inside a compiled function

@@ -8,7 +8,8 @@ bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens a rank (each rank its own rand
 gradients in buckets while the backward runs; --bucket-cap-mb sets their size (DDP's default: 25), --slow-rank R
 makes rank R sleep --slow-ms after each step (a planted straggler: a rank that loads its data late), --log-every N
 makes rank 0 print the loss every N steps (a host sync on one rank), and --log-in-turns N in turns of N steps,
-printing then not: the print's cost measured in one run. On CPUs it trains a two-layer model of the same code over
+printing then not: the print's cost measured in one run. --compile split|whole|blocks compiles it three ways
+(below). On CPUs it trains a two-layer model of the same code over
 gloo in seconds. Rank 0 prints the median step time of the steps after the first five (CUDA events between steps,
 no synchronization in the loop but the prints').
 """
@@ -30,6 +31,7 @@ from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 TINY = dict(vocab_size=96, max_seq=64, n_layer=2, n_head=2, d_model=32)
 WARM = 5         # steps before the timed ones
 SETTLING = 2     # steps of a turn not timed: the host's lead over its GPU builds up again after a print
+COMPILES = ("split", "whole", "blocks")
 
 
 def main(argv=None):
@@ -43,6 +45,12 @@ def main(argv=None):
                    "(bf16 parameters for the compute, fp32 gradients reduced)")
     p.add_argument("--fsdp2-groups", type=int, default=0, help="with --fsdp2: shard the blocks in this many groups, "
                    "each kept gathered from its forward to its backward (roofline profile's fsdp2-hooks advice)")
+    p.add_argument("--compile", choices=COMPILES, default=None,
+                   help="torch.compile the model: split (the DDP module compiled, its graph split at DDP's buckets, "
+                   "as DDP's notes advise), whole (the same with Dynamo's DDP optimizer off: one graph, its "
+                   "gradients reduced after its backward), blocks (each block compiled alone, DDP's buckets reduced "
+                   "as the blocks' backwards finish); on one GPU: split and whole compile the model, blocks its "
+                   "blocks")
     p.add_argument("--slow-rank", type=int, default=None)
     p.add_argument("--slow-ms", type=float, default=20.0)
     p.add_argument("--log-every", type=int, default=0, help="rank 0 prints the loss every N steps: loss.item() "
@@ -55,6 +63,8 @@ def main(argv=None):
         p.error(f"--log-in-turns: more than {SETTLING} steps a turn, without --log-every")
     if args.fsdp2_groups < 0 or (args.fsdp2_groups and not args.fsdp2):
         p.error("--fsdp2-groups: a positive number of groups, with --fsdp2")
+    if args.compile and args.fsdp2:
+        p.error("--compile: with DDP or one GPU, not --fsdp2")
 
     several = "RANK" in os.environ   # started by torchrun (or roofline profile --nproc-per-node)
     if several:
@@ -86,6 +96,7 @@ def main(argv=None):
                                                         bucket_cap_mb=args.bucket_cap_mb)
     else:
         ddp = model
+    ddp = _compiled(ddp, model, args.compile)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-4, fused=gpu)
     generator = torch.Generator(device).manual_seed(rank)   # each rank its own data
     vocab = model.config.vocab_size
@@ -114,6 +125,20 @@ def main(argv=None):
                   + " ".join(f"{a:.3f}/{b:.3f}" for a, b in pairs))
     if several:
         dist.destroy_process_group()
+
+
+def _compiled(module, model, how: str | None):
+    """module (the model, or DDP around it) compiled as --compile says."""
+    if how is None:
+        return module
+    if how == "blocks":
+        for block in model.h:
+            block.compile()
+    else:
+        module = torch.compile(module)
+    # Dynamo reads it where it compiles, at the first step: off, a frame compiled inside DDP's forward is one graph
+    torch._dynamo.config.optimize_ddp = how == "split"
+    return module
 
 
 def _prints(step: int, args) -> bool:

@@ -14,7 +14,7 @@ import parallel_step  # noqa: E402  (benchmarks/parallel_step.py)
 
 from roofline.distributed import spawn  # noqa: E402
 
-from .workers import pyreducer_gradients  # noqa: E402
+from .workers import compiled_ddp_gradients  # noqa: E402
 
 
 def test_a_variant_is_its_strategy_and_options_and_a_wrong_one_is_named():
@@ -32,11 +32,13 @@ def test_a_variant_is_its_strategy_and_options_and_a_wrong_one_is_named():
 
 
 def test_each_variant_is_held_against_one_gpu_doing_what_it_does_on_one_gpu():
-    variants = ["single", "single+compile", "single+patch+lce", "ddp", "ddp+view+compile", "ddp+onegraph",
+    variants = ["single", "single+compile", "single+blocks", "single+patch+lce", "ddp", "ddp+view+compile",
+                "ddp+onegraph", "ddp+view+blocks",
                 "ddp+lce+patch+view", "fsdp2+units2+keep+pin", "ddp+compile+pin", "ddp+compile+patch"]
     against = {v: parallel_step.reference(v, variants) for v in variants}
-    assert against == {"single": None, "single+compile": None, "single+patch+lce": None, "ddp": "single",
-                       "ddp+view+compile": "single+compile", "ddp+onegraph": "single+compile",
+    assert against == {"single": None, "single+compile": None, "single+blocks": None, "single+patch+lce": None,
+                       "ddp": "single", "ddp+view+compile": "single+compile", "ddp+onegraph": "single+compile",
+                       "ddp+view+blocks": "single+blocks",
                        # the same options in another order; and no single+pin here: plain single
                        "ddp+lce+patch+view": "single+patch+lce", "fsdp2+units2+keep+pin": "single",
                        # no exact match: the one that compiles as it does, then does most of what it does
@@ -99,8 +101,17 @@ def test_each_compiled_variant_gets_classes_of_its_own_so_that_dynamo_compiles_i
 def test_the_python_reducer_s_step_reduces_every_gradient_in_a_backward_that_compiled_autograd_captured():
     """DDP's Python reducer all-reduces inside the backward graph: on two gloo ranks, each rank's gradients are the
     mean of the ranks' own (a reducer that never ran would leave this rank's), and the backward was compiled."""
-    for error, captured in spawn(pyreducer_gradients, 2):
+    for error, captured, _ in spawn(compiled_ddp_gradients, 2, "ddp+pyreducer+view"):
         assert error < 1e-6 and captured >= 1
+
+
+@pytest.mark.long   # processes of their own: run first (conftest)
+def test_blocks_compiled_alone_under_ddp_have_every_gradient_reduced_and_each_block_one_graph():
+    """+blocks: each block compiled on its own inside DDP's forward: the gradients are the ranks' mean (DDP's hooks
+    saw the compiled blocks' gradients), and the model's blocks (one code, one class) share one graph, not one a
+    block."""
+    for error, captured, graphs in spawn(compiled_ddp_gradients, 2, "ddp+view+blocks"):
+        assert error < 1e-6 and captured == 0 and graphs == 1
 
 
 def test_nccl_s_settings_are_refused_before_any_rank_starts_where_the_ranks_talk_over_gloo(monkeypatch, capsys,

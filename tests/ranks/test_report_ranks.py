@@ -295,3 +295,41 @@ def test_the_ranks_page_lists_the_host_syncs():
                              "collectives": [], "lanes": None, "world_size": 2, "matched": 0,
                              "host_syncs": host_sync_rows(merged), "findings": []}})
     assert 'id="host-syncs"' in page and "train.py:42 (&lt;module&gt;)" in page and "0: 3.00" in page
+
+
+def test_ddp_around_a_model_compiled_as_many_graphs_is_told_to_compile_one_and_gains_its_host_wait():
+    from roofline.distributed.comms import Call
+
+    # DDP GPT-2 small compiled by torch.compile of the DDP module on two H200s: 13 graphs a step (Dynamo's DDP
+    # optimizer split it at the buckets); unrecorded, rank 1 waits least (0.03 ms), its step 31.60 ms of 19.05 ms
+    # compute, its NCCL kernels 2.61 ms, and rank 0 waited 5.03 ms a step for it at a collective
+    def bucket():
+        return [Call("all_reduce", 27 << 20, 0, 0, 140.0, LINE, None, 0, True, True, "DDP bucket 3 (h.9.mlp …)")]
+
+    forward = Location("examples/ddp_train.py", 107, "main")
+    ranks = [_rank(0, step_ms=47.81, compute_ms=22.18, comm_ms=29.31, exposed_ms=17.10, unprofiled_ms=31.84,
+                   compiled_graphs=13.0, compiled_at=forward),
+             _rank(1, step_ms=46.35, compute_ms=19.05, comm_ms=2.12, exposed_ms=1.79, unprofiled_ms=31.60,
+                   compiled_graphs=13.0, compiled_at=forward)]
+    for r in ranks:
+        r.calls = bucket()
+    late = Straggler(1, 60, 70, 30.56, None, 0.0, 0.0, held_ms=5.03)
+    merged = _merged(ranks, late)
+    merged.ledger = _timed([0.0, 5.03], [5.03, 0.03], comm=(21.12, 2.61))
+    found = {f.id: f for f in findings(merged)}
+    split = found["ddp-split-graphs"]
+    # rank 1: 31.60 - 19.05 = 12.55 ms not computing, less 0.03 of waits and 2.58 of its NCCL kernels' time
+    assert split.gain_ms == pytest.approx(31.60 - 19.05 - 0.03 - (2.61 - 0.03))
+    assert split.where == str(forward) and split.title == "DDP runs 13 compiled graphs a step"
+    assert "torch._dynamo.config.optimize_ddp = False" in split.message
+    # one graph a step, no DDP, or a GPU that keeps up with its host: no finding
+    for r in ranks:
+        r.compiled_graphs = 1.0
+    assert "ddp-split-graphs" not in {f.id for f in findings(merged)}
+    for r in ranks:
+        r.compiled_graphs, r.calls = 13.0, []
+    assert "ddp-split-graphs" not in {f.id for f in findings(merged)}
+    for r in ranks:   # the ranks even, each GPU idle only for its collectives: the host keeps up
+        r.calls, r.unprofiled_ms = bucket(), r.compute_ms + 2.7
+    merged.straggler, merged.ledger = None, _timed([0.0, 0.0], [0.05, 0.03], comm=(2.7, 2.61))
+    assert "ddp-split-graphs" not in {f.id for f in findings(merged)}

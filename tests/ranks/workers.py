@@ -170,10 +170,10 @@ class _Layers(torch.nn.Module):
         return x
 
 
-def pyreducer_gradients():
-    """benchmarks/parallel_step.py's ddp+pyreducer+view step (its forward and backward compiled as one function,
-    AOTAutograd alone), on this rank's own batch: (the largest difference between its gradients and the mean of every
-    rank's gradients of the model alone, the backward graphs compiled autograd captured)."""
+def compiled_ddp_gradients(variant: str):
+    """benchmarks/parallel_step.py's step of a compiled DDP variant (torch.compile's backend: AOTAutograd alone), on
+    this rank's own batch: (the largest difference between its gradients and the mean of every rank's gradients of
+    the model alone, the backward graphs compiled autograd captured, the graphs Dynamo compiled)."""
     import functools
     import sys
     from unittest import mock
@@ -184,16 +184,19 @@ def pyreducer_gradients():
     import parallel_step
 
     device = torch.device("cpu")
+    counters.clear()
     with mock.patch.object(torch, "compile", functools.partial(torch.compile, backend="aot_eager")):
-        run, model, _, shape = parallel_step.build("gpt2", "ddp+pyreducer+view", device)
+        run, model, context, shape = parallel_step.build("gpt2", variant, device)
         alone = parallel_step.model_and_batch("gpt2", device)[0]
         alone.load_state_dict(model.state_dict())
         idx = torch.randint(0, model.config.vocab_size, shape, generator=torch.Generator().manual_seed(dist.get_rank()))
-        run(idx)
+        with context():
+            run(idx)
     alone(idx, targets=idx)[1].backward()
     error = 0.0
     for reduced, own in zip(model.parameters(), alone.parameters()):
         mean = own.grad.clone()
         dist.all_reduce(mean)
         error = max(error, (reduced.grad - mean / dist.get_world_size()).abs().max().item())
-    return error, counters["compiled_autograd"]["captures"]
+    return error, counters["compiled_autograd"]["captures"], counters["stats"]["unique_graphs"]
+

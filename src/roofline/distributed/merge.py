@@ -106,6 +106,10 @@ class Rank:
     # within, where step_ms (their median) holds no spiked step
     mean_step_ms: float | None = None
     syncs: list[HostSync] = field(default_factory=list)   # the lines its host waits for its GPU at
+    # torch.compile: the compiled graphs' forwards a step (AOTAutograd's CompiledFunction, one a graph each time it
+    # runs), and the line that ran the first
+    compiled_graphs: float = 0.0
+    compiled_at: Location | None = None
 
     @property
     def overlap(self) -> float | None:
@@ -133,7 +137,8 @@ class Rank:
                 "not_computing_ms": self.not_computing_ms, "serialized_ms": self.serialized_ms,
                 "serialized_streams": self.serialized_streams, "fsdp2_hooks_ms": self.hooks_ms,
                 "fsdp2_units": self.hook_units, "mean_step_ms": self.mean_step_ms,
-                "host_syncs": [x.to_dict() for x in self.syncs]}
+                "host_syncs": [x.to_dict() for x in self.syncs], "compiled_graphs": self.compiled_graphs,
+                "compiled_at": str(self.compiled_at) if self.compiled_at else None}
 
 
 def _compute_spans(trace: Trace, calls: list[comms.Call]) -> list[tuple[float, float]]:
@@ -172,6 +177,11 @@ _FSDP_HOOK = re.compile(r"^FSDP::(root_pre_forward|pre_forward|post_forward|pre_
                         r"root_post_backward_callback)(?: \((.+?)\))?(?: \[pg=\d+\])?$")
 
 
+# AOTAutograd's autograd.Function around each graph torch.compile made: a host op each time a graph's forward runs
+# (its backward is "CompiledFunctionBackward"). Dynamo's DDP optimizer splits a DDP model's graph at its buckets.
+COMPILED_GRAPH = "CompiledFunction"
+
+
 def _fsdp2_hooks(trace: Trace, resolver: Resolver) -> tuple[float, int, Location | None]:
     """(host us in FSDP2's hooks over the window, fully_shard units seen, the line the first unit's forward
     hooks ran at)."""
@@ -190,6 +200,15 @@ def _fsdp2_hooks(trace: Trace, resolver: Resolver) -> tuple[float, int, Location
         stack = resolver.resolve(first)[0]
         where = stack[-1] if stack else None
     return _length(_union(spans)), len(units), where
+
+
+def _compiled_graphs(trace: Trace, resolver: Resolver) -> tuple[int, Location | None]:
+    """(the compiled graphs' forwards run in the window, the line that ran the first)."""
+    runs = [i for i, op in enumerate(trace.ops) if op.name == COMPILED_GRAPH and not op.backward]
+    if not runs:
+        return 0, None
+    stack = resolver.resolve(min(runs, key=lambda i: trace.ops[i].ts))[0]
+    return len(runs), stack[-1] if stack else None
 
 
 def _host_syncs(trace: Trace, resolver: Resolver, steps: int) -> list[HostSync]:
@@ -212,10 +231,11 @@ def rank_of(trace: Trace, rank: int) -> Rank:
     timed = unprofiled_steps(trace)["gpu_ms" if trace.gpu else "wall_ms"]
     serialized, streams, at = _serialized(trace, calls)
     hooks, units, hooks_at = _fsdp2_hooks(trace, resolver)
+    graphs, graphs_at = _compiled_graphs(trace, resolver)
     return Rank(rank, trace, calls, len(trace.steps), step_ms, _length(compute) / steps / 1e3,
                 _length(comm) / steps / 1e3, exposed / steps / 1e3, statistics.median(timed) if timed else None,
                 compute, comm, serialized / steps / 1e3, streams, at, hooks / steps / 1e3, units, hooks_at,
-                mean_step_ms, _host_syncs(trace, resolver, steps))
+                mean_step_ms, _host_syncs(trace, resolver, steps), graphs / steps, graphs_at)
 
 
 # --------------------------------------------------------------------------- the ranks together

@@ -20,6 +20,8 @@ HOOKS_SHARE = 0.1      # FSDP2's hooks worth a finding: this share of a step's t
 ADVISED_UNITS = FSDP2_GROUPS + 1   # what the FSDP2 finding advises: the blocks in FSDP2_GROUPS groups, and the root
 SYNC_SHARE = 0.01      # a line of host syncs worth a finding: its gain this share of a step, at least
 SYNC_CALLS = 3         # ... and this many calls in the window (one at the loop's end is no sync in the loop)
+SPLIT_GRAPHS = 2       # compiled graphs a step under DDP from which the host's cost of each is worth a finding
+HOST_SHARE = 0.05      # ... with the GPU waiting on its host this share of a step, at least
 
 
 @dataclass
@@ -104,6 +106,7 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
     out += _host_syncs(merged, step)
     out += _reduced_every_micro_batch(merged)
     out += _fsdp2_hooks(merged)
+    out += _ddp_split_graphs(merged)
     out += _slow_transfers(merged, rows, ceiling)
     # DDP's calls repeated for each micro-batch are no_sync()'s to remove: larger buckets would not make fewer
     accumulating = any(f.id == "ddp-no-sync" for f in out)
@@ -259,6 +262,43 @@ def _fsdp2_hooks(merged: Merged) -> list[Finding]:
         f"{FSDP2_GROUPS} groups and the root; `roofline ladder --nproc-per-node N` measures it as its FSDP2 rung "
         "\"fewer FSDP2 units\".",
         str(r.hooks_at) if r.hooks_at else None, gain)]
+
+
+def _ddp_split_graphs(merged: Merged) -> list[Finding]:
+    """DDP around a model compiled as many graphs a step: Dynamo's DDP optimizer splits the model's graph at DDP's
+    buckets (so that each bucket's all-reduce can start while the backward of the graphs before it runs), and
+    compiling each block alone does the same. Each graph's forward and backward is a call of the host's, with its
+    guards, its autograd node and its DDP hooks; where the host then falls behind, the GPU waits for it. On two
+    H200s (GPT-2 small, 8 x 1024 tokens a rank, benchmarks/results/h200x2-distributed.md) the split graphs kept the
+    GPU waiting on its host for most of the step they lost against one graph. The gain: on the rank that waits
+    least for the others, the unrecorded step's time its GPU neither computes nor communicates nor waits for
+    another rank, its own lead as the straggler included (that lead is its host's)."""
+    if not any((c.owner or "").startswith("DDP") for r in merged.ranks for c in r.calls):
+        return []
+    rank = max(merged.ranks, key=lambda r: r.compiled_graphs)
+    if rank.compiled_graphs < SPLIT_GRAPHS:
+        return []
+    timed = merged.ledger
+    least = merged.ranks[min(range(merged.world), key=timed.waits_ms.__getitem__)] if timed is not None else rank
+    split = _exposed_unrecorded(merged, least)
+    if split is None:
+        return []
+    s = merged.straggler
+    host = split[1] + (_idle_lead(s) if s is not None and s.rank == least.rank else 0.0)
+    if host < HOST_SHARE * least.unprofiled_ms:
+        return []
+    return [Finding(
+        "ddp-split-graphs", f"DDP runs {rank.compiled_graphs:.0f} compiled graphs a step",
+        f"Rank {rank.rank} ran {rank.compiled_graphs:.0f} graphs of torch.compile's a step under DDP: Dynamo's DDP "
+        "optimizer splits a compiled DDP model's graph at each of DDP's buckets, so that their all-reduces can "
+        "overlap the backward (compiling each block alone splits it too). Every graph's forward and backward is "
+        f"a call of the host's, and unrecorded, rank {least.rank}'s GPU spends {host:,.2f} ms of a "
+        f"{least.unprofiled_ms:,.2f} ms step neither computing nor communicating: waiting on its host. Compile "
+        "the model as one graph: torch._dynamo.config.optimize_ddp = False before its first step. DDP then "
+        "reduces the gradients when the backward has returned them all, with nothing to overlap them; on two "
+        "H200s that was still the faster step for GPT-2 small, the roofline ladder's rung \"one compiled graph "
+        "under DDP\" (benchmarks/results/h200x2-distributed.md).",
+        str(rank.compiled_at) if rank.compiled_at else None, host)]
 
 
 def _fewer(row: dict) -> str:
