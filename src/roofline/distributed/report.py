@@ -69,9 +69,8 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
     if step and estimate > EXPOSED_SHARE * (least.unprofiled_ms if unrecorded is not None else step):
         top = rows[0]["where"] if rows else None
         owner = (rows[0].get("owner") or "") if rows else ""
-        # the order is the measured one: on two H100s (NVLink), bucket views made GPT-2 small's DDP step 1.11x and
-        # 1.07x faster (point estimates), 100 MB buckets showed no gain within noise, and bf16 compression cost more
-        # than it saved (0.87-0.90x; benchmarks/results/h100x2-distributed.md, "Side by side")
+        # the order is the measured one (benchmarks/results/h100x2-distributed.md, "Side by side"): bucket views
+        # gained, larger buckets were not told apart from no gain, and bf16 compression cost more than it saved
         ddp = ("DDP: gradient_as_bucket_view=True lets the backward write each gradient into its bucket, with no "
                "copy in and out; larger buckets (DistributedDataParallel(bucket_cap_mb=...)) send fewer, larger "
                "messages; under gradient accumulation, no_sync() on all but the last micro-batch reduces once. "

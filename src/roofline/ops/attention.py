@@ -95,9 +95,9 @@ FP32_TILES = {32: Tiles(64, 32, 4, 1), 64: Tiles(64, 32, 4, 1), 96: Tiles(32, 32
               256: Tiles(16, 16, 4, 1)}
 DELTA_BLOCK = 64   # queries a program of the dot(dO, O) pre-pass takes
 # The Hopper forward in Gluon (attention_sm90.py, imported only then, Gluon with it) for the inputs it takes, in
-# place of the tiled one: opt-in, timed alone only (h200-attention.md: 1.08-1.16x the tiled forward at head dim 128,
-# 0.80x cuDNN's, slower at 64). Read at each call (plans and call signatures hold it), so that a benchmark can set
-# it call by call and time both forwards as eager code calls them
+# place of the tiled one: opt-in, since it is faster than the tiled forward at head dim 128 only, and behind
+# cuDNN's (benchmarks/results/h200-attention.md). Read at each call (plans and call signatures hold it), so that a
+# benchmark can set it call by call and time both forwards as eager code calls them
 SM90_FORWARD = os.environ.get("ROOFLINE_SM90_ATTENTION", "0") == "1"
 
 if triton is not None:

@@ -22,10 +22,9 @@ key head h // group), a query that sees no key gets zeros and a log-sum-exp of -
 natural log for the backward (attention.py's kernels). For bf16 and fp16 at head dims 64 and 128, a positive
 scale, on a device of compute capability 9.0.
 
-Off unless attention.SM90_FORWARD (ROOFLINE_SM90_ATTENTION=1). Timed alone on an H200
-(benchmarks/results/h200-attention.md, bf16, 4 x 32 heads x 4096, two runs): at head dim 128 a partition a
-warpgroup was 1.08-1.16x the tiled forward and 0.80x cuDNN's (run 2, causal or not); at head dim 64, 0.83-0.88x the
-tiled forward. It stays off until the op as eager code calls it and a whole program agree.
+Off unless attention.SM90_FORWARD (ROOFLINE_SM90_ATTENTION=1). On an H200 (benchmarks/results/h200-attention.md)
+it is faster than the tiled forward at head dim 128 and slower at 64, and behind cuDNN's at both, timed alone and
+as eager code calls it. It stays off until it is ahead where a whole program uses it.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ except ImportError:
 
 HEAD_DIMS = (64, 128)
 # Where flash_attention takes it, with ROOFLINE_SM90_ATTENTION=1: the head dims it was timed faster than the tiled
-# forward at (h200-attention.md: 1.08-1.16x at 128; 0.83-0.88x at 64). tune_ops and the tests route both.
+# forward at (benchmarks/results/h200-attention.md; slower at 64). tune_ops and the tests route both.
 ROUTED_HEAD_DIMS = (128,)
 BLOCK_M = 128   # queries a program holds: 64 for each MMA warpgroup
 BLOCK_N = 128   # keys and values a step of the loop walks
@@ -54,15 +53,14 @@ STAGES = {64: 3, 128: 2}
 LOAD_WARPS = 4   # the producer: the kernel's num_warps (Gluon's default partition), a warpgroup
 MMA_WARPS = 8   # the two MMA warpgroups
 # The MMA warpgroups as one partition (1: its barriers sync them, they move in lockstep) or a partition each (2:
-# each waits only on its own work); on the H200 two were 1.21x one, bf16 at head dim 128 (h200-attention.md)
+# each waits only on its own work); two were the faster on the H200 (benchmarks/results/h200-attention.md)
 MMA_PARTS = 2
 # With two: FA3's ping-pong, each partition issues its products only after the other has issued its own (turn
-# mbarriers), instead of leaving the order to the warp schedulers; on the H200 it ran 0.95-1.02x as fast as without
-# over two runs, within their spread (h200-attention.md): off
+# mbarriers), instead of leaving the order to the warp schedulers; on the H200 it was not told apart from
+# without (benchmarks/results/h200-attention.md): off
 PINGPONG = False
 # O rescaled by the last block's factor while this block's S = Q K^T runs (FA3's order: off the path from one P V to
-# the next issue), instead of after P V has retired; on the H200 it ran 0.94-0.99x as fast as without
-# (h200-attention.md, run 3): off
+# the next issue), instead of after P V has retired; on the H200 it was slower (h200-attention.md, run 3): off
 RESCALE_UNDER_S = False
 MMA_REGISTERS = 240   # a thread of the MMA warpgroups; Triton leaves the producer's warpgroup 24
 # At launch, a thread of each of the 12 warps: 168 x 384 threads = 24 x 128 + 240 x 256, the whole budget that
