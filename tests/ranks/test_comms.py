@@ -80,3 +80,15 @@ def test_nccl_kernels_on_the_stream_that_computes_are_serialized(tmp_path, compu
     trace = load(path)
     us, streams, at = _serialized(trace, comms.calls(trace))
     assert (us, streams) == (serialized, [20] if serialized else [])
+
+
+@pytest.mark.long   # processes of their own: run first (conftest)
+def test_ddp_s_buckets_are_found_when_the_program_compiled_the_ddp_module():
+    """torch.compile(ddp) is what the program calls, and what the profile's module hooks see: its buckets must
+    still be found (without them no collective is DDP's, and DDP's advice and findings are lost)."""
+    from roofline.distributed import spawn
+
+    from .workers import ddp_buckets_compiled_or_not
+
+    for plain, compiled in spawn(ddp_buckets_compiled_or_not, 2):
+        assert plain and compiled == plain

@@ -170,13 +170,14 @@ def _fsdp_owner(trace: Trace, i: int) -> str | None:
 
 
 def ddp_buckets(modules) -> list[list[dict]]:
-    """For each DistributedDataParallel among `modules`, its gradient buckets in the order its reducer reduces
+    """For each DistributedDataParallel among `modules` (or compiled by torch.compile), its gradient buckets in the order its reducer reduces
     them: [{"bytes": ..., "params": [names]}, ...]. DDP rebuilds its buckets in the order the first backward made
     the gradients ready, and its logging data names their parameters from then on; before, only their sizes."""
     from torch.nn.parallel import DistributedDataParallel
 
     out = []
     for ddp in modules:
+        ddp = getattr(ddp, "_orig_mod", ddp)   # torch.compile(ddp): the program calls the OptimizedModule
         if not isinstance(ddp, DistributedDataParallel):
             continue
         try:
