@@ -177,3 +177,43 @@ def test_tables_show_prints_every_part_to_the_console():
     text = console.file.getvalue()
     _assert_reads(text, 40)
     assert "bbbbbbbbbbbbbbbbbbbb" in text and "cccccccccccccccccccc" in text
+
+
+FIXTURES = __import__("pathlib").Path(__file__).parent / "profiler" / "fixtures"
+
+
+@pytest.mark.parametrize("trace", sorted(p.name for p in FIXTURES.glob("h100-*.json.gz")))
+def test_analyze_of_a_gpu_trace_at_80_columns(trace):
+    """A GPU program's report (H100 traces): kernels, findings and the roofline's ops read at 80 columns; a kernel's
+    name too long for three folded lines ends in an ellipsis by the kernel column's rule, nothing else does."""
+    result = _run(["analyze", str(FIXTURES / trace)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(Text(line).cell_len for line in lines) <= WIDTH
+    assert "top kernels" in result.output and "top ops on the roofline" in result.output
+    start = next(i for i, line in enumerate(lines) if line.startswith("top kernels"))
+    end = next((i for i, line in enumerate(lines) if i > start and line.startswith(("modules", "memory operations"))),
+               len(lines))
+    assert all(start < i < end for i, line in enumerate(lines) if "…" in line), result.output
+
+
+def test_memory_bound_ops_over_the_dram_roof_are_said_to_have_run_from_a_cache(monkeypatch):
+    """An op can move its bytes faster than DRAM allows only from a cache; where doctor measured no cache ceiling
+    to hold it against (a CPU), its "of roofline" is over 100% and a line under the table says why. Here the DRAM
+    roof is made 10x too low, with no L2 ceiling, and the H100 trace's elementwise ops go over it."""
+    import dataclasses
+
+    from roofline.profiler.costs import Peaks
+
+    real = Peaks.from_ceilings.__func__
+
+    def too_low(cls, c):
+        peaks = real(cls, c)
+        return dataclasses.replace(peaks, gbps=peaks.gbps / 10, l2_gbps=None)
+
+    monkeypatch.setattr(Peaks, "from_ceilings", classmethod(too_low))
+    over = _run(["analyze", str(FIXTURES / "h100-eager_elementwise.json.gz")]).output
+    assert "Over 100%:" in over and "stayed in a cache" in over
+    _assert_reads(over.split("top ops on the roofline", 1)[1].split("top kernels", 1)[0])
+    monkeypatch.undo()
+    assert "Over 100%:" not in _run(["analyze", str(FIXTURES / "h100-eager_elementwise.json.gz")]).output

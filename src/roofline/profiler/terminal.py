@@ -111,6 +111,12 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
          [C("op", justify="left", fold=True), C("inputs", "in", justify="left", fold=True), C("pass", justify="left"),
           C("calls", "n"), C("ms"), C("TFLOP/s", "TF/s"), C("GB/s"), C("bound", justify="left", fold=True),
           C("of roofline", "roof", fold=True), C("headroom ms", "room")], rows)
+    above = [o.name.removeprefix("aten::") for o in report.ops[:top]
+             if o.pct_of_roofline is not None and o.pct_of_roofline > 1 and o.bound == "memory"]
+    if above:   # a GPU's L2-resident ops are held against the L2's ceiling, doctor's; on a CPU none is measured
+        console.print(f"[dim]Over 100%: {', '.join(dict.fromkeys(above))} moved their bytes faster than the memory "
+                      "roof (DRAM) allows: their working sets stayed in a cache, whose ceiling doctor measures on "
+                      "GPUs only (the L2's).[/dim]")
 
     if gpu:
         rows = [Row([k.name, k.category, str(k.count), _ms(k.total_us), f"{k.avg_us:,.1f}", _pct(k.share)])
