@@ -540,6 +540,27 @@ def _run_plan(plan: NormPlan, x, residual, weight, bias):
     return _norm_rows.eager(plan, grad, x, residual, weight, bias, plan.n, plan.eps, plan.rms, grad)
 
 
+def _normalized(op: str, x, normalized_shape, weight, bias, eps, backend):
+    """layer_norm's and rms_norm's entry point (rms_norm: no bias, and eps None is float32's epsilon): the plan
+    of an earlier call with this signature, else the arguments checked and the call routed by its backend."""
+    rms = op == "rms_norm"
+    key, plan = _norm_rows.seen(op, x, normalized_shape, None, weight, bias, eps, backend)
+    if plan is not None:
+        return _run_plan(plan, x, None, weight, bias)[0]
+    backend = choose_backend(op, x, backend, BACKENDS)
+    shape, n = _normalized_size(op, x, normalized_shape)
+    _check_parameter(op, "weight", weight, x, shape)
+    if not rms:
+        _check_parameter(op, "bias", bias, x, shape)
+    if eps is not None or not rms:
+        _check_eps(op, eps)
+    done = torch_route(backend, F.rms_norm, x, shape, weight, eps, nothing_to_launch=x.numel() == 0) if rms else \
+        torch_route(backend, F.layer_norm, x, shape, weight, bias, eps, nothing_to_launch=x.numel() == 0)
+    if done is not None:
+        return done
+    return _run(key, x, None, weight, bias, n, DEFAULT_RMS_EPS if eps is None else float(eps), rms)[0]
+
+
 @replayed_entry
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5, *, backend: str | None = None) -> torch.Tensor:
@@ -549,18 +570,7 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
     The result has x's dtype; statistics are fp32. weight and bias may have another float dtype than x
     (their gradients keep it).
     """
-    key, plan = _norm_rows.seen("layer_norm", x, normalized_shape, None, weight, bias, eps, backend)
-    if plan is not None:
-        return _run_plan(plan, x, None, weight, bias)[0]
-    backend = choose_backend("layer_norm", x, backend, BACKENDS)
-    shape, n = _normalized_size("layer_norm", x, normalized_shape)
-    _check_parameter("layer_norm", "weight", weight, x, shape)
-    _check_parameter("layer_norm", "bias", bias, x, shape)
-    _check_eps("layer_norm", eps)
-    done = torch_route(backend, F.layer_norm, x, shape, weight, bias, eps, nothing_to_launch=x.numel() == 0)
-    if done is not None:
-        return done
-    return _run(key, x, None, weight, bias, n, float(eps), False)[0]
+    return _normalized("layer_norm", x, normalized_shape, weight, bias, eps, backend)
 
 
 @replayed_entry
@@ -571,18 +581,7 @@ def rms_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = No
 
     backend: "triton" (the default on CUDA), "torch" (F.rms_norm; the default on CPU), "compile".
     """
-    key, plan = _norm_rows.seen("rms_norm", x, normalized_shape, None, weight, None, eps, backend)
-    if plan is not None:
-        return _run_plan(plan, x, None, weight, None)[0]
-    backend = choose_backend("rms_norm", x, backend, BACKENDS)
-    shape, n = _normalized_size("rms_norm", x, normalized_shape)
-    _check_parameter("rms_norm", "weight", weight, x, shape)
-    if eps is not None:
-        _check_eps("rms_norm", eps)
-    done = torch_route(backend, F.rms_norm, x, shape, weight, eps, nothing_to_launch=x.numel() == 0)
-    if done is not None:
-        return done
-    return _run(key, x, None, weight, None, n, DEFAULT_RMS_EPS if eps is None else float(eps), True)[0]
+    return _normalized("rms_norm", x, normalized_shape, weight, None, eps, backend)
 
 
 @replayed_entry
