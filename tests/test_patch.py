@@ -645,3 +645,20 @@ def test_gpu_patched_model_compiles_with_inductor_and_leaves_its_calls_to_it():
     losses = _trained_under_autocast((torch.compile(model), reference), config.vocab_size, (2, 128))
     assert abs(losses[0].item() - losses[1].item()) <= 1e-2 * losses[1].item()
     assert router(model).report() == [] and F.cross_entropy is patching.TORCH_CROSS_ENTROPY
+
+
+def test_decisions_made_with_one_attention_forward_are_not_read_back_with_the_other(tmp_path, monkeypatch):
+    """A decision measured with the tiled attention forward is kept apart from one made with the Hopper forward
+    switched on (ROOFLINE_SM90_ATTENTION): the next process, with the switch on, measures again."""
+    from roofline.ops import attention
+
+    monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))
+    routing.Router(timer=Timer(10.0, 30.0)).call("double", _never, _twice, _doubled, torch.randn(8))
+    monkeypatch.setattr(attention, "SM90_FORWARD", True)
+    switched = routing.Router(timer=Timer(3.0, 1.0))
+    switched.call("double", _never, _twice, _doubled, torch.randn(8))
+    assert switched._timer.calls == 1 and switched.report()[0]["why"] == "torch 3.00x as fast here"
+    monkeypatch.setattr(attention, "SM90_FORWARD", False)
+    later = routing.Router(timer=Timer(3.0, 1.0))
+    later.call("double", _never, _twice, _doubled, torch.randn(8))
+    assert later._timer.calls == 0 and later.report()[0]["served_by"] == "roofline"   # the first run's decision

@@ -199,10 +199,12 @@ class ProgramCheck:
     def _cache_key(self, op: str) -> str:
         """What a verdict holds for: the device and software, the model, the op and its routed signatures."""
         from roofline.device import cache_key
+        from roofline.routing import kernel_settings
 
         signatures = sorted(d.signature for key, d in self.router.decisions.items()
                             if key[0] == op and d.ours and d.signature)
-        return "|".join([cache_key(self.device), self.model_key, op, *signatures])
+        settings = kernel_settings()
+        return "|".join([cache_key(self.device), self.model_key, op, *signatures, *([settings] if settings else [])])
 
     def _judge(self, op: str) -> None:
         """Apply a cached verdict, or start a trial (timed by CUDA events where the model's work is on a GPU)."""

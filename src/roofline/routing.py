@@ -43,7 +43,7 @@ import torch
 
 import roofline
 from roofline import device as _device
-from roofline.ops import _eager_node
+from roofline.ops import _eager_node, attention
 from roofline.ops._common import capturing
 
 POLICIES = ("faster", "always")
@@ -450,10 +450,18 @@ def time_as_eager(run_ours, run_theirs, device: torch.device) -> tuple[float, fl
     return statistics.median(samples[run_ours]), statistics.median(samples[run_theirs])
 
 
+def kernel_settings() -> str:
+    """The switches that choose which of roofline's kernels a routed call runs, as text ("" where all are at their
+    defaults): measured decisions and the program's verdicts are kept under them, since a decision of attention's
+    made with the tiled forward says nothing of the Hopper forward (ROOFLINE_SM90_ATTENTION)."""
+    return "Hopper attention forward" if attention.SM90_FORWARD else ""
+
+
 def _cache_name(args) -> str:
     d = _device_of(args)
+    settings = kernel_settings()
     return (f"{_device.cache_key(d)} | triton {_device.info(d).triton} | roofline {roofline.__version__} | "
-            f"measured {MEASUREMENT}")
+            f"measured {MEASUREMENT}" + (f" | {settings}" if settings else ""))
 
 
 def _cached(key: str, args) -> dict | None:

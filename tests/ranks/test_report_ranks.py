@@ -333,3 +333,19 @@ def test_ddp_around_a_model_compiled_as_many_graphs_is_told_to_compile_one_and_g
         r.calls, r.unprofiled_ms = bucket(), r.compute_ms + 2.7
     merged.straggler, merged.ledger = None, _timed([0.0, 0.0], [0.05, 0.03], comm=(2.7, 2.61))
     assert "ddp-split-graphs" not in {f.id for f in findings(merged)}
+
+
+def test_the_ranks_table_gives_the_recorded_steps_mean_as_its_compute_and_communication_are():
+    import io
+
+    from rich.console import Console
+
+    from roofline.distributed.report import render
+
+    # one spiked step among five: the median (step_ms) holds none of it, compute and comm (window / steps) do
+    ranks = [_rank(0, **{**RANK0, "step_ms": 60.0, "mean_step_ms": 67.29}),
+             _rank(1, **{**RANK1, "step_ms": 60.0, "mean_step_ms": 66.54})]
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    render(_merged(ranks), console)
+    table = console.file.getvalue()
+    assert "67.29" in table and "66.54" in table and "60.00" not in table
