@@ -9,9 +9,9 @@ gradients in buckets while the backward runs; --bucket-cap-mb sets their size (D
 makes rank R sleep --slow-ms after each step (a planted straggler: a rank that loads its data late), --log-every N
 makes rank 0 print the loss every N steps (a host sync on one rank), and --log-in-turns N in turns of N steps,
 printing then not: the print's cost measured in one run. --compile split|whole|blocks compiles it three ways
-(below). On CPUs it trains a two-layer model of the same code over
-gloo in seconds. Rank 0 prints the median step time of the steps after the first five (CUDA events between steps,
-no synchronization in the loop but the prints').
+(split at DDP's buckets, one graph, or each block alone: see --help). On CPUs it trains a two-layer model of the
+same code over gloo in seconds. Rank 0 prints the median step time of the steps after the first five (CUDA events
+between steps, no synchronization in the loop but the prints').
 """
 
 import argparse

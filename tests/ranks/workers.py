@@ -201,14 +201,14 @@ def compiled_ddp_gradients(variant: str):
     return error, counters["compiled_autograd"]["captures"], counters["stats"]["unique_graphs"]
 
 
-
 def ddp_buckets_compiled_or_not():
     """comms.ddp_buckets of a DDP module after a backward, as it is and wrapped by torch.compile (never run
     compiled): (the buckets' sizes found each way)."""
     from roofline.distributed import comms
 
     torch.manual_seed(0)
-    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4)))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
     ddp(torch.randn(8, 64)).sum().backward()
     sizes = [[b["bytes"] for b in buckets] for buckets in comms.ddp_buckets([ddp])]
     return sizes, [[b["bytes"] for b in buckets] for buckets in comms.ddp_buckets([torch.compile(ddp)])]

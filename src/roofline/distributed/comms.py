@@ -170,9 +170,10 @@ def _fsdp_owner(trace: Trace, i: int) -> str | None:
 
 
 def ddp_buckets(modules) -> list[list[dict]]:
-    """For each DistributedDataParallel among `modules` (or compiled by torch.compile), its gradient buckets in the order its reducer reduces
-    them: [{"bytes": ..., "params": [names]}, ...]. DDP rebuilds its buckets in the order the first backward made
-    the gradients ready, and its logging data names their parameters from then on; before, only their sizes."""
+    """For each DistributedDataParallel among `modules` (compiled by torch.compile or not), its gradient buckets
+    in the order its reducer reduces them: [{"bytes": ..., "params": [names]}, ...]. DDP rebuilds its buckets in
+    the order the first backward made the gradients ready, and its logging data names their parameters from then
+    on; before, only their sizes."""
     from torch.nn.parallel import DistributedDataParallel
 
     out = []

@@ -264,39 +264,53 @@ def _fsdp2_hooks(merged: Merged) -> list[Finding]:
 
 
 def _ddp_split_graphs(merged: Merged) -> list[Finding]:
-    """DDP around a model compiled as many graphs a step: Dynamo's DDP optimizer splits the model's graph at DDP's
-    buckets (so that each bucket's all-reduce can start while the backward of the graphs before it runs), and
+    """DDP around a model compiled as many graphs a forward: Dynamo's DDP optimizer splits the model's graph at
+    DDP's buckets (so that each bucket's all-reduce can start while the backward of the graphs before it runs), and
     compiling each block alone does the same. Each graph's forward and backward is a call of the host's, with its
     guards, its autograd node and its DDP hooks; where the host then falls behind, the GPU waits for it. On two
     H200s (GPT-2 small, 8 x 1024 tokens a rank, benchmarks/results/h200x2-distributed.md) the split graphs kept the
-    GPU waiting on its host for most of the step they lost against one graph. The gain: on the rank that waits
-    least for the others, the unrecorded step's time its GPU neither computes nor communicates nor waits for
-    another rank, its own lead as the straggler included (that lead is its host's)."""
-    if not any((c.owner or "").startswith("DDP") for r in merged.ranks for c in r.calls):
+    GPU waiting on its host for most of the step they lost against one graph.
+
+    A forward is a DDP forward: its first bucket's reductions count them (micro-batches of gradient accumulation
+    each run the graphs again). Only where NCCL timed the steps outside the window (the ledger) is the host's wait
+    told from communication. The gain: on the rank that waits least for the others, the unrecorded step's time its
+    GPU neither computes nor communicates nor waits for another rank; and where that rank is the straggler at the
+    compiled forward's line, its lead there too (the straggler finding's gain as well: they overlap)."""
+    timed = merged.ledger
+    if timed is None:
+        return []
+    ddp = [c for r in merged.ranks for c in r.calls if (c.owner or "").startswith("DDP")]
+    if not ddp:
         return []
     rank = max(merged.ranks, key=lambda r: r.compiled_graphs)
-    if rank.compiled_graphs < SPLIT_GRAPHS:
+    forwards = sum(comms.bucket_index(c.owner) == 0 for c in rank.calls if c.owner) / max(rank.steps, 1)
+    graphs = rank.compiled_graphs / max(forwards, 1.0)
+    if graphs < SPLIT_GRAPHS:
         return []
-    timed = merged.ledger
-    least = merged.ranks[min(range(merged.world), key=timed.waits_ms.__getitem__)] if timed is not None else rank
+    least = merged.ranks[min(range(merged.world), key=timed.waits_ms.__getitem__)]
     split = _exposed_unrecorded(merged, least)
     if split is None:
         return []
     s = merged.straggler
-    host = split[1] + (_idle_lead(s) if s is not None and s.rank == least.rank else 0.0)
+    at_forward = (s is not None and s.rank == least.rank and rank.compiled_at is not None
+                  and str(s.where) == str(rank.compiled_at))
+    lead = _idle_lead(s) if at_forward else 0.0
+    host = split[1] + lead
     if host < HOST_SHARE * least.unprofiled_ms:
         return []
+    also = (f", {lead:,.2f} ms of them its lead over the other ranks at the compiled forward (the straggler "
+            "finding's too)" if lead else "")
     return [Finding(
-        "ddp-split-graphs", f"DDP runs {rank.compiled_graphs:.0f} compiled graphs a step",
-        f"Rank {rank.rank} ran {rank.compiled_graphs:.0f} graphs of torch.compile's a step under DDP: Dynamo's DDP "
-        "optimizer splits a compiled DDP model's graph at each of DDP's buckets, so that their all-reduces can "
-        "overlap the backward (compiling each block alone splits it too). Every graph's forward and backward is "
-        f"a call of the host's, and unrecorded, rank {least.rank}'s GPU spends {host:,.2f} ms of a "
-        f"{least.unprofiled_ms:,.2f} ms step neither computing nor communicating: waiting on its host. Compile "
-        "the model as one graph: torch._dynamo.config.optimize_ddp = False before its first step. DDP then "
-        "reduces the gradients when the backward has returned them all, with nothing to overlap them; on two "
-        "H200s that was still the faster step for GPT-2 small, the roofline ladder's rung \"one compiled graph "
-        "under DDP\" (benchmarks/results/h200x2-distributed.md).",
+        "ddp-split-graphs", f"DDP runs {graphs:.0f} compiled graphs a forward",
+        f"Rank {rank.rank} ran {graphs:.0f} graphs of torch.compile's a forward under DDP: Dynamo's DDP optimizer "
+        "splits a compiled DDP model's graph at each of DDP's buckets, so that their all-reduces can overlap the "
+        "backward (compiling each block alone splits it too). Every graph's forward and backward is a call of the "
+        f"host's, and unrecorded, rank {least.rank}'s GPU spends {host:,.2f} ms of a {least.unprofiled_ms:,.2f} ms "
+        f"step neither computing nor communicating{also}: waiting on its host. Compile the DDP module as one graph: "
+        "torch.compile(ddp) with torch._dynamo.config.optimize_ddp = False set before its first step. DDP then "
+        "reduces the gradients when the backward has returned them all, with nothing to overlap them; on two H200s "
+        "that was still the faster step for GPT-2 small, the roofline ladder's rung \"one compiled graph under "
+        "DDP\" (benchmarks/results/h200x2-distributed.md).",
         str(rank.compiled_at) if rank.compiled_at else None, host)]
 
 

@@ -22,9 +22,10 @@ key head h // group), a query that sees no key gets zeros and a log-sum-exp of -
 natural log for the backward (attention.py's kernels). For bf16 and fp16 at head dims 64 and 128, a positive
 scale, on a device of compute capability 9.0.
 
-Off unless attention.SM90_FORWARD (ROOFLINE_SM90_ATTENTION=1). On an H200 (benchmarks/results/h200-attention.md)
-it is faster than the tiled forward at head dim 128 and slower at 64, and behind cuDNN's at both, timed alone and
-as eager code calls it. It stays off until it is ahead where a whole program uses it.
+Off unless attention.SM90_FORWARD (ROOFLINE_SM90_ATTENTION=1). On an H200 (benchmarks/results/h200-attention.md),
+timed alone, it is faster than the tiled forward at head dim 128 and slower at 64; as eager code calls it (head
+dim 128), faster at long sequences only, and not when causal. It is behind cuDNN's throughout. It stays off until
+it is ahead where a whole program uses it.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
           C("calls", "n"), C("ms"), C("TFLOP/s", "TF/s"), C("GB/s"), C("bound", justify="left", fold=True),
           C("of roofline", "roof", fold=True), C("headroom ms", "room")], rows)
     above = [o.name.removeprefix("aten::") for o in report.ops[:top]
-             if o.pct_of_roofline is not None and o.pct_of_roofline > 1 and o.bound == "memory"]
+             if o.pct_of_roofline is not None and o.pct_of_roofline > 1 and o.bound == "memory" and not o.l2_resident]
     if above:   # a GPU's L2-resident ops are held against the L2's ceiling, doctor's; on a CPU none is measured
         console.print(f"[dim]Over 100%: {', '.join(dict.fromkeys(above))} moved their bytes faster than the memory "
                       "roof (DRAM) allows: their working sets stayed in a cache, whose ceiling doctor measures on "
