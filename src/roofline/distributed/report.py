@@ -20,7 +20,7 @@ HOOKS_SHARE = 0.1      # FSDP2's hooks worth a finding: this share of a step's t
 ADVISED_UNITS = FSDP2_GROUPS + 1   # what the FSDP2 finding advises: the blocks in FSDP2_GROUPS groups, and the root
 SYNC_SHARE = 0.01      # a line of host syncs worth a finding: its gain this share of a step, at least
 SYNC_CALLS = 3         # ... and this many calls in the window (one at the loop's end is no sync in the loop)
-SPLIT_GRAPHS = 2       # compiled graphs a step under DDP from which the host's cost of each is worth a finding
+SPLIT_GRAPHS = 2       # compiled graphs a DDP forward from which the host's cost of each is worth a finding
 HOST_SHARE = 0.05      # ... with the GPU waiting on its host this share of a step, at least
 
 
@@ -215,9 +215,7 @@ def _reduced_every_micro_batch(merged: Merged) -> list[Finding]:
 
     rank = min(merged.ranks, key=lambda r: sum(c.us for c in reductions(r)) / max(r.steps, 1))
     steps, ddp = max(rank.steps, 1), reductions(rank)
-    # a first bucket by its name, which holds its parameters' names: each DDP instance numbers its buckets from 0
-    firsts = collections.Counter(c.owner for c in ddp if comms.bucket_index(c.owner) == 0)
-    per_step = max(firsts.values(), default=0) / steps
+    per_step = _ddp_backwards(rank)
     if per_step < 1.5:
         return []
     reduced_ms = sum(c.us for c in ddp) / steps / 1e3
@@ -230,6 +228,13 @@ def _reduced_every_micro_batch(merged: Merged) -> list[Finding]:
         "the last micro-batch's forward and backward in `with ddp.no_sync():`: the gradients add up locally and "
         f"are reduced once, {per_step:.0f}x fewer bytes. The estimate is the reductions' time saved, at most: what a "
         "step wins is the part no computation hid.", where, gain)]
+
+
+def _ddp_backwards(rank) -> float:
+    """DDP's backwards a step on a rank, told by its first bucket's reductions (0 without DDP). A first bucket by
+    its name, which holds its parameters' names: each DDP instance numbers its buckets from 0."""
+    firsts = collections.Counter(c.owner for c in rank.calls if c.owner and comms.bucket_index(c.owner) == 0)
+    return max(firsts.values(), default=0) / max(rank.steps, 1)
 
 
 def _fsdp2_hooks(merged: Merged) -> list[Finding]:
@@ -277,13 +282,10 @@ def _ddp_split_graphs(merged: Merged) -> list[Finding]:
     GPU neither computes nor communicates nor waits for another rank; and where that rank is the straggler at the
     compiled forward's line, its lead there too (the straggler finding's gain as well: they overlap)."""
     timed = merged.ledger
-    if timed is None:
-        return []
-    ddp = [c for r in merged.ranks for c in r.calls if (c.owner or "").startswith("DDP")]
-    if not ddp:
-        return []
     rank = max(merged.ranks, key=lambda r: r.compiled_graphs)
-    forwards = sum(comms.bucket_index(c.owner) == 0 for c in rank.calls if c.owner) / max(rank.steps, 1)
+    forwards = _ddp_backwards(rank)
+    if timed is None or not forwards:
+        return []
     graphs = rank.compiled_graphs / max(forwards, 1.0)
     if graphs < SPLIT_GRAPHS:
         return []
