@@ -42,7 +42,7 @@ def test_the_ladder_climbs_every_rung_this_machine_can_run():
     assert by_name["fused optimizer"].config == {"precision": "bf16", "fused_optimizer": True, "patch": False,
                                                  "fused_head_loss": False, "compile": None, "graphs": False,
                                                  "changes": (), "parallel": None,
-                                                 "fsdp2_groups": None, "bucket_view": False, "one_graph": False}
+                                                 "fsdp2_groups": None, "reduce_bf16": False, "bucket_view": False, "one_graph": False}
     assert by_name["fused linear + cross-entropy"].config["fused_head_loss"]
     assert by_name["fused optimizer"].vs_previous == pytest.approx(
         by_name["bf16 autocast"].median_ms / by_name["fused optimizer"].median_ms)
@@ -123,7 +123,7 @@ def test_cli_climbs_the_ladder_and_writes_every_report(tmp_path):
     rungs = {r["rung"]: r for r in json.loads((tmp_path / "l.json").read_text())["rungs"]}
     assert rungs["fused linear + cross-entropy"]["status"] == "ok" and rungs["fused linear + cross-entropy"][
         "config"] == {"precision": "bf16", "fused_optimizer": True, "patch": False, "fused_head_loss": True,
-                      "compile": None, "graphs": False, "changes": ["SDPA"], "parallel": None, "fsdp2_groups": None, "bucket_view": False, "one_graph": False}
+                      "compile": None, "graphs": False, "changes": ["SDPA"], "parallel": None, "fsdp2_groups": None, "reduce_bf16": False, "bucket_view": False, "one_graph": False}
     assert [rungs[name]["reason"] for name in ("roofline.patch", "torch.compile", "compile max-autotune")] == [
         "left out by the task"] * 3
     assert "| fused linear + cross-entropy |" in (tmp_path / "l.md").read_text()

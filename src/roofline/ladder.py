@@ -72,7 +72,9 @@ class Config:
     graphs: bool = False
     changes: tuple[str, ...] = ()   # the task's own rungs applied (by name)
     parallel: str | None = None     # on several ranks: "ddp" or "fsdp2" (roofline.distributed.wrapping)
-    fsdp2_groups: int | None = None  # FSDP2's units of layers, kept gathered (None: a unit a layer, resharded)
+    fsdp2_groups: int | None = None  # FSDP2's units of layers, kept gathered (None: a unit a layer, resharded;
+                                     # 1: the model one unit, fully_shard on it alone)
+    reduce_bf16: bool = False       # FSDP2's gradients reduce-scattered in bf16 (MixedPrecisionPolicy's reduce_dtype)
     bucket_view: bool = False       # DDP's gradients as views of its buckets (gradient_as_bucket_view)
     one_graph: bool = False         # DDP compiled as one graph, not split at its buckets (optimize_ddp=False)
 
@@ -169,7 +171,7 @@ def _step_fn(task: TrainTask, config: Config, device: torch.device, changes: dic
             # bucket splitting as that rung was
             torch._dynamo.reset()
         forward = wrap(model, config.parallel, device, bf16=config.precision == "bf16", compile_mode=config.compile,
-                       groups=config.fsdp2_groups, bucket_view=config.bucket_view)
+                       groups=config.fsdp2_groups, bucket_view=config.bucket_view, reduce_bf16=config.reduce_bf16)
     else:
         forward = model if config.compile is None else torch.compile(
             model, mode=None if config.compile == "default" else config.compile)

@@ -4,6 +4,7 @@ held against the one-GPU run's, the slowest rank's steps, and a rank that fails 
 import json
 
 import pytest
+import torch
 
 from roofline.distributed import ladder as ranks_ladder
 from roofline.ladder_results import LadderResult, RungResult
@@ -40,21 +41,25 @@ def test_ddp_and_fsdp2_train_as_one_gpu_does_and_are_timed_by_their_slowest_rank
     assert [ladder["parallel"] for ladder in result["ladders"]] == ["ddp", "fsdp2"]
     assert result["tokens"] == 4 * 16 and result["flops"] > 0 and result["reference"]["ranks"] == 1
     alone = {r["rung"]: RungResult(**r) for r in result["reference"]["rungs"]}
-    # each strategy's own rung (FSDP2's layers in fewer units, DDP's gradients as bucket views) is the rung
-    # before it on one GPU: held against that
-    own = {"fsdp2": ranks_ladder.FEWER_UNITS, "ddp": ranks_ladder.BUCKET_VIEWS}
-    for name in own.values():
+    # each strategy's own rungs (FSDP2's layers in fewer units, then one, then its gradients reduced in bf16; DDP's
+    # gradients as bucket views) are the rung before them on one GPU: held against that
+    own = {"fsdp2": [ranks_ladder.FEWER_UNITS, ranks_ladder.ONE_UNIT, ranks_ladder.BF16_REDUCE],
+           "ddp": [ranks_ladder.BUCKET_VIEWS]}
+    for name in own["fsdp2"] + own["ddp"]:
         alone[name] = alone[RUNGS[-1]]
         assert name not in {r["rung"] for r in result["reference"]["rungs"]}
     for each in result["ladders"]:
         assert each["ranks"] == 2
         rungs = [RungResult(**r) for r in each["rungs"]]
         timed = [r for r in rungs if r.median_ms is not None]
-        assert [r.rung for r in timed] == [*RUNGS, own[each["parallel"]]]
+        assert [r.rung for r in timed] == [*RUNGS, *own[each["parallel"]]]
         if each["parallel"] == "ddp":   # its one-graph rung needs the torch.compile rung, left out here
             assert timed[-1].config["bucket_view"] and not timed[-2].config["bucket_view"]
             one = next(r for r in rungs if r.rung == ranks_ladder.ONE_GRAPH)
             assert (one.status, one.reason) == ("skipped", "nothing compiled: the torch.compile rung did not run")
+        else:
+            assert [(r.config["fsdp2_groups"], r.config["reduce_bf16"]) for r in timed[-3:]] == \
+                [(ranks_ladder.FSDP2_GROUPS, False), (1, False), (1, True)]
         for r in timed:
             # every rank trains on the same batch, so the reduced gradients are one GPU's: the same loss
             assert r.status == "ok", (each["parallel"], r.rung, r.loss_error)
@@ -79,6 +84,19 @@ def test_several_ranks_refuse_the_rungs_that_would_capture_their_collectives():
     assert refused["compile max-autotune"].startswith("not climbed on several ranks: its CUDA graphs")
     assert [name for name, why in refused.items() if why] == ["compile max-autotune", "CUDA graphs"]
     assert TRAINING_RUNGS[-1].refused(Config()) is None   # on one GPU, CUDA graphs climb
+    bf16_reduce = next(r for r in ranks_ladder._own_rungs("fsdp2") if r.name == ranks_ladder.BF16_REDUCE)
+    assert bf16_reduce.refused(Config(parallel="fsdp2")) == "not under bf16: the bf16 autocast rung did not run"
+    assert bf16_reduce.refused(Config(parallel="fsdp2", precision="bf16")) is None
+
+
+def test_gradients_are_reduced_in_bf16_only_under_bf16():
+    from torch import nn
+
+    from roofline.distributed.wrapping import wrap
+
+    with pytest.raises(ValueError, match="reduce_bf16: gradients are reduced in bf16 only under bf16"):
+        wrap(nn.Sequential(nn.ModuleList([nn.Linear(2, 2)])), "fsdp2", torch.device("cpu"), bf16=False,
+             compile_mode=None, reduce_bf16=True)
 
 
 def test_the_slowest_rank_sets_each_step():
@@ -112,16 +130,19 @@ def test_bad_input_is_named():
         ranks_ladder.run(TARGET, 2, ("zero3",))
 
 
-def test_fsdp2_s_rung_shards_the_layers_in_four_units_and_the_root():
+def test_fsdp2_s_rungs_shard_the_layers_in_four_units_and_the_root_then_the_model_as_one():
     from roofline.distributed.launch import spawn
 
-    units, one_a_layer = spawn(workers.fsdp2_units, 2, [(10, ranks_ladder.FSDP2_GROUPS), (3, None)])[0]
+    units, one_a_layer, one = spawn(workers.fsdp2_units, 2, [(10, ranks_ladder.FSDP2_GROUPS), (3, None),
+                                                              (3, 1)])[0]
     # the model itself (no parameters of its own), then its 10 layers in 4 groups as even as they divide, each
     # kept gathered after its forward
     assert units == [([""], None), (["0.0", "0.1", "0.2"], False), (["0.3", "0.4", "0.5"], False),
                      (["0.6", "0.7"], False), (["0.8", "0.9"], False)]
     # without groups, a unit a layer, resharded after its forward
     assert one_a_layer == [([""], None), (["0.0"], True), (["0.1"], True), (["0.2"], True)]
+    # one unit: the model's fully_shard holds every layer's parameters
+    assert one == [([""], True)]
     from roofline.distributed.wrapping import grouped
 
     assert grouped(list(range(6)), 4) == [[0, 1], [2, 3], [4], [5]] and grouped([0, 1], 4) == [[0], [1]]

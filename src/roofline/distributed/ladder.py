@@ -35,30 +35,42 @@ from roofline.ladder_results import LadderResult
 
 COLLECTIVE_TIMEOUT_S = 1800.0   # a rung's warm-up compiles on every rank; one rank may wait at a collective that long
 FEWER_UNITS = "fewer FSDP2 units"
+ONE_UNIT = "FSDP2 as one unit"
+BF16_REDUCE = "FSDP2 gradients reduced in bf16"
 BUCKET_VIEWS = "gradients as DDP's buckets"
 ONE_GRAPH = "one compiled graph under DDP"
-OWN_RUNGS = (FEWER_UNITS, BUCKET_VIEWS, ONE_GRAPH)   # climbed on ranks only, by one strategy
+OWN_RUNGS = (FEWER_UNITS, ONE_UNIT, BF16_REDUCE, BUCKET_VIEWS, ONE_GRAPH)   # climbed on ranks only, by one strategy
 
 
 def _own_rungs(strategy: str) -> list:
     """The strategy's own rungs, climbed after the rungs both strategies climb. They change how the ranks share the
     work, not the step's math: on one GPU each is the last rung before them.
-    FSDP2: the layers sharded in FSDP2_GROUPS units, each kept gathered from its forward to its backward.
+    FSDP2: the layers sharded in FSDP2_GROUPS units, each kept gathered from its forward to its backward; then the
+    model as one unit (one all-gather and one reduce-scatter a step, its parameters gathered for the whole step:
+    DDP's memory for them, FSDP2's for the gradients and the optimizer's state); then, under bf16, the gradients
+    reduce-scattered in bf16, half the bytes of fp32 (they are computed in the parameters' bf16: the reduction adds
+    its own rounding). On two H200s, the Llama-style model's step scaled best as one unit reducing in bf16
+    (benchmarks/results/h200x2-distributed.md, "FSDP2 in fewer units").
     DDP: each gradient a view of its bucket, so the backward writes it where the all-reduce reads it: no copy into
     the bucket and back. On two H100s, beside the default in the same process, DDP's GPT-2 step was 1.11x and 1.07x
     faster (point estimates of two calls; the second's interval includes 1; benchmarks/results/h100x2-distributed.md,
     "Side by side"). Then, where the step is compiled, one graph:
     under DDP, torch.compile splits the model's graph at DDP's buckets (its DDPOptimizer), so that each bucket is
     reduced while the backward goes on; one graph keeps its fusions across them, and reduces every bucket after its
-    backward. Which wins depends on the model and the links: on two H100s, GPT-2 small's split step took 36-41 ms
-    where DDP around a graph compiled whole took 29 (not yet timed in turns)."""
+    backward. On two H200s, GPT-2 small's step split at the buckets scaled 0.56, and as one graph 0.82-0.88
+    (benchmarks/results/h200x2-distributed.md, "Compiled DDP")."""
     from dataclasses import replace
 
     from roofline.ladder import Rung
 
     if strategy == "fsdp2":
         return [Rung(FEWER_UNITS, f"fully_shard(list(blocks[i:j]), reshard_after_forward=False)  # {FSDP2_GROUPS} "
-                     "units, not one a block", lambda c: replace(c, fsdp2_groups=FSDP2_GROUPS))]
+                     "units, not one a block", lambda c: replace(c, fsdp2_groups=FSDP2_GROUPS)),
+                Rung(ONE_UNIT, "fully_shard(model)  # alone: no unit a block", lambda c: replace(c, fsdp2_groups=1)),
+                Rung(BF16_REDUCE, "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)",
+                     lambda c: replace(c, reduce_bf16=True),
+                     refused=lambda c: None if c.precision == "bf16" else "not under bf16: the bf16 autocast rung "
+                     "did not run")]
     return [Rung(BUCKET_VIEWS, "DistributedDataParallel(model, gradient_as_bucket_view=True)",
                  lambda c: replace(c, bucket_view=True)),
             Rung(ONE_GRAPH, "torch._dynamo.config.optimize_ddp = False  # not split at DDP's buckets",

@@ -48,10 +48,12 @@ def layers(model: nn.Module) -> list[nn.Module]:
 
 
 def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, compile_mode: str | None,
-         groups: int | None = None, bucket_view: bool = False) -> nn.Module:
+         groups: int | None = None, bucket_view: bool = False, reduce_bf16: bool = False) -> nn.Module:
     """The module a training step calls: `model` under `strategy`, compiled where compile_mode is set (None, or
-    torch.compile's mode: "default", "max-autotune"); groups: FSDP2's units of layers (None: one a layer);
-    bucket_view: DDP's gradients as views of its buckets."""
+    torch.compile's mode: "default", "max-autotune"); groups: FSDP2's units of layers (None: one a layer, each
+    resharded after its forward; K: K units kept gathered from forward to backward; 1: the model as one unit, with
+    one all-gather and one reduce-scatter a step); bucket_view: DDP's gradients as views of its buckets;
+    reduce_bf16: under bf16, FSDP2's gradients reduce-scattered in bf16, not fp32 (half the bytes)."""
     mode = None if compile_mode in (None, "default") else compile_mode
     if strategy == "ddp":
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -60,7 +62,10 @@ def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, comp
     if strategy == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
+        if reduce_bf16 and not bf16:
+            raise ValueError("reduce_bf16: gradients are reduced in bf16 only under bf16 (bf16=True)")
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                      reduce_dtype=torch.bfloat16 if reduce_bf16 else torch.float32) if bf16 \
             else MixedPrecisionPolicy()
         blocks = layers(model)
         if not blocks:
@@ -69,7 +74,7 @@ def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, comp
         if compile_mode is not None:
             for block in blocks:
                 block.compile(mode=mode)
-        for unit in units:
+        for unit in units if groups != 1 else ():   # one unit: the root's fully_shard holds every layer
             fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy, reshard_after_forward=groups is None)
         fully_shard(model, mp_policy=policy)
         return model
