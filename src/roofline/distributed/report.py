@@ -70,13 +70,18 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
         top = rows[0]["where"] if rows else None
         owner = (rows[0].get("owner") or "") if rows else ""
         # the order is the measured one (benchmarks/results/h100x2-distributed.md, "Side by side"): bucket views
-        # gained, larger buckets were not told apart from no gain, and bf16 compression cost more than it saved
+        # gained, larger buckets were not told apart from no gain, and bf16 compression cost more than it saved;
+        # FSDP2's from h200x2-distributed.md, "FSDP2 in fewer units": its reduce-scatter in bf16 gained in every
+        # layout, and fewer units gained down to the model alone
         ddp = ("DDP: gradient_as_bucket_view=True lets the backward write each gradient into its bucket, with no "
                "copy in and out; larger buckets (DistributedDataParallel(bucket_cap_mb=...)) send fewer, larger "
                "messages; under gradient accumulation, no_sync() on all but the last micro-batch reduces once. "
                "Over NVLink, compressing gradients to bf16 (a comm hook) costs more than it saves.")
-        fsdp = ("FSDP2: prefetch the next layer's all-gather, and reshard_after_forward=False keeps the parameters "
-                "gathered for the backward.")
+        fsdp = ("FSDP2: MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) "
+                "reduce-scatters the gradients in bf16, half the bytes of fp32; fewer units (fully_shard on groups of "
+                "blocks, down to the model alone where its parameters fit gathered) gather and reduce in fewer, "
+                "larger collectives; reshard_after_forward=False keeps a unit's parameters gathered for the "
+                "backward.")
         if rows and rows[0]["asynchronous"]:   # advice for whoever's tensors the top collective moves
             advice = ddp if owner.startswith("DDP") else fsdp if owner.startswith("FSDP2") else f"{ddp} {fsdp}"
         else:
