@@ -170,10 +170,11 @@ class _Layers(torch.nn.Module):
         return x
 
 
-def compiled_ddp_gradients(variant: str):
-    """benchmarks/parallel_step.py's step of a compiled DDP variant (torch.compile's backend: AOTAutograd alone), on
-    this rank's own batch: (the largest difference between its gradients and the mean of every rank's gradients of
-    the model alone, the backward graphs compiled autograd captured, the graphs Dynamo compiled)."""
+def compiled_ddp_gradients(variant: str, backend: str = "aot_eager"):
+    """benchmarks/parallel_step.py's step of a compiled DDP variant (torch.compile's backend: AOTAutograd alone, or
+    "inductor" where Inductor's own passes are under test), on this rank's own batch: (the largest difference
+    between its gradients and the mean of every rank's gradients of the model alone, the backward graphs compiled
+    autograd captured, the graphs Dynamo compiled)."""
     import functools
     import sys
     from unittest import mock
@@ -185,7 +186,7 @@ def compiled_ddp_gradients(variant: str):
 
     device = torch.device("cpu")
     counters.clear()
-    with mock.patch.object(torch, "compile", functools.partial(torch.compile, backend="aot_eager")):
+    with mock.patch.object(torch, "compile", functools.partial(torch.compile, backend=backend)):
         run, model, context, shape = parallel_step.build("gpt2", variant, device)
         alone = parallel_step.model_and_batch("gpt2", device)[0]
         alone.load_state_dict(model.state_dict())
@@ -198,7 +199,8 @@ def compiled_ddp_gradients(variant: str):
         mean = own.grad.clone()
         dist.all_reduce(mean)
         error = max(error, (reduced.grad - mean / dist.get_world_size()).abs().max().item())
-    return error, counters["compiled_autograd"]["captures"], counters["stats"]["unique_graphs"]
+    return (error, counters["compiled_autograd"]["captures"], counters["stats"]["unique_graphs"],
+            counters["inductor"]["ddp_buckets"])
 
 
 def ddp_buckets_compiled_or_not():
