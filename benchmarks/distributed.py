@@ -2,7 +2,7 @@
 communication figures against the step time they claim.
 
     python benchmarks/distributed.py OUT_DIR ladder --task gpt2 [--parallel ddp fsdp2] [--skip RUNG ...]
-    python benchmarks/distributed.py OUT_DIR profile [--nproc 2]
+    python benchmarks/distributed.py OUT_DIR profile [--nproc 2] [--rounds 9]
     python benchmarks/distributed.py OUT_DIR fsdp2-advice [--repeats 3]
     python benchmarks/distributed.py OUT_DIR sync-advice [--rounds 9]
 
@@ -11,15 +11,17 @@ their full sizes): every rung on one GPU, then on N ranks; tokens/s per GPU, sca
 per rank, the loss against one GPU's. Writes OUT_DIR/ladder-TASK.md and .json.
 
 profile: examples/ddp_train.py (GPT-2 small, bf16, DDP, 8 x 1024 tokens a rank):
-  - timed unprofiled on one GPU (no DDP: nothing to communicate) and on N ranks, `--repeats` times each, in turns;
-    the step time N ranks add over one GPU is what their communication costs the step;
+  - timed unprofiled in one launch of N ranks, in turns (benchmarks/parallel_step.py, `--rounds` rounds): its step
+    on each GPU alone (no DDP: nothing to communicate), under DDP, and under DDP with larger buckets; the step time
+    the ranks add over one GPU, round by round, with the sign test's 95% interval, is what their communication
+    costs the step (separate launches of one program moved by up to 5 ms a step on the lent machines);
   - profiled on N ranks (`roofline profile --nproc-per-node N --json`): each rank's exposed communication a step,
     held against that added time (issue 37's target: within 0.7-1.4x), and its profiled step against the
     unprofiled one (the profiler may stretch a step by 1.2x at most);
   - profiled again with rank 1 sleeping 20 ms after each step: is the straggler named, with its line?
   - profiled under FSDP2 (--fsdp2): its all-gathers' and reduce-scatters' transfer times and bus bandwidth;
   - timed with DDP's buckets of 100 MB against its default 25 MB (in the same turns): what the exposed-communication
-    finding's first advice, larger buckets, gains.
+    finding's larger buckets gain.
 Writes OUT_DIR/profile-ranks.md and .json.
 
 fsdp2-advice: the fsdp2-hooks finding's estimate against its advice applied: examples/ddp_train.py under FSDP2 (a
@@ -116,38 +118,61 @@ def _profile(nproc: int, json_path: Path, *args: str) -> dict:
     return json.loads(json_path.read_text())["ranks"]
 
 
-def profile(out: Path, nproc: int, repeats: int) -> None:
-    alone, together, larger = [], [], []
-    for _ in range(repeats):   # in turns: a drift of the machine moves them all
-        alone.append(_train(1))
-        together.append(_train(nproc))
-        larger.append(_train(nproc, "--bucket-cap-mb", str(LARGER_BUCKETS_MB)))
-    one, many = statistics.median(alone), statistics.median(together)
-    added = many - one
+def _in_turns(out: Path, nproc: int, rounds: int) -> dict:
+    """benchmarks/parallel_step.py's set of examples/ddp_train.py's step alone on each GPU, under DDP, and under
+    DDP with larger buckets, timed in one launch, in turns: its variants' summaries (each round's steps, the
+    slowest rank's)."""
+    stem = out / "profile-turns"
+    variants = f"gpt2:single,ddp,ddp+bucket{LARGER_BUCKETS_MB}"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "parallel_step.py"), str(stem), variants,
+                           "--nproc", str(nproc), "--rounds", str(rounds)], capture_output=True, text=True,
+                          timeout=900)
+    if done.returncode:
+        raise RuntimeError(f"parallel_step.py {variants} failed ({done.returncode}):\n{done.stdout[-2000:]}"
+                           f"{done.stderr[-2000:]}")
+    return json.loads(stem.with_suffix(".json").read_text())[0]["variants"]
+
+
+def added_ms(turns: dict, variant: str) -> tuple[float, float, float]:
+    """(low, median, high): the step time `variant` adds over the step alone on each GPU, round by round (each
+    round's median step against the same round's alone), with the sign test's 95% interval."""
+    rounds = zip(turns[variant]["rounds_ms"], turns["single"]["rounds_ms"])
+    return median_ci([statistics.median(many) - statistics.median(one) for many, one in rounds])
+
+
+def profile(out: Path, nproc: int, rounds: int) -> None:
+    turns = _in_turns(out, nproc, rounds)
+    one, many = turns["single"]["median_ms"], turns["ddp"]["median_ms"]
+    added_low, added, added_high = added_ms(turns, "ddp")
     ranks = _profile(nproc, out / "profile-ranks.json")
     slow = _profile(nproc, out / "profile-straggler.json", "--slow-rank", "1", "--slow-ms", str(SLOW_MS))
     fsdp = _profile(nproc, out / "profile-fsdp2.json", "--fsdp2")
-    buckets = {25: many, LARGER_BUCKETS_MB: statistics.median(larger)}
+    larger = f"ddp+bucket{LARGER_BUCKETS_MB}"
+    bucket_added = added_ms(turns, larger)
     lines = [f"examples/ddp_train.py (GPT-2 small, bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens a rank) on "
              f"{_machine(nproc)}, torch {torch.__version__}", "",
-             f"Unprofiled, the median of {repeats} runs each (a run's step: the median of steps 6 to {STEPS}):",
-             f"one GPU, no DDP {one:.2f} ms ({', '.join(f'{t:.2f}' for t in alone)}); {nproc} ranks {many:.2f} ms "
-             f"({', '.join(f'{t:.2f}' for t in together)}): the ranks add {added:.2f} ms a step; scaling efficiency "
-             f"{one / many:.3f}.", "",
+             f"Unprofiled, in one launch, {rounds} rounds in turns (benchmarks/parallel_step.py; every step the "
+             f"slowest rank's): each GPU alone, no DDP, {one:.2f} ms; {nproc} ranks under DDP {many:.2f} ms: the ranks "
+             f"add {added:.2f} ms a step (95% interval {added_low:.2f}-{added_high:.2f}, round by round); scaling "
+             f"{turns['ddp']['scaling']:.3f} ({turns['ddp']['scaling_low']:.3f}-{turns['ddp']['scaling_high']:.3f}).",
+             "",
              "| rank | unrecorded step ms (profile) | recorded step ms | stretch | compute ms | comm ms | "
              "exposed ms, recorded | not computing ms, unrecorded |", "|---|---|---|---|---|---|---|---|"]
     for r in ranks["ranks"]:
         lines.append(f"| {r['rank']} | {_ms(r['unprofiled_ms'])} | {r['step_ms']:.2f} | {r['step_ms'] / many:.2f}x "
-                     f"vs the unprofiled runs | {r['compute_ms']:.2f} | {r['comm_ms']:.2f} | {r['exposed_ms']:.2f} | "
+                     f"vs the steps in turns | {r['compute_ms']:.2f} | {r['comm_ms']:.2f} | {r['exposed_ms']:.2f} | "
                      f"{_ms(r['not_computing_ms'])} |")
     found = {f["id"]: f for f in ranks["findings"]}
     exposed = found.get("exposed-communication")
     ratio = exposed["gain_ms"] / added if exposed and added > 0 else None
+    # the ratio's interval from the added time's: the estimate is one profile's figure
+    span = (exposed["gain_ms"] / added_high, exposed["gain_ms"] / added_low) if ratio and added_low > 0 else None
     lines += ["", "Findings: " + ("; ".join(f"{f['title']} ({f['gain_ms']:.2f} ms, {f['where']})"
                                             for f in ranks["findings"]) or "none"), "",
               "The exposed-communication finding's estimate against the time the ranks add: "
-              + (f"{exposed['gain_ms']:.2f} ms against {added:.2f} ms, {ratio:.2f}x "
-                 f"({'within' if 0.7 <= ratio <= 1.4 else 'OUTSIDE'} 0.7-1.4x)" if ratio else "no finding"), ""]
+              + (f"{exposed['gain_ms']:.2f} ms against {added:.2f} ms, {ratio:.2f}x"
+                 + (f" ({span[0]:.2f}-{span[1]:.2f}x over the added time's interval)" if span else "")
+                 + f" ({'within' if 0.7 <= ratio <= 1.4 else 'OUTSIDE'} 0.7-1.4x)" if ratio else "no finding"), ""]
     timed = ranks.get("unrecorded")
     lines += ["Outside the window, NCCL's timing (distributed.ledger): " + (
         f"{timed['calls']} calls of {timed['steps']} steps; a step's comm " + ", ".join(map(_ms, timed["comm_ms"]))
@@ -170,14 +195,15 @@ def profile(out: Path, nproc: int, repeats: int) -> None:
               "| collective | bytes | calls | us a call | busbw GB/s | timed outside the window |", "|---|---|---|---|---|---|",
               *(f"| {c['kind']} | {c['bytes']} | {c['calls']:g} | {c['call_us']:.0f} | {_ms(c['busbw_gbps'])} | "
                 f"{'yes' if c.get('unrecorded') else 'no'} |" for c in fsdp["collectives"]), "",
-              "DDP bucket size (bucket_cap_mb), unprofiled step ms, the median of the turns: "
-              + ", ".join(f"{mb} MB {ms:.2f}" for mb, ms in buckets.items())
-              + f" ({LARGER_BUCKETS_MB} MB: {', '.join(f'{t:.2f}' for t in larger)})", ""]
+              f"DDP's buckets of {LARGER_BUCKETS_MB} MB against its default 25 MB, unprofiled, in the same turns: "
+              f"{turns[larger]['median_ms']:.2f} against {many:.2f} ms a step; they add {bucket_added[1]:.2f} ms over "
+              f"each GPU alone (95% interval {bucket_added[0]:.2f}-{bucket_added[2]:.2f}).", ""]
     (out / "profile-ranks.md").write_text("\n".join(lines))
     (out / "profile-ranks-summary.json").write_text(json.dumps(
-        {"one_gpu_ms": alone, "ranks_ms": together, "added_ms": added, "estimate_ratio": ratio, "ranks": ranks["ranks"],
-         "findings": ranks["findings"], "unrecorded": timed, "straggler": s, "straggler_named": named,
-         "false_straggler": "straggler" in found, "buckets_ms": buckets}, indent=1))
+        {"turns": turns, "added_ms": [added_low, added, added_high], "estimate_ratio": ratio,
+         "estimate_ratio_interval": span, "ranks": ranks["ranks"], "findings": ranks["findings"], "unrecorded": timed,
+         "straggler": s, "straggler_named": named, "false_straggler": "straggler" in found,
+         "larger_buckets_added_ms": list(bucket_added)}, indent=1))
     print("\n".join(lines))
 
 
@@ -342,10 +368,10 @@ def main() -> None:
     parser.add_argument("--parallel", nargs="+", default=["ddp", "fsdp2"])
     parser.add_argument("--skip", nargs="*", default=[], help="rungs to leave out, by name")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=9, help="sync-advice: pairs of turns (6 at least: the 95% "
-                        "interval needs them)")
+    parser.add_argument("--rounds", type=int, default=9, help="sync-advice: pairs of turns; profile: rounds of its "
+                        "steps in turns (6 at least: the 95% interval needs them)")
     args = parser.parse_args()
-    if args.what == "sync-advice" and args.rounds < min_rounds(0.95):
+    if args.what in ("sync-advice", "profile") and args.rounds < min_rounds(0.95):
         parser.error(f"--rounds: at least {min_rounds(0.95)}, for a 95% interval")
     if args.nproc < 2:
         parser.error("--nproc: 2 ranks at least (default: the GPUs here)")
@@ -359,7 +385,7 @@ def main() -> None:
     elif args.what == "sync-advice":
         sync_advice(args.out, args.nproc, args.rounds)
     else:
-        profile(args.out, args.nproc, args.repeats)
+        profile(args.out, args.nproc, args.rounds)
 
 
 if __name__ == "__main__":

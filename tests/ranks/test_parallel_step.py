@@ -145,3 +145,17 @@ def test_the_python_reducer_is_refused_beside_another_ddp_variant(monkeypatch, c
     assert "+pyreducer sets torch's settings for its whole launch, and DDP reads them: ddp+view+onegraph would " \
            "run with its Python reducer" in " ".join(capsys.readouterr().err.split())
     assert parallel_step.parse("ddp+pyreducer+view") == ("ddp", {"pyreducer": True, "view": True})
+
+
+def test_the_time_ranks_add_is_each_round_s_median_step_less_the_same_round_s_alone():
+    """benchmarks/distributed.py's profile part holds the exposed-communication estimate against this."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import distributed
+
+    # six rounds of three steps: the rounds drift together, and DDP adds 2-7 ms to its own round
+    single = [[10.0 + r, 10.0 + r, 30.0] for r in range(6)]
+    ddp = [[12.0 + r + r, 40.0, 12.0 + r + r] for r in range(6)]
+    turns = {"single": {"rounds_ms": single}, "ddp": {"rounds_ms": ddp}}
+    low, median, high = distributed.added_ms(turns, "ddp")
+    assert (low, high) == (2.0, 7.0)   # six rounds: the sign test's 95% interval is their whole range
+    assert median == pytest.approx(4.5)

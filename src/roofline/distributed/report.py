@@ -269,7 +269,8 @@ def _fsdp2_hooks(merged: Merged) -> list[Finding]:
         "gathered from its forward to its backward, saving the backward's gathers and their hooks (the memory "
         "FSDP2 saves on parameters is spent while they stay gathered). The gain is estimated for "
         f"{FSDP2_GROUPS} groups and the root; `roofline ladder --nproc-per-node N` measures it as its FSDP2 rung "
-        "\"fewer FSDP2 units\".",
+        "\"fewer FSDP2 units\", then the model as one unit (where its parameters fit gathered) and its gradients "
+        "reduced in bf16.",
         str(r.hooks_at) if r.hooks_at else None, gain)]
 
 
