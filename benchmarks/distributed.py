@@ -152,8 +152,9 @@ def profile(out: Path, nproc: int, rounds: int) -> None:
     lines = [f"examples/ddp_train.py (GPT-2 small, bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens a rank) on "
              f"{_machine(nproc)}, torch {torch.__version__}", "",
              f"Unprofiled, in one launch, {rounds} rounds in turns (benchmarks/parallel_step.py; every step the "
-             f"slowest rank's): each GPU alone, no DDP, {one:.2f} ms; {nproc} ranks under DDP {many:.2f} ms: the ranks "
-             f"add {added:.2f} ms a step (95% interval {added_low:.2f}-{added_high:.2f}, round by round); scaling "
+             f"slowest rank's): each GPU alone, no DDP, {one:.2f} ms; {nproc} ranks under DDP {many:.2f} ms (every step's "
+             f"median); the ranks add {added:.2f} ms a step (each round's median less its own alone, the median over "
+             f"rounds, 95% interval {added_low:.2f}-{added_high:.2f}); scaling "
              f"{turns['ddp']['scaling']:.3f} ({turns['ddp']['scaling_low']:.3f}-{turns['ddp']['scaling_high']:.3f}).",
              "",
              "| rank | unrecorded step ms (profile) | recorded step ms | stretch | compute ms | comm ms | "

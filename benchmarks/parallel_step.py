@@ -39,11 +39,9 @@ Variants, a strategy and its options joined by "+":
                   gradient's all-reduce is in the backward graph, which Inductor buckets and orders itself. Its
                   settings hold for the whole launch (set around each step alone, Inductor's graph failed its own
                   stride checks on torch 2.13): its set holds no other DDP variant
-    +fuse         with +pyreducer: Inductor fuses the backward graph's all-reduces into buckets of +bucketN MB
-                  (default 25) and moves each one's wait to where its result is used (_fuse_ddp_communication):
-                  one call a parameter otherwise
     +overlap      with +pyreducer: Inductor reorders the graph's collectives and computation so that they overlap
-                  (reorder_for_compute_comm_overlap)
+                  (reorder_for_compute_comm_overlap). DDP built with its Python reducer turns on Inductor's own
+                  bucketing of the backward's all-reduces itself (_fuse_ddp_communication, buckets of bucket_cap_mb)
   ddp, fsdp2:
     +ctasN        the wrapper's collectives on an NCCL communicator of their own, at most N CTAs (thread blocks, an
                   SM each) a collective (ProcessGroupNCCL.Options().config.max_ctas, as Megatron sets it per
@@ -97,12 +95,12 @@ EVERY = {"patch", "lce", "pin"}   # options of every strategy
 NCCL = {"ctas", "hiprio"}   # settings of the communicator a wrapper's collectives run on: only NCCL's
 OPTIONS = {"single": {"compile", "blocks"} | EVERY,
            "ddp": {"nobcast", "view", "static", "bucket", "nosync", "bf16grads", "compile", "onegraph", "pyreducer",
-                   "blocks", "fuse", "overlap"}
+                   "blocks", "overlap"}
            | NCCL | EVERY,
            "fsdp2": {"units", "keep", "root", "fp32", "bf16reduce", "compile"} | NCCL | EVERY}
 NUMBERED = ("bucket", "units", "ctas")   # options that take a number
 COMPILED = {"compile", "onegraph", "pyreducer"}   # options that compile the step (one GPU's: compile)
-INDUCTOR_DDP = ("fuse", "overlap")   # Inductor's passes over the Python reducer's collectives: with pyreducer only
+INDUCTOR_DDP = ("overlap",)   # Inductor's passes over the Python reducer's collectives: with pyreducer only
 BLOCKS = "blocks"   # compiles each block alone (one GPU's: blocks)
 WARMUP_STEPS = 3   # compiles; DDP rebuilds its buckets in the order of the first backward, static_graph after two
 
@@ -123,8 +121,8 @@ def parse(variant: str) -> tuple[str, dict]:
         options[name] = int(number) if number else True
     passes = [name for name in INDUCTOR_DDP if name in options]
     if passes and "pyreducer" not in options:
-        raise ValueError(f"variant {variant!r}: {', '.join(passes)} work on the Python reducer's collectives, in the "
-                         "compiled backward: add +pyreducer")
+        raise ValueError(f"variant {variant!r}: {', '.join(passes)} reorders the Python reducer's collectives, in "
+                         "the compiled backward: add +pyreducer")
     return strategy, options
 
 
@@ -165,8 +163,6 @@ def build(model_name: str, variant: str, device: torch.device):
         if options.get("pyreducer"):   # read by DDP when it is built (its C++ reducer left out), by Dynamo at compile
             torch._dynamo.config.optimize_ddp = "python_reducer"
             torch._dynamo.config.compiled_autograd = True
-            torch._inductor.config._fuse_ddp_communication = bool(options.get("fuse"))
-            torch._inductor.config._fuse_ddp_bucket_size = options.get("bucket", 25)
             torch._inductor.config.reorder_for_compute_comm_overlap = bool(options.get("overlap"))
         ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=ids, process_group=communicator(options),

@@ -42,7 +42,8 @@ def test_the_ladder_climbs_every_rung_this_machine_can_run():
     assert by_name["fused optimizer"].config == {"precision": "bf16", "fused_optimizer": True, "patch": False,
                                                  "fused_head_loss": False, "compile": None, "graphs": False,
                                                  "changes": (), "parallel": None,
-                                                 "fsdp2_groups": None, "reduce_bf16": False, "bucket_view": False, "one_graph": False}
+                                                 "fsdp2_groups": None, "reduce_bf16": False, "bucket_view": False,
+                                                 "one_graph": False}
     assert by_name["fused linear + cross-entropy"].config["fused_head_loss"]
     assert by_name["fused optimizer"].vs_previous == pytest.approx(
         by_name["bf16 autocast"].median_ms / by_name["fused optimizer"].median_ms)
@@ -123,7 +124,8 @@ def test_cli_climbs_the_ladder_and_writes_every_report(tmp_path):
     rungs = {r["rung"]: r for r in json.loads((tmp_path / "l.json").read_text())["rungs"]}
     assert rungs["fused linear + cross-entropy"]["status"] == "ok" and rungs["fused linear + cross-entropy"][
         "config"] == {"precision": "bf16", "fused_optimizer": True, "patch": False, "fused_head_loss": True,
-                      "compile": None, "graphs": False, "changes": ["SDPA"], "parallel": None, "fsdp2_groups": None, "reduce_bf16": False, "bucket_view": False, "one_graph": False}
+                      "compile": None, "graphs": False, "changes": ["SDPA"], "parallel": None, "fsdp2_groups": None,
+                      "reduce_bf16": False, "bucket_view": False, "one_graph": False}
     assert [rungs[name]["reason"] for name in ("roofline.patch", "torch.compile", "compile max-autotune")] == [
         "left out by the task"] * 3
     assert "| fused linear + cross-entropy |" in (tmp_path / "l.md").read_text()
@@ -153,3 +155,15 @@ def test_a_cuda_graph_s_loss_is_checked_at_the_first_step_it_was_seen():
     assert graphs.loss_error == pytest.approx(0.0005 / 2.0) and graphs.vs_baseline == 2.0
     assert (broken.loss_step, broken.status) == (5, "numerics")
     assert unseen.loss is None and unseen.status == "ok" and "not checked" in unseen.reason
+
+
+def test_gradients_are_reduced_in_bf16_only_under_bf16():
+    import torch
+    from torch import nn
+
+    from roofline.distributed.wrapping import wrap
+
+    for strategy, bf16 in (("fsdp2", False), ("ddp", True)):   # refused before any process group is needed
+        with pytest.raises(ValueError, match="reduce_bf16: FSDP2's gradients are reduced in bf16 under bf16 only"):
+            wrap(nn.Sequential(nn.ModuleList([nn.Linear(2, 2)])), strategy, torch.device("cpu"), bf16=bf16,
+                 compile_mode=None, reduce_bf16=True)

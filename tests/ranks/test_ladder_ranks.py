@@ -4,7 +4,6 @@ held against the one-GPU run's, the slowest rank's steps, and a rank that fails 
 import json
 
 import pytest
-import torch
 
 from roofline.distributed import ladder as ranks_ladder
 from roofline.ladder_results import LadderResult, RungResult
@@ -89,16 +88,6 @@ def test_several_ranks_refuse_the_rungs_that_would_capture_their_collectives():
     assert bf16_reduce.refused(Config(parallel="fsdp2", precision="bf16")) is None
 
 
-def test_gradients_are_reduced_in_bf16_only_under_bf16():
-    from torch import nn
-
-    from roofline.distributed.wrapping import wrap
-
-    with pytest.raises(ValueError, match="reduce_bf16: gradients are reduced in bf16 only under bf16"):
-        wrap(nn.Sequential(nn.ModuleList([nn.Linear(2, 2)])), "fsdp2", torch.device("cpu"), bf16=False,
-             compile_mode=None, reduce_bf16=True)
-
-
 def test_the_slowest_rank_sets_each_step():
     def rung(samples, peak):
         return RungResult("r", "c", {}, "ok", median_ms=sorted(samples)[len(samples) // 2], samples_ms=samples,
@@ -137,12 +126,15 @@ def test_fsdp2_s_rungs_shard_the_layers_in_four_units_and_the_root_then_the_mode
                                                               (3, 1)])[0]
     # the model itself (no parameters of its own), then its 10 layers in 4 groups as even as they divide, each
     # kept gathered after its forward
-    assert units == [([""], None), (["0.0", "0.1", "0.2"], False), (["0.3", "0.4", "0.5"], False),
-                     (["0.6", "0.7"], False), (["0.8", "0.9"], False)]
+    assert units == [([""], None, 0), (["0.0", "0.1", "0.2"], False, 6), (["0.3", "0.4", "0.5"], False, 6),
+                     (["0.6", "0.7"], False, 4), (["0.8", "0.9"], False, 4)]
     # without groups, a unit a layer, resharded after its forward
-    assert one_a_layer == [([""], None), (["0.0"], True), (["0.1"], True), (["0.2"], True)]
-    # one unit: the model's fully_shard holds every layer's parameters
-    assert one == [([""], True)]
+    assert one_a_layer == [([""], None, 0), (["0.0"], True, 2), (["0.1"], True, 2), (["0.2"], True, 2)]
+    # one unit: the model's fully_shard holds every layer's parameters (FSDP2 keeps a root's gathered from its
+    # forward to its backward, whatever it is set to: at its first forward)
+    assert one == [([""], True, 6)]
+    assert spawn(workers.fsdp2_reduce_dtype, 2, True)[0] == "torch.bfloat16"
+    assert spawn(workers.fsdp2_reduce_dtype, 2, False)[0] == "torch.float32"
     from roofline.distributed.wrapping import grouped
 
     assert grouped(list(range(6)), 4) == [[0, 1], [2, 3], [4], [5]] and grouped([0, 1], 4) == [[0], [1]]

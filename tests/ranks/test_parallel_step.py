@@ -27,8 +27,7 @@ def test_a_variant_is_its_strategy_and_options_and_a_wrong_one_is_named():
     for wrong, said in [("zero3", "the strategy must be one of"), ("ddp+units2", "'units2' is not an option of ddp"),
                         ("fsdp2+units", "take a positive number"), ("ddp+view2", "'view2' is not an option"),
                         ("ddp+ctas0", "'ctas0' is not an option"), ("single+hiprio", "'hiprio' is not an option"),
-                        ("ddp+view+fuse", "fuse work on the Python reducer's collectives"),
-                        ("ddp+onegraph+fuse+overlap", "fuse, overlap work on the Python reducer's collectives")]:
+                        ("ddp+onegraph+overlap", "overlap reorders the Python reducer's collectives")]:
         with pytest.raises(ValueError, match=said):
             parallel_step.parse(wrong)
 
@@ -103,17 +102,17 @@ def test_each_compiled_variant_gets_classes_of_its_own_so_that_dynamo_compiles_i
 def test_the_python_reducer_s_step_reduces_every_gradient_in_a_backward_that_compiled_autograd_captured():
     """DDP's Python reducer all-reduces inside the backward graph: on two gloo ranks, each rank's gradients are the
     mean of the ranks' own (a reducer that never ran would leave this rank's), and the backward was compiled."""
-    for error, captured, _, buckets in spawn(compiled_ddp_gradients, 2, "ddp+pyreducer+view"):
-        assert error < 1e-6 and captured >= 1 and buckets == 0   # AOTAutograd alone: nothing of Inductor's
+    for rank in spawn(compiled_ddp_gradients, 2, "ddp+pyreducer+view"):
+        assert rank["error"] < 1e-6 and rank["captured"] >= 1 and not rank["reorder"]
 
 
 @pytest.mark.long   # processes of their own: run first (conftest)
 def test_inductor_s_passes_over_the_python_reducer_s_all_reduces_leave_every_gradient_reduced():
-    """+fuse +overlap: Inductor buckets the compiled backward's all-reduces and reorders them among its kernels
-    (compiled by Inductor itself, on two gloo ranks): each rank's gradients are still the ranks' mean."""
-    for error, captured, _, buckets in spawn(compiled_ddp_gradients, 2, "ddp+pyreducer+view+fuse+overlap",
-                                             "inductor"):
-        assert error < 1e-6 and captured >= 1 and buckets >= 1
+    """Compiled by Inductor itself, on two gloo ranks: DDP's Python reducer has Inductor bucket the backward's
+    all-reduces, and +overlap has it reorder them among its kernels; each rank's gradients are still the ranks'
+    mean."""
+    for rank in spawn(compiled_ddp_gradients, 2, "ddp+pyreducer+view+overlap", "inductor"):
+        assert rank["error"] < 1e-6 and rank["captured"] >= 1 and rank["buckets"] >= 1 and rank["reorder"]
 
 
 @pytest.mark.long   # processes of their own: run first (conftest)
@@ -121,8 +120,8 @@ def test_blocks_compiled_alone_under_ddp_have_every_gradient_reduced_and_each_bl
     """+blocks: each block compiled on its own inside DDP's forward: the gradients are the ranks' mean (DDP's hooks
     saw the compiled blocks' gradients), and the model's blocks (one code, one class) share one graph, not one a
     block."""
-    for error, captured, graphs, _ in spawn(compiled_ddp_gradients, 2, "ddp+view+blocks"):
-        assert error < 1e-6 and captured == 0 and graphs == 1
+    for rank in spawn(compiled_ddp_gradients, 2, "ddp+view+blocks"):
+        assert rank["error"] < 1e-6 and rank["captured"] == 0 and rank["graphs"] == 1
 
 
 def test_nccl_s_settings_are_refused_before_any_rank_starts_where_the_ranks_talk_over_gloo(monkeypatch, capsys,
@@ -149,8 +148,7 @@ def test_the_python_reducer_is_refused_beside_another_ddp_variant(monkeypatch, c
 
 def test_the_time_ranks_add_is_each_round_s_median_step_less_the_same_round_s_alone():
     """benchmarks/distributed.py's profile part holds the exposed-communication estimate against this."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import distributed
+    import distributed   # benchmarks/, on the path above
 
     # six rounds of three steps: the rounds drift together, and DDP adds 2-7 ms to its own round
     single = [[10.0 + r, 10.0 + r, 30.0] for r in range(6)]

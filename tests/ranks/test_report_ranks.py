@@ -163,7 +163,8 @@ def test_a_transfer_far_under_doctor_s_bus_bandwidth_names_the_nccl_settings_doc
 
 @pytest.mark.parametrize("owner, said, unsaid", [("DDP bucket 0 (head.weight … wte.weight, 28 tensors)",
                                                   "bucket_cap_mb", "FSDP2"),
-                                                 ("FSDP2 layers.0 … layers.11 (12)", "reshard_after_forward", "DDP"),
+                                                 ("FSDP2 layers.0 … layers.11 (12)", "reduce_dtype=torch.bfloat16",
+                                                  "DDP"),
                                                  (None, "bucket_cap_mb", "async_op")])
 def test_the_exposed_collective_s_advice_is_for_whoever_s_tensors_it_moves(owner, said, unsaid):
     from roofline.distributed import comms

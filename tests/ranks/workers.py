@@ -37,7 +37,8 @@ def fail(how: str, pids: str):
 
 def fsdp2_units(cases):
     """For each (blocks, groups) of `cases`: FSDP2's units of a model of `blocks` layers wrapped with `groups`, each
-    unit's modules and whether it reshards its parameters after its forward (None: it holds none)."""
+    unit's modules, whether it is set to reshard its parameters after its forward (None: it holds none; read
+    before any forward, where FSDP2 has not yet exempted the root), and how many parameters it holds."""
     return [_fsdp2_units(blocks, groups) for blocks, groups in cases]
 
 
@@ -49,14 +50,26 @@ def _fsdp2_units(blocks: int, groups):
 
     model = nn.Sequential(nn.ModuleList(nn.Linear(8, 8) for _ in range(blocks)))
     wrap(model, "fsdp2", torch.device("cpu"), bf16=False, compile_mode=None, groups=groups)
-    units, reshards = {}, {}
+    units, reshards, held = {}, {}, {}
     for name, module in model.named_modules():
         if isinstance(module, FSDPModule):
             state = module._get_fsdp_state()
             units.setdefault(id(state), []).append(name)
             group = state._fsdp_param_group   # None for a unit with no parameters of its own
             reshards[id(state)] = None if group is None else group.post_forward_mesh_info is not None
-    return [(names, reshards[key]) for key, names in units.items()]
+            held[id(state)] = 0 if group is None else len(group.fsdp_params)
+    return [(names, reshards[key], held[key]) for key, names in units.items()]
+
+
+def fsdp2_reduce_dtype(reduce_bf16: bool) -> str:
+    """The dtype FSDP2 reduce-scatters gradients in, for a model wrapped under bf16 with reduce_bf16 or not."""
+    from torch import nn
+
+    from roofline.distributed.wrapping import wrap
+
+    model = nn.Sequential(nn.ModuleList(nn.Linear(8, 8) for _ in range(2)))
+    wrap(model, "fsdp2", torch.device("cpu"), bf16=True, compile_mode=None, groups=1, reduce_bf16=reduce_bf16)
+    return str(model._get_fsdp_state()._fsdp_param_group.mp_policy.reduce_dtype)
 
 
 def nccl_settings():
@@ -199,8 +212,9 @@ def compiled_ddp_gradients(variant: str, backend: str = "aot_eager"):
         mean = own.grad.clone()
         dist.all_reduce(mean)
         error = max(error, (reduced.grad - mean / dist.get_world_size()).abs().max().item())
-    return (error, counters["compiled_autograd"]["captures"], counters["stats"]["unique_graphs"],
-            counters["inductor"]["ddp_buckets"])
+    return {"error": error, "captured": counters["compiled_autograd"]["captures"],
+            "graphs": counters["stats"]["unique_graphs"], "buckets": counters["inductor"]["ddp_buckets"],
+            "reorder": torch._inductor.config.reorder_for_compute_comm_overlap}
 
 
 def ddp_buckets_compiled_or_not():

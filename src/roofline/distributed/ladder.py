@@ -58,7 +58,7 @@ def _own_rungs(strategy: str) -> list:
     under DDP, torch.compile splits the model's graph at DDP's buckets (its DDPOptimizer), so that each bucket is
     reduced while the backward goes on; one graph keeps its fusions across them, and reduces every bucket after its
     backward. On two H200s, GPT-2 small's step split at the buckets scaled 0.56, and as one graph 0.82-0.88
-    (benchmarks/results/h200x2-distributed.md, "Compiled DDP")."""
+    (benchmarks/results/h200x2-distributed.md, "Compiled DDP" and "Reductions in bf16")."""
     from dataclasses import replace
 
     from roofline.ladder import Rung

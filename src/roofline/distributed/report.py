@@ -71,8 +71,8 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
         owner = (rows[0].get("owner") or "") if rows else ""
         # the order is the measured one (benchmarks/results/h100x2-distributed.md, "Side by side"): bucket views
         # gained, larger buckets were not told apart from no gain, and bf16 compression cost more than it saved;
-        # FSDP2's from h200x2-distributed.md, "FSDP2 in fewer units": its reduce-scatter in bf16 gained in every
-        # layout, and fewer units gained down to the model alone
+        # FSDP2's from h200x2-distributed.md, "FSDP2 in fewer units": its reduce-scatter in bf16 gained where it was
+        # timed beside fp32 in one launch (2 and 4 units), and the best figure was the model alone reducing in bf16
         ddp = ("DDP: gradient_as_bucket_view=True lets the backward write each gradient into its bucket, with no "
                "copy in and out; larger buckets (DistributedDataParallel(bucket_cap_mb=...)) send fewer, larger "
                "messages; under gradient accumulation, no_sync() on all but the last micro-batch reduces once. "

@@ -6,9 +6,11 @@ ddp: DistributedDataParallel over the whole model (its gradients reduced in buck
 under torch.compile the wrapped model compiled, as PyTorch's DDP notes advise (the compiler splits its graphs at
 the buckets); with bucket_view, each gradient is a view of its bucket (gradient_as_bucket_view), not copied into
 it and out again. fsdp2: `fully_shard` on each layer (every module of the model's nn.ModuleLists: the transformer
-blocks), then on the whole model, as torchtitan does; under bf16 its parameters are gathered in bf16 and the
-gradients reduced in fp32 (MixedPrecisionPolicy), and under torch.compile each layer is compiled before it is
-sharded (torchtitan's order). The process group must exist (torch.distributed.init_process_group).
+blocks), then on the whole model, as torchtitan does, or in fewer units (wrap's groups: K groups of blocks kept
+gathered from forward to backward, or with 1 the model alone); under bf16 its parameters are gathered in bf16 and
+the gradients reduced in fp32, or in bf16 with reduce_bf16 (MixedPrecisionPolicy), and under torch.compile each
+layer is compiled before it is sharded (torchtitan's order). The process group must exist
+(torch.distributed.init_process_group).
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, comp
     one all-gather and one reduce-scatter a step); bucket_view: DDP's gradients as views of its buckets;
     reduce_bf16: under bf16, FSDP2's gradients reduce-scattered in bf16, not fp32 (half the bytes)."""
     mode = None if compile_mode in (None, "default") else compile_mode
+    if reduce_bf16 and (strategy != "fsdp2" or not bf16):
+        raise ValueError(f"reduce_bf16: FSDP2's gradients are reduced in bf16 under bf16 only (strategy "
+                         f"{strategy!r}, bf16={bf16})")
     if strategy == "ddp":
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                                   gradient_as_bucket_view=bucket_view)
@@ -62,19 +67,18 @@ def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, comp
     if strategy == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        if reduce_bf16 and not bf16:
-            raise ValueError("reduce_bf16: gradients are reduced in bf16 only under bf16 (bf16=True)")
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                       reduce_dtype=torch.bfloat16 if reduce_bf16 else torch.float32) if bf16 \
             else MixedPrecisionPolicy()
         blocks = layers(model)
         if not blocks:
             raise ValueError("fsdp2: the model has no nn.ModuleList of layers to shard one by one")
-        units = [[block] for block in blocks] if groups is None else grouped(blocks, groups)
+        # one unit: the model's own fully_shard below holds every layer
+        units = [[block] for block in blocks] if groups is None else [] if groups == 1 else grouped(blocks, groups)
         if compile_mode is not None:
             for block in blocks:
                 block.compile(mode=mode)
-        for unit in units if groups != 1 else ():   # one unit: the root's fully_shard holds every layer
+        for unit in units:
             fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy, reshard_after_forward=groups is None)
         fully_shard(model, mp_policy=policy)
         return model
