@@ -100,7 +100,6 @@ OPTIONS = {"single": {"compile", "blocks"} | EVERY,
            "fsdp2": {"units", "keep", "root", "fp32", "bf16reduce", "compile"} | NCCL | EVERY}
 NUMBERED = ("bucket", "units", "ctas")   # options that take a number
 COMPILED = {"compile", "onegraph", "pyreducer"}   # options that compile the step (one GPU's: compile)
-INDUCTOR_DDP = ("overlap",)   # Inductor's passes over the Python reducer's collectives: with pyreducer only
 BLOCKS = "blocks"   # compiles each block alone (one GPU's: blocks)
 WARMUP_STEPS = 3   # compiles; DDP rebuilds its buckets in the order of the first backward, static_graph after two
 
@@ -119,10 +118,9 @@ def parse(variant: str) -> tuple[str, dict]:
                              f"({', '.join(sorted(OPTIONS[strategy]))}; {', '.join(NUMBERED)} take a positive "
                              "number)")
         options[name] = int(number) if number else True
-    passes = [name for name in INDUCTOR_DDP if name in options]
-    if passes and "pyreducer" not in options:
-        raise ValueError(f"variant {variant!r}: {', '.join(passes)} reorders the Python reducer's collectives, in "
-                         "the compiled backward: add +pyreducer")
+    if "overlap" in options and "pyreducer" not in options:
+        raise ValueError(f"variant {variant!r}: overlap reorders the Python reducer's collectives, in the compiled "
+                         "backward: add +pyreducer")
     return strategy, options
 
 

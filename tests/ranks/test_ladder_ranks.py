@@ -133,8 +133,7 @@ def test_fsdp2_s_rungs_shard_the_layers_in_four_units_and_the_root_then_the_mode
     # one unit: the model's fully_shard holds every layer's parameters (FSDP2 keeps a root's gathered from its
     # forward to its backward, whatever it is set to: at its first forward)
     assert one == [([""], True, 6)]
-    assert spawn(workers.fsdp2_reduce_dtype, 2, True)[0] == "torch.bfloat16"
-    assert spawn(workers.fsdp2_reduce_dtype, 2, False)[0] == "torch.float32"
+    assert spawn(workers.fsdp2_reduce_dtypes, 2, [True, False])[0] == ["torch.bfloat16", "torch.float32"]
     from roofline.distributed.wrapping import grouped
 
     assert grouped(list(range(6)), 4) == [[0, 1], [2, 3], [4], [5]] and grouped([0, 1], 4) == [[0], [1]]

@@ -61,15 +61,19 @@ def _fsdp2_units(blocks: int, groups):
     return [(names, reshards[key], held[key]) for key, names in units.items()]
 
 
-def fsdp2_reduce_dtype(reduce_bf16: bool) -> str:
-    """The dtype FSDP2 reduce-scatters gradients in, for a model wrapped under bf16 with reduce_bf16 or not."""
+def fsdp2_reduce_dtypes(flags) -> list[str]:
+    """For each reduce_bf16 of `flags`: the dtype FSDP2 reduce-scatters gradients in, for a model wrapped under bf16
+    with it."""
     from torch import nn
 
     from roofline.distributed.wrapping import wrap
 
-    model = nn.Sequential(nn.ModuleList(nn.Linear(8, 8) for _ in range(2)))
-    wrap(model, "fsdp2", torch.device("cpu"), bf16=True, compile_mode=None, groups=1, reduce_bf16=reduce_bf16)
-    return str(model._get_fsdp_state()._fsdp_param_group.mp_policy.reduce_dtype)
+    out = []
+    for reduce_bf16 in flags:
+        model = nn.Sequential(nn.ModuleList(nn.Linear(8, 8) for _ in range(2)))
+        wrap(model, "fsdp2", torch.device("cpu"), bf16=True, compile_mode=None, groups=1, reduce_bf16=reduce_bf16)
+        out.append(str(model._get_fsdp_state()._fsdp_param_group.mp_policy.reduce_dtype))
+    return out
 
 
 def nccl_settings():

@@ -73,8 +73,12 @@ def wrap(model: nn.Module, strategy: str, device: torch.device, bf16: bool, comp
         blocks = layers(model)
         if not blocks:
             raise ValueError("fsdp2: the model has no nn.ModuleList of layers to shard one by one")
-        # one unit: the model's own fully_shard below holds every layer
-        units = [[block] for block in blocks] if groups is None else [] if groups == 1 else grouped(blocks, groups)
+        if groups is None:
+            units = [[block] for block in blocks]
+        elif groups == 1:   # the model's own fully_shard below holds every layer
+            units = []
+        else:
+            units = grouped(blocks, groups)
         if compile_mode is not None:
             for block in blocks:
                 block.compile(mode=mode)
