@@ -42,8 +42,6 @@ Variants, a strategy and its options joined by "+":
     +overlap      with +pyreducer: Inductor reorders the graph's collectives and computation so that they overlap
                   (reorder_for_compute_comm_overlap). DDP built with its Python reducer turns on Inductor's own
                   bucketing of the backward's all-reduces itself (_fuse_ddp_communication, buckets of bucket_cap_mb)
-    +stepbuckets  with +view: the optimizer stepped on each bucket's parameters once its all-reduce is done
-                  (roofline.distributed.overlap), beside the next bucket's, not after the whole backward
   ddp, fsdp2:
     +ctasN        the wrapper's collectives on an NCCL communicator of their own, at most N CTAs (thread blocks, an
                   SM each) a collective (ProcessGroupNCCL.Options().config.max_ctas, as Megatron sets it per
@@ -91,14 +89,13 @@ sys.path.insert(0, str(ROOT))
 
 from roofline.bench.stats import median_ci, min_rounds, speedup_ci  # noqa: E402
 from roofline.bench.steps import StepTimer  # noqa: E402
-from roofline.distributed.overlap import overlap_optimizer  # noqa: E402
 from roofline.distributed.wrapping import grouped, layers  # noqa: E402
 
 EVERY = {"patch", "lce", "pin"}   # options of every strategy
 NCCL = {"ctas", "hiprio"}   # settings of the communicator a wrapper's collectives run on: only NCCL's
 OPTIONS = {"single": {"compile", "blocks"} | EVERY,
            "ddp": {"nobcast", "view", "static", "bucket", "nosync", "bf16grads", "compile", "onegraph", "pyreducer",
-                   "blocks", "overlap", "stepbuckets"}
+                   "blocks", "overlap"}
            | NCCL | EVERY,
            "fsdp2": {"units", "keep", "root", "fp32", "bf16reduce", "compile"} | NCCL | EVERY}
 NUMBERED = ("bucket", "units", "ctas")   # options that take a number
@@ -121,12 +118,6 @@ def parse(variant: str) -> tuple[str, dict]:
                              f"({', '.join(sorted(OPTIONS[strategy]))}; {', '.join(NUMBERED)} take a positive "
                              "number)")
         options[name] = int(number) if number else True
-    if "stepbuckets" in options and "view" not in options:
-        raise ValueError(f"variant {variant!r}: stepbuckets steps the bucket its hook reduced as the gradients: add "
-                         "+view")
-    if "stepbuckets" in options and {"bf16grads", "pyreducer"} & set(options):
-        raise ValueError(f"variant {variant!r}: stepbuckets is DDP's communication hook, and bf16grads's and "
-                         "pyreducer's reductions would need their own")
     if "overlap" in options and "pyreducer" not in options:
         raise ValueError(f"variant {variant!r}: overlap reorders the Python reducer's collectives, in the compiled "
                          "backward: add +pyreducer")
@@ -146,7 +137,7 @@ def model_and_batch(model_name: str, device: torch.device):
 
 def build(model_name: str, variant: str, device: torch.device):
     """(what a step calls: forward and backward of a batch, returning the loss; the model under it; the context a
-    step runs in; batch shape; the DDP module, or None)."""
+    step runs in; batch shape)."""
     strategy, options = parse(variant)
     torch.manual_seed(0)
     with device:
@@ -165,7 +156,7 @@ def build(model_name: str, variant: str, device: torch.device):
     ids = [device.index] if device.type == "cuda" else None
     if strategy == "single":
         return (forward_backward(torch.compile(model) if options.get("compile") else model), model,
-                contextlib.nullcontext, shape, None)
+                contextlib.nullcontext, shape)
     if strategy == "ddp":
         if options.get("pyreducer"):   # read by DDP when it is built (its C++ reducer left out), by Dynamo at compile
             torch._dynamo.config.optimize_ddp = "python_reducer"
@@ -188,9 +179,9 @@ def build(model_name: str, variant: str, device: torch.device):
                 stack.enter_context(torch._dynamo.config.patch(optimize_ddp=False))
             return stack
         if options.get("pyreducer"):   # compiled autograd compiles a backward called inside a compiled function
-            return torch.compile(forward_backward(ddp)), model, context, shape, ddp
+            return torch.compile(forward_backward(ddp)), model, context, shape
         compiled = options.get("compile") or options.get("onegraph")
-        return forward_backward(torch.compile(ddp) if compiled else ddp), model, context, shape, ddp
+        return forward_backward(torch.compile(ddp) if compiled else ddp), model, context, shape
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -207,8 +198,7 @@ def build(model_name: str, variant: str, device: torch.device):
         for unit in grouped(blocks, options.get("units", len(blocks))):
             fully_shard(unit if len(unit) > 1 else unit[0], mp_policy=policy,
                         reshard_after_forward=not options.get("keep"), **mesh)
-    return (forward_backward(fully_shard(model, mp_policy=policy, **mesh)), model, contextlib.nullcontext, shape,
-            None)
+    return forward_backward(fully_shard(model, mp_policy=policy, **mesh)), model, contextlib.nullcontext, shape
 
 
 def forward_backward(module):
@@ -252,10 +242,8 @@ def own_classes(model: torch.nn.Module, variant: str) -> None:
 
 
 def stepper(model_name: str, variant: str, device: torch.device, generator: torch.Generator):
-    run, model, context, (batch, seq), ddp = build(model_name, variant, device)
+    run, model, context, (batch, seq) = build(model_name, variant, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
-    if parse(variant)[1].get("stepbuckets"):
-        optimizer = overlap_optimizer(ddp, optimizer)
 
     def step():
         idx = torch.randint(0, model.config.vocab_size, (batch, seq), device=device, generator=generator)

@@ -204,7 +204,7 @@ def compiled_ddp_gradients(variant: str, backend: str = "aot_eager"):
     device = torch.device("cpu")
     counters.clear()
     with mock.patch.object(torch, "compile", functools.partial(torch.compile, backend=backend)):
-        run, model, context, shape, _ = parallel_step.build("gpt2", variant, device)
+        run, model, context, shape = parallel_step.build("gpt2", variant, device)
         alone = parallel_step.model_and_batch("gpt2", device)[0]
         alone.load_state_dict(model.state_dict())
         idx = torch.randint(0, model.config.vocab_size, shape, generator=torch.Generator().manual_seed(dist.get_rank()))
@@ -232,67 +232,3 @@ def ddp_buckets_compiled_or_not():
     ddp(torch.randn(8, 64)).sum().backward()
     sizes = [[b["bytes"] for b in buckets] for buckets in comms.ddp_buckets([ddp])]
     return sizes, [[b["bytes"] for b in buckets] for buckets in comms.ddp_buckets([torch.compile(ddp)])]
-
-
-def overlapped_against_plain(steps: int):
-    """A small model trained `steps` steps on this rank's own batches under DDP (buckets of about 1 KB: several a
-    step), once with AdamW stepped after the backward and once by overlap.overlap_optimizer, both with an LR
-    scheduler, and a parameter outside DDP in the optimizer: (the largest difference between the two runs'
-    parameters, whether the buckets had stepped every DDP parameter before step() was called, whether step() then
-    stepped the parameter outside DDP, the optimizer's state for every parameter)."""
-    from roofline.distributed.overlap import overlap_optimizer
-
-    def train(overlapped: bool):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 32),
-                                    torch.nn.Linear(32, 3))
-        outside = torch.nn.Parameter(torch.ones(3))
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001, gradient_as_bucket_view=True)
-        optimizer = torch.optim.AdamW([{"params": model[:2].parameters()},
-                                       {"params": [*model[2:].parameters(), outside], "lr": 0.05}], lr=0.01)
-        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-        if overlapped:
-            optimizer = overlap_optimizer(ddp, optimizer)
-        generator = torch.Generator().manual_seed(dist.get_rank())
-        every_bucket_first = outside_later = True
-        for _ in range(steps):
-            x = torch.randn(8, 16, generator=generator)
-            before = [p.detach().clone() for p in model.parameters()]
-            ((ddp(x) * outside).square().mean()).backward()
-            if overlapped:   # the buckets stepped DDP's parameters in the backward; not yet the one outside
-                every_bucket_first &= all(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
-                kept = outside.detach().clone()
-            optimizer.step()
-            if overlapped:
-                outside_later &= not torch.equal(kept, outside)
-            optimizer.zero_grad(set_to_none=True)
-            schedule.step()
-        states = sum(1 for group in optimizer.param_groups for p in group["params"] if "exp_avg" in optimizer.state[p])
-        return [*model.parameters(), outside], every_bucket_first, outside_later, states
-
-    plain, _, _, plain_states = train(False)
-    overlapped, every_bucket_first, outside_later, states = train(True)
-    error = max((a - b).abs().max().item() for a, b in zip(plain, overlapped))
-    return error, every_bucket_first, outside_later, (plain_states, states)
-
-
-def overlap_refusals() -> list[str]:
-    """What overlap_optimizer and its step say to a DDP without bucket views, an optimizer of other parameters, and
-    a closure: each error's type and message."""
-    from roofline.distributed.overlap import overlap_optimizer
-
-    said = []
-    model = torch.nn.Linear(4, 4)
-    for ddp, params in [(torch.nn.parallel.DistributedDataParallel(model), model.parameters()),
-                        (torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True),
-                         [torch.nn.Parameter(torch.ones(2))])]:
-        try:
-            overlap_optimizer(ddp, torch.optim.SGD(params, lr=0.1))
-        except (TypeError, ValueError) as exc:
-            said.append(f"{type(exc).__name__}: {exc}")
-    ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
-    try:
-        overlap_optimizer(ddp, torch.optim.SGD(model.parameters(), lr=0.1)).step(lambda: 0.0)
-    except ValueError as exc:
-        said.append(f"ValueError: {exc}")
-    return said
