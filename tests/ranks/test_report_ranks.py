@@ -367,3 +367,24 @@ def test_the_ranks_table_gives_the_recorded_steps_mean_as_its_compute_and_commun
     render(_merged(ranks), console)
     table = console.file.getvalue()
     assert "67.29" in table and "66.54" in table and "60.00" not in table
+
+
+def test_the_straggler_s_lead_is_put_on_its_host_or_its_gpu_by_what_its_gpu_computed():
+    # no straggler planted, on two H200s: NCCL timed rank 1 2.64 ms a step behind rank 0, and rank 1's GPU computed
+    # less than rank 0's (recorded): its GPU idled, waiting on its host
+    ranks = [_rank(0, **RANK0), _rank(1, **RANK1)]
+    merged = _merged(ranks, Straggler(1, 136, 140, 52.37, LINE, 3.79, 0.0, held_ms=2.64))
+    merged.ledger = _timed([0.03, 2.64], [2.64, 0.03], comm=(14.18, 2.47))
+    said = {f.id: f for f in findings(merged)}["straggler"].message
+    assert "Of that lead, 2.64 ms a step is its host's: its GPU computed no longer than the others'" in said
+    assert "waiting for rank 1's host to launch" in said and "at the line above first" in said
+    # its GPU computed 2.0 of its 2.64 ms lead longer: a GPU's lead, not its host's
+    merged.straggler = Straggler(1, 136, 140, 52.37, None, 0.0, 2.0, held_ms=2.64)
+    said = {f.id: f for f in findings(merged)}["straggler"].message
+    assert "Of that lead, 2.00 ms a step is its GPU computing longer than the others'" in said
+    assert "host's" not in said
+    # 1.0 of 2.64 computed longer: 1.64 ms its host's
+    merged.straggler = Straggler(1, 136, 140, 52.37, None, 0.0, 1.0, held_ms=2.64)
+    said = {f.id: f for f in findings(merged)}["straggler"].message
+    assert "1.64 ms a step is its host's: its GPU computed only 1.00 ms longer" in said
+    assert "at the line above first" not in said   # no line to look at

@@ -54,9 +54,8 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
         out.append(Finding(
             "straggler", f"rank {s.rank} holds the other ranks back",
             f"Rank {s.rank} arrived last at {s.last_at} of {s.calls} recorded collectives"
-            + (f": {'; '.join(x for x in spent if x)}" if any(spent) else "") + f". {held} A rank that loads its "
-            "data on the critical path, gets a larger batch, or runs on a slower GPU makes every rank wait at the "
-            "next collective.", str(s.where) if s.where else None, s.gain_ms))
+            + (f": {'; '.join(x for x in spent if x)}" if any(spent) else "") + f". {held} {_lost_where(s)}",
+            str(s.where) if s.where else None, s.gain_ms))
     # The rank that waits least at its collectives shows the communication itself; the others' exposed time adds
     # their wait for a later rank, which the straggler's finding is about.
     if timed is not None:
@@ -376,6 +375,23 @@ def _slow_transfers(merged: Merged, rows: list[dict], ceiling) -> list[Finding]:
             f"that size on these GPUs. {settings} The gain assumes the transfers are exposed; hidden under compute, "
             "they cost nothing.", row["where"], gain))
     return out
+
+
+def _lost_where(s) -> str:
+    """Where the straggler lost its lead, where NCCL timed it outside the window: its GPU computing longer than the
+    other ranks' (recorded), or the rest, its GPU idle while its host was late (_idle_lead)."""
+    if s.held_ms is None:
+        return ("A rank that loads its data on the critical path, gets a larger batch, or runs on a slower GPU makes "
+                "every rank wait at the next collective.")
+    host, gpu = _idle_lead(s), min(s.compute_excess_ms, s.held_ms)
+    if host >= gpu:
+        return (f"Of that lead, {host:,.2f} ms a step is its host's: its GPU computed "
+                + (f"only {gpu:,.2f} ms longer than the others'" if gpu > 0 else "no longer than the others'")
+                + f", and idled the rest, waiting for rank {s.rank}'s host to launch. Look at what that host does "
+                "that the others' do not between collectives (loading or preparing data, logging, a host sync"
+                + (", at the line above first" if s.where else "") + "), and at what else runs on its CPUs.")
+    return (f"Of that lead, {gpu:,.2f} ms a step is its GPU computing longer than the others' (recorded): a slower "
+            "GPU (its clocks, power or temperature) or more work (a larger or longer batch).")
 
 
 def _unrecorded_step(merged: Merged) -> float | None:
