@@ -59,15 +59,19 @@ def _nvml():
         return None
 
 
+def pci_address(device: torch.device, domain_digits: int = 8) -> str:
+    """The CUDA device's PCI address, "00000000:3b:00.0" (NVML's form; sysfs writes the domain in 4 digits). By
+    PCI address, because CUDA_VISIBLE_DEVICES renumbers devices for CUDA but not for NVML or the system."""
+    props = torch.cuda.get_device_properties(device)
+    return f"{props.pci_domain_id:0{domain_digits}x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+
+
 def _nvml_handle(device: torch.device):
     nvml = _nvml()
     if nvml is None or device.type != "cuda":
         return None
-    props = torch.cuda.get_device_properties(device)
     try:
-        # By PCI address, because CUDA_VISIBLE_DEVICES renumbers devices for CUDA but not for NVML.
-        bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-        return nvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+        return nvml.nvmlDeviceGetHandleByPciBusId(pci_address(device).encode())
     except Exception:
         try:
             return nvml.nvmlDeviceGetHandleByIndex(device.index)

@@ -14,7 +14,7 @@ from roofline.profiler.attribution import Location
 
 
 def _rank(rank, gpu=True, **figures):
-    return Rank(rank, SimpleNamespace(gpu=[object()] if gpu else []), [], 10, **figures)
+    return Rank(rank, SimpleNamespace(gpu=[object()] if gpu else [], meta={}), [], 10, **figures)
 
 
 def _merged(ranks, straggler=None):
@@ -388,3 +388,21 @@ def test_the_straggler_s_lead_is_put_on_its_host_or_its_gpu_by_what_its_gpu_comp
     said = {f.id: f for f in findings(merged)}["straggler"].message
     assert "1.64 ms a step is its host's: its GPU computed only 1.00 ms longer" in said
     assert "at the line above first" not in said   # no line to look at
+
+
+def test_a_straggler_whose_host_is_late_is_told_where_its_process_may_run():
+    # the two ranks unbound on one host of two NUMA nodes, rank 1's GPU near the second
+    ranks = [_rank(0, **RANK0), _rank(1, **RANK1)]
+    for r, near in zip(ranks, ("0-15", "16-31")):
+        r.trace.meta = {"roofline": {"placement": {"host": "h", "cpus": "0-31", "gpu": f"00000000:{r.rank}b:00.0",
+                                                   "gpu_cpus": near}}}
+    merged = _merged(ranks, Straggler(1, 136, 140, 52.37, LINE, 3.79, 0.0, held_ms=11.85))
+    merged.ledger = _timed([0.05, 11.85], [11.85, 0.05], comm=(29.16, 2.5))
+    said = {f.id: f for f in findings(merged)}["straggler"].message
+    assert "Rank 1's process may run on CPUs 0-31, and its GPU (00000000:1b:00.0) is attached near CPUs 16-31" in said
+    assert "torchrun --numa-binding node" in said and "It shares CPUs 0-31 with rank 0 on h" in said
+    # bound near its GPU, alone on its CPUs: nothing to say of its placement
+    ranks[1].trace.meta["roofline"]["placement"]["cpus"] = "16-31"
+    ranks[0].trace.meta["roofline"]["placement"]["cpus"] = "0-15"
+    said = {f.id: f for f in findings(merged)}["straggler"].message
+    assert "may run on CPUs" not in said and "shares CPUs" not in said and said.endswith("runs on its CPUs.")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 from dataclasses import asdict, dataclass
 
-from roofline.distributed import comms
+from roofline.distributed import comms, placement
 from roofline.distributed.merge import Merged, collective_rows, host_sync_rows
 from roofline.distributed.wrapping import FSDP2_GROUPS
 from roofline.tables import Column, Row, show
@@ -54,7 +54,7 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
         out.append(Finding(
             "straggler", f"rank {s.rank} holds the other ranks back",
             f"Rank {s.rank} arrived last at {s.last_at} of {s.calls} recorded collectives"
-            + (f": {'; '.join(x for x in spent if x)}" if any(spent) else "") + f". {held} {_lost_where(s)}",
+            + (f": {'; '.join(x for x in spent if x)}" if any(spent) else "") + f". {held} {_lost_where(s, merged)}",
             str(s.where) if s.where else None, s.gain_ms))
     # The rank that waits least at its collectives shows the communication itself; the others' exposed time adds
     # their wait for a later rank, which the straggler's finding is about.
@@ -377,9 +377,10 @@ def _slow_transfers(merged: Merged, rows: list[dict], ceiling) -> list[Finding]:
     return out
 
 
-def _lost_where(s) -> str:
+def _lost_where(s, merged: Merged) -> str:
     """Where the straggler lost its lead, where NCCL timed it outside the window: its GPU computing longer than the
-    other ranks' (recorded), or the rest, its GPU idle while its host was late (_idle_lead)."""
+    other ranks' (recorded), or the rest, its GPU idle while its host was late (_idle_lead), with where its process
+    may run (distributed.placement)."""
     if s.held_ms is None:
         return ("A rank that loads its data on the critical path, gets a larger batch, or runs on a slower GPU makes "
                 "every rank wait at the next collective.")
@@ -389,7 +390,9 @@ def _lost_where(s) -> str:
                 + (f"only {gpu:,.2f} ms longer than the others'" if gpu > 0 else "no longer than the others'")
                 + f", and idled the rest, waiting for rank {s.rank}'s host to launch. Look at what that host does "
                 "that the others' do not between collectives (loading or preparing data, logging, a host sync"
-                + (", at the line above first" if s.where else "") + "), and at what else runs on its CPUs.")
+                + (", at the line above first" if s.where else "") + "), and at what else runs on its CPUs. "
+                + placement.said(s.rank, {r.rank: (r.trace.meta.get("roofline") or {}).get("placement")
+                                          for r in merged.ranks})).rstrip()
     return (f"Of that lead, {gpu:,.2f} ms a step is its GPU computing longer than the others' (recorded): a slower "
             "GPU (its clocks, power or temperature) or more work (a larger or longer batch).")
 

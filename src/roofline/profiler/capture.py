@@ -225,10 +225,13 @@ def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None,
     optimizer updates (costs.ParameterSet), how many whole steps the window recorded (trace.load leaves
     out the work after the last of them: a program's tail is no step), DDP's gradient buckets (which
     parameters each all-reduce moves: distributed.comms), and the kernels torch.compile generated with the
-    lines each fused (inspect.generated)."""
+    lines each fused (inspect.generated), and where the process may run against where its GPU is attached
+    (distributed.placement)."""
+    from roofline.distributed import placement
     from roofline.distributed.ledger import environment
 
     return {"version": 1, "cwd": os.getcwd(), "argv": sys.argv[:], "nccl_env": environment(),
+            "placement": placement.facts(),
             "sys_path": [p or os.getcwd() for p in sys.path], "library_roots": library_roots(),
             "stacks": stacks or [], "unprofiled_steps": unprofiled_steps or {"wall_ms": [], "gpu_ms": []},
             "optimizers": optimizers or [], "window_steps": window_steps, "ddp_buckets": ddp_buckets or [],
