@@ -38,15 +38,13 @@ def test_a_gpu_s_cpus_are_the_system_s_record_of_its_pci_device(tmp_path, monkey
 def test_what_is_said_of_a_rank_s_placement():
     near = {"host": "a", "cpus": "16-31", "gpu": "00000000:1b:00.0", "gpu_cpus": "16-31"}
     assert placement.said(1, {1: near, 0: {**near, "cpus": "0-15", "gpu_cpus": "0-15"}}) == ""
-    # unbound: every CPU, its GPU near half of them; another rank on another host shares no CPU of this one's
-    loose = {**near, "cpus": "0-31"}
-    said = placement.said(1, {1: loose, 0: {**loose, "host": "b"}})
+    # unbound: every CPU, its GPU near half of them
+    said = placement.said(1, {1: {**near, "cpus": "0-31"}})
     assert said.startswith("Rank 1's process may run on CPUs 0-31, and its GPU (00000000:1b:00.0) is attached near "
-                           "CPUs 16-31") and "shares" not in said
-    # two ranks on one host, on overlapping CPUs, each near its GPU
-    said = placement.said(1, {1: {**near, "cpus": "12-31"}, 0: {**near, "cpus": "0-15", "gpu_cpus": "0-15"},
-                              2: {**near, "cpus": "30-40"}})
-    assert "It shares CPUs 12-15,30-31 with ranks 0, 2 on a" in said
-    # a machine of one NUMA node (the GPU near every CPU), or ranks recorded before these facts were kept
-    assert placement.said(0, {0: {**loose, "gpu_cpus": "0-31"}}) == ""
-    assert placement.said(0, {0: None, 1: loose}) == ""
+                           "CPUs 16-31: on CPUs 0-15 its launches cross") and "--numa-binding node" in said
+    # a machine of one NUMA node (the GPU near every CPU: the lent H200 hosts), ranks sharing CPUs there, or a
+    # rank recorded before these facts were kept
+    one_node = {"host": "vm", "cpus": "0-31", "gpu": "00000000:00:07.0", "gpu_cpus": "0-31"}
+    assert placement.said(1, {1: one_node, 0: {**one_node, "gpu": "00000000:00:06.0"}}) == ""
+    assert placement.said(0, {0: None, 1: one_node}) == ""
+    assert placement.said(0, {0: {**one_node, "gpu": None, "gpu_cpus": None}}) == ""

@@ -400,9 +400,8 @@ def test_a_straggler_whose_host_is_late_is_told_where_its_process_may_run():
     merged.ledger = _timed([0.05, 11.85], [11.85, 0.05], comm=(29.16, 2.5))
     said = {f.id: f for f in findings(merged)}["straggler"].message
     assert "Rank 1's process may run on CPUs 0-31, and its GPU (00000000:1b:00.0) is attached near CPUs 16-31" in said
-    assert "torchrun --numa-binding node" in said and "It shares CPUs 0-31 with rank 0 on h" in said
-    # bound near its GPU, alone on its CPUs: nothing to say of its placement
+    assert "torchrun --numa-binding node" in said
+    # bound near its GPU: nothing to say of its placement
     ranks[1].trace.meta["roofline"]["placement"]["cpus"] = "16-31"
-    ranks[0].trace.meta["roofline"]["placement"]["cpus"] = "0-15"
     said = {f.id: f for f in findings(merged)}["straggler"].message
-    assert "may run on CPUs" not in said and "shares CPUs" not in said and said.endswith("runs on its CPUs.")
+    assert "may run on CPUs" not in said and said.endswith("runs on its CPUs.")

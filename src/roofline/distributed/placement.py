@@ -5,8 +5,8 @@ its host's.
     said(rank, placements)    # what the report tells of rank's placement beside the others', or ""
 
 A rank's host launches its GPU's work. Where its threads may run on CPUs far from its GPU (another NUMA node: each
-launch and copy crosses the socket link), or on the same CPUs as another rank's, it can fall behind the others,
-and every rank then waits for it at the next collective. The CPUs near a GPU are the system's own record of its
+launch and copy crosses the socket link), it can fall behind the others, and every rank then waits for it at the
+next collective. The CPUs near a GPU are the system's own record of its
 PCI device (sysfs local_cpulist), what `nvidia-smi topo -m` prints as its CPU affinity.
 """
 
@@ -70,23 +70,17 @@ def facts() -> dict:
 
 def said(rank: int, placements: dict[int, dict]) -> str:
     """What the report says of `rank`'s placement (placements: each rank's facts(), by rank; a rank recorded
-    before these facts were kept has none): the CPUs it may run on that are not near its GPU, and those it shares
-    with other ranks of its host. "" where there is nothing to say."""
+    before these facts were kept has none): the CPUs it may run on that are not near its GPU. "" where there is
+    nothing to say: bound near its GPU, or on a machine of one NUMA node (the lent H200 hosts: pinning each rank
+    to cores of its own gained nothing measurable on an H100 host of one node, benchmarks/results/
+    h100x2-distributed.md, so ranks merely sharing CPUs get no advice)."""
     mine = placements.get(rank)
-    if not mine or not mine.get("cpus"):
+    if not mine or not mine.get("cpus") or not mine.get("gpu_cpus"):
         return ""
-    cpus, out = cpu_set(mine["cpus"]), []
-    near = cpu_set(mine["gpu_cpus"]) if mine.get("gpu_cpus") else None
-    if near and cpus - near:
-        out.append(f"Rank {rank}'s process may run on CPUs {mine['cpus']}, and its GPU ({mine['gpu']}) is attached "
-                   f"near CPUs {mine['gpu_cpus']}: bound to those (torchrun --numa-binding node), its threads would "
-                   "not cross to another NUMA node.")
-    shared = {other: cpus & cpu_set(theirs["cpus"]) for other, theirs in sorted(placements.items())
-              if other != rank and theirs and theirs.get("host") == mine.get("host") and theirs.get("cpus")}
-    sharing = [other for other, common in shared.items() if common]
-    if sharing:
-        together = set().union(*(shared[other] for other in sharing))
-        out.append(f"It shares CPUs {cpu_text(together)} with rank{'s' if len(sharing) > 1 else ''} "
-                   f"{', '.join(map(str, sharing))} on {mine['host']}: each rank's threads (its Python, autograd's, "
-                   "NCCL's, a data loader's) compete there.")
-    return " ".join(out)
+    far = cpu_set(mine["cpus"]) - cpu_set(mine["gpu_cpus"])
+    if not far:
+        return ""
+    return (f"Rank {rank}'s process may run on CPUs {mine['cpus']}, and its GPU ({mine['gpu']}) is attached near CPUs "
+            f"{mine['gpu_cpus']}: on CPUs {cpu_text(far)} its launches cross to another NUMA node. torchrun "
+            "--numa-binding node binds each rank near its GPU (PyTorch's notes report 1-10% gains, more for some "
+            "programs).")
