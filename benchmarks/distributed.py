@@ -66,6 +66,7 @@ STEPS = 30
 TURN = 6   # sync-advice: steps a turn of printing, and of not
 SLOW_MS = 20.0
 LARGER_BUCKETS_MB = 100   # the exposed-communication finding's first advice, against DDP's default 25 MB
+NO_REDUCTION = "ddp+nosync"   # DDP with every gradient's reduction left out: what it costs the same ranks
 
 
 def ladder(out: Path, task: str, nproc: int, parallel: list[str], skip: list[str]) -> None:
@@ -119,11 +120,12 @@ def _profile(nproc: int, json_path: Path, *args: str) -> dict:
 
 
 def _in_turns(out: Path, nproc: int, rounds: int) -> dict:
-    """benchmarks/parallel_step.py's set of examples/ddp_train.py's step alone on each GPU, under DDP, and under
-    DDP with larger buckets, timed in one launch, in turns: its variants' summaries (each round's steps, the
-    slowest rank's)."""
+    """benchmarks/parallel_step.py's set of examples/ddp_train.py's step alone on each GPU, under DDP, under DDP
+    with no gradient reduced (no_sync: the ranks still meet at each forward's buffer broadcast), and under DDP with
+    larger buckets, timed in one launch, in turns: its variants' summaries (each round's steps, the slowest
+    rank's)."""
     stem = out / "profile-turns"
-    variants = f"gpt2:single,ddp,ddp+bucket{LARGER_BUCKETS_MB}"
+    variants = f"gpt2:single,ddp,{NO_REDUCTION},ddp+bucket{LARGER_BUCKETS_MB}"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "parallel_step.py"), str(stem), variants,
                            "--nproc", str(nproc), "--rounds", str(rounds)], capture_output=True, text=True,
                           timeout=900)
@@ -133,10 +135,10 @@ def _in_turns(out: Path, nproc: int, rounds: int) -> dict:
     return json.loads(stem.with_suffix(".json").read_text())[0]["variants"]
 
 
-def added_ms(turns: dict, variant: str) -> tuple[float, float, float]:
-    """(low, median, high): the step time `variant` adds over the step alone on each GPU, round by round (each
-    round's median step against the same round's alone), with the sign test's 95% interval."""
-    rounds = zip(turns[variant]["rounds_ms"], turns["single"]["rounds_ms"])
+def added_ms(turns: dict, variant: str, over: str = "single") -> tuple[float, float, float]:
+    """(low, median, high): the step time `variant` adds over `over` (the step alone on each GPU), round by round
+    (each round's median step against the same round's of `over`), with the sign test's 95% interval."""
+    rounds = zip(turns[variant]["rounds_ms"], turns[over]["rounds_ms"])
     return median_ci([statistics.median(many) - statistics.median(one) for many, one in rounds])
 
 
@@ -144,6 +146,7 @@ def profile(out: Path, nproc: int, rounds: int) -> None:
     turns = _in_turns(out, nproc, rounds)
     one, many = turns["single"]["median_ms"], turns["ddp"]["median_ms"]
     added_low, added, added_high = added_ms(turns, "ddp")
+    reduction_low, reduction, reduction_high = added_ms(turns, "ddp", over=NO_REDUCTION)
     ranks = _profile(nproc, out / "profile-ranks.json")
     slow = _profile(nproc, out / "profile-straggler.json", "--slow-rank", "1", "--slow-ms", str(SLOW_MS))
     fsdp = _profile(nproc, out / "profile-fsdp2.json", "--fsdp2")
@@ -173,7 +176,12 @@ def profile(out: Path, nproc: int, rounds: int) -> None:
               "The exposed-communication finding's estimate against the time the ranks add: "
               + (f"{exposed['gain_ms']:.2f} ms against {added:.2f} ms, {ratio:.2f}x"
                  + (f" ({span[0]:.2f}-{span[1]:.2f}x over the added time's interval)" if span else "")
-                 + f" ({'within' if 0.7 <= ratio <= 1.4 else 'OUTSIDE'} 0.7-1.4x)" if ratio else "no finding"), ""]
+                 + f" ({'within' if 0.7 <= ratio <= 1.4 else 'OUTSIDE'} 0.7-1.4x)" if ratio else "no finding"), "",
+              "Against what the gradients' reduction alone costs the same ranks (DDP against DDP under no_sync(), "
+              "in the same turns: the ranks still meet at each forward's buffer broadcast, so a slow rank's lag is "
+              f"in both): {reduction:.2f} ms (95% interval {reduction_low:.2f}-{reduction_high:.2f})"
+              + (f", the estimate {exposed['gain_ms'] / reduction:.2f}x of it" if exposed and reduction > 0 else "")
+              + ".", ""]
     timed = ranks.get("unrecorded")
     lines += ["Outside the window, NCCL's timing (distributed.ledger): " + (
         f"{timed['calls']} calls of {timed['steps']} steps; a step's comm " + ", ".join(map(_ms, timed["comm_ms"]))
@@ -201,7 +209,8 @@ def profile(out: Path, nproc: int, rounds: int) -> None:
               f"each GPU alone (95% interval {bucket_added[0]:.2f}-{bucket_added[2]:.2f}).", ""]
     (out / "profile-ranks.md").write_text("\n".join(lines))
     (out / "profile-ranks-summary.json").write_text(json.dumps(
-        {"turns": turns, "added_ms": [added_low, added, added_high], "estimate_ratio": ratio,
+        {"turns": turns, "added_ms": [added_low, added, added_high],
+         "reduction_ms": [reduction_low, reduction, reduction_high], "estimate_ratio": ratio,
          "estimate_ratio_interval": span, "ranks": ranks["ranks"], "findings": ranks["findings"], "unrecorded": timed,
          "straggler": s, "straggler_named": named, "false_straggler": "straggler" in found,
          "larger_buckets_added_ms": list(bucket_added)}, indent=1))

@@ -157,3 +157,6 @@ def test_the_time_ranks_add_is_each_round_s_median_step_less_the_same_round_s_al
     low, median, high = distributed.added_ms(turns, "ddp")
     assert (low, high) == (2.0, 7.0)   # six rounds: the sign test's 95% interval is their whole range
     assert median == pytest.approx(4.5)
+    # against DDP with no gradient reduced, 1 ms a round over the step alone: what the reduction alone adds
+    turns[distributed.NO_REDUCTION] = {"rounds_ms": [[11.0 + r, 11.0 + r, 31.0] for r in range(6)]}
+    assert distributed.added_ms(turns, "ddp", over=distributed.NO_REDUCTION) == (1.0, pytest.approx(3.5), 6.0)
