@@ -123,7 +123,7 @@ def _in_turns(out: Path, nproc: int, rounds: int) -> dict:
     """benchmarks/parallel_step.py's set of examples/ddp_train.py's step alone on each GPU, under DDP, under DDP
     with no gradient reduced (no_sync: the ranks still meet at each forward's buffer broadcast), and under DDP with
     larger buckets, timed in one launch, in turns: its variants' summaries (each round's steps, the slowest
-    rank's)."""
+    rank's). DDP against no_sync is what the reduction costs, a lag that comes with it included."""
     stem = out / "profile-turns"
     variants = f"gpt2:single,ddp,{NO_REDUCTION},ddp+bucket{LARGER_BUCKETS_MB}"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "parallel_step.py"), str(stem), variants,
@@ -177,9 +177,9 @@ def profile(out: Path, nproc: int, rounds: int) -> None:
               + (f"{exposed['gain_ms']:.2f} ms against {added:.2f} ms, {ratio:.2f}x"
                  + (f" ({span[0]:.2f}-{span[1]:.2f}x over the added time's interval)" if span else "")
                  + f" ({'within' if 0.7 <= ratio <= 1.4 else 'OUTSIDE'} 0.7-1.4x)" if ratio else "no finding"), "",
-              "Against what the gradients' reduction alone costs the same ranks (DDP against DDP under no_sync(), "
-              "in the same turns: the ranks still meet at each forward's buffer broadcast, so a slow rank's lag is "
-              f"in both): {reduction:.2f} ms (95% interval {reduction_low:.2f}-{reduction_high:.2f})"
+              "Against what the gradients' reduction costs the same ranks (DDP against DDP under no_sync(), in the "
+              "same turns: the reduction and whatever comes with it, such as a rank that falls behind only while "
+              f"DDP reduces): {reduction:.2f} ms (95% interval {reduction_low:.2f}-{reduction_high:.2f})"
               + (f", the estimate {exposed['gain_ms'] / reduction:.2f}x of it" if exposed and reduction > 0 else "")
               + ".", ""]
     timed = ranks.get("unrecorded")

@@ -11,10 +11,11 @@ from roofline.distributed.ledger import Ledger
 from roofline.distributed.merge import Merged, Rank, Straggler, _straggler
 from roofline.distributed.report import findings
 from roofline.profiler.attribution import Location
+from roofline.profiler.trace import Trace
 
 
 def _rank(rank, gpu=True, **figures):
-    return Rank(rank, SimpleNamespace(gpu=[object()] if gpu else [], meta={}), [], 10, **figures)
+    return Rank(rank, Trace(gpu=[object()] if gpu else []), [], 10, **figures)
 
 
 def _merged(ranks, straggler=None):

@@ -148,7 +148,7 @@ def calls(trace: Trace, resolver: Resolver | None = None) -> list[Call]:
         stack, _, module, _ = resolver.resolve(i)
         found.append(Call(kind, _message_bytes(kind, _count(op.shapes), itemsize, ranks), op.ts, start, end,
                           stack[-1] if stack else None, module, i, on_gpu, _asynchronous(op), _fsdp_owner(trace, i)))
-    _name_ddp_buckets(found, (trace.meta.get("roofline") or {}).get("ddp_buckets") or [])
+    _name_ddp_buckets(found, trace.facts.get("ddp_buckets") or [])
     return found
 
 

@@ -310,7 +310,7 @@ def _line_times(trace: Trace, spans: list[tuple[float, float]]) -> dict[Location
     if tid is None or not spans:
         return {}
     times, ids = trace.marks[tid]
-    stacks = (trace.meta.get("roofline") or {}).get("stacks") or []
+    stacks = trace.facts.get("stacks") or []
     spans = _union(spans)
     out: dict[Location, float] = {}
     j = 0
@@ -394,7 +394,7 @@ def merge(traces: dict[int, Trace]) -> Merged:
 
 
 def _unrecorded_calls(trace: Trace) -> list[dict]:
-    return ((trace.meta.get("roofline") or {}).get("unprofiled_steps") or {}).get("collectives") or []
+    return (trace.facts.get("unprofiled_steps") or {}).get("collectives") or []
 
 
 LANE_BINS = 400   # the ranks' timeline: bins over the recorded window

@@ -342,7 +342,7 @@ def _slow_transfers(merged: Merged, rows: list[dict], ceiling) -> list[Finding]:
         return []
     ranks_env: dict = {}
     for r in merged.ranks:   # every rank's settings (a setting one rank alone has counts too)
-        ranks_env.update((r.trace.meta.get("roofline") or {}).get("nccl_env") or {})
+        ranks_env.update(r.trace.facts.get("nccl_env") or {})
     measured = ceiling.environment
     changed = {k: v for k, v in ranks_env.items() if measured is not None and measured.get(k) != v}
     dropped = sorted(set(measured or ()) - set(ranks_env))
@@ -391,8 +391,8 @@ def _lost_where(s, merged: Merged) -> str:
                 + f", and idled the rest, waiting for rank {s.rank}'s host to launch. Look at what that host does "
                 "that the others' do not between collectives (loading or preparing data, logging, a host sync"
                 + (", at the line above first" if s.where else "") + "), and at what else runs on its CPUs. "
-                + placement.said(s.rank, {r.rank: (r.trace.meta.get("roofline") or {}).get("placement")
-                                          for r in merged.ranks})).rstrip()
+                + placement.said(s.rank, next(r.trace.facts.get("placement") for r in merged.ranks
+                                              if r.rank == s.rank))).rstrip()
     return (f"Of that lead, {gpu:,.2f} ms a step is its GPU computing longer than the others' (recorded): a slower "
             "GPU (its clocks, power or temperature) or more work (a larger or longer batch).")
 

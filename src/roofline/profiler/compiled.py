@@ -34,7 +34,7 @@ def compiled_table(trace: Trace, kernel_rows: list) -> list[CompiledRow]:
     """The kernels torch.compile generated that ran in the window, by time: their lines (across every graph that
     has a kernel of the name) and their time, from the GPU's kernels (kernels.kernel_table's rows) or, on a CPU,
     from the C++ kernels' ranges."""
-    noted = (trace.meta.get("roofline") or {}).get("compiled_kernels") or []
+    noted = trace.facts.get("compiled_kernels") or []
     rows: dict[str, CompiledRow] = {}
     for k in noted:
         if k["kind"] not in ("triton", "cpp"):

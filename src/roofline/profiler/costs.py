@@ -652,7 +652,7 @@ def op_table(trace, attr, peaks: Peaks) -> list[OpRow]:
         if o.parent in per_op and not o.annotation:
             children.setdefault(o.parent, []).append(o)
 
-    params = ParameterSet.from_facts(trace.meta.get("roofline") or {})
+    params = ParameterSet.from_facts(trace.facts)
 
     def composite(op_index: int, own: Cost | None) -> bool:
         rules = {c.rule for child in children.get(op_index, ()) if (c := cost(child, params)) is not None} - {VIEW}

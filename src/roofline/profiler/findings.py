@@ -223,7 +223,7 @@ def unfused_optimizer(report) -> list[Finding]:
     params = max([sum(_numel(s) for s in o.shapes[0] if isinstance(s, list)) for o in foreach
                   if o.shapes and isinstance(o.shapes[0], list)] + [0])
     if not params:   # lists too long for the profiler to record: the optimizer's own count, if capture saw it
-        known = ParameterSet.from_facts(report.trace.meta.get("roofline") or {})
+        known = ParameterSet.from_facts(report.trace.facts)
         params = known.numel if known else 0
     if not params:
         return []

@@ -34,7 +34,7 @@ def host_lines(trace: Trace, resolver: Resolver) -> list[HostLine]:
     if tid is None:
         return []
     times, ids = trace.marks[tid]
-    stacks = (trace.meta.get("roofline") or {}).get("stacks") or []
+    stacks = trace.facts.get("stacks") or []
     lines: dict[Location, HostLine] = {}
 
     def row(loc: Location) -> HostLine:

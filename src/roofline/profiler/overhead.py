@@ -55,7 +55,7 @@ class Overhead:
 
 def unprofiled_steps(trace: Trace) -> dict:
     """{"wall_ms": [...], "gpu_ms": [...]}: steps capture timed outside the window (empty lists if none)."""
-    facts = (trace.meta.get("roofline") or {}).get("unprofiled_steps") or {}
+    facts = trace.facts.get("unprofiled_steps") or {}
     return {"wall_ms": [float(x) for x in facts.get("wall_ms") or [] if x and x > 0],
             "gpu_ms": [float(x) for x in facts.get("gpu_ms") or [] if x and x > 0]}
 

@@ -179,7 +179,7 @@ class Report:
         of profile's JSON on several ranks), shown beside this rank's report."""
         from roofline.profiler.html import render
 
-        argv = (self.trace.meta.get("roofline") or {}).get("argv") or []
+        argv = self.trace.facts.get("argv") or []
         title = "roofline profile: " + " ".join(argv) if argv else "roofline profile"
         page = {**self.to_dict(), **({"ranks": ranks} if ranks else {})}
         Path(path).write_text(render(json.loads(json.dumps(page, default=str)), title=title), encoding="utf-8")

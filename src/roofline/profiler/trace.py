@@ -130,6 +130,12 @@ class Trace:
         return self.end - self.start
 
     @property
+    def facts(self) -> dict:
+        """What roofline noted about the process that recorded the trace (capture.run_facts); {} where nothing was
+        noted (another profiler's trace)."""
+        return self.meta.get("roofline") or {}
+
+    @property
     def device_properties(self) -> list[dict]:
         return self.meta.get("deviceProperties") or []
 
@@ -365,7 +371,7 @@ def keep_whole_steps(trace: Trace) -> None:
     the last are those. Host events that start after the last whole step are dropped, and GPU work with them
     (GPU work launched within the steps stays, wherever it ran). Traces without that fact are left as they are.
     """
-    n = (trace.meta.get("roofline") or {}).get("window_steps")
+    n = trace.facts.get("window_steps")
     if not isinstance(n, int) or isinstance(n, bool) or len(trace.steps) <= n:
         return
     trace.steps.sort()
@@ -506,7 +512,7 @@ def line_stack(trace: Trace, op_index: int, tid: int | None = None) -> list | No
         return None
     times, ids = found
     k = bisect.bisect_right(times, op.ts) - 1
-    stacks = (trace.meta.get("roofline") or {}).get("stacks") or []
+    stacks = trace.facts.get("stacks") or []
     if k < 0 or not 0 <= ids[k] < len(stacks):
         return None
     return stacks[ids[k]]

@@ -316,7 +316,7 @@ def _optimizer(finding, report):
                    and r.shapes[0] and all(isinstance(s, list) for s in r.shapes[0])), None)
     label = "the optimizer's step over its parameters as recorded"
     if not shapes:
-        known = ParameterSet.from_facts(report.trace.meta.get("roofline") or {})
+        known = ParameterSet.from_facts(report.trace.facts)
         if not known:
             raise NoReplacement("the parameters' sizes were not recorded")
         shapes = [[known.numel // known.tensors]] * known.tensors
