@@ -379,6 +379,7 @@ def test_the_straggler_s_lead_is_put_on_its_host_or_its_gpu_by_what_its_gpu_comp
     said = {f.id: f for f in findings(merged)}["straggler"].message
     assert "Of that lead, 2.64 ms a step is its host's: its GPU computed no longer than the others'" in said
     assert "waiting for rank 1's host to launch" in said and "at the line above first" in said
+    assert "a host whose launches reach this GPU more slowly lags alike" in said
     # its GPU computed 2.0 of its 2.64 ms lead longer: a GPU's lead, not its host's
     merged.straggler = Straggler(1, 136, 140, 52.37, None, 0.0, 2.0, held_ms=2.64)
     said = {f.id: f for f in findings(merged)}["straggler"].message
@@ -405,4 +406,5 @@ def test_a_straggler_whose_host_is_late_is_told_where_its_process_may_run():
     # bound near its GPU: nothing to say of its placement
     ranks[1].trace.meta["roofline"]["placement"]["cpus"] = "16-31"
     said = {f.id: f for f in findings(merged)}["straggler"].message
-    assert "may run on CPUs" not in said and said.endswith("runs on its CPUs.")
+    assert "may run on CPUs" not in said
+    assert said.endswith("the lag once followed the GPU when the ranks swapped GPUs).")

@@ -385,12 +385,16 @@ def _lost_where(s, merged: Merged) -> str:
         return ("A rank that loads its data on the critical path, gets a larger batch, or runs on a slower GPU makes "
                 "every rank wait at the next collective.")
     host, gpu = _idle_lead(s), min(s.compute_excess_ms, s.held_ms)
+    # "its host's" is the GPU idle for want of launches: the host's own work, or its path to this GPU (the swapped
+    # pair in benchmarks/results/h200x2-distributed.md, "Does the lag follow the rank or the GPU?")
     if host >= gpu:
         return (f"Of that lead, {host:,.2f} ms a step is its host's: its GPU computed "
                 + (f"only {gpu:,.2f} ms longer than the others'" if gpu > 0 else "no longer than the others'")
                 + f", and idled the rest, waiting for rank {s.rank}'s host to launch. Look at what that host does "
                 "that the others' do not between collectives (loading or preparing data, logging, a host sync"
-                + (", at the line above first" if s.where else "") + "), and at what else runs on its CPUs. "
+                + (", at the line above first" if s.where else "") + "), and at what else runs on its CPUs; where "
+                "the ranks run the same code, a host whose launches reach this GPU more slowly lags alike (on two "
+                "H200s, the lag once followed the GPU when the ranks swapped GPUs). "
                 + placement.said(s.rank, next(r.trace.facts.get("placement") for r in merged.ranks
                                               if r.rank == s.rank))).rstrip()
     return (f"Of that lead, {gpu:,.2f} ms a step is its GPU computing longer than the others' (recorded): a slower "
