@@ -6,8 +6,8 @@ its host's.
 
 A rank's host launches its GPU's work. Where its threads may run on CPUs far from its GPU (another NUMA node: each
 launch and copy crosses the socket link), it can fall behind the others, and every rank then waits for it at the
-next collective. The CPUs near a GPU are the system's own record of its
-PCI device (sysfs local_cpulist), what `nvidia-smi topo -m` prints as its CPU affinity.
+next collective. The CPUs near a GPU are the system's own record of its PCI device (sysfs local_cpulist), what
+`nvidia-smi topo -m` prints as its CPU affinity.
 """
 
 from __future__ import annotations
