@@ -71,7 +71,7 @@ def _rounds(decodings: dict, rounds: int, tokens: int) -> dict:
         for mode in modes if r % 2 == 0 else modes[::-1]:
             d = decodings[mode]
             d.samples, d.logits = [], []
-            d.decode(tokens)
+            d.steps(tokens)
             medians[mode].append(statistics.median(d.samples))
     first = medians[modes[0]]
     return {mode: dict(ms=statistics.median(m), rounds_ms=m,

@@ -2,7 +2,7 @@
 benchmarks/models.py drives its models through: forward(idx, targets=) -> (logits, loss) for a training step (the
 loss computed by transformers, F.cross_entropy over shifted labels), and setup_cache + forward(idx, positions) for
 decoding through the model's own DynamicCache (a StaticCache under CUDA graphs and compile). And Liger-Kernel's
-patch of them, undone afterwards.
+patch of them, in force only while its mode runs.
 
 Sizes as on the H100 in DESIGN.md: 12 layers, d 2048, 32 query and 8 key/value heads, SwiGLU 5632, vocabulary 32000.
 """
@@ -90,25 +90,46 @@ def build(name: str, tiny: bool) -> CausalLM:
     return model
 
 
-@contextlib.contextmanager
-def liger(model: CausalLM):
-    """Liger-Kernel 0.8.5 applied to the model (its RMSNorm, SwiGLU, RoPE and fused linear cross-entropy), as its
+class Liger:
+    """Liger-Kernel 0.8.5 applied to one model (its RMSNorm, SwiGLU, RoPE and fused linear cross-entropy), as its
     README says to (`_apply_liger_kernel_to_instance`). Liger also replaces module-level names of the family's
-    modeling file and the model class's forward; they are put back on exit, so that later modes run unpatched."""
-    from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+    modeling file and the model class's forward, for every model of the process: they are Liger's only inside
+    `active()`, so that the other modes, which take turns with this one, run unpatched."""
 
-    modeling = importlib.import_module(f"transformers.models.{model.family}.modeling_{model.family}")
-    saved = dict(vars(modeling))
-    classes = {cls: dict(vars(cls)) for cls in vars(modeling).values() if isinstance(cls, type)}
-    _apply_liger_kernel_to_instance(model=model.model)
-    try:
-        yield model
-    finally:
-        for name in set(vars(modeling)) - set(saved):
-            delattr(modeling, name)
-        vars(modeling).update(saved)
-        for cls, attributes in classes.items():
-            for name, value in attributes.items():
-                if name != "__dict__" and vars(cls).get(name) is not value:
-                    with contextlib.suppress(AttributeError, TypeError):
-                        setattr(cls, name, value)
+    def __init__(self, model: CausalLM):
+        from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+
+        self._modeling = importlib.import_module(f"transformers.models.{model.family}.modeling_{model.family}")
+        self._theirs = _names(self._modeling)
+        _apply_liger_kernel_to_instance(model=model.model)
+        self._ligers = _names(self._modeling)
+        _put_back(self._modeling, self._theirs)
+
+    @contextlib.contextmanager
+    def active(self):
+        _put_back(self._modeling, self._ligers)
+        try:
+            yield
+        finally:
+            _put_back(self._modeling, self._theirs)
+
+
+def _names(modeling) -> tuple[dict, dict]:
+    """What a modeling file's names are bound to: its module's, and each of its classes' attributes."""
+    return dict(vars(modeling)), {cls: dict(vars(cls)) for cls in vars(modeling).values() if isinstance(cls, type)}
+
+
+def _put_back(modeling, names: tuple[dict, dict]) -> None:
+    """Bind the modeling file's names as _names() found them (names added since are removed)."""
+    module, classes = names
+    for name in set(vars(modeling)) - set(module):
+        delattr(modeling, name)
+    vars(modeling).update(module)
+    for cls, attributes in classes.items():
+        for name in set(vars(cls)) - set(attributes):
+            with contextlib.suppress(AttributeError, TypeError):
+                delattr(cls, name)
+        for name, value in attributes.items():
+            if name != "__dict__" and vars(cls).get(name) is not value:
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(cls, name, value)

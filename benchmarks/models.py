@@ -26,22 +26,23 @@ Generation (bf16 weights, a KV cache (the examples' static one; transformers' ow
   eager, patch, patch-all, graphs, graphs+patch as above (graphs: one decode step captured), int8, int8+patch,
   int8+graphs and int8+graphs+patch (roofline.quantize_int8_weight_only: every nn.Linear int8 weight-only, the LM
   head too), compile (torch.compile(mode="reduce-overhead"), which is Inductor plus CUDA graphs).
-Training modes run one after another, each on a model of its own, and end with eager-again: eager once more,
-whose speedup over the first eager row is the machine's drift over the run. Generation modes are all made ready
-first, then take turns (TURNS turns of tokens / TURNS tokens each, the order reversed every other turn), so that
-a drift of the host's speed, which an eager decode step is bound by, falls on every mode alike.
+Every mode is made ready first (training: built, patched, compiled or captured, warmed up; generation: the
+prompt prefilled too), then the modes take turns (TURNS turns of steps / TURNS steps or tokens / TURNS tokens
+each, the order reversed every other turn), so that a drift of the machine's speed (an eager decode step is bound
+by its host's) falls on every mode alike. Every mode's model stays in memory meanwhile: for transformers' Llama,
+about 8 GB of weights and AdamW state a training mode.
 
 Every mode starts from the same weights and sees the same tokens: generation feeds a fixed random sequence
 (teacher forcing), so that every mode's logits can be compared with eager's at every step; a step costs what a
 greedy decoding step costs, less one argmax. Checked: training losses within 1% of eager's at the first 3 steps
 compared (later ones reported); generation logits within a relative error (norm) of 3% of eager's, 15% for
 int8. Times: CUDA events between consecutive steps with no synchronization in between (host time shows wherever
-the GPU waits for it); the median step, and the speedup over eager with a 95% interval. Generation's is paired
-by turn: each turn's ratio of medians, the speedup their median and the interval the sign test's over turns
+the GPU waits for it); the median step, and the speedup over eager with a 95% interval. It is paired by
+turn: each turn's ratio of medians, the speedup their median and the interval the sign test's over turns
 (roofline.bench.stats.speedup_ci with rounds), as the host's speed drifts from turn to turn by more than an
 interval over independent samples shows (a GPT-2 decode step's rounds spread from 4.0 to 7.0 ms on the H100
-machine); with fewer turns than the test needs, and for training, a bootstrap of the samples. Memory
-(torch.cuda's peak allocated), training: over the timed steps ("peak GiB"; under CUDA graphs the capture's, whose
+machine); with fewer turns than the test needs, a bootstrap of the samples. Memory (torch.cuda's peak
+allocated, less what the other modes hold), training: over the timed steps ("peak GiB"; under CUDA graphs the capture's, whose
 memory the graph keeps), and over what came before them ("warm-up": compiling, capturing, patch measuring its
 routes); generation: the memory the mode holds once ready ("held GiB": weights, KV cache, a graph's tensors).
 Writes OUT_DIR/models.json and models.md. --tiny: small configs on whatever device there is (the CPU test).
@@ -102,12 +103,13 @@ def build(name: str, tiny: bool, device: torch.device) -> torch.nn.Module:
 
 
 def _liger(model, mode: str):
-    """Liger-Kernel on transformers' models (hf_models.liger, undone on exit) for the liger mode; else nothing."""
+    """Liger-Kernel on transformers' models (hf_models.Liger, in force while its mode runs) for the liger mode;
+    else None."""
     if mode != "liger":
-        return contextlib.nullcontext()
+        return None
     if not isinstance(model, hf_models.CausalLM):
         raise ValueError("the liger mode serves transformers' models (hf-llama, hf-qwen2), as Liger-Kernel does")
-    return hf_models.liger(model)
+    return hf_models.Liger(model)
 
 
 def _patch(model, mode: str):
@@ -149,76 +151,120 @@ def _free(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def _peak_gib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+def _allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
-def _warmup_peak_gib(device: torch.device) -> float | None:
-    """The peak of memory in use so far (compiling, capturing, patch's measurements of its routes: memory a
-    program needs once), then the peak is counted anew for the steps timed (what each step needs). A CUDA graph's
-    memory was taken at its capture, and its replays allocate nothing: its rows' peak is the capture's."""
-    peak = _peak_gib(device)
+def _reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    return peak
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_above(device: torch.device, others: int) -> float | None:
+    """The peak of memory in use since _reset_peak, less `others` bytes held meanwhile by other modes (GiB; None
+    on a CPU)."""
+    return (torch.cuda.max_memory_allocated(device) - others) / 2**30 if device.type == "cuda" else None
 
 
 # --------------------------------------------------------------------------- training
 
-def train(name: str, mode: str, args) -> dict:
+class Training:
+    """One mode's training, made ready (the model built, patched or given Liger-Kernel, compiled or captured as the
+    mode says, warm-up steps run, patch's judge done), then stepped a few steps at a time in turns with the other
+    modes: steps(n) runs its next n steps, each timed.
+
+    Every mode's model stays in memory while the others take their turns (weights and optimizer state; gradients
+    are dropped between turns). Its peak is counted above what the others hold: the memory in use when its turn
+    or its making began, less its own."""
+
+    def __init__(self, name: str, mode: str, args):
+        self.mode, self.device = mode, args.device
+        cuda = self.device.type == "cuda"
+        self.others = _allocated(self.device)
+        _reset_peak(self.device)
+        start = time.perf_counter()
+        model = build(name, args.tiny, self.device)
+        self.liger = _liger(model, mode)
+        with self._active():
+            self._ready(model, mode, args, _sizes(args.tiny), cuda)
+        self.setup_s = time.perf_counter() - start
+        self.warmup_peak_gib = _peak_above(self.device, self.others)
+        self._drop_gradients()
+        self.held = _allocated(self.device) - self.others
+        self.peak_gib = self.warmup_peak_gib if self.graphs else None
+        self.samples, self.turns, self.done = [], [], 0
+
+    def _active(self):
+        return self.liger.active() if self.liger is not None else contextlib.nullcontext()
+
+    def _ready(self, model, mode: str, args, sizes: dict, cuda: bool) -> None:
+        self.patched = _patch(model, mode)
+        self.graphs = graphs = mode.startswith("graphs")
+        optimizer = self.optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=cuda, capturable=graphs)
+        forward = torch.compile(model) if mode.startswith("compile") else model
+        generator = torch.Generator(self.device).manual_seed(1)   # every mode sees the same batch
+        vocab = model.config.vocab_size
+        idx, targets = (torch.randint(0, vocab, (sizes["train_batch"], sizes["train_seq"]), device=self.device,
+                                      generator=generator) for _ in range(2))
+        self.batch, self.seq = sizes["train_batch"], sizes["train_seq"]
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)   # in a capture, backward then writes the graph's own gradients
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda, cache_enabled=not graphs):
+                loss = forward(idx, targets=targets)[1]   # the logits go as soon as the loss is computed
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+
+        self.losses, self.unjudged = [], []
+        if graphs:
+            self.run = capture(step)
+        else:
+            self.run = step
+            for _ in range(args.warmup):
+                self.losses.append(step().clone())
+            # steps patch's judge asks for count as steps: the losses stay comparable with eager's step by step
+            self.unjudged = _until_judged(self.patched, lambda: self.losses.append(step().clone()))
+
+    def _drop_gradients(self) -> None:
+        """Between turns, the other modes' memory; a captured step keeps its own (the graph writes them)."""
+        if not self.graphs:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def steps(self, n: int) -> None:
+        others = _allocated(self.device) - self.held
+        _reset_peak(self.device)
+        timer = StepTimer(self.device)
+        with self._active():
+            timer.mark()
+            for _ in range(n):
+                self.losses.append(self.run().clone())
+                self.done += 1
+                timer.mark()
+        samples = timer.samples_ms()
+        self.samples += samples
+        self.turns.append(len(samples))
+        peak = _peak_above(self.device, others)
+        # a CUDA graph's memory was taken at its capture, and its replays allocate nothing
+        if peak is not None and not self.graphs:
+            self.peak_gib = max(self.peak_gib or 0.0, peak)
+        self._drop_gradients()
+
+    def row(self, name: str) -> dict:
+        median = statistics.median(self.samples)
+        return dict(model=name, mode=self.mode, batch=self.batch, seq=self.seq, samples_ms=self.samples,
+                    turns=self.turns, median_ms=median, tokens_per_s=self.batch * self.seq / median * 1e3,
+                    peak_gib=self.peak_gib, warmup_peak_gib=self.warmup_peak_gib, warmup_s=self.setup_s,
+                    losses=[float(x) for x in torch.stack(self.losses).float().cpu()],
+                    first_step=CAPTURE_WARMUP if self.graphs else 0, **_patch_fields(self.patched, self.unjudged))
+
+
+def train(name: str, modes, args) -> list[dict]:
+    """Rows of every mode's training, the modes stepping in turns (TURNS of them, the order reversed every other
+    turn) so that a drift of the machine's speed falls on all."""
     _free(args.device)
-    model = build(name, args.tiny, args.device)
-    with _liger(model, mode):
-        return _train(name, mode, model, args)
-
-
-def _train(name: str, mode: str, model, args) -> dict:
-    device, sizes = args.device, _sizes(args.tiny)
-    patched = _patch(model, mode)
-    graphs = mode.startswith("graphs")
-    cuda = device.type == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=cuda, capturable=graphs)
-    forward = torch.compile(model) if mode.startswith("compile") else model
-    generator = torch.Generator(device).manual_seed(1)
-    vocab = model.config.vocab_size
-    idx, targets = (torch.randint(0, vocab, (sizes["train_batch"], sizes["train_seq"]), device=device,
-                                  generator=generator) for _ in range(2))
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)   # in a capture, backward then writes the graph's own gradients
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda, cache_enabled=not graphs):
-            loss = forward(idx, targets=targets)[1]   # the logits go as soon as the loss is computed
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
-
-    losses, unjudged = [], []
-    start = time.perf_counter()
-    if graphs:
-        run = capture(step)
-    else:
-        run = step
-        for _ in range(args.warmup):
-            losses.append(run().clone())
-        # steps patch's judge asks for count as steps: the losses stay comparable with eager's step by step
-        unjudged = _until_judged(patched, lambda: losses.append(run().clone()))
-    first_s = time.perf_counter() - start
-    warmup_peak = _warmup_peak_gib(device)
-    timer = StepTimer(device)
-    timer.mark()
-    for _ in range(args.steps):
-        losses.append(run().clone())
-        timer.mark()
-    samples = timer.samples_ms()
-    median = statistics.median(samples)
-    return dict(model=name, mode=mode, samples_ms=samples, median_ms=median,
-                tokens_per_s=sizes["train_batch"] * sizes["train_seq"] / median * 1e3,
-                peak_gib=warmup_peak if graphs else _peak_gib(device),
-                warmup_peak_gib=warmup_peak, warmup_s=first_s,
-                losses=[float(x) for x in torch.stack(losses).float().cpu()],
-                first_step=CAPTURE_WARMUP if graphs else 0,
-                **_patch_fields(patched, unjudged))
+    return _in_turns(name, modes, lambda mode: Training(name, mode, args), args.steps, "training")
 
 
 def _check_losses(rows: list[dict]) -> None:
@@ -292,7 +338,7 @@ class Decoding:
                     decode()
                 if self.cropped and not model.static:   # a DynamicCache grows a key a step: a new call
                     self._restart()    # signature for patch to decide, so the steady state is a second pass
-                    self.decode(args.tokens)
+                    self.steps(args.tokens)
                     self.model.at = prompt
                 self.unjudged = _until_judged(self.patched, decode)
         self.setup_s = time.perf_counter() - start
@@ -304,7 +350,8 @@ class Decoding:
         self.logits, self.samples, self.done = [], [], 0
         self.turns: list[int] = []   # samples taken in each turn, in order
 
-    def decode(self, n: int) -> None:
+    def steps(self, n: int) -> None:
+        """Decode the next n tokens, each timed."""
         timer = StepTimer(self.device)
         with torch.inference_mode():
             timer.mark()
@@ -333,24 +380,31 @@ def generate(name: str, modes, batch: int, args) -> list[dict]:
     """Rows of every mode's generation, the modes decoding in turns (TURNS of them, the order reversed every
     other turn) so that a drift of the host's speed, which an eager decode step is bound by, falls on all."""
     _free(args.device)
-    decodings, failed = [], {}
+    return _in_turns(name, modes, lambda mode: Decoding(name, mode, batch, args), args.tokens,
+                     f"generation, batch {batch}")
+
+
+def _in_turns(name: str, modes, make, total: int, what: str) -> list[dict]:
+    """Every mode made ready by make(mode), then its `total` steps run in TURNS turns, a turn's share each (the
+    order reversed every other turn); a row per mode, in the order asked, or the row of how it failed."""
+    ready, failed = [], {}
     for mode in modes:
-        print(f"== {name} generation, batch {batch}: {mode}", flush=True)
+        print(f"== {name} {what}: {mode}", flush=True)
         try:
-            decodings.append(Decoding(name, mode, batch, args))
+            ready.append(make(mode))
         except Exception as exc:  # noqa: BLE001 - reported in the results, and the exit status
             failed[mode] = _failure(name, mode, exc)
-    per_turn = -(-args.tokens // TURNS)
+    per_turn = -(-total // TURNS)
     for turn in range(TURNS):
-        for d in decodings if turn % 2 == 0 else decodings[::-1]:
-            if d.mode in failed or d.done >= args.tokens:
+        for r in ready if turn % 2 == 0 else ready[::-1]:
+            if r.mode in failed or r.done >= total:
                 continue
             try:
-                d.decode(min(per_turn, args.tokens - d.done))
+                r.steps(min(per_turn, total - r.done))
             except Exception as exc:  # noqa: BLE001
-                failed[d.mode] = _failure(name, d.mode, exc)
-    rows = {d.mode: d.row(name) for d in decodings if d.mode not in failed}
-    del decodings
+                failed[r.mode] = _failure(name, r.mode, exc)
+    rows = {r.mode: r.row(name) for r in ready if r.mode not in failed}
+    del ready
     return [failed.get(mode) or rows[mode] for mode in modes]
 
 
@@ -450,14 +504,6 @@ def _gib(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _attempt(run, name: str, mode: str, *args) -> dict:
-    """run(name, mode, *args), or a row saying how it failed: one mode's failure must not lose the others."""
-    try:
-        return run(name, mode, *args)
-    except Exception as exc:  # noqa: BLE001 - reported in the results, and the exit status
-        return _failure(name, mode, exc)
-
-
 def _failure(name: str, mode: str, exc: Exception) -> dict:
     print(f"{name} {mode} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     return dict(model=name, mode=mode, error=f"{type(exc).__name__}: {exc}"[:300], numerics_ok=False)
@@ -467,12 +513,6 @@ def write(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "models.json").write_text(json.dumps(result, indent=1, default=str))
     (out / "models.md").write_text(markdown(result))
-
-
-def with_eager_again(modes) -> list[str]:
-    """modes, and eager once more at the end where eager and others run: modes run one after another, and the
-    second eager row's speedup over the first shows how far the machine drifted meanwhile."""
-    return [*modes, "eager-again"] if "eager" in modes and len(modes) > 1 else list(modes)
 
 
 def needs_gpu(train_modes, generate_modes) -> list[str]:
@@ -489,7 +529,7 @@ def main(argv=None) -> int:
     parser.add_argument("--generate", nargs="*", choices=GENERATE_MODES, default=list(GENERATE_MODES),
                         metavar="MODE")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8], help="generation batch sizes")
-    parser.add_argument("--steps", type=int, default=10, help="training steps timed per mode")
+    parser.add_argument("--steps", type=int, default=24, help=f"training steps timed per mode (in {TURNS} turns)")
     parser.add_argument("--warmup", type=int, default=WARMUP, help="steps run before timing (not under CUDA graphs)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated (timed) per mode")
     parser.add_argument("--tiny", action="store_true", help="tiny configs (for the CPU test)")
@@ -499,17 +539,13 @@ def main(argv=None) -> int:
     if unavailable:
         parser.error(f"modes {unavailable} need a CUDA GPU")
     import triton
-    sizes = _sizes(args.tiny)
     result = dict(environment=dict(
         gpu=torch.cuda.get_device_name() if args.device.type == "cuda" else "CPU", date=time.strftime("%Y-%m-%d"),
         torch=torch.__version__, triton=triton.__version__, python=sys.version.split()[0],
         command="python benchmarks/models.py " + " ".join(argv if argv is not None else sys.argv[1:])),
         train={}, generate={})
     for name in args.models:
-        rows = []
-        for mode in with_eager_again(args.train):
-            print(f"== {name} training: {mode}", flush=True)
-            rows.append(_attempt(train, name, mode, args) | dict(batch=sizes["train_batch"], seq=sizes["train_seq"]))
+        rows = train(name, args.train, args) if args.train else []
         if rows:
             _check_losses(rows)
             _speedups(rows, "eager", "vs_eager")

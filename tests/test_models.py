@@ -82,7 +82,7 @@ def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
                            "2", "--warmup", "1", "--tokens", "3"])
     assert code == 0
     result = json.loads((tmp_path / "models.json").read_text())
-    expected = {"train": ["eager", "patch-all", "compile+patch", "eager-again"],
+    expected = {"train": ["eager", "patch-all", "compile+patch"],
                 "generate": ["eager", "patch-all", "int8"]}
     for kind, modes in expected.items():
         assert list(result[kind]) == ["llama"]
@@ -237,12 +237,18 @@ def test_transformers_static_cache_decodes_as_the_dynamic_one():
     assert isinstance(model.cache, transformers.StaticCache)
 
 
-def test_liger_is_undone_after_its_mode(monkeypatch):
-    """Liger-Kernel replaces names in transformers' modeling file and the model class's forward, for every model of
-    the process; the benchmark puts them back, so that the modes after it run unpatched."""
+def _fake_liger(monkeypatch, apply):
     import sys
     import types
 
+    fake = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    fake._apply_liger_kernel_to_instance = apply
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", fake)
+
+
+def test_liger_is_in_force_only_while_active(monkeypatch):
+    """Liger-Kernel replaces names in transformers' modeling file and the model class's forward, for every model of
+    the process; the benchmark binds them to Liger's only while the liger mode runs."""
     import hf_models
     from transformers.models.llama import modeling_llama
 
@@ -253,16 +259,59 @@ def test_liger_is_undone_after_its_mode(monkeypatch):
         modeling_llama.apply_rotary_pos_emb = lambda *a: None
         modeling_llama.LlamaRMSNorm = object
         modeling_llama.LlamaForCausalLM.forward = lambda self, *a, **k: None
+        modeling_llama.LlamaForCausalLM.ADDED_BY_LIGER = True
         modeling_llama.ADDED_BY_LIGER = True
 
-    fake = types.ModuleType("liger_kernel.transformers.monkey_patch")
-    fake._apply_liger_kernel_to_instance = fake_apply
-    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", fake)
-    model = hf_models.build("hf-llama", tiny=True)
-    with hf_models.liger(model):
-        assert modeling_llama.LlamaRMSNorm is object
-    assert (modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm,
-            modeling_llama.LlamaForCausalLM.forward) == before
-    assert not hasattr(modeling_llama, "ADDED_BY_LIGER")
+    def theirs():
+        assert (modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm,
+                modeling_llama.LlamaForCausalLM.forward) == before
+        assert not hasattr(modeling_llama, "ADDED_BY_LIGER")
+        assert not hasattr(modeling_llama.LlamaForCausalLM, "ADDED_BY_LIGER")
+
+    _fake_liger(monkeypatch, fake_apply)
+    liger = hf_models.Liger(hf_models.build("hf-llama", tiny=True))
+    theirs()
+    for _ in range(2):   # in and out, as the liger mode's turns come and go
+        with liger.active():
+            assert modeling_llama.LlamaRMSNorm is object and modeling_llama.ADDED_BY_LIGER
+            assert modeling_llama.LlamaForCausalLM.ADDED_BY_LIGER
+        theirs()
     with pytest.raises(ValueError, match="liger mode serves transformers' models"):
         benchmark._liger(benchmark.build("llama", True, torch.device("cpu")), "liger")
+
+
+def test_training_modes_take_turns_with_liger_in_force_in_its_own_only(monkeypatch):
+    """The training modes step in turns, the order reversed every other turn; Liger-Kernel's replacements serve the
+    liger mode's steps and none of eager's, and the rows are paired by turn."""
+    import argparse
+
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.LlamaRMSNorm.forward
+    liger_calls = []
+
+    def fake_apply(model):
+        def forward(self, x):
+            liger_calls.append(1)
+            return original(self, x)
+        modeling_llama.LlamaRMSNorm.forward = forward
+
+    _fake_liger(monkeypatch, fake_apply)
+    order, steps = [], benchmark.Training.steps
+
+    def steps_seen(self, n):
+        calls = len(liger_calls)
+        steps(self, n)
+        order.append((self.mode, len(liger_calls) > calls))
+
+    monkeypatch.setattr(benchmark.Training, "steps", steps_seen)
+    args = argparse.Namespace(device=torch.device("cpu"), tiny=True, warmup=1, steps=6)
+    rows = benchmark.train("hf-llama", ["eager", "liger"], args)
+    assert modeling_llama.LlamaRMSNorm.forward is original
+    assert order == [("eager", False), ("liger", True), ("liger", True), ("eager", False)] * 3
+    benchmark._check_losses(rows)
+    benchmark._speedups(rows, "eager", "vs_eager")
+    eager, liger = rows
+    assert eager["turns"] == liger["turns"] == [1] * 6 and len(liger["samples_ms"]) == 6
+    assert liger["numerics_ok"] and liger["loss_error"] == 0.0   # the same math, through the fake's forward
+    assert liger["vs_eager"]["paired"]
