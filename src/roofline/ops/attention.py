@@ -171,10 +171,10 @@ if triton is not None:
             p = tl.exp2(s * scale_log2 - m_new[:, None])
         alpha = tl.exp2(m_i - m_use)
         v = _tile(v_desc, b, hk, start_n, False)
-        # p in the values' dtype for the tensor cores; the sum is of the same rounded p, so that the weights O
-        # is divided by add up to exactly 1
+        # the sum of p as computed, then p in the values' dtype for the tensor cores (summing the rounded p instead
+        # makes the weights add up to exactly 1, for a conversion back per weight on the softmax's path)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
         p = p.to(v.dtype)
-        l_i = l_i * alpha + tl.sum(p.to(tl.float32), axis=1)
         acc = acc * alpha[:, None]
         if UPCAST:
             acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc, input_precision=PRECISION)

@@ -23,9 +23,9 @@ natural log for the backward (attention.py's kernels). For bf16 and fp16 at head
 scale, on a device of compute capability 9.0.
 
 Off unless attention.SM90_FORWARD (ROOFLINE_SM90_ATTENTION=1). On an H200 (benchmarks/results/h200-attention.md),
-timed alone, it is faster than the tiled forward at head dim 128 and slower at 64; as eager code calls it (head
-dim 128), faster at long sequences only, and not when causal. It is behind cuDNN's throughout. It stays off until
-it is ahead where a whole program uses it.
+at head dim 128 it is faster than the tiled forward, alone and as eager code calls it (from 1024 keys), and level
+with cuDNN's only at the longest sequences; at 64 it is not faster than the tiled one. It stays off until a whole
+program has been timed with it.
 """
 
 from __future__ import annotations
@@ -161,10 +161,11 @@ if gluon is not None:
             s = warpgroup_mma_wait(0, deps=(s, ))
             mbarrier.arrive(k_empty.index(0), count=1)
             p, m_i, alpha = _weights(s, m_i, 0, full, queries, nk, reach, scale_log2, s_layout)
-            # P in the values' dtype for the tensor cores; the sum is of the same rounded P, so that the weights O
-            # is divided by add up to exactly 1
+            # the sum of P as computed, then P in the values' dtype for the tensor cores. Summing the rounded P (the
+            # weights O is divided by then add up to exactly 1) converted each weight back on the softmax's path:
+            # slower where timed (benchmarks/results/h200-attention.md, run 5)
+            l_i = gl.sum(p, axis=1)
             p = p.to(dtype)
-            l_i = gl.sum(p.to(gl.float32), axis=1)
             for j in range(1, blocks):
                 slot = j % slots
                 last = (j - 1) % slots
@@ -181,8 +182,8 @@ if gluon is not None:
                 s = warpgroup_mma_wait(1, deps=(s, ))   # block j's scores; block j-1's P V may still be running
                 mbarrier.arrive(k_empty.index(slot), count=1)
                 p, m_i, alpha = _weights(s, m_i, j * block_n, full, queries, nk, reach, scale_log2, s_layout)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
                 p = p.to(dtype)
-                l_i = l_i * alpha + gl.sum(p.to(gl.float32), axis=1)
                 # the product read P from registers as it ran: they stay P's until it has retired
                 acc, p_operand = warpgroup_mma_wait(0, deps=(acc, p_operand))
                 mbarrier.arrive(v_empty.index(last), count=1)
