@@ -152,6 +152,16 @@ if triton is not None:
         return visible
 
     @triton.jit
+    def _query_block(q_desc, heads, group):
+        """(first query, batch, head, key head, the queries) of a program (query block, batch x head). The last
+        query blocks go first: causal, they have the most keys to walk, and the short ones fill the tail."""
+        BLOCK_M: tl.constexpr = q_desc.block_shape[2]
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+        b = tl.program_id(1) // heads
+        h = tl.program_id(1) % heads
+        return start_m, b, h, h // group, start_m + tl.arange(0, BLOCK_M)
+
+    @triton.jit
     def _forward_step(acc, l_i, m_i, q, k_desc, v_desc, b, hk, start_n, offs_m, nq, nk, scale_log2,
                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         """One block of keys and values into the running (acc, l, m) of a block of queries (online softmax,
@@ -191,12 +201,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr = q_desc.block_shape[2]
         BLOCK_N: tl.constexpr = k_desc.block_shape[2]
         BLOCK_D: tl.constexpr = q_desc.block_shape[3]
-        # the last query blocks first: causal, they have the most keys to walk, and the short ones fill the tail
-        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-        b = tl.program_id(1) // heads
-        h = tl.program_id(1) % heads
-        hk = h // group
-        offs_m = start_m + tl.arange(0, BLOCK_M)
+        start_m, b, h, hk, offs_m = _query_block(q_desc, heads, group)
         q = _tile(q_desc, b, h, start_m, UPCAST)
         q = (q * q_sign).to(q.dtype)
         m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
@@ -313,11 +318,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr = q_desc.block_shape[2]
         BLOCK_N: tl.constexpr = k_desc.block_shape[2]
         BLOCK_D: tl.constexpr = q_desc.block_shape[3]
-        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M   # the longest first, as the forward
-        b = tl.program_id(1) // heads
-        h = tl.program_id(1) % heads
-        hk = h // group
-        offs_m = start_m + tl.arange(0, BLOCK_M)
+        start_m, b, h, hk, offs_m = _query_block(q_desc, heads, group)
         q = _tile(q_desc, b, h, start_m, UPCAST)
         do = _tile(do_desc, b, h, start_m, UPCAST)
         lse2, delta = _lse2_and_delta(lse_ptr, delta_ptr, tl.program_id(1).to(tl.int64) * nq, offs_m, nq)

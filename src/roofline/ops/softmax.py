@@ -91,14 +91,18 @@ if triton is not None:
         return row_max, tl.sum(s * tl.exp2((m - row_max) * LOG2E), axis=0), tl.sum(tl.sum(total, axis=1), axis=0)
 
     @triton.jit
+    def _row_block(rows, n, cols, ROWS: tl.constexpr):
+        """(offsets, mask) of a program's ROWS rows of n elements, where each fits in one block (cols)."""
+        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+        return r.to(tl.int64) * n + cols[None, :], (r < rows) & (cols[None, :] < n)
+
+    @triton.jit
     def softmax_forward_kernel(x_ptr, y_ptr, rows, n, LOG: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
                                ROWS: tl.constexpr):
         cols = tl.arange(0, BLOCK)
         # A row of all -inf gives nan (-inf minus -inf), as torch does.
         if SINGLE:   # rows that fit in one block, ROWS of them per program: each read once, kept in registers
-            r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
-            offs = r.to(tl.int64) * n + cols[None, :]
-            mask = (r < rows) & (cols[None, :] < n)
+            offs, mask = _row_block(rows, n, cols, ROWS)
             x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
             shifted = x - tl.max(x, axis=1, keep_dims=True)
             e = tl.exp2(shifted * LOG2E)
@@ -132,9 +136,7 @@ if triton is not None:
         """softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy)."""
         cols = tl.arange(0, BLOCK)
         if SINGLE:   # rows that fit in one block, ROWS of them per program: y and dy read once
-            r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
-            offs = r.to(tl.int64) * n + cols[None, :]
-            mask = (r < rows) & (cols[None, :] < n)
+            offs, mask = _row_block(rows, n, cols, ROWS)
             g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             total = tl.sum(g if LOG else g * y, axis=1, keep_dims=True)

@@ -303,25 +303,24 @@ def tree(attr: Attribution) -> Node:
     """The top-down view: user call paths from the outermost frame down to the launching line."""
     root = Node(None)
     for w in attr.work:
-        node = root
-        node.total_us += w.us
-        for loc in w.stack:
-            node = node.child(loc)
-            node.total_us += w.us
-        node.self_us += w.us
+        _add_path(root, w.stack, w.us)
     return root
+
+
+def _add_path(root: Node, path, us: float) -> None:
+    """Charge `us` to every node along `path` from root, and as self time to its last."""
+    node = root
+    node.total_us += us
+    for loc in path:
+        node = node.child(loc)
+        node.total_us += us
+    node.self_us += us
 
 
 def bottom_up(attr: Attribution, depth: int = 3) -> Node:
     """The bottom-up view: launching lines first, each with the call paths that reached it (callers below)."""
     root = Node(None)
     for w in attr.work:
-        if not w.stack:
-            continue
-        node = root
-        node.total_us += w.us
-        for loc in reversed(w.stack[-depth - 1:]):
-            node = node.child(loc)
-            node.total_us += w.us
-        node.self_us += w.us
+        if w.stack:
+            _add_path(root, reversed(w.stack[-depth - 1:]), w.us)
     return root
