@@ -169,6 +169,20 @@ def _peak_above(device: torch.device, others: int) -> float | None:
 
 # --------------------------------------------------------------------------- training
 
+def _time_turn(mode, n: int, step) -> None:
+    """A turn of a mode (a Training or a Decoding): step() n times, each timed, counted in mode.done, its times
+    added to mode.samples and their count to mode.turns."""
+    timer = StepTimer(mode.device)
+    timer.mark()
+    for _ in range(n):
+        step()
+        mode.done += 1
+        timer.mark()
+    samples = timer.samples_ms()
+    mode.samples += samples
+    mode.turns.append(len(samples))
+
+
 class Training:
     """One mode's training, made ready (the model built, patched or given Liger-Kernel, compiled or captured as the
     mode says, warm-up steps run, patch's judge done), then stepped a few steps at a time in turns with the other
@@ -235,16 +249,8 @@ class Training:
     def steps(self, n: int) -> None:
         others = _allocated(self.device) - self.held
         _reset_peak(self.device)
-        timer = StepTimer(self.device)
         with self._active():
-            timer.mark()
-            for _ in range(n):
-                self.losses.append(self.run().clone())
-                self.done += 1
-                timer.mark()
-        samples = timer.samples_ms()
-        self.samples += samples
-        self.turns.append(len(samples))
+            _time_turn(self, n, lambda: self.losses.append(self.run().clone()))
         peak = _peak_above(self.device, others)
         # a CUDA graph's memory was taken at its capture, and its replays allocate nothing
         if peak is not None and not self.graphs:
@@ -352,21 +358,16 @@ class Decoding:
 
     def steps(self, n: int) -> None:
         """Decode the next n tokens, each timed."""
-        timer = StepTimer(self.device)
+        def step():
+            i = self.prompt + self.done
+            self.token.copy_(self.sequence[:, i:i + 1])
+            self.position.copy_(self.positions[i:i + 1])
+            if self.cropped:
+                self.model.at = i
+            self.logits.append(self.run().clone())
+
         with torch.inference_mode():
-            timer.mark()
-            for _ in range(n):
-                i = self.prompt + self.done
-                self.token.copy_(self.sequence[:, i:i + 1])
-                self.position.copy_(self.positions[i:i + 1])
-                if self.cropped:
-                    self.model.at = i
-                self.logits.append(self.run().clone())
-                self.done += 1
-                timer.mark()
-        samples = timer.samples_ms()
-        self.samples += samples
-        self.turns.append(len(samples))
+            _time_turn(self, n, step)
 
     def row(self, name: str) -> dict:
         median = statistics.median(self.samples)
