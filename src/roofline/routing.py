@@ -22,7 +22,8 @@ calls until a backward has passed through one of them (hooks on the outputs see 
 AWAIT_CALLS calls if none does. A measurement's backward with a layout the program never uses is not harmless:
 torch 2.11 keeps cuDNN attention's backward graph under q's, k's and v's layouts only, and a graph built for the
 measurement's gradient then served the program's own, differently laid out one (silently wrong gradients;
-benchmarks/sdpa_gradient_layout.py).
+benchmarks/results/h100-host.md, found by a probe since removed:
+`git show 95f5b89:benchmarks/sdpa_gradient_layout.py`).
 
 Deciding costs host time on every call (a few microseconds: the signature's key and its look-up), which a
 host-bound program (a decode step in eager mode) pays in full. So roofline's side is measured through a route,
