@@ -104,14 +104,19 @@ class Liger:
         _apply_liger_kernel_to_instance(model=model.model)
         self._ligers = _names(self._modeling)
         _put_back(self._modeling, self._theirs)
+        self._depth = 0   # active() may be entered within itself (a mode's warm-up runs its timed steps)
 
     @contextlib.contextmanager
     def active(self):
-        _put_back(self._modeling, self._ligers)
+        if self._depth == 0:
+            _put_back(self._modeling, self._ligers)
+        self._depth += 1
         try:
             yield
         finally:
-            _put_back(self._modeling, self._theirs)
+            self._depth -= 1
+            if self._depth == 0:
+                _put_back(self._modeling, self._theirs)
 
 
 def _names(modeling) -> tuple[dict, dict]:

@@ -15,7 +15,7 @@ F.cross_entropy, in its forward, as nanoGPT's does):
                    roofline's kernel only where measured faster here (the decisions are in the JSON)
   patch-all        roofline.patch(model, policy="always"): every call roofline can serve, faster or not
   liger            Liger-Kernel on transformers' models (its RMSNorm, SwiGLU, RoPE and fused linear
-                   cross-entropy; the wheel carried to the GPU machine), undone before the next mode
+                   cross-entropy; the wheel carried to the GPU machine), in force during its own turns only
   compile          torch.compile(model)
   compile+patch    roofline.patch, then torch.compile: under compile patch leaves every call to Inductor
   graphs           the whole step (forward, backward, optimizer) captured as one CUDA graph and replayed: the
@@ -23,9 +23,10 @@ F.cross_entropy, in its forward, as nanoGPT's does):
   graphs+patch     the same with roofline.patch
 Generation (bf16 weights, a KV cache (the examples' static one; transformers' own), one token a step after a
 32-token prompt; batch 1 and 8):
-  eager, patch, patch-all, graphs, graphs+patch as above (graphs: one decode step captured), int8, int8+patch,
-  int8+graphs and int8+graphs+patch (roofline.quantize_int8_weight_only: every nn.Linear int8 weight-only, the LM
-  head too), compile (torch.compile(mode="reduce-overhead"), which is Inductor plus CUDA graphs).
+  eager, patch, patch-all, liger, graphs, graphs+patch as above (graphs: one decode step captured), int8,
+  int8+patch, int8+graphs and int8+graphs+patch (roofline.quantize_int8_weight_only: every nn.Linear int8
+  weight-only, the LM head too), compile (torch.compile(mode="reduce-overhead"), which is Inductor plus CUDA
+  graphs) and compile+patch (roofline.patch first: under compile it leaves every call to Inductor).
 Every mode is made ready first (training: built, patched, compiled or captured, warmed up; generation: the
 prompt prefilled too), then the modes take turns (TURNS turns of steps / TURNS steps or tokens / TURNS tokens
 each, the order reversed every other turn), so that a drift of the machine's speed (an eager decode step is bound
@@ -77,8 +78,8 @@ MODELS = {
                                                  d_model=64, intermediate_size=96)),
 }
 TRAIN_MODES = ("eager", "patch", "patch-all", "liger", "compile", "compile+patch", "graphs", "graphs+patch")
-GENERATE_MODES = ("eager", "patch", "patch-all", "graphs", "graphs+patch", "int8", "int8+patch", "int8+graphs",
-                  "int8+graphs+patch", "compile")
+GENERATE_MODES = ("eager", "patch", "patch-all", "liger", "graphs", "graphs+patch", "int8", "int8+patch",
+                  "int8+graphs", "int8+graphs+patch", "compile", "compile+patch")
 MODEL_NAMES = (*MODELS, *hf_models.FAMILIES)
 LOSS_TOLERANCE = 0.01
 CHECKED_STEPS = 3
@@ -110,6 +111,11 @@ def _liger(model, mode: str):
     if not isinstance(model, hf_models.CausalLM):
         raise ValueError("the liger mode serves transformers' models (hf-llama, hf-qwen2), as Liger-Kernel does")
     return hf_models.Liger(model)
+
+
+def _in_force(liger):
+    """Liger-Kernel's replacements in force (a Liger of _liger), or nothing (None)."""
+    return liger.active() if liger is not None else contextlib.nullcontext()
 
 
 def _patch(model, mode: str):
@@ -200,7 +206,7 @@ class Training:
         start = time.perf_counter()
         model = build(name, args.tiny, self.device)
         self.liger = _liger(model, mode)
-        with self._active():
+        with _in_force(self.liger):
             self._ready(model, mode, args, _sizes(args.tiny), cuda)
         self.setup_s = time.perf_counter() - start
         self.warmup_peak_gib = _peak_above(self.device, self.others)
@@ -208,9 +214,6 @@ class Training:
         self.held = _allocated(self.device) - self.others
         self.peak_gib = self.warmup_peak_gib if self.graphs else None
         self.samples, self.turns, self.done = [], [], 0
-
-    def _active(self):
-        return self.liger.active() if self.liger is not None else contextlib.nullcontext()
 
     def _ready(self, model, mode: str, args, sizes: dict, cuda: bool) -> None:
         self.patched = _patch(model, mode)
@@ -249,7 +252,7 @@ class Training:
     def steps(self, n: int) -> None:
         others = _allocated(self.device) - self.held
         _reset_peak(self.device)
-        with self._active():
+        with _in_force(self.liger):
             _time_turn(self, n, lambda: self.losses.append(self.run().clone()))
         peak = _peak_above(self.device, others)
         # a CUDA graph's memory was taken at its capture, and its replays allocate nothing
@@ -298,29 +301,36 @@ def _check_losses(rows: list[dict]) -> None:
 class Decoding:
     """One mode's generation, made ready (the model built, patched, quantized, compiled or captured as the mode
     says, the prompt prefilled, warm-up steps run), then decoded a few tokens at a time, in turns with the other
-    modes: decode(n) runs its next n tokens, each timed. patch(model, mode) patches it (_patch: as the mode
-    says)."""
+    modes: steps(n) decodes its next n tokens, each timed. patch(model, mode) patches it (_patch: as the mode
+    says); the liger mode's Liger-Kernel is in force while it is made ready and during its turns."""
 
     def __init__(self, name: str, mode: str, batch: int, args, patch=None):
         self.mode, self.batch, self.device = mode, batch, args.device
         cuda = self.device.type == "cuda"
         before = torch.cuda.memory_allocated() if cuda else 0
         start = time.perf_counter()
-        model = build(name, args.tiny, self.device).to(torch.bfloat16).eval()
-        self.model = model
-        self.patched = (patch or _patch)(model, mode)   # first: patch finds SwiGLU MLPs by their nn.Linear children
+        self.model = build(name, args.tiny, self.device).to(torch.bfloat16).eval()
+        self.liger = _liger(self.model, mode)
+        with _in_force(self.liger):
+            self._ready(self.model, mode, batch, args, patch or _patch)
+        self.setup_s = time.perf_counter() - start
+        self.held_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else None
+        self._restart()
+
+    def _ready(self, model, mode: str, batch: int, args, patch) -> None:
+        self.patched = patch(model, mode)   # first: patch finds SwiGLU MLPs by their nn.Linear children
         if mode.startswith("int8"):
             roofline.quantize_int8_weight_only(model)
         self.prompt = prompt = _sizes(args.tiny)["prompt"]
         # CUDA graphs (ours, or compile's reduce-overhead) replay a step: transformers' models take a StaticCache
-        replayed = "graphs" in mode or mode == "compile"
+        compiled = mode.startswith("compile")
         model.setup_cache(batch, prompt + args.tokens, torch.bfloat16,
-                          **({"static": replayed} if isinstance(model, hf_models.CausalLM) else {}))
+                          **({"static": "graphs" in mode or compiled} if isinstance(model, hf_models.CausalLM) else {}))
         generator = torch.Generator(self.device).manual_seed(2)   # every mode sees the same tokens
         self.sequence = torch.randint(0, model.config.vocab_size, (batch, prompt + args.tokens), device=self.device,
                                       generator=generator)
         self.positions = torch.arange(prompt + args.tokens, device=self.device)
-        forward = torch.compile(model, mode="reduce-overhead", fullgraph=True) if mode == "compile" else model
+        forward = torch.compile(model, mode="reduce-overhead", fullgraph=True) if compiled else model
         self.token = self.sequence[:, prompt:prompt + 1].clone()
         self.position = self.positions[prompt:prompt + 1].clone()
 
@@ -333,23 +343,25 @@ class Decoding:
         self.cropped = isinstance(model, hf_models.CausalLM)
         self.unjudged: list[str] = []   # patch's ops still unjudged when the timing began
         with torch.inference_mode():
-            model(self.sequence[:, :prompt], self.positions[:prompt])     # prefill
-            if self.cropped:
-                model.at = prompt
-            if "graphs" in mode:
-                self.run = capture(decode)
-            else:
-                self.run = decode
-                for _ in range(args.warmup):
-                    decode()
-                if self.cropped and not model.static:   # a DynamicCache grows a key a step: a new call
-                    self._restart()    # signature for patch to decide, so the steady state is a second pass
-                    self.steps(args.tokens)
-                    self.model.at = prompt
-                self.unjudged = _until_judged(self.patched, decode)
-        self.setup_s = time.perf_counter() - start
-        self.held_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else None
-        self._restart()
+            self._warm_up(model, mode, args, decode)
+
+    def _warm_up(self, model, mode: str, args, decode) -> None:
+        """The prompt prefilled, then the decode step captured as a CUDA graph or warmed up (and patch's ops
+        judged)."""
+        model(self.sequence[:, :self.prompt], self.positions[:self.prompt])     # prefill
+        if self.cropped:
+            model.at = self.prompt
+        if "graphs" in mode:
+            self.run = capture(decode)
+            return
+        self.run = decode
+        for _ in range(args.warmup):
+            decode()
+        if self.cropped and not model.static:   # a DynamicCache grows a key a step: a new call
+            self._restart()    # signature for patch to decide, so the steady state is a second pass
+            self.steps(args.tokens)
+            self.model.at = self.prompt
+        self.unjudged = _until_judged(self.patched, decode)
 
     def _restart(self) -> None:
         """No token decoded yet, nothing timed."""
@@ -366,7 +378,7 @@ class Decoding:
                 self.model.at = i
             self.logits.append(self.run().clone())
 
-        with torch.inference_mode():
+        with _in_force(self.liger), torch.inference_mode():
             _time_turn(self, n, step)
 
     def row(self, name: str) -> dict:
@@ -519,7 +531,7 @@ def write(result: dict, out: Path) -> None:
 def needs_gpu(train_modes, generate_modes) -> list[str]:
     """The modes asked for that run only on a CUDA GPU: CUDA graphs, and compile's reduce-overhead mode."""
     return sorted({m for m in (*train_modes, *generate_modes) if "graphs" in m} |
-                  {m for m in generate_modes if m == "compile"})
+                  {m for m in generate_modes if m.startswith("compile")})
 
 
 def main(argv=None) -> int:

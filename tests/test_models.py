@@ -280,11 +280,9 @@ def test_liger_is_in_force_only_while_active(monkeypatch):
         benchmark._liger(benchmark.build("llama", True, torch.device("cpu")), "liger")
 
 
-def test_training_modes_take_turns_with_liger_in_force_in_its_own_only(monkeypatch):
-    """The training modes step in turns, the order reversed every other turn; Liger-Kernel's replacements serve the
-    liger mode's steps and none of eager's, and the rows are paired by turn."""
-    import argparse
-
+def _counting_liger(monkeypatch):
+    """A fake Liger-Kernel whose RMSNorm counts its calls (and computes what transformers' does); the count, and the
+    order in which the modes took their turns, each with whether Liger's RMSNorm served it."""
     from transformers.models.llama import modeling_llama
 
     original = modeling_llama.LlamaRMSNorm.forward
@@ -297,21 +295,59 @@ def test_training_modes_take_turns_with_liger_in_force_in_its_own_only(monkeypat
         modeling_llama.LlamaRMSNorm.forward = forward
 
     _fake_liger(monkeypatch, fake_apply)
-    order, steps = [], benchmark.Training.steps
+    order = []
+    for cls in (benchmark.Training, benchmark.Decoding):
+        steps = cls.steps
 
-    def steps_seen(self, n):
-        calls = len(liger_calls)
-        steps(self, n)
-        order.append((self.mode, len(liger_calls) > calls))
+        def steps_seen(self, n, steps=steps):
+            calls = len(liger_calls)
+            steps(self, n)
+            order.append((self.mode, len(liger_calls) > calls))
 
-    monkeypatch.setattr(benchmark.Training, "steps", steps_seen)
+        monkeypatch.setattr(cls, "steps", steps_seen)
+    return original, order
+
+
+TURN_ORDER = [("eager", False), ("liger", True), ("liger", True), ("eager", False)] * 3
+
+
+def test_training_modes_take_turns_with_liger_in_force_in_its_own_only(monkeypatch):
+    """The training modes step in turns, the order reversed every other turn; Liger-Kernel's replacements serve the
+    liger mode's steps and none of eager's, and the rows are paired by turn."""
+    import argparse
+
+    from transformers.models.llama import modeling_llama
+
+    original, order = _counting_liger(monkeypatch)
     args = argparse.Namespace(device=torch.device("cpu"), tiny=True, warmup=1, steps=6)
     rows = benchmark.train("hf-llama", ["eager", "liger"], args)
     assert modeling_llama.LlamaRMSNorm.forward is original
-    assert order == [("eager", False), ("liger", True), ("liger", True), ("eager", False)] * 3
+    assert order == TURN_ORDER
     benchmark._check_losses(rows)
     benchmark._speedups(rows, "eager", "vs_eager")
     eager, liger = rows
     assert eager["turns"] == liger["turns"] == [1] * 6 and len(liger["samples_ms"]) == 6
     assert liger["numerics_ok"] and liger["loss_error"] == 0.0   # the same math, through the fake's forward
     assert liger["vs_eager"]["paired"]
+
+
+def test_decoding_with_liger_in_turns(monkeypatch):
+    """Generation's liger mode decodes through Liger-Kernel's replacements in its own turns (and its warm-up, which
+    runs a second pass through a DynamicCache) and eager through transformers' own; the logits agree."""
+    import argparse
+
+    from transformers.models.llama import modeling_llama
+
+    original, order = _counting_liger(monkeypatch)
+    args = argparse.Namespace(device=torch.device("cpu"), tiny=True, warmup=1, tokens=6)
+    rows = benchmark.generate("hf-llama", ["eager", "liger"], 1, args)
+    assert modeling_llama.LlamaRMSNorm.forward is original
+    # each mode's warm-up second pass through its cache first, then the turns
+    assert order == [("eager", False), ("liger", True)] + TURN_ORDER
+    benchmark._check_logits(rows)
+    eager, liger = rows
+    assert liger["numerics_ok"] and liger["logits_error"] == 0.0 and liger["turns"] == [1] * 6
+
+
+def test_compile_modes_of_generation_need_a_gpu():
+    assert benchmark.needs_gpu([], ["compile+patch", "liger"]) == ["compile+patch"]
