@@ -52,12 +52,11 @@ def _own_rungs(strategy: str) -> list:
     its own rounding). On two H200s, the Llama-style model's step scaled best as one unit reducing in bf16
     (benchmarks/results/h200x2-distributed.md, "FSDP2 in fewer units").
     DDP: each gradient a view of its bucket, so the backward writes it where the all-reduce reads it: no copy into
-    the bucket and back. On two H100s, beside the default in the same process, DDP's GPT-2 step was 1.11x and 1.07x
-    faster (point estimates of two calls; the second's interval includes 1; benchmarks/results/h100x2-distributed.md,
-    "Side by side"). Then, where the step is compiled, one graph:
+    the bucket and back. Beside the default in the same process, DDP's GPT-2 step was faster with it on two H100s
+    (benchmarks/results/h100x2-distributed.md, "Side by side"). Then, where the step is compiled, one graph:
     under DDP, torch.compile splits the model's graph at DDP's buckets (its DDPOptimizer), so that each bucket is
     reduced while the backward goes on; one graph keeps its fusions across them, and reduces every bucket after its
-    backward. On two H200s, GPT-2 small's step split at the buckets scaled 0.56, and as one graph 0.82-0.88
+    backward. On two H200s, GPT-2 small's step split at the buckets scaled worse than as one graph
     (benchmarks/results/h200x2-distributed.md, "Compiled DDP" and "Reductions in bf16")."""
     from dataclasses import replace
 

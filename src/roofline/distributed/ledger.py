@@ -1,6 +1,6 @@
 """The collectives of the steps outside the recorded window, as torch.distributed's flight recorder kept them.
 
-Under torch.profiler every rank's host runs 1.5-2.5x slower (benchmarks/results/h100x2-distributed.md), and a
+Under torch.profiler every rank's host runs slower (benchmarks/results/h100x2-distributed.md), and a
 small lead of one host grows into long waits of the others' GPUs: the recorded window's waits and transfer times
 describe the recording, not the program. The flight recorder costs the program nothing it would notice. It is
 ProcessGroupNCCL's ring of its last collective calls, and keeps each call's kind, sizes, and the host time it was

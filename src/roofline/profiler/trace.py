@@ -480,8 +480,8 @@ def link(trace: Trace) -> None:
 
     # The window: all recorded work, and the marked steps (whose host time counts even where nothing ran). With
     # steps, host work ends with the last one: what runs on after it in a host range begun within it is the
-    # profiler's own (the hook that marks the step stops the recording and collects the trace, for 24 ms on two
-    # CPU ranks), which the window would otherwise count as the last step's idle. GPU work still ends it.
+    # profiler's own (the hook that marks the step stops the recording and collects the trace), which the window
+    # would otherwise count as the last step's idle. GPU work still ends it.
     times = [t for items in (trace.ops, trace.gpu, trace.runtime) for t in
              (min((x.ts for x in items), default=None), max((x.end for x in items), default=None)) if t is not None]
     times += [t for step in trace.steps for t in step]
