@@ -43,9 +43,10 @@ turn: each turn's ratio of medians, the speedup their median and the interval th
 (roofline.bench.stats.speedup_ci with rounds), as the host's speed drifts from turn to turn by more than an
 interval over independent samples shows (a GPT-2 decode step's rounds spread from 4.0 to 7.0 ms on the H100
 machine); with fewer turns than the test needs, a bootstrap of the samples. Memory (torch.cuda's peak
-allocated, less what the other modes hold), training: over the timed steps ("peak GiB"; under CUDA graphs the capture's, whose
-memory the graph keeps), and over what came before them ("warm-up": compiling, capturing, patch measuring its
-routes); generation: the memory the mode holds once ready ("held GiB": weights, KV cache, a graph's tensors).
+allocated, less what the other modes hold), training: over the timed steps ("peak GiB"; under CUDA graphs the
+capture's, whose memory the graph keeps), and over what came before them ("warm-up": compiling, capturing, patch
+measuring its routes); generation: the memory the mode holds once ready ("held GiB": weights, KV cache, a graph's
+tensors).
 Writes OUT_DIR/models.json and models.md. --tiny: small configs on whatever device there is (the CPU test).
 """
 
