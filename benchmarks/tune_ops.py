@@ -1,7 +1,7 @@
 """How roofline.ops' launch settings were chosen: times the alternatives on this GPU, side by side in one run.
 
     python benchmarks/tune_ops.py OUT_DIR [--only norm-forward cross-entropy softmax-long attention
-                                                attention-forward attention-backward]
+                                                attention-forward]
 
 norm-forward   the norm forward kernel over (rows per program, warps) at row lengths 256 .. 16384 (256 MB bf16),
                rms_norm and layer_norm, CUDA graphs (the kernel alone), against the current rule
@@ -17,8 +17,6 @@ attention      flash_attention's tiles (rows held, rows walked, warps, pipeline 
                backends beside them
 attention-forward  the same without the tile candidates: the current tiled forward, the Hopper forward's variants
                and SDPA's backends
-attention-backward  the backward's tiles where the dK/dV kernel adds dQ up too (the default), beside the backward
-               that torch.use_deterministic_algorithms(True) runs (dQ in a kernel of its own) and SDPA's backends
 (The host's time per call is benchmarks/host_overhead.py's.)
 
 Writes OUT_DIR/tune.md and OUT_DIR/tune.json.
@@ -206,22 +204,7 @@ ATTENTION_CANDIDATES = {
                       (128, 128, 8, (2, 3))),
     "dkdv": BACKWARD_CANDIDATES,
     "dq": BACKWARD_CANDIDATES,
-    "backward": _tiles((64, 32, 4, 2), (64, 64, 4, (2, 3)), (128, 32, 8, 3), (128, 64, 8, (2, 3))),
 }
-
-
-@contextlib.contextmanager
-def deterministic():
-    """torch.use_deterministic_algorithms(True) (the backward's dQ in a kernel of its own), without its filling
-    of new memory (which would be timed too)."""
-    fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = False
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(False)
-        torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 def _attention_row(row: dict, call, work: float, o_current, inputs, sm90=None, **settings) -> dict:
@@ -257,24 +240,17 @@ def attention(head_dims, candidates=ATTENTION_CANDIDATES) -> list[dict]:
         for causal in (False, True):
             flops = 4 * batch * heads * n * n * d * (0.5 if causal else 1.0)
             o, lse = att._forward(q, k, v, causal, scale)
-            def backward_in_order():
-                with deterministic():
-                    att._backward(do, q, k, v, o, lse, causal, scale)
-
-            calls = {"forward": (lambda: att._forward(q, k, v, causal, scale), flops),
-                     "dkdv": (backward_in_order, 2.5 * flops), "dq": (backward_in_order, 2.5 * flops),
-                     "backward": (lambda: att._backward(do, q, k, v, o, lse, causal, scale), 2.5 * flops)}
+            backward = (lambda: att._backward(do, q, k, v, o, lse, causal, scale), 2.5 * flops)
+            calls = {"forward": (lambda: att._forward(q, k, v, causal, scale), flops), "dkdv": backward, "dq": backward}
             for kernel, tried in candidates.items():
                 current = att.TILES[kernel][d]
                 call, work = calls[kernel]
                 for tiles in [current] + [t for t in tried if t != current]:
                     row = dict(kernel=kernel, d=d, causal=causal, tiles=list(astuple(tiles)), current=tiles == current,
-                               timed={"forward": "forward", "backward": "backward (delta, dK/dV adding dQ up, dQ scaled)"
-                                      }.get(kernel, "deterministic backward (delta, dK/dV, dQ)"))
+                               timed="backward (delta, dK/dV, dQ)" if kernel != "forward" else "forward")
                     out.append(_attention_row(row, call, work, o, (q, k, v, causal, scale),
                                               TILES={**att.TILES, kernel: {**att.TILES[kernel], d: tiles}}))
-            sm90 = "forward" in candidates and hopper.supports(q, k, scale)
-            for parts, turns, more, early in SM90_VARIANTS if sm90 else ():   # Gluon's
+            for parts, turns, more, early in SM90_VARIANTS if hopper.supports(q, k, scale) else ():   # Gluon's
                 stages = {head_d: n + more for head_d, n in hopper.STAGES.items()}
                 name = (f"sm90 ({parts} MMA partition{'s' if parts > 1 else ''}{', in turns' if turns else ''}"
                         f"{', O rescaled under S' if early else ''})")
@@ -336,15 +312,13 @@ def markdown(results: dict) -> str:
         lines += [f"| {r['n']} | {r['per_sm']} | {r['warps']} | {r['fwd_us']:.1f} | {r['fwd_gbps']:,.0f} | "
                   f"{r['bwd_us']:.1f} | {r['bwd_gbps']:,.0f} | {'yes' if r['current'] else ''} |"
                   for r in results["softmax-long"]] + [""]
-    for part, title in (
-            ("attention", "flash_attention tiles (B4 H32 N4096 bf16, CUDA graphs): one kernel's tiles varied, the "
-             "others current; a backward timed whole (dkdv and dq: the deterministic backward)"),
-            ("attention-forward", "flash_attention's forward (B4 H32 N4096 bf16, CUDA graphs): the current tiles, "
-             "and the Hopper forward's settings"),
-            ("attention-backward", "flash_attention's backward (B4 H32 N4096 bf16, CUDA graphs), timed whole: "
-             "`backward` the dK/dV kernel adding dQ up, by its tiles; `dkdv` the deterministic backward")):
+    for part in ("attention", "attention-forward"):
         if part not in results:
             continue
+        title = ("flash_attention tiles (B4 H32 N4096 bf16, CUDA graphs): one kernel's tiles varied, the others "
+                 "current; the backward timed whole (delta, dK/dV, dQ)" if part == "attention" else
+                 "flash_attention's forward (B4 H32 N4096 bf16, CUDA graphs): the current tiles, and the Hopper "
+                 "forward's settings")
         lines += [f"### {title}", "",
                   "| kernel | head_dim | causal | held, walked, warps, stages | us | TFLOP/s | max abs O - current O "
                   "| current |", "|---|---|---|---|---|---|---|---|"]
@@ -379,9 +353,7 @@ def main(argv=None) -> int:
                          "norm-backward": lambda: norm_backward(args.lengths), "cross-entropy": cross_entropy,
                          "softmax-long": softmax_long, "attention": lambda: attention(args.head_dims),
                          # the current tiled forward, the Hopper forward's variants and SDPA's backends only
-                         "attention-forward": lambda: attention(args.head_dims, {"forward": []}),
-                         "attention-backward": lambda: attention(
-                             args.head_dims, {"backward": ATTENTION_CANDIDATES["backward"], "dkdv": []})}[part]()
+                         "attention-forward": lambda: attention(args.head_dims, {"forward": []})}[part]()
         (args.out / "tune.json").write_text(json.dumps(results, indent=1))
         (args.out / "tune.md").write_text(markdown(results))
     print(markdown(results))

@@ -15,12 +15,11 @@ j <= i + Nk - Nq. A query that sees no key at all (Nq > Nk, causal) gets a zero 
 -inf, as FlashAttention gives; torch's math path gives nan there.
 
 Backward (FlashAttention-2): a pre-pass takes delta = rowsum(dO * O); one kernel walks the queries for each
-block of keys and accumulates dK and dV (over every query head of a key head), recomputing the weights P from the
-saved log-sum-exp tile by tile. It also adds each tile's share of dQ into an fp32 buffer with atomic adds, and
-a last pass scales and rounds it: five products a tile, where a second kernel that
-walks the keys for each block of queries to accumulate dQ recomputes two more (P's scores and dP). That second
-kernel still serves torch.use_deterministic_algorithms(True): its dQ sums in a fixed order, where the atomic
-adds sum in whatever order the programs reach them.
+block of keys and accumulates dK and dV (over every query head of a key head), another walks the keys for each
+block of queries and accumulates dQ; both recompute the weights P from the saved log-sum-exp, tile by tile.
+That is seven products a tile where FlashAttention-2's CUDA backward makes five, adding dQ up with atomic adds
+from the dK/dV kernel: done so here, it was slower (benchmarks/results/h200-attention.md, run 7). No atomic adds,
+so the gradients are the same bit for bit from run to run.
 Registered with torch.library through KernelOp, so torch.compile(fullgraph=True) holds it as one op.
 """
 
@@ -92,10 +91,6 @@ TILES = {
              256: Tiles(32, 32, 4, 1)},
     "dq": {32: Tiles(128, 64, 8, 3), 64: Tiles(128, 64, 8, 3), 96: Tiles(128, 64, 8, 3), 128: Tiles(128, 64, 8, 3),
            256: Tiles(32, 32, 4, 1)},
-    # dK, dV and dQ's atomic share in one kernel: dQ's product adds a [walked, head_dim] fp32 tile to the
-    # registers that hold dK and dV, hence more warps than dkdv's
-    "backward": {32: Tiles(64, 64, 4, 3), 64: Tiles(64, 64, 4, 3), 96: Tiles(128, 64, 8, 2),
-                 128: Tiles(128, 64, 8, 2), 256: Tiles(32, 32, 4, 1)},
 }
 # fp32 operands take twice the registers and shared memory, and are multiplied without the tensor cores: small
 # tiles, whatever the kernel, so that every head dim fits.
@@ -128,15 +123,6 @@ if triton is not None:
         does, so that the CPU checks see its error."""
         shape: tl.constexpr = desc.block_shape
         desc.store([b, h, start, 0], as_stored(value, UPCAST).to(desc.dtype).reshape(shape))
-
-    @triton.jit
-    def _add_rows(sums_ptr, row, offs_m, nq, value):
-        """Add fp32 rows (the queries offs_m of the head whose rows start at `row`) into a contiguous fp32 buffer
-        of rows as wide as `value`'s, atomically (other programs add into the same rows at once), without
-        waiting for the adds to land."""
-        cols = tl.arange(0, value.shape[1])
-        offsets = (row + offs_m[:, None]) * value.shape[1] + cols[None, :]
-        tl.atomic_add(sums_ptr + offsets, value, mask=offs_m[:, None] < nq, sem="relaxed")
 
     @triton.jit
     def _key_ranges(start_m, nq, nk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
@@ -268,14 +254,12 @@ if triton is not None:
         tl.store(delta_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, delta, mask=offs_m < nq)
 
     @triton.jit
-    def _dkdv_step(dk, dv, k, v, q_desc, do_desc, dq_sums, lse_ptr, delta_ptr, b, h, row, start_m, keys, nq, nk,
+    def _dkdv_step(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, b, h, row, start_m, keys, nq, nk,
                    scale_log2, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                    UPCAST: tl.constexpr):
-        """One block of queries (and their dO) into the running dK, dV of a block of keys, and where dq_sums is
-        given, this tile's share of their dQ (ds k, unscaled) added into it. The tile is taken keys by queries
-        (s^T = k q^T), so that p^T and ds^T multiply dO and q as they are, with no transpose in registers. A key
-        past the end has zero k and v: its p is not 0 where no mask applies, but its row of dK and dV is dropped
-        and its share of dQ (times a zero k) is 0."""
+        """One block of queries (and their dO) into the running dK, dV of a block of keys. The tile is taken
+        keys by queries (s^T = k q^T), so that p^T and ds^T multiply dO and q as they are, with no transpose in
+        registers."""
         offs_m = start_m + tl.arange(0, q_desc.block_shape[2])
         q = _tile(q_desc, b, h, start_m, UPCAST)
         do = _tile(do_desc, b, h, start_m, UPCAST)
@@ -284,19 +268,15 @@ if triton is not None:
                           tl.dot(v, tl.trans(do), input_precision=PRECISION), lse2[None, :], delta[None, :],
                           offs_m[None, :], keys[:, None], nq, nk, scale_log2, MASKED, CAUSAL)
         dv = tl.dot(p.to(do.dtype), do, dv, input_precision=PRECISION)
-        ds = ds.to(q.dtype)
-        dk = tl.dot(ds, q, dk, input_precision=PRECISION)
-        if dq_sums is not None:
-            _add_rows(dq_sums, row, offs_m, nq, tl.dot(tl.trans(ds), k, input_precision=PRECISION))
+        dk = tl.dot(ds.to(q.dtype), q, dk, input_precision=PRECISION)
         return dk, dv
 
     @triton.jit
-    def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_sums, lse_ptr, delta_ptr,
-                              heads, kv_heads, group, nq, nk, scale, scale_log2, CAUSAL: tl.constexpr,
+    def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, heads,
+                              kv_heads, group, nq, nk, scale, scale_log2, CAUSAL: tl.constexpr,
                               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         """Program (key block, batch x key head): dK and dV of its keys, summed over the query heads that read
-        them and over every query that sees them (p recomputed tile by tile, never stored); with dq_sums (fp32
-        zeros, rows of the head dim's block width) each tile's share of dQ added into it."""
+        them and over every query that sees them (p recomputed tile by tile, never stored)."""
         BLOCK_M: tl.constexpr = q_desc.block_shape[2]
         BLOCK_N: tl.constexpr = k_desc.block_shape[2]
         BLOCK_D: tl.constexpr = k_desc.block_shape[3]
@@ -313,11 +293,11 @@ if triton is not None:
             h = hk * group + g
             row = (b * heads + h).to(tl.int64) * nq
             for start_m in range(first, full, BLOCK_M):
-                dk, dv = _dkdv_step(dk, dv, k, v, q_desc, do_desc, dq_sums, lse_ptr, delta_ptr, b, h, row, start_m,
-                                    keys, nq, nk, scale_log2, True, CAUSAL, PRECISION, UPCAST)
+                dk, dv = _dkdv_step(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, b, h, row, start_m, keys, nq,
+                                    nk, scale_log2, True, CAUSAL, PRECISION, UPCAST)
             for start_m in range(full, nq, BLOCK_M):
-                dk, dv = _dkdv_step(dk, dv, k, v, q_desc, do_desc, dq_sums, lse_ptr, delta_ptr, b, h, row, start_m,
-                                    keys, nq, nk, scale_log2, False, CAUSAL, PRECISION, UPCAST)
+                dk, dv = _dkdv_step(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, b, h, row, start_m, keys, nq,
+                                    nk, scale_log2, False, CAUSAL, PRECISION, UPCAST)
         _store_tile(dk_desc, b, hk, start_n, dk * scale, UPCAST)
         _store_tile(dv_desc, b, hk, start_n, dv, UPCAST)
 
@@ -356,18 +336,8 @@ if triton is not None:
         _store_tile(dq_desc, b, h, start_m, dq * scale, UPCAST)
 
 
-    @triton.jit
-    def attention_dq_scale_kernel(dq_sum_desc, dq_desc, heads, scale, UPCAST: tl.constexpr):
-        """dQ = scale * the fp32 sums that the backward kernel added up, in q's dtype."""
-        start_m = tl.program_id(0) * dq_sum_desc.block_shape[2]
-        b = tl.program_id(1) // heads
-        h = tl.program_id(1) % heads
-        _store_tile(dq_desc, b, h, start_m, _tile(dq_sum_desc, b, h, start_m, False) * scale, UPCAST)
-
-
 def tiles(kernel: str, dtype: torch.dtype, d: int) -> Tiles:
-    """The tiles `kernel` ("forward", "dkdv", "dq", or "backward": dkdv's with dQ added) runs with at head dim d
-    and dtype."""
+    """The tiles `kernel` ("forward", "dkdv" or "dq") runs with at head dim d and dtype."""
     return (FP32_TILES if dtype == torch.float32 else TILES[kernel])[d]
 
 
@@ -401,8 +371,7 @@ class AttentionPlan:
         self.index = q.device.index if q.is_cuda else -1
         self.lse_shape, self.device = (batch, heads, nq), q.device
         self.grids = {name: (cdiv(n, tiles(name, q.dtype, d).held), batch * h)
-                      for name, n, h in (("forward", nq, heads), ("dkdv", nk, kv_heads), ("dq", nq, heads),
-                                         ("backward", nk, kv_heads))}
+                      for name, n, h in (("forward", nq, heads), ("dkdv", nk, kv_heads), ("dq", nq, heads))}
         t, settings = _settings("forward", q.dtype, d)
         self.forward_launch = Launch(
             attention_forward_kernel, self.grids["forward"], self.index,
@@ -427,46 +396,33 @@ class AttentionPlan:
         self.forward_launch(q, k, v, o, lse, *self.forward_args)
         return o, lse
 
-    def _backward_launch(self, do_strides, deterministic: bool):
-        """(delta, dK and dV, dQ) launches for a dO of these strides: dQ in a kernel of its own where
-        `deterministic`, else added up by the dK/dV kernel and scaled by the last."""
-        launches = self._backward_launches.get((do_strides, deterministic))
+    def _backward_launch(self, do_strides):
+        """(delta, dK and dV, dQ) launches for a dO of these strides."""
+        launches = self._backward_launches.get(do_strides)
         if launches is None:
             d, dtype, causal = self.d, self.dtype, self.causal
-            kernel = "dkdv" if deterministic else "backward"
-            t, settings = _settings(kernel, dtype, d)
-            dkdv = Launch(attention_dkdv_kernel, self.grids[kernel], self.index, descriptors={
+            t, settings = _settings("dkdv", dtype, d)
+            dkdv = Launch(attention_dkdv_kernel, self.grids["dkdv"], self.index, descriptors={
                 0: _block(t, d, "walked"), 1: _block(t, d), 2: _block(t, d), 3: _block(t, d, "walked"),
                 4: _block(t, d), 5: _block(t, d)}, CAUSAL=causal, **settings)
-            if deterministic:
-                t, settings = _settings("dq", dtype, d)
-                dq = Launch(attention_dq_kernel, self.grids["dq"], self.index, descriptors={
-                    0: _block(t, d), 1: _block(t, d, "walked"), 2: _block(t, d, "walked"), 3: _block(t, d),
-                    4: _block(t, d)}, CAUSAL=causal, **settings)
-            else:
-                dq = Launch(attention_dq_scale_kernel, self.delta_grid, self.index,
-                            descriptors={0: _block(DELTA_BLOCK, d), 1: _block(DELTA_BLOCK, d)},
-                            UPCAST=settings["UPCAST"])
+            t, settings = _settings("dq", dtype, d)
+            dq = Launch(attention_dq_kernel, self.grids["dq"], self.index, descriptors={
+                0: _block(t, d), 1: _block(t, d, "walked"), 2: _block(t, d, "walked"), 3: _block(t, d),
+                4: _block(t, d)}, CAUSAL=causal, **settings)
             delta = Launch(attention_delta_kernel, self.delta_grid, self.index,
                            descriptors={0: _block(DELTA_BLOCK, d), 1: _block(DELTA_BLOCK, d)})
-            launches = self._backward_launches[(do_strides, deterministic)] = delta, dkdv, dq
+            launches = self._backward_launches[do_strides] = delta, dkdv, dq
         return launches
 
     def backward(self, do, q, k, v, o, lse, causal, scale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         do = _aligned(do)
-        deterministic = torch.are_deterministic_algorithms_enabled()
-        delta_launch, dkdv_launch, dq_launch = self._backward_launch(do.stride(), deterministic)
+        delta_launch, dkdv_launch, dq_launch = self._backward_launch(do.stride())
         delta = torch.empty_like(lse)
         heads, _, _, nq = self.backward_args[:4]
         delta_launch(o, do, delta, heads, nq)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        if deterministic:
-            dkdv_launch(q, k, v, do, dk, dv, None, lse, delta, *self.backward_args)
-            dq_launch(q, k, v, do, dq, lse, delta, heads, *self.backward_args[2:])
-        else:
-            dq_sums = torch.zeros(*q.shape[:3], next_power_of_2(self.d), device=q.device, dtype=torch.float32)
-            dkdv_launch(q, k, v, do, dk, dv, dq_sums, lse, delta, *self.backward_args)
-            dq_launch(dq_sums, dq, heads, scale)
+        dkdv_launch(q, k, v, do, dk, dv, lse, delta, *self.backward_args)
+        dq_launch(q, k, v, do, dq, lse, delta, heads, *self.backward_args[2:])
         return dq, dk, dv
 
 
@@ -497,8 +453,7 @@ def _save_for_backward(ctx, inputs, output):
     q, k, v, causal, scale = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    # the backward's kernels depend on it: a C++ node's recorded backward is kept apart by the context's values
-    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, torch.are_deterministic_algorithms_enabled()
+    ctx.causal, ctx.scale = causal, scale
     ctx.mark_non_differentiable(lse)
 
 
