@@ -435,6 +435,30 @@ def test_router_checks_roofline_against_torch_before_serving():
     assert timer.calls == 0
 
 
+def test_router_judges_gradients_by_the_dtype_autocast_ran_the_op_in():
+    # autocast runs attention in bf16 on fp32 inputs (transformers' Llama rotates q and k in fp32): the inputs'
+    # gradients come back fp32 with bf16's error, which fp32's tolerance would refuse
+    def attention(q):
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    def in_bf16_otherwise(q):   # the same math, rounded differently: within bf16's error, beyond fp32's
+        return attention(q.to(torch.bfloat16) * (1 + 2 ** -8))
+
+    def decided(ours, autocast: bool) -> str:
+        r = routing.Router(timer=Timer(10.0, 25.0), persist=False)
+        q = torch.randn(1, 2, 16, 8, requires_grad=True)
+        for _ in range(2):   # the first call's backward shows how its gradients arrive; the second is measured
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = r.call("attention", _never, ours, attention, q)
+            out.float().sum().backward()
+        return [row["why"] for row in r.report() if row["why"] != routing.AWAITING]
+
+    assert decided(in_bf16_otherwise, autocast=True) == ["2.50x faster than torch here"]
+    # in fp32 throughout, the same difference is refused
+    [why] = decided(lambda q: attention(q * (1 + 2 ** -8)), autocast=False)
+    assert why.startswith("differs from torch on a random input: relative error"), why
+
+
 def test_router_leaves_to_torch_a_result_laid_out_otherwise():
     r = routing.Router(timer=Timer(10.0, 25.0), persist=False)
     x = torch.randn(4, 6).t()                    # torch's x * 2 keeps this transposed layout
