@@ -129,10 +129,13 @@ def _patch(model, mode: str):
 JUDGING_STEPS = 400   # steps at most that a patch mode warms up further while its ops are on trial in the program
 
 
-def _until_judged(report, run) -> list[str]:
+def _until_judged(report, run, mode: str) -> list[str]:
     """Run more warm-up steps while patch's program check has ops on trial (roofline.program_check): a timed step
     must not be half of a trial, served by torch. Returns the ops still unjudged when JUDGING_STEPS ran out (the
-    trial then goes on into the timed steps)."""
+    trial then goes on into the timed steps). Under torch.compile no trial can run (Inductor serves the compiled
+    step's calls, whatever patch would): nothing to wait for."""
+    if mode.startswith("compile"):
+        return []
     steps = 0
     while report is not None and report.check is not None and report.check.pending() and steps < JUDGING_STEPS:
         run()
@@ -140,13 +143,18 @@ def _until_judged(report, run) -> list[str]:
     return report.check.unjudged() if report is not None and report.check is not None else []
 
 
-def _patch_fields(report, unjudged=()) -> dict:
+def _patch_fields(report, unjudged=(), mode: str = "") -> dict:
     """A row's routes (who served each call signature, read after the run), swapped and left; and the verdicts,
-    with the ops still unjudged when the timing began."""
+    with the ops still unjudged when the timing began. Under torch.compile the routes are those of the calls made
+    eagerly (generation: the prompt's prefill): the compiled steps' are Inductor's."""
     if report is None:
         return dict(routes=None, swapped=None, left=None, settled=None, verdicts=None)
     verdicts = [str(v) for v in report.check.verdicts.values()] if report.check else []
     verdicts += [f"{op}: not judged before the timing began (timed half served by torch)" for op in unjudged]
+    if mode.startswith("compile"):
+        verdicts.append("none judged: under torch.compile Inductor serves every call of the timed steps; patch's "
+                        "routes served the calls made eagerly only" + (" (the prompt's prefill)" if any(
+                            r["served_by"] == "roofline" for r in report.router.report()) else ""))
     return dict(routes=report.router.report(), swapped=[list(s) for s in report.swapped],
                 left=[list(s) for s in report.left], settled=report.settled(), verdicts=verdicts)
 
@@ -243,7 +251,7 @@ class Training:
             for _ in range(args.warmup):
                 self.losses.append(step().clone())
             # steps patch's judge asks for count as steps: the losses stay comparable with eager's step by step
-            self.unjudged = _until_judged(self.patched, lambda: self.losses.append(step().clone()))
+            self.unjudged = _until_judged(self.patched, lambda: self.losses.append(step().clone()), mode)
 
     def _drop_gradients(self) -> None:
         """Between turns, the other modes' memory; a captured step keeps its own (the graph writes them)."""
@@ -267,7 +275,8 @@ class Training:
                     turns=self.turns, median_ms=median, tokens_per_s=self.batch * self.seq / median * 1e3,
                     peak_gib=self.peak_gib, warmup_peak_gib=self.warmup_peak_gib, warmup_s=self.setup_s,
                     losses=[float(x) for x in torch.stack(self.losses).float().cpu()],
-                    first_step=CAPTURE_WARMUP if self.graphs else 0, **_patch_fields(self.patched, self.unjudged))
+                    first_step=CAPTURE_WARMUP if self.graphs else 0,
+                    **_patch_fields(self.patched, self.unjudged, self.mode))
 
 
 def train(name: str, modes, args) -> list[dict]:
@@ -362,7 +371,7 @@ class Decoding:
             self._restart()    # signature for patch to decide, so the steady state is a second pass
             self.steps(args.tokens)
             self.model.at = self.prompt
-        self.unjudged = _until_judged(self.patched, decode)
+        self.unjudged = _until_judged(self.patched, decode, mode)
 
     def _restart(self) -> None:
         """No token decoded yet, nothing timed."""
@@ -387,7 +396,7 @@ class Decoding:
         return dict(model=name, mode=self.mode, batch=self.batch, samples_ms=self.samples, turns=self.turns,
                     median_ms=median,
                     tokens_per_s=self.batch / median * 1e3, held_gib=self.held_gib, warmup_s=self.setup_s,
-                    logits=torch.stack(self.logits).float(), **_patch_fields(self.patched, self.unjudged))
+                    logits=torch.stack(self.logits).float(), **_patch_fields(self.patched, self.unjudged, self.mode))
 
 
 def generate(name: str, modes, batch: int, args) -> list[dict]:
@@ -457,13 +466,15 @@ def _x(s: dict | None) -> str:
     return "" if s is None else f"{s['ratio']:.3f}x ({s['low']:.3f}-{s['high']:.3f})"
 
 
-def _served(routes: list[dict] | None) -> str:
-    if routes is None:
+def _served(row: dict) -> str:
+    """Who served each op's calls; under torch.compile those made eagerly (the compiled steps' are Inductor's)."""
+    if row["routes"] is None:
         return ""
     by_op = {}
-    for r in routes:
+    for r in row["routes"]:
         by_op.setdefault(r["op"], set()).add(r["served_by"])
-    return ", ".join(f"{op}: {'/'.join(sorted(who))}" for op, who in sorted(by_op.items()))
+    served = ", ".join(f"{op}: {'/'.join(sorted(who))}" for op, who in sorted(by_op.items()))
+    return f"eager calls only: {served}" if served and row["mode"].startswith("compile") else served
 
 
 def _check_mark(row) -> str:
@@ -488,20 +499,21 @@ def markdown(result: dict) -> str:
             out.append(f"| {r['mode']} | {r['median_ms']:.2f} | {_x(r['vs_eager'])} | "
                        f"{_x(r['vs_compile']) if r['mode'].startswith('compile') else ''} | {r['tokens_per_s']:,.0f} | "
                        f"{_gib(r['peak_gib'])} | {r['warmup_s']:.1f}, {_gib(r['warmup_peak_gib'])} | {error} | "
-                       f"{_served(r['routes'])} |")
+                       f"{_served(r)} |")
         out.append("")
     for name, rows in result["generate"].items():
         out += [f"## {name}: generation, one token a step (bf16, KV cache)", "",
-                "| batch | mode | ms/token | vs eager (95% CI) | vs graphs | tokens/s | set-up s | held GiB | "
-                "logits vs eager | served |", "|---|---|---|---|---|---|---|---|---|---|"]
+                "| batch | mode | ms/token | vs eager (95% CI) | vs graphs or compile | tokens/s | set-up s | "
+                "held GiB | logits vs eager | served |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if "error" in r:
                 out.append(f"| {r['batch']} | {r['mode']} | failed: {r['error']} ||||||||")
                 continue
             error = "" if r["logits_error"] is None else f"{r['logits_error']:.1e} {_check_mark(r)}"
             out.append(f"| {r['batch']} | {r['mode']} | {r['median_ms']:.3f} | {_x(r['vs_eager'])} | "
-                       f"{_x(r['vs_graphs'])} | {r['tokens_per_s']:,.0f} | {r['warmup_s']:.1f} | "
-                       f"{_gib(r.get('held_gib'))} | {error} | {_served(r['routes'])} |")
+                       f"{_x(r.get('vs_compile') if r['mode'].startswith('compile') else r['vs_graphs'])} | "
+                       f"{r['tokens_per_s']:,.0f} | {r['warmup_s']:.1f} | "
+                       f"{_gib(r.get('held_gib'))} | {error} | {_served(r)} |")
         out.append("")
     judged = [(kind, name, r) for kind in ("train", "generate") for name, rows in result[kind].items() for r in rows
               if r.get("verdicts")]
@@ -572,6 +584,7 @@ def main(argv=None) -> int:
             _check_logits(batch_rows)
             _speedups(batch_rows, "eager", "vs_eager")
             _speedups(batch_rows, "graphs", "vs_graphs")
+            _speedups(batch_rows, "compile", "vs_compile")
             rows += batch_rows
         if rows:
             result["generate"][name] = rows
