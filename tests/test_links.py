@@ -73,3 +73,8 @@ def test_the_check_finds_a_broken_link(tmp_path):
     assert _broken(page, tmp_path) == ["docs/page.md: ](missing.md)",
                                        "docs/page.md: benchmarks/results/no-such-run.json",
                                        *([] if _shallow() else ["docs/page.md: 0000000:benchmarks/results/a.json"])]
+
+
+def test_the_readme_is_read_in_minutes():
+    # issue 38's bound: what it is, the two commands, three short examples, one table, links; the rest in docs/
+    assert (ROOT / "README.md").stat().st_size <= 12_000
