@@ -97,7 +97,6 @@ TILES = {
 FP32_TILES = {32: Tiles(64, 32, 4, 1), 64: Tiles(64, 32, 4, 1), 96: Tiles(32, 32, 4, 1), 128: Tiles(32, 32, 4, 1),
               256: Tiles(16, 16, 4, 1)}
 DELTA_BLOCK = 64   # queries a program of the dot(dO, O) pre-pass takes
-DKDV_BY_QUERIES = os.environ.get("ROOFLINE_DKDV_BY_QUERIES", "0") == "1"   # (on trial)
 # The Hopper forward in Gluon (attention_sm90.py, imported only then, Gluon with it) for the inputs it takes, in
 # place of the tiled one: opt-in, since it is faster than the tiled forward at head dim 128 only, and behind
 # cuDNN's (benchmarks/results/h200-attention.md). Read at each call (plans and call signatures hold it), so that a
@@ -257,7 +256,7 @@ if triton is not None:
     @triton.jit
     def _dkdv_step(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, b, h, row, start_m, keys, nq, nk,
                    scale_log2, MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr, BY_QUERIES: tl.constexpr):
+                   UPCAST: tl.constexpr):
         """One block of queries (and their dO) into the running dK, dV of a block of keys. The tile is taken
         keys by queries (s^T = k q^T), so that p^T and ds^T multiply dO and q as they are, with no transpose in
         registers."""
@@ -265,24 +264,17 @@ if triton is not None:
         q = _tile(q_desc, b, h, start_m, UPCAST)
         do = _tile(do_desc, b, h, start_m, UPCAST)
         lse2, delta = _lse2_and_delta(lse_ptr, delta_ptr, row, offs_m, nq)
-        if BY_QUERIES:   # the tile queries by keys: lse2 and delta by row, P and dS transposed through memory
-            p, ds = _p_and_ds(tl.dot(q, tl.trans(k), input_precision=PRECISION),
-                              tl.dot(do, tl.trans(v), input_precision=PRECISION), lse2[:, None], delta[:, None],
-                              offs_m[:, None], keys[None, :], nq, nk, scale_log2, MASKED, CAUSAL)
-            dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv, input_precision=PRECISION)
-            dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk, input_precision=PRECISION)
-        else:
-            p, ds = _p_and_ds(tl.dot(k, tl.trans(q), input_precision=PRECISION),
-                              tl.dot(v, tl.trans(do), input_precision=PRECISION), lse2[None, :], delta[None, :],
-                              offs_m[None, :], keys[:, None], nq, nk, scale_log2, MASKED, CAUSAL)
-            dv = tl.dot(p.to(do.dtype), do, dv, input_precision=PRECISION)
-            dk = tl.dot(ds.to(q.dtype), q, dk, input_precision=PRECISION)
+        p, ds = _p_and_ds(tl.dot(k, tl.trans(q), input_precision=PRECISION),
+                          tl.dot(v, tl.trans(do), input_precision=PRECISION), lse2[None, :], delta[None, :],
+                          offs_m[None, :], keys[:, None], nq, nk, scale_log2, MASKED, CAUSAL)
+        dv = tl.dot(p.to(do.dtype), do, dv, input_precision=PRECISION)
+        dk = tl.dot(ds.to(q.dtype), q, dk, input_precision=PRECISION)
         return dk, dv
 
     @triton.jit
     def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, heads,
                               kv_heads, group, nq, nk, scale, scale_log2, CAUSAL: tl.constexpr,
-                              PRECISION: tl.constexpr, UPCAST: tl.constexpr, BY_QUERIES: tl.constexpr):
+                              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         """Program (key block, batch x key head): dK and dV of its keys, summed over the query heads that read
         them and over every query that sees them (p recomputed tile by tile, never stored)."""
         BLOCK_M: tl.constexpr = q_desc.block_shape[2]
@@ -302,10 +294,10 @@ if triton is not None:
             row = (b * heads + h).to(tl.int64) * nq
             for start_m in range(first, full, BLOCK_M):
                 dk, dv = _dkdv_step(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, b, h, row, start_m, keys, nq,
-                                    nk, scale_log2, True, CAUSAL, PRECISION, UPCAST, BY_QUERIES)
+                                    nk, scale_log2, True, CAUSAL, PRECISION, UPCAST)
             for start_m in range(full, nq, BLOCK_M):
                 dk, dv = _dkdv_step(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, b, h, row, start_m, keys, nq,
-                                    nk, scale_log2, False, CAUSAL, PRECISION, UPCAST, BY_QUERIES)
+                                    nk, scale_log2, False, CAUSAL, PRECISION, UPCAST)
         _store_tile(dk_desc, b, hk, start_n, dk * scale, UPCAST)
         _store_tile(dv_desc, b, hk, start_n, dv, UPCAST)
 
@@ -412,7 +404,7 @@ class AttentionPlan:
             t, settings = _settings("dkdv", dtype, d)
             dkdv = Launch(attention_dkdv_kernel, self.grids["dkdv"], self.index, descriptors={
                 0: _block(t, d, "walked"), 1: _block(t, d), 2: _block(t, d), 3: _block(t, d, "walked"),
-                4: _block(t, d), 5: _block(t, d)}, CAUSAL=causal, BY_QUERIES=DKDV_BY_QUERIES, **settings)
+                4: _block(t, d), 5: _block(t, d)}, CAUSAL=causal, **settings)
             t, settings = _settings("dq", dtype, d)
             dq = Launch(attention_dq_kernel, self.grids["dq"], self.index, descriptors={
                 0: _block(t, d), 1: _block(t, d, "walked"), 2: _block(t, d, "walked"), 3: _block(t, d),
