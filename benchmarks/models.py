@@ -153,8 +153,7 @@ def _patch_fields(report, unjudged=(), mode: str = "") -> dict:
     verdicts += [f"{op}: not judged before the timing began (timed half served by torch)" for op in unjudged]
     if mode.startswith("compile"):
         verdicts.append("none judged: under torch.compile Inductor serves every call of the timed steps; patch's "
-                        "routes served the calls made eagerly only" + (" (the prompt's prefill)" if any(
-                            r["served_by"] == "roofline" for r in report.router.report()) else ""))
+                        "routes served only calls made eagerly (generation's: the prompt's prefill)")
     return dict(routes=report.router.report(), swapped=[list(s) for s in report.swapped],
                 left=[list(s) for s in report.left], settled=report.settled(), verdicts=verdicts)
 
