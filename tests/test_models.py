@@ -95,6 +95,10 @@ def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
     assert served == {"rms_norm": "roofline", "swiglu": "roofline", "rope": "roofline", "attention": "torch",
                       "cross_entropy": "roofline"}   # the loss, computed in the model's forward
     assert llama["eager"]["losses"][0] > 0 and llama["eager"]["routes"] is None
+    # under compile no judge can run (Inductor serves the compiled step's calls): none is waited for, and it says so
+    assert llama["compile+patch"]["verdicts"] == [
+        "none judged: under torch.compile Inductor serves every call of the timed steps; patch's routes served only "
+        "calls made eagerly (generation's: the prompt's prefill)"]
     assert "| patch-all |" in (tmp_path / "models.md").read_text()
 
 
