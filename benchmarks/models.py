@@ -510,7 +510,7 @@ def markdown(result: dict) -> str:
                 continue
             error = "" if r["logits_error"] is None else f"{r['logits_error']:.1e} {_check_mark(r)}"
             out.append(f"| {r['batch']} | {r['mode']} | {r['median_ms']:.3f} | {_x(r['vs_eager'])} | "
-                       f"{_x(r.get('vs_compile') if r['mode'].startswith('compile') else r['vs_graphs'])} | "
+                       f"{_x(r['vs_compile'] if r['mode'].startswith('compile') else r['vs_graphs'])} | "
                        f"{r['tokens_per_s']:,.0f} | {r['warmup_s']:.1f} | "
                        f"{_gib(r.get('held_gib'))} | {error} | {_served(r)} |")
         out.append("")

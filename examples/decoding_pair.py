@@ -192,21 +192,22 @@ def train(device, minutes: float | None = None, log=print, family: str = "llama"
             with torch.no_grad():
                 teacher = F.log_softmax(model(inputs).float(), -1).flatten(0, 1)
             student = F.log_softmax(draft(inputs).float(), -1).flatten(0, 1)
-        kl = F.kl_div(student, teacher, log_target=True, reduction="batchmean")
-        step_of(optimizers[1], kl, learning_rate(peak, elapsed / total_s, warmup))
+        loss = F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+        step_of(optimizers[1], loss, learning_rate(peak, elapsed / total_s, warmup))
+        kl = loss.detach()   # read as a number below: detached, as torch asks
         distill_steps += 1
         if distill_steps % 100 == 0:
-            log(f"distillation step {distill_steps}: KL {float(kl.detach()):.3f} nats/byte, {elapsed:.0f} s")
+            log(f"distillation step {distill_steps}: KL {float(kl):.3f} nats/byte, {elapsed:.0f} s")
     after = draft_agreement(model, draft, held_out, seq)
     where = _checkpoint_dir(device, data, family)
     where.mkdir(parents=True, exist_ok=True)
     for name, trained, loss in zip(("target", "draft"), models, losses):
         torch.save({"config": asdict(trained.config), "state": trained.state_dict(), "steps": steps,
                     "tokens": steps * batch * seq, "loss": float(loss), "distill_steps": distill_steps,
-                    "distill_kl": float(kl.detach()), "agreement_before_distillation": before,
+                    "distill_kl": float(kl), "agreement_before_distillation": before,
                     "agreement": after}, where / f"{name}.pt")
     log(f"trained {steps} steps ({steps * batch * seq:,} bytes): loss {float(losses[0]):.3f} nats/byte (model), "
-        f"{float(losses[1]):.3f} (draft); distilled the draft {distill_steps} steps (KL {float(kl.detach()):.3f}); the "
+        f"{float(losses[1]):.3f} (draft); distilled the draft {distill_steps} steps (KL {float(kl):.3f}); the "
         f"draft's next byte is the model's at {before:.1%} of held-out positions before distillation, {after:.1%} "
         f"after; {time.perf_counter() - start:.0f} s in all; saved in {where}")
     return where
