@@ -50,12 +50,9 @@ def profiler_section(work: Path) -> list[str]:
              "the profiled windows' difference beside it.", "",
              examples.read_text() if examples.exists() else "(did not run)", ""]
     if overhead is not None:
-        lines += ["## Profiler overhead (`benchmarks/profile_overhead.py`)", "",
-                  "examples/mlp_train.py's training step (batch x width, 4 layers, bf16 autocast, AdamW), "
-                  f"{overhead['steps']} steps per sample, {overhead['repeats']} rounds of every variant in turn; host "
-                  "time inside the window. roofline's defaults against plain: "
-                  + ", ".join(f"**{s['ratio']:.2f}x** at {s['batch']}x{s['width']}" for s in overhead["sizes"])
-                  + " (target: at most 1.5x).", "",
+        lines += ["## What recording costs a step (`benchmarks/profile_overhead.py`)", "",
+                  "Each step plain and under each way of recording it, in rounds; roofline's defaults against plain: "
+                  + ", ".join(f"**{w['ratio']:.2f}x** ({w['what']})" for w in overhead["workloads"]) + ".", "",
                   (work / "profile_overhead.md").read_text(), ""]
     if models.exists():
         lines += ["## roofline profile on whole models' training steps (`benchmarks/profile_models.py`)", "",

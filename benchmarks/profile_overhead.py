@@ -1,118 +1,230 @@
-"""How much slower the MLP example runs inside roofline's profiler than without it, and which capture option costs what.
+"""What recording costs a training step: roofline's profiler against the program alone, part by part.
 
-    python benchmarks/profile_overhead.py OUT_DIR [--steps 20] [--repeats 7]
+    python benchmarks/profile_overhead.py OUT_DIR [--workloads launches mlp gpt2] [--rounds 5]
 
-Times the same training steps plainly, inside a bare `torch.profiler.profile` (CPU and CUDA
-activities, nothing else: the floor any torch-based profiler pays), inside `roofline.profile()`
-with its defaults, and with each of its capture options turned off in turn. Variants run in
-rounds, one of each per round, so drift hits all alike. Each sample is the host time from the
-first step to the synchronized end, inside the window (start-up and trace export excluded,
-as the user sees a training loop). Writes profile_overhead.json and profile_overhead.md.
-The issue's target: roofline's defaults at most 1.5x plain.
+Three steps: a thousand in-place adds of one element (an op and a launch each, nothing else: the host's cost per
+op, launch and line), examples/mlp_train.py's training step (batch x width, 4 layers, bf16 autocast, AdamW), and
+GPT-2 small's as examples/ddp_train.py runs it on one GPU (bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens; a
+two-layer model on a CPU). Each step runs plain and under each way of recording it, in rounds, one of each a
+round, so that drift hits all alike: torch.profiler with CPU activity only, CUDA activity only (CUPTI), both, and
+both with shapes; roofline.profile() with its defaults, and with each of its own parts turned off (shapes, module
+paths, line marks), and all three. A sample is the median step of a recording, by CUDA events between steps where
+CUDA runs (the step as the program sees it), else by wall clock; start-up and the trace's export are outside it.
+
+Then the anatomy of one recorded step (from roofline's trace): how many ops, runtime and driver calls, kernels and
+marks it holds, and what each recorded thing costs, from the differences of the medians (CUDA activity against
+plain, per runtime or driver call; CPU activity against plain, per op). Writes profile_overhead.json and .md.
 """
 
 import argparse
 import contextlib
+import gzip
 import importlib.util
 import json
 import statistics
+import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 from torch import nn
 
 import roofline
+from roofline.profiler.trace import LINE_MARK, MODULE_MARK
 
 ROOT = Path(__file__).resolve().parents[1]
+COUNTED = ("cpu_op", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset")
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("mlp_train", ROOT / "examples/mlp_train.py")
+def _import(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def bare_torch_profiler():
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    return torch.profiler.profile(activities=acts)
-
-
-VARIANTS = {
-    "plain": contextlib.nullcontext,
-    "torch.profiler, bare": bare_torch_profiler,
-    "roofline.profile()": lambda: roofline.profile(),
-    "roofline, shapes=False": lambda: roofline.profile(shapes=False),
-    "roofline, modules=False": lambda: roofline.profile(modules=False),
-    "roofline, lines=False": lambda: roofline.profile(lines=False),
-}
-
-
-def measure(batch: int, width: int, steps: int, repeats: int) -> dict:
-    gpu = torch.cuda.is_available()
-    device = "cuda" if gpu else "cpu"
+def mlp_step(device: str, batch: int, width: int):
+    """examples/mlp_train.py's step: (step function, what it is)."""
     torch.manual_seed(0)
-    model = load_example().build(width, 4).to(device)
+    model = _import(ROOT / "examples/mlp_train.py", "mlp_train").build(width, 4).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x, target = torch.randn(batch, width, device=device), torch.randn(batch, width, device=device)
 
-    def run():
-        for _ in range(steps):
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=gpu):
-                loss = nn.functional.mse_loss(model(x), target)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        if gpu:
-            torch.cuda.synchronize()
+    def step():
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            loss = nn.functional.mse_loss(model(x), target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return step, f"examples/mlp_train.py, {batch} x {width}, 4 layers"
 
-    def timed(make_context) -> float:
-        with make_context():
-            t0 = time.perf_counter()
-            run()
-            return (time.perf_counter() - t0) / steps * 1e3
 
-    run()  # warm-up: kernels chosen, memory allocated
-    samples = {name: [] for name in VARIANTS}
-    for _ in range(repeats):
-        for name, make_context in VARIANTS.items():
-            samples[name].append(timed(make_context))
+def gpt2_step(device: str):
+    """GPT-2 small's step as examples/ddp_train.py takes it on one GPU (a two-layer model on a CPU)."""
+    sys.path.insert(0, str(ROOT))
+    from examples.ddp_train import TINY
+    from examples.models.gpt2 import GPT2, GPT2Config
+
+    gpu = device == "cuda"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = GPT2(GPT2Config() if gpu else GPT2Config(**TINY))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=gpu)
+    batch, seq = (8, 1024) if gpu else (2, 16)
+    idx = torch.randint(0, model.config.vocab_size, (batch, seq), device=device)
+
+    def step():
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=gpu):
+            loss = model(idx, targets=idx)[1]
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    what = "GPT-2 small, 8 x 1024 tokens, bf16 autocast, fused AdamW" if gpu else "GPT-2 two layers, 2 x 16 tokens"
+    return step, what
+
+
+def launches_step(device: str, count: int = 1000):
+    """`count` in-place adds on one element: an op, a kernel and a launch each, with nothing else to time."""
+    x = torch.zeros(1, device=device)
+
+    def step():
+        for _ in range(count):
+            x.add_(1)
+    return step, f"{count} in-place adds of one element (the host's cost per op and per launch)"
+
+
+def _torch_profiler(*activities: str, **options):
+    return lambda: torch.profiler.profile(
+        activities=[getattr(torch.profiler.ProfilerActivity, a) for a in activities], **options)
+
+
+def recorders(gpu: bool) -> dict:
+    """{name: a context manager's maker}, plain first."""
+    both = ("CPU", "CUDA") if gpu else ("CPU",)
+    out = {"plain": contextlib.nullcontext, "torch.profiler, CPU only": _torch_profiler("CPU")}
+    if gpu:
+        out["torch.profiler, CUDA only"] = _torch_profiler("CUDA")
+        out["torch.profiler, CPU+CUDA"] = _torch_profiler(*both)
+    out["torch.profiler, CPU+CUDA, shapes" if gpu else "torch.profiler, CPU, shapes"] = _torch_profiler(
+        *both, record_shapes=True)
+    out.update({
+        "roofline.profile()": lambda: roofline.profile(),
+        "roofline, shapes=False": lambda: roofline.profile(shapes=False),
+        "roofline, modules=False": lambda: roofline.profile(modules=False),
+        "roofline, lines=False": lambda: roofline.profile(lines=False),
+        "roofline, none of the three": lambda: roofline.profile(shapes=False, modules=False, lines=False),
+    })
+    return out
+
+
+def _median_step_ms(step, steps: int, gpu: bool) -> float:
+    if gpu:
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        marks[0].record()
+        for i in range(steps):
+            step()
+            marks[i + 1].record()
+        torch.cuda.synchronize()
+        return statistics.median(a.elapsed_time(b) for a, b in zip(marks, marks[1:]))
+    times = [time.perf_counter()]
+    for _ in range(steps):
+        step()
+        times.append(time.perf_counter())
+    return statistics.median((b - a) * 1e3 for a, b in zip(times, times[1:]))
+
+
+def anatomy(step, steps: int) -> dict:
+    """What one recorded step holds, counted in roofline's trace of `steps` steps (after one to warm up)."""
+    with roofline.profile(skip=1, active=steps) as prof:
+        for _ in range(steps + 1):
+            step()
+            prof.step()
+    with gzip.open(prof.trace_path, "rt") if prof.trace_path.suffix == ".gz" else open(prof.trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    kinds = Counter(e.get("cat") for e in events if e.get("ph") == "X")
+    per_step = {k: v / steps for k, v in kinds.items() if k in COUNTED}
+    # roofline's marks are zero-length record functions: torch writes them among the ops
+    for prefix, name in ((LINE_MARK, "line marks"), (MODULE_MARK, "module marks")):
+        count = sum(e.get("cat") == "cpu_op" and e["name"].startswith(prefix) for e in events)
+        per_step[name] = count / steps
+        per_step["cpu_op"] -= count / steps
+    runtime = Counter(e["name"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver"))
+    per_step["runtime and driver calls, the most frequent"] = {k: v / steps for k, v in runtime.most_common(8)}
+    return per_step
+
+
+def measure(name: str, step, what: str, steps: int, rounds: int) -> dict:
+    gpu = torch.cuda.is_available()
+    for _ in range(3):   # warm-up: kernels chosen, memory allocated
+        step()
+    makers = recorders(gpu)
+    samples = {k: [] for k in makers}
+    for _ in range(rounds):
+        for k, make in makers.items():
+            with make():
+                samples[k].append(_median_step_ms(step, steps, gpu))
     plain = statistics.median(samples["plain"])
-    variants = {name: {"ms_per_step": s, "median_ms_per_step": statistics.median(s),
-                       "ratio": statistics.median(s) / plain} for name, s in samples.items()}
-    return {"batch": batch, "width": width, "variants": variants, "ratio": variants["roofline.profile()"]["ratio"]}
+    variants = {k: {"ms_per_step": s, "median_ms_per_step": statistics.median(s),
+                    "ratio": statistics.median(s) / plain} for k, s in samples.items()}
+    counts = anatomy(step, min(steps, 5))
+    costs = {}
+    if gpu and counts.get("cuda_runtime"):
+        calls = counts["cuda_runtime"] + counts.get("cuda_driver", 0)
+        costs["us per runtime/driver call, CUDA activity"] = (
+            variants["torch.profiler, CUDA only"]["median_ms_per_step"] - plain) * 1e3 / calls
+    if counts.get("cpu_op"):
+        costs["us per op, CPU activity"] = (
+            variants["torch.profiler, CPU only"]["median_ms_per_step"] - plain) * 1e3 / counts["cpu_op"]
+    return {"workload": name, "what": what, "clock": "CUDA events" if gpu else "wall clock", "steps": steps,
+            "rounds": rounds, "variants": variants, "ratio": variants["roofline.profile()"]["ratio"],
+            "per_step": counts, "costs": costs}
 
 
-def markdown(size: dict) -> str:
-    rows = [f"{size['batch']}x{size['width']}:", "", "| capture | median ms/step | min-max ms/step | vs plain |",
-            "|---|---:|---:|---:|"]
-    for name, v in size["variants"].items():
+def markdown(w: dict) -> str:
+    rows = [f"### {w['what']}", "", f"{w['rounds']} rounds of {w['steps']} steps a recording; a sample is a "
+            f"recording's median step ({w['clock']}).", "",
+            "| recording | median ms/step | min-max ms/step | vs plain |", "|---|---:|---:|---:|"]
+    for name, v in w["variants"].items():
         rows.append(f"| {name} | {v['median_ms_per_step']:.2f} | {min(v['ms_per_step']):.2f}-"
                     f"{max(v['ms_per_step']):.2f} | {v['ratio']:.2f}x |")
+    counts = dict(w["per_step"])
+    calls = counts.pop("runtime and driver calls, the most frequent", {})
+    rows += ["", "A recorded step holds " + ", ".join(f"{v:,.0f} {k}" for k, v in counts.items())
+             + (" (the most frequent calls: " + ", ".join(f"{k} {v:,.0f}" for k, v in calls.items()) + ")"
+                if calls else "") + "."]
+    if w["costs"]:
+        rows.append("Each recorded thing costs, from the medians: "
+                    + "; ".join(f"{v:.2f} {k}" for k, v in w["costs"].items()) + ".")
     return "\n".join(rows) + "\n"
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--workloads", nargs="+", choices=("launches", "mlp", "gpt2"),
+                   default=["launches", "mlp", "gpt2"])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=5)
     opts = p.parse_args()
     gpu = torch.cuda.is_available()
-    # The main job's size, where the host under the profiler falls behind the GPU; and a wider model whose
-    # steps the GPU takes long enough that the profiler's host cost hides behind them.
-    sizes = [(8192, 2048), (8192, 4096)] if gpu else [(256, 256)]
-    result = {"device": torch.cuda.get_device_name() if gpu else "cpu", "steps": opts.steps, "repeats": opts.repeats,
-              "sizes": [measure(b, w, opts.steps, opts.repeats) for b, w in sizes]}
-    result["ratio"] = result["sizes"][0]["ratio"]
+    device = "cuda" if gpu else "cpu"
+    results = []
+    for name in opts.workloads:
+        if name == "launches":
+            step, what = launches_step(device)
+        elif name == "mlp":   # the main job's size, where the host under the profiler falls behind the GPU
+            step, what = mlp_step(device, *((8192, 2048) if gpu else (256, 256)))
+        else:
+            step, what = gpt2_step(device)
+        results.append(measure(name, step, what, opts.steps, opts.rounds))
+    result = {"device": torch.cuda.get_device_name() if gpu else "cpu", "torch": torch.__version__,
+              "workloads": results}
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "profile_overhead.json").write_text(json.dumps(result, indent=1))
-    text = "\n".join(markdown(size) for size in result["sizes"])
+    text = "\n".join(markdown(w) for w in results)
     (opts.out / "profile_overhead.md").write_text(text)
-    print(f"{result['device']}, {opts.steps} steps x {opts.repeats} rounds\n{text}")
+    print(f"{result['device']}, torch {torch.__version__}\n\n{text}")
 
 
 if __name__ == "__main__":

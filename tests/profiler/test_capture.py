@@ -1,9 +1,12 @@
 """Capture on this machine (CPU): real programs profiled, their ops tied to exact lines, modules and steps."""
 
+import gc
+import inspect
 import statistics
 import sys
 import textwrap
 import time
+import weakref
 
 import pytest
 import torch
@@ -192,6 +195,83 @@ def test_tracing_hooks_are_restored_after_the_window(script):
     assert sys.gettrace() is before
     if sys.version_info >= (3, 12):
         assert sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is None
+
+
+class _Marked(capture._LineMarks):
+    """_LineMarks with the stacks it marks written down, in order (no profiler needed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.marked = []
+
+    def _mark(self, sid):
+        super()._mark(sid)
+        self.marked.append([(function, line) for _, line, function in self._by_id[sid]])
+
+
+def _leaf():
+    return torch.zeros(1)
+
+
+def _caller_a():
+    return _leaf()
+
+
+def _caller_b():
+    x = 1
+    return _leaf() + x
+
+
+def _numbers(n):
+    for i in range(n):
+        yield torch.tensor(i)
+
+
+def test_line_marks_name_each_call_s_own_stack():
+    """The stack above a frame is kept with the frame: a function called from two places, a frame made again at
+    an address just freed, a generator resumed from two lines each get the stack they run under."""
+    here = sys._getframe().f_code.co_name
+    with _Marked() as marks:
+        for _ in range(3):   # the same frames, made again and again at the same few addresses
+            _caller_a()
+            _caller_b()
+        numbers = _numbers(2)
+        next(numbers)
+        next(numbers)
+    leaves = [stack[-2:] for stack in marks.marked if stack[-1][0] == "_leaf"]
+    a_line, b_line = _caller_a.__code__.co_firstlineno + 1, _caller_b.__code__.co_firstlineno + 2
+    assert leaves == [[("_caller_a", a_line), ("_leaf", _leaf.__code__.co_firstlineno + 1)],
+                      [("_caller_b", b_line), ("_leaf", _leaf.__code__.co_firstlineno + 1)]] * 3
+    resumed = [stack[-2][1] for stack in marks.marked if stack[-1][0] == "_numbers" and stack[-2][0] == here]
+    source, first = inspect.getsourcelines(test_line_marks_name_each_call_s_own_stack)
+    lines = [first + i for i, text in enumerate(source) if text.strip() == "next(numbers)"]
+    assert sorted(set(resumed)) == lines   # each resumption under the line that asked for the next value
+    assert all(stack[0][0] == here for stack in marks.marked)   # every stack from the test's frame down
+
+
+def test_line_marks_let_go_of_frames_that_returned_or_raised():
+    class Held:
+        pass
+
+    def returns():
+        held = Held()
+        return weakref.ref(held)
+
+    def raises(refs):
+        held = Held()
+        refs.append(weakref.ref(held))
+        raise ValueError("unwound")
+
+    refs = []
+    with _Marked() as marks:
+        for _ in range(50):
+            refs.append(returns())
+            with pytest.raises(ValueError):
+                raises(refs)
+        gc.collect()
+        assert all(ref() is None for ref in refs)   # no frame kept with its locals
+        assert len(marks._above) <= 3   # this test's frame, and pytest's raises() context above it at most
+    assert not marks._above
 
 
 def test_context_manager_and_function_forms():

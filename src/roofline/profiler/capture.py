@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import os
 import runpy
@@ -104,6 +105,9 @@ class _ModulePaths:
             self._stack.pop()[2].__exit__(None, None, None)
 
 
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
 class _LineMarks:
     """Mark, in the trace, each moment the user's code moves to another line, with its whole call stack.
 
@@ -119,12 +123,20 @@ class _LineMarks:
 
     def __init__(self):
         self.roots = tuple(library_roots())
-        self.stacks: dict[tuple, int] = {}
+        self.stacks: dict[tuple, int] = {}   # a user stack -> its id
         self._library: dict[str, bool] = {}
         self._cwd = os.path.join(os.getcwd(), "")
         self._last = threading.local()
         self._tool = None
         self._previous_trace = None
+        # A line event costs one mark, not a walk up the whole stack: while a frame runs, the frames that called it
+        # stay at their lines, so the id of the user stack above a frame is kept with the frame until it returns
+        # (or unwinds), and a stack is interned by (the id above, code, line).
+        self._above: dict = {}                  # a user frame -> the id of the user stack above it (-1: none)
+        self._ids: dict[tuple, int] = {}        # (id above, code, line) -> stack id
+        self._by_id: list[tuple] = []           # stack id -> the stack
+        self._names: list[str] = []             # stack id -> its mark's name
+        self._where: dict = {}                  # code -> (its file as shown, its function)
 
     def _is_library(self, filename: str) -> bool:
         known = self._library.get(filename)
@@ -132,32 +144,69 @@ class _LineMarks:
             known = self._library[filename] = filename.startswith("<") or filename.startswith(self.roots)
         return known
 
-    def mark(self, frame) -> None:
-        found = []
-        while frame is not None:
-            code = frame.f_code
-            if not self._is_library(code.co_filename):
-                found.append((code.co_filename.removeprefix(self._cwd), frame.f_lineno, code.co_name))
+    def _user_frame(self, frame):
+        """frame, or the nearest frame above it in the user's code (None where there is none)."""
+        while frame is not None and self._is_library(frame.f_code.co_filename):
             frame = frame.f_back
-        if not found:
-            return
-        stack = tuple(reversed(found))
-        sid = self.stacks.setdefault(stack, len(self.stacks))
-        if getattr(self._last, "sid", None) != sid:   # a loop re-running one line needs one mark
-            self._last.sid = sid
-            with _RecordFunctionFast(f"{LINE_MARK}{sid}"):
+        return frame
+
+    def _stack_id(self, frame, line: int) -> int:
+        """The id of the user's stack with `frame` (a user frame) at `line`."""
+        above = self._above.get(frame)
+        if above is None:
+            caller = self._user_frame(frame.f_back)
+            above = -1 if caller is None else self._stack_id(caller, caller.f_lineno)
+            if not frame.f_code.co_flags & _RESUMABLE:   # a generator's caller changes from one resumption to the next
+                self._above[frame] = above
+        code = frame.f_code
+        key = (above, code, line)
+        sid = self._ids.get(key)
+        if sid is None:
+            where = self._where.get(code)
+            if where is None:
+                where = self._where[code] = (code.co_filename.removeprefix(self._cwd), code.co_name)
+            stack = (self._by_id[above] if above >= 0 else ()) + ((where[0], line, where[1]),)
+            sid = self.stacks.get(stack)
+            if sid is None:
+                sid = self.stacks[stack] = len(self._by_id)
+                self._by_id.append(stack)
+                self._names.append(f"{LINE_MARK}{sid}")
+            self._ids[key] = sid
+        return sid
+
+    def _mark(self, sid: int) -> None:
+        last = self._last
+        if getattr(last, "sid", None) != sid:   # a loop re-running one line needs one mark
+            last.sid = sid
+            with _RecordFunctionFast(self._names[sid]):
                 pass
+
+    def mark(self, frame) -> None:
+        """Mark the user's stack at `frame` (or at the nearest user frame above it), at its current line."""
+        frame = self._user_frame(frame)
+        if frame is not None:
+            self._mark(self._stack_id(frame, frame.f_lineno))
+
+    def _left(self, frame) -> None:
+        """frame returned or unwound: what was kept with it goes (a frame held keeps its locals alive)."""
+        self._above.pop(frame, None)
 
     # Python 3.12+: sys.monitoring, cheap, and independent of the profiler's own hooks.
     def _on_line(self, code, line):
         if self._is_library(code.co_filename):
             return sys.monitoring.DISABLE
-        self.mark(sys._getframe(1))
+        self._mark(self._stack_id(sys._getframe(1), line))
 
     def _on_return(self, code, offset, value):
         if self._is_library(code.co_filename):
             return sys.monitoring.DISABLE
-        self.mark(sys._getframe(1).f_back)
+        frame = sys._getframe(1)
+        self._left(frame)
+        self.mark(frame.f_back)
+
+    def _on_unwind(self, code, offset, exception):   # a global event: it cannot be disabled where it fires
+        if not self._is_library(code.co_filename):
+            self._left(sys._getframe(1))
 
     # Before 3.12: sys.settrace, local tracing in the user's frames only.
     def _global_trace(self, frame, event, arg):
@@ -165,8 +214,9 @@ class _LineMarks:
 
     def _local_trace(self, frame, event, arg):
         if event == "line":
-            self.mark(frame)
-        elif event == "return":
+            self._mark(self._stack_id(frame, frame.f_lineno))
+        elif event == "return":   # also where the frame unwinds
+            self._left(frame)
             self.mark(frame.f_back)
         return self._local_trace
 
@@ -179,7 +229,9 @@ class _LineMarks:
                 monitoring.use_tool_id(self._tool, "roofline")
                 monitoring.register_callback(self._tool, monitoring.events.LINE, self._on_line)
                 monitoring.register_callback(self._tool, monitoring.events.PY_RETURN, self._on_return)
-                monitoring.set_events(self._tool, monitoring.events.LINE | monitoring.events.PY_RETURN)
+                monitoring.register_callback(self._tool, monitoring.events.PY_UNWIND, self._on_unwind)
+                monitoring.set_events(self._tool, monitoring.events.LINE | monitoring.events.PY_RETURN
+                                      | monitoring.events.PY_UNWIND)
                 monitoring.restart_events()   # lines another recording disabled count again
                 return self
         self._previous_trace = sys.gettrace()
@@ -198,6 +250,7 @@ class _LineMarks:
             monitoring.set_events(self._tool, 0)
             monitoring.register_callback(self._tool, monitoring.events.LINE, None)
             monitoring.register_callback(self._tool, monitoring.events.PY_RETURN, None)
+            monitoring.register_callback(self._tool, monitoring.events.PY_UNWIND, None)
             monitoring.free_tool_id(self._tool)
             self._tool = None
         else:
@@ -208,13 +261,11 @@ class _LineMarks:
                 if frame.f_trace == self._local_trace:
                     frame.f_trace = None
                 frame = frame.f_back
+        self._above.clear()   # the frames still running let go
 
     def table(self) -> list:
         """The interned stacks, by id: [[file, line, function], ...] outermost first."""
-        out = [None] * len(self.stacks)
-        for stack, sid in self.stacks.items():
-            out[sid] = [list(f) for f in stack]
-        return out
+        return [[list(f) for f in stack] for stack in self._by_id]
 
 
 def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None,
