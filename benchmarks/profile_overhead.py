@@ -2,14 +2,15 @@
 
     python benchmarks/profile_overhead.py OUT_DIR [--workloads launches mlp gpt2] [--rounds 5]
 
-Three steps: a thousand in-place adds of one element (an op and a launch each, nothing else: the host's cost per
-op, launch and line), examples/mlp_train.py's training step (batch x width, 4 layers, bf16 autocast, AdamW), and
-GPT-2 small's as examples/ddp_train.py runs it on one GPU (bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens; a
-two-layer model on a CPU). Each step runs plain and under each way of recording it, in rounds, one of each a
-round, so that drift hits all alike: torch.profiler with CPU activity only, CUDA activity only (CUPTI), both, and
-both with shapes; roofline.profile() with its defaults, and with each of its own parts turned off (shapes, module
-paths, line marks), and all three. A sample is the median step of a recording, by CUDA events between steps where
-CUDA runs (the step as the program sees it), else by wall clock; start-up and the trace's export are outside it.
+Three steps: a thousand in-place adds of one element (an op and a launch each, nothing else: the host's cost per op,
+launch and line), examples/mlp_train.py's training step (batch x width, 4 layers, bf16 autocast, AdamW), and GPT-2
+small's as examples/ddp_train.py runs it on one GPU (bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens; a two-layer
+model on a CPU). Each step runs plain and under each way of recording it, in rounds, one of each a round, so that
+drift hits all alike: torch.profiler with CPU activity only, CUDA activity only (CUPTI), both, and both with shapes,
+and CUDA activity with the CPU's user scopes but none of its ops (what a window without ops would cost);
+roofline.profile() with its defaults, and with each of its own parts turned off (shapes, module paths, line marks),
+and all three. A sample is the median step of a recording, by CUDA events between steps where CUDA runs (the step as
+the program sees it), else by wall clock; start-up and the trace's export are outside it.
 
 Then the anatomy of one recorded step (from roofline's trace): how many ops, runtime and driver calls, kernels and
 marks it holds, and what each recorded thing costs, from the differences of the medians (CUDA activity against
@@ -99,6 +100,22 @@ def _torch_profiler(*activities: str, **options):
         activities=[getattr(torch.profiler.ProfilerActivity, a) for a in activities], **options)
 
 
+class _UserScopesOnly(torch.autograd.profiler.profile):
+    """torch's profiler recording CUDA activity and, on the CPU side, only user scopes (record_function, the
+    profiler's steps), none of the ops: what a window that records no op would cost. torch.profiler has no option
+    for it; its C++ entry takes the scopes to record."""
+
+    def __init__(self):
+        gpu = torch.cuda.is_available()
+        super().__init__(use_device="cuda" if gpu else None, use_kineto=True)
+
+    def _start_trace(self):
+        self.entered = True
+        torch.autograd.profiler._run_on_profiler_start()
+        torch.autograd._enable_profiler(self.config(), self.kineto_activities,
+                                        {torch._C._profiler.RecordScope.USER_SCOPE})
+
+
 def recorders(gpu: bool) -> dict:
     """{name: a context manager's maker}, plain first."""
     both = ("CPU", "CUDA") if gpu else ("CPU",)
@@ -108,6 +125,7 @@ def recorders(gpu: bool) -> dict:
         out["torch.profiler, CPU+CUDA"] = _torch_profiler(*both)
     out["torch.profiler, CPU+CUDA, shapes" if gpu else "torch.profiler, CPU, shapes"] = _torch_profiler(
         *both, record_shapes=True)
+    out["torch.profiler, " + ("CUDA and " if gpu else "") + "user scopes, no op"] = _UserScopesOnly
     out.update({
         "roofline.profile()": lambda: roofline.profile(),
         "roofline, shapes=False": lambda: roofline.profile(shapes=False),

@@ -317,7 +317,9 @@ def test_steps_outside_the_window_are_timed_without_roofline_s_hooks():
     assert all(4.0 <= ms < 40.0 for ms in prof.clock.wall_ms), prof.clock.wall_ms
     report = prof.report
     timed = report.trace.meta["roofline"]["unprofiled_steps"]
-    assert timed["wall_ms"] == prof.clock.wall_ms and timed["gpu_ms"] == []
+    # CUDA events beside the wall clock where CUDA runs (the suite on a GPU machine has it running by now)
+    events = torch.cuda.is_available() and torch.cuda.is_initialized()
+    assert timed["wall_ms"] == prof.clock.wall_ms and len(timed["gpu_ms"]) == (4 if events else 0)
     o = report.overhead
     assert o is not None and o.steps == 4 and o.step_ms == pytest.approx(statistics.median(timed["wall_ms"]))
     assert report.totals["unprofiled"]["step_ms"] == o.step_ms and report.timeline.steps == 3
