@@ -7,10 +7,11 @@ launch and line), examples/mlp_train.py's training step (batch x width, 4 layers
 small's as examples/ddp_train.py runs it on one GPU (bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens; a two-layer
 model on a CPU). Each step runs plain and under each way of recording it, in rounds, one of each a round, so that
 drift hits all alike: torch.profiler with CPU activity only, CUDA activity only (CUPTI), both, and both with shapes,
-and CUDA activity with the CPU's user scopes but none of its ops (what a window without ops would cost);
-roofline.profile() with its defaults, and with each of its own parts turned off (shapes, module paths, line marks),
-and all three. A sample is the median step of a recording, by CUDA events between steps where CUDA runs (the step as
-the program sees it), else by wall clock; start-up and the trace's export are outside it.
+CUDA activity with the CPU's user scopes but none of its ops (what a window without ops would cost), and CUDA
+activity with roofline's line and module hooks running, their marks unrecorded; roofline.profile() with its
+defaults, and with each of its own parts turned off (shapes, module paths, line marks), and all three. A sample is
+the median step of a recording, by CUDA events between steps where CUDA runs (the step as the program sees it), else
+by wall clock; start-up and the trace's export are outside it.
 
 Then the anatomy of one recorded step (from roofline's trace): how many ops, runtime and driver calls, kernels and
 marks it holds, and what each recorded thing costs, from the differences of the medians (CUDA activity against
@@ -116,6 +117,16 @@ class _UserScopesOnly(torch.autograd.profiler.profile):
                                         {torch._C._profiler.RecordScope.USER_SCOPE})
 
 
+@contextlib.contextmanager
+def _cuda_and_marks():
+    """CUDA activity alone, with roofline's line and module hooks running (their marks go unrecorded: no CPU
+    activity): the floor of a window that would keep its own marks instead of recording ops."""
+    from roofline.profiler.capture import _LineMarks, _ModulePaths
+
+    with _torch_profiler("CUDA")(), _LineMarks(), _ModulePaths():
+        yield
+
+
 def recorders(gpu: bool) -> dict:
     """{name: a context manager's maker}, plain first."""
     both = ("CPU", "CUDA") if gpu else ("CPU",)
@@ -126,6 +137,8 @@ def recorders(gpu: bool) -> dict:
     out["torch.profiler, CPU+CUDA, shapes" if gpu else "torch.profiler, CPU, shapes"] = _torch_profiler(
         *both, record_shapes=True)
     out["torch.profiler, " + ("CUDA and " if gpu else "") + "user scopes, no op"] = _UserScopesOnly
+    if gpu:
+        out["torch.profiler, CUDA only, roofline's marks unrecorded"] = _cuda_and_marks
     out.update({
         "roofline.profile()": lambda: roofline.profile(),
         "roofline, shapes=False": lambda: roofline.profile(shapes=False),
