@@ -249,6 +249,22 @@ def test_line_marks_name_each_call_s_own_stack():
     assert all(stack[0][0] == here for stack in marks.marked)   # every stack from the test's frame down
 
 
+def test_line_marks_open_deep_in_a_recursion():
+    """A window that opens near the recursion limit resolves the stack above it without recursing itself."""
+    depth = sys.getrecursionlimit() - 60
+
+    def down(n, marks):
+        if n:
+            return down(n - 1, marks)
+        with marks:
+            return torch.zeros(1)
+
+    marks = _Marked()
+    down(depth, marks)
+    deepest = max(len(stack) for stack in marks.marked)
+    assert deepest > depth and all(f == "down" for f, _ in marks.marked[0][-depth:])
+
+
 def test_line_marks_let_go_of_frames_that_returned_or_raised():
     class Held:
         pass

@@ -154,11 +154,11 @@ class _LineMarks:
         """The id of the user's stack with `frame` (a user frame) at `line`."""
         above = self._above.get(frame)
         if above is None:
-            caller = self._user_frame(frame.f_back)
-            above = -1 if caller is None else self._stack_id(caller, caller.f_lineno)
-            if not frame.f_code.co_flags & _RESUMABLE:   # a generator's caller changes from one resumption to the next
-                self._above[frame] = above
-        code = frame.f_code
+            above = self._resolve_above(frame)
+        return self._intern(above, frame.f_code, line)
+
+    def _intern(self, above: int, code, line: int) -> int:
+        """The id of the stack `above` (an id, -1: none) with `code` at `line` below it."""
         key = (above, code, line)
         sid = self._ids.get(key)
         if sid is None:
@@ -173,6 +173,29 @@ class _LineMarks:
                 self._names.append(f"{LINE_MARK}{sid}")
             self._ids[key] = sid
         return sid
+
+    def _resolve_above(self, frame) -> int:
+        """The id of the user stack above `frame`, kept with each frame on the way: a loop, not a recursion, since
+        a window may open deep in a recursive program."""
+        pending = []   # user frames above frame whose stack above is not known yet, innermost first
+        caller = self._user_frame(frame.f_back)
+        above = -1
+        while caller is not None:
+            known = self._above.get(caller)
+            if known is not None:
+                above = self._intern(known, caller.f_code, caller.f_lineno)
+                break
+            pending.append(caller)
+            caller = self._user_frame(caller.f_back)
+        for caller in reversed(pending):
+            self._keep(caller, above)
+            above = self._intern(above, caller.f_code, caller.f_lineno)
+        self._keep(frame, above)
+        return above
+
+    def _keep(self, frame, above: int) -> None:
+        if not frame.f_code.co_flags & _RESUMABLE:   # a generator's caller changes from one resumption to the next
+            self._above[frame] = above
 
     def _mark(self, sid: int) -> None:
         last = self._last
