@@ -59,6 +59,7 @@ from unittest import mock
 import torch
 
 from roofline.bench.stats import median_ci, min_rounds
+from roofline.bench.steps import StepTimer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "ddp_train.py")
@@ -324,14 +325,14 @@ def recorded_steps(rounds: int, steps: int, only: list[str] | None = None) -> di
     recorders, out = {k: v for k, v in _recorders().items() if only is None or k in only}, {}
     for _ in range(rounds):
         for name, recorder in recorders.items():
+            timer = StepTimer(device)
             with recorder():
-                marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-                marks[0].record()
-                for i in range(steps):
+                timer.mark()
+                for _ in range(steps):
                     step()
-                    marks[i + 1].record()
-                torch.cuda.synchronize()
-            out.setdefault(name, []).append(statistics.median(a.elapsed_time(b) for a, b in zip(marks, marks[1:])))
+                    timer.mark()
+                samples = timer.samples_ms()
+            out.setdefault(name, []).append(statistics.median(samples))
     return out
 
 
@@ -379,7 +380,7 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], help="rungs to leave out, by name")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=9, help="sync-advice: pairs of turns; profile: rounds of its "
-                        "steps in turns (6 at least: the 95% interval needs them)")
+                        "steps in turns (6 at least: the 95%% interval needs them)")
     args = parser.parse_args()
     if args.what in ("sync-advice", "profile") and args.rounds < min_rounds(0.95):
         parser.error(f"--rounds: at least {min_rounds(0.95)}, for a 95% interval")

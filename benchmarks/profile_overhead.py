@@ -25,7 +25,6 @@ import importlib.util
 import json
 import statistics
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import torch
 from torch import nn
 
 import roofline
+from roofline.bench.steps import StepTimer
 from roofline.profiler.trace import LINE_MARK, MODULE_MARK
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,20 +149,13 @@ def recorders(gpu: bool) -> dict:
     return out
 
 
-def _median_step_ms(step, steps: int, gpu: bool) -> float:
-    if gpu:
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        marks[0].record()
-        for i in range(steps):
-            step()
-            marks[i + 1].record()
-        torch.cuda.synchronize()
-        return statistics.median(a.elapsed_time(b) for a, b in zip(marks, marks[1:]))
-    times = [time.perf_counter()]
+def _median_step_ms(step, steps: int, device: str) -> float:
+    timer = StepTimer(device)
+    timer.mark()
     for _ in range(steps):
         step()
-        times.append(time.perf_counter())
-    return statistics.median((b - a) * 1e3 for a, b in zip(times, times[1:]))
+        timer.mark()
+    return statistics.median(timer.samples_ms())
 
 
 def anatomy(step, steps: int) -> dict:
@@ -194,7 +187,7 @@ def measure(name: str, step, what: str, steps: int, rounds: int) -> dict:
     for _ in range(rounds):
         for k, make in makers.items():
             with make():
-                samples[k].append(_median_step_ms(step, steps, gpu))
+                samples[k].append(_median_step_ms(step, steps, "cuda" if gpu else "cpu"))
     plain = statistics.median(samples["plain"])
     variants = {k: {"ms_per_step": s, "median_ms_per_step": statistics.median(s),
                     "ratio": statistics.median(s) / plain} for k, s in samples.items()}
