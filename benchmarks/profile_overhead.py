@@ -14,8 +14,7 @@ the median step of a recording, by CUDA events between steps where CUDA runs (th
 by wall clock; start-up and the trace's export are outside it.
 
 Then the anatomy of one recorded step (from roofline's trace): how many ops, runtime and driver calls, kernels and
-marks it holds, and what each recorded thing costs, from the differences of the medians (CUDA activity against
-plain, per runtime or driver call; CPU activity against plain, per op). Writes profile_overhead.json and .md.
+marks it holds. Writes profile_overhead.json and .md.
 """
 
 import argparse
@@ -23,6 +22,7 @@ import contextlib
 import gzip
 import importlib.util
 import json
+import platform
 import statistics
 import sys
 from collections import Counter
@@ -192,17 +192,9 @@ def measure(name: str, step, what: str, steps: int, rounds: int) -> dict:
     variants = {k: {"ms_per_step": s, "median_ms_per_step": statistics.median(s),
                     "ratio": statistics.median(s) / plain} for k, s in samples.items()}
     counts = anatomy(step, min(steps, 5))
-    costs = {}
-    if gpu and counts.get("cuda_runtime"):
-        calls = counts["cuda_runtime"] + counts.get("cuda_driver", 0)
-        costs["us per runtime/driver call, CUDA activity"] = (
-            variants["torch.profiler, CUDA only"]["median_ms_per_step"] - plain) * 1e3 / calls
-    if counts.get("cpu_op"):
-        costs["us per op, CPU activity"] = (
-            variants["torch.profiler, CPU only"]["median_ms_per_step"] - plain) * 1e3 / counts["cpu_op"]
     return {"workload": name, "what": what, "clock": "CUDA events" if gpu else "wall clock", "steps": steps,
             "rounds": rounds, "variants": variants, "ratio": variants["roofline.profile()"]["ratio"],
-            "per_step": counts, "costs": costs}
+            "per_step": counts}
 
 
 def markdown(w: dict) -> str:
@@ -217,9 +209,6 @@ def markdown(w: dict) -> str:
     rows += ["", "A recorded step holds " + ", ".join(f"{v:,.0f} {k}" for k, v in counts.items())
              + (" (the most frequent calls: " + ", ".join(f"{k} {v:,.0f}" for k, v in calls.items()) + ")"
                 if calls else "") + "."]
-    if w["costs"]:
-        rows.append("Each recorded thing costs, from the medians: "
-                    + "; ".join(f"{v:.2f} {k}" for k, v in w["costs"].items()) + ".")
     return "\n".join(rows) + "\n"
 
 
@@ -243,6 +232,7 @@ def main():
             step, what = gpt2_step(device)
         results.append(measure(name, step, what, opts.steps, opts.rounds))
     result = {"device": torch.cuda.get_device_name() if gpu else "cpu", "torch": torch.__version__,
+              "python": platform.python_version(),   # 3.12+ marks lines by sys.monitoring, before by sys.settrace
               "workloads": results}
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "profile_overhead.json").write_text(json.dumps(result, indent=1))

@@ -287,7 +287,7 @@ def test_line_marks_let_go_of_frames_that_returned_or_raised():
         gc.collect()
         assert all(ref() is None for ref in refs)   # no frame kept with its locals
         assert len(marks._above) <= 3   # this test's frame, and pytest's raises() context above it at most
-    assert not marks._above
+    assert marks._above is None
 
 
 def test_context_manager_and_function_forms():

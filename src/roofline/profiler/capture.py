@@ -118,7 +118,8 @@ class _LineMarks:
     (interned: the annotation carries an id into `table()`). An op then belongs to the last
     mark before it on its thread; its backward, through the autograd sequence number, to
     the same. Library code is never marked: on Python 3.12+ sys.monitoring disables its
-    events at the first hit; before, sys.settrace declines to trace its frames.
+    line and return events at the first hit (an unwinding frame's event cannot be disabled:
+    library frames that raise still cost a call); before, sys.settrace declines to trace them.
     """
 
     def __init__(self):
@@ -132,7 +133,7 @@ class _LineMarks:
         # A line event costs one mark, not a walk up the whole stack: while a frame runs, the frames that called it
         # stay at their lines, so the id of the user stack above a frame is kept with the frame until it returns
         # (or unwinds), and a stack is interned by (the id above, code, line).
-        self._above: dict = {}                  # a user frame -> the id of the user stack above it (-1: none)
+        self._above: dict | None = {}           # a user frame -> the id of the user stack above it (-1: none)
         self._ids: dict[tuple, int] = {}        # (id above, code, line) -> stack id
         self._by_id: list[tuple] = []           # stack id -> the stack
         self._names: list[str] = []             # stack id -> its mark's name
@@ -152,7 +153,8 @@ class _LineMarks:
 
     def _stack_id(self, frame, line: int) -> int:
         """The id of the user's stack with `frame` (a user frame) at `line`."""
-        above = self._above.get(frame)
+        kept = self._above
+        above = kept.get(frame) if kept is not None else None
         if above is None:
             above = self._resolve_above(frame)
         return self._intern(above, frame.f_code, line)
@@ -180,8 +182,9 @@ class _LineMarks:
         pending = []   # user frames above frame whose stack above is not known yet, innermost first
         caller = self._user_frame(frame.f_back)
         above = -1
+        kept = self._above or {}
         while caller is not None:
-            known = self._above.get(caller)
+            known = kept.get(caller)
             if known is not None:
                 above = self._intern(known, caller.f_code, caller.f_lineno)
                 break
@@ -194,8 +197,9 @@ class _LineMarks:
         return above
 
     def _keep(self, frame, above: int) -> None:
-        if not frame.f_code.co_flags & _RESUMABLE:   # a generator's caller changes from one resumption to the next
-            self._above[frame] = above
+        kept = self._above   # None once the window closed: a thread still in a callback then keeps nothing
+        if kept is not None and not frame.f_code.co_flags & _RESUMABLE:   # a generator's caller changes
+            kept[frame] = above
 
     def _mark(self, sid: int) -> None:
         last = self._last
@@ -212,7 +216,9 @@ class _LineMarks:
 
     def _left(self, frame) -> None:
         """frame returned or unwound: what was kept with it goes (a frame held keeps its locals alive)."""
-        self._above.pop(frame, None)
+        kept = self._above
+        if kept is not None:
+            kept.pop(frame, None)
 
     # Python 3.12+: sys.monitoring, cheap, and independent of the profiler's own hooks.
     def _on_line(self, code, line):
@@ -284,7 +290,9 @@ class _LineMarks:
                 if frame.f_trace == self._local_trace:
                     frame.f_trace = None
                 frame = frame.f_back
-        self._above.clear()   # the frames still running let go
+        # The frames still running let go. Not cleared but dropped: a thread paused inside a callback may yet
+        # write into the dict it read, and no return event would ever take that frame out again.
+        self._above = None
 
     def table(self) -> list:
         """The interned stacks, by id: [[file, line, function], ...] outermost first."""
