@@ -9,9 +9,10 @@ model on a CPU). Each step runs plain and under each way of recording it, in rou
 drift hits all alike: torch.profiler with CPU activity only, CUDA activity only (CUPTI), both, and both with shapes,
 CUDA activity with the CPU's user scopes but none of its ops (what a window without ops would cost), and CUDA
 activity with roofline's line and module hooks running, their marks unrecorded; roofline.profile() with its
-defaults, and with each of its own parts turned off (shapes, module paths, line marks), and all three. A sample is
-the median step of a recording, by CUDA events between steps where CUDA runs (the step as the program sees it), else
-by wall clock; start-up and the trace's export are outside it.
+defaults, and with each of its own parts turned off (shapes, module paths, line marks), and all three; and
+roofline.profile(ops=False), which records no op. A sample is the median step of a recording, by CUDA events between
+steps where CUDA runs (the step as the program sees it), else by wall clock; start-up and the trace's export are
+outside it.
 
 Then the anatomy of one recorded step (from roofline's trace): how many ops, runtime and driver calls, kernels and
 marks it holds. Writes profile_overhead.json and .md.
@@ -146,6 +147,8 @@ def recorders(gpu: bool) -> dict:
         "roofline, lines=False": lambda: roofline.profile(lines=False),
         "roofline, none of the three": lambda: roofline.profile(shapes=False, modules=False, lines=False),
     })
+    if gpu:
+        out["roofline.profile(ops=False)"] = lambda: roofline.profile(ops=False)
     return out
 
 

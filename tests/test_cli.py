@@ -160,7 +160,11 @@ def test_profile_leaves_every_argument_after_the_program_to_the_program(tmp_path
     (["profile", "nowhere/missing.py"], "no such file: nowhere/missing.py"),
     (["profile", "-m", "no_such_module_at_all"], "no module named 'no_such_module_at_all'"),
     (["analyze", "nowhere/trace.json"], "nowhere/trace.json"),
-])
+    (["profile", "--no-ops", "--nproc-per-node", "2", "train.py"], "--no-ops: not yet with several ranks"),
+    (["profile", "--no-ops", "--verify", "train.py"], "--no-ops: not with --verify"),
+] + ([] if torch.cuda.is_available() else [
+    (["profile", "--no-ops", "train.py"], "--no-ops: records kernels and their launches alone, and there is no CUDA"),
+]))
 def test_profile_and_analyze_usage_errors(argv, message):
     result = runner.invoke(app, argv)
     assert result.exit_code == 2 and message in flat(result.output)

@@ -313,6 +313,9 @@ def profile(
     trace_path: Optional[Path] = typer.Option(None, "--trace", help="Keep the Chrome/Perfetto trace here (.json or .json.gz)."),
     memory: bool = typer.Option(False, help="Also record memory allocations."),
     shapes: bool = typer.Option(True, help="Record op input shapes (needed for FLOPs, bytes and the roofline)."),
+    ops: bool = typer.Option(True, help="Record every op on the host (its name and shapes: the op table, FLOPs, "
+                             "bytes). --no-ops records kernels and their launches alone, tied to lines and modules by "
+                             "roofline's own marks: a step its host paces stretches far less, and no op is known."),
     python_stack: bool = typer.Option(False, help="Also record torch's Python tracer (function-level stacks "
                                       "for work outside the user's lines; costs more)."),
     top: int = typer.Option(10, min=1, help="Rows per table in the terminal summary."),
@@ -364,6 +367,15 @@ def profile(
     if rank_dir is None and (nnodes > 1 or (ranked and profiling.hosts() > 1)):
         raise typer.BadParameter("the ranks run on several hosts: give a folder they all share, where rank 0 "
                                  "reads the others' traces", param_hint="--rank-dir")
+    if not ops:
+        import torch
+
+        why = ("not yet with several ranks (their report names collectives by torch's c10d ops)" if several
+               else "not with --verify (it rebuilds the recorded ops)" if verify
+               else "records kernels and their launches alone, and there is no CUDA device here"
+               if not torch.cuda.is_available() else None)
+        if why:
+            raise typer.BadParameter(why, param_hint="--no-ops")
     for given, option in ((ncu, "--ncu"), (verify, "--verify")):
         if given and several:   # each reruns the program, which ranks cannot do alone
             raise typer.BadParameter("not with several ranks (it runs the program again, one process)",
@@ -394,7 +406,7 @@ def profile(
         hang.arm(folder, ranked[0])   # a collective that times out, and where a stopped rank was, are told
     def run():
         return run_program(target, list(args or []), module=module, skip=skip, active=steps, memory=memory,
-                           shapes=shapes, python_stack=python_stack,
+                           shapes=shapes, python_stack=python_stack, ops=ops,
                            trace=profiling.partial_path(folder, ranked[0]) if ranked else trace_path)
 
     launched = []   # with --inspect: the program's Triton launches, each kernel and configuration's first

@@ -29,6 +29,7 @@ class TraceBuilder:
         self._seq = 0
         self.unprofiled_steps: dict | None = None   # {"wall_ms": [...], "gpu_ms": [...]}, as capture's StepClock
         self.facts: dict = {}                        # more of capture's facts (optimizers, ...)
+        self.extra_meta: dict = {}                   # more top-level keys of torch's trace (baseTimeNanoseconds)
 
     # ------------------------------------------------------------------ host
     def mark(self, ts: float, stack: list[tuple], tid: int = MAIN) -> None:
@@ -89,7 +90,7 @@ class TraceBuilder:
                              **({"unprofiled_steps": self.unprofiled_steps} if self.unprofiled_steps else {}),
                              **self.facts},
                 "schemaVersion": 1, "deviceProperties": [H100] if self.gpu else []}
-        return {**meta, "traceEvents": self.events, "traceName": "synthetic"}
+        return {**meta, "traceEvents": self.events, "traceName": "synthetic", **self.extra_meta}
 
     def write(self, path: Path) -> Path:
         text = json.dumps(self.to_dict())

@@ -3,9 +3,9 @@
 import pytest
 
 from roofline.profiler import attribution
-from roofline.profiler.trace import load
+from roofline.profiler.trace import TraceError, load
 
-from .synth import AUTOGRAD, TraceBuilder, at
+from .synth import AUTOGRAD, PEAKS, TraceBuilder, at
 
 
 def _trace(tmp_path, build):
@@ -116,3 +116,58 @@ def test_library_roots_from_the_run(tmp_path):
     (tmp_path / "mine.py").write_text("")
     c = attribution._Classifier({"sys_path": [str(tmp_path), str(lib)], "library_roots": [str(lib) + "/"]})
     assert c.is_library("vendored/x.py") and not c.is_library("mine.py")
+
+
+BASE_NS = 1_790_000_000_000_000_000   # the trace's baseTimeNanoseconds: its times are wall-clock ns less this, in us
+
+
+def _no_op_window(b):
+    """A window that records no op (capture's ops=False): launches and kernels from CUPTI, and roofline's own
+    line, module and step marks on the wall clock in its facts."""
+    ns = lambda us: BASE_NS + int(us * 1000)   # noqa: E731
+    stacks = [at(10, "forward", "model.py"), at(12, "forward", "model.py"), at(20)]
+    b.stacks.extend([list(map(list, s)) for s in stacks])
+    b.facts["own_marks"] = {
+        "lines": {"100": [[ns(0), ns(120), ns(300)], [0, 1, 2]]},
+        "modules": [[100, ns(1), ns(290), "Net"], [100, ns(2), ns(110), "Net.fc"]],
+        "steps": [[ns(0), ns(700)]]}
+    b.kernel("gemm", 100, 40, launch_ts=10)                      # in Net.fc, at line 10
+    b.kernel("elementwise_relu", 150, 10, launch_ts=135)         # in Net, at line 12
+    b.kernel("gemm_bwd", 460, 60, launch_ts=410, tid=AUTOGRAD)   # the autograd engine's: main thread at line 20
+    b.extra_meta["baseTimeNanoseconds"] = BASE_NS
+
+
+def test_a_window_without_ops_ties_kernels_to_lines_and_modules_through_their_launches(tmp_path):
+    t = _trace(tmp_path, _no_op_window)
+    assert not [o for o in t.ops if not o.annotation] and t.steps == [(0.0, 700.0)]
+    by_name = {w.name: w for w in attribution.attribute(t).work}
+    gemm, relu, bwd = by_name["gemm"], by_name["elementwise_relu"], by_name["gemm_bwd"]
+    assert (gemm.location.line, gemm.module, gemm.exact) == (10, "Net.fc", True)
+    assert (relu.location.line, relu.module, relu.exact) == (12, "Net", True)
+    assert (bwd.location.line, bwd.module, bwd.exact) == (20, None, False)   # inferred from the main thread
+
+
+def test_a_window_without_ops_needs_the_trace_s_clock(tmp_path):
+    def build(b):
+        _no_op_window(b)
+        del b.extra_meta["baseTimeNanoseconds"]
+    with pytest.raises(TraceError, match="baseTimeNanoseconds"):
+        _trace(tmp_path, build)
+
+
+def test_a_window_without_ops_reports_its_lines_modules_and_steps(tmp_path):
+    from rich.console import Console
+
+    from roofline.profiler.report import analyze
+
+    b = TraceBuilder()
+    _no_op_window(b)
+    report = analyze(b.write(tmp_path / "t.json"), peaks=PEAKS)
+    rows = {r.location.line: r for r in report.lines}
+    assert rows[10].self_us == pytest.approx(40) and rows[12].self_us == pytest.approx(10)
+    assert report.timeline.steps == 1
+    console = Console(record=True, width=120)
+    report.print(console)
+    report.write_html(tmp_path / "r.html")
+    text = console.export_text()
+    assert "model.py:10" in text and "Net.fc" in text

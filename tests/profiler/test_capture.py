@@ -5,6 +5,7 @@ import inspect
 import statistics
 import sys
 import textwrap
+import threading
 import time
 import weakref
 
@@ -265,6 +266,33 @@ def test_line_marks_open_deep_in_a_recursion():
     assert deepest > depth and all(f == "down" for f, _ in marks.marked[0][-depth:])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_a_window_without_ops_needs_cuda():
+    with pytest.raises(ValueError, match="ops=False .* needs a CUDA device"):
+        roofline.profile(ops=False)
+
+
+def test_line_and_module_marks_on_their_own_clock():
+    """For a window that records no op: marks kept on the wall clock, per thread, in order, none in the trace."""
+    before = time.time_ns()
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with capture._LineMarks(own_clock=True) as lines, capture._ModulePaths(own_clock=True) as modules:
+        net(torch.randn(2, 4))
+        worker = threading.Thread(target=_caller_a)
+        worker.start()
+        worker.join()
+    after = time.time_ns()
+    main = lines.own[threading.get_native_id()]
+    assert set(lines.own) == {threading.get_native_id(), worker.native_id}
+    for times, ids in lines.own.values():
+        assert times == sorted(times) and before <= times[0] and times[-1] <= after and len(ids) == len(times)
+        assert all(0 <= sid < len(lines.table()) for sid in ids)
+    assert any(lines.table()[sid][-1][2] == "test_line_and_module_marks_on_their_own_clock" for sid in main[1])
+    paths = [(path, tid) for tid, start, end, path in modules.ranges if before <= start <= end <= after]
+    assert paths == [("Sequential.0", threading.get_native_id()), ("Sequential.1", threading.get_native_id()),
+                     ("Sequential", threading.get_native_id())]
+
+
 def test_line_marks_let_go_of_frames_that_returned_or_raised():
     class Held:
         pass
@@ -304,7 +332,8 @@ def test_context_manager_and_function_forms():
 
 
 @pytest.mark.parametrize("kwargs, message", [({"skip": -1}, "skip"), ({"skip": 1.5}, "skip"),
-                                             ({"active": 0}, "active"), ({"active": True}, "active")])
+                                             ({"active": 0}, "active"), ({"active": True}, "active"),
+                                             ({"ops": "no"}, "ops")])
 def test_bad_options_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         roofline.profile(**kwargs)

@@ -92,3 +92,19 @@ def test_inspect_looks_inside_the_heaviest_triton_kernels(tmp_path):
         assert x["kernel"] in names and x["configurations"]
         assert all(c["registers"] > 0 and not c["compiled_here"] for c in x["configurations"])
     assert "Inside the heaviest Triton kernels" in done.stdout
+
+
+def test_a_window_without_ops_ties_the_kernels_to_lines_and_modules(tmp_path):
+    """--no-ops on the main job: no op recorded, yet its kernels land on its lines and layers, by their launches,
+    and the forward's kernels (the matmuls and GELUs inside the model) on the lines inside Sequential's calls."""
+    path = ROOT / "examples/mlp_train.py"
+    report = _profile(path, tmp_path, "--steps", "8", options=("--no-ops", "--steps", "4"))
+    totals = report["totals"]
+    assert totals["steps"] == 4 and totals["attributed_share"] >= 0.99 and report["ops"] == []
+    # The forward's launches are on the marked thread itself (exact); the autograd engine's are inferred.
+    assert totals["exact_share"] > 0.2
+    lines = {r["line"]: r for r in report["lines"] if r["file"] == "examples/mlp_train.py"}
+    text = path.read_text().splitlines()
+    forward = [n for n, t in enumerate(text, 1) if "model(x)" in t]
+    assert forward and lines[forward[0]]["self_ms"] > 0   # the forward's kernels, exactly on its line
+    assert any(m["path"].startswith("Sequential.") for m in report["modules"])

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from roofline.profiler.trace import TraceError, iter_events, line_stack, load, module_path
+from roofline.profiler.trace import TraceError, iter_events, load, module_path, stack_at
 
 from .synth import AUTOGRAD, MAIN, TraceBuilder, at
 
@@ -77,8 +77,8 @@ def test_links(tmp_path, gz):
     evaluate = t.ops[t.ops[bwd_mm].parent]
     assert evaluate.backward and evaluate.forward == addmm     # backward -> forward by sequence number
     assert module_path(t, addmm) == "Net.fc"
-    assert line_stack(t, addmm) == [["train.py", 50, "<module>"], ["train.py", 10, "train"]]
-    assert line_stack(t, bwd_mm) is None                       # no marks on the autograd thread
+    assert stack_at(t, t.ops[addmm].tid, t.ops[addmm].ts) == [["train.py", 50, "<module>"], ["train.py", 10, "train"]]
+    assert stack_at(t, t.ops[bwd_mm].tid, t.ops[bwd_mm].ts) is None   # no marks on the autograd thread
     assert t.wall_us == pytest.approx(420 - 1)                # first op (the module at 1) to the last end
     assert t.device_properties[0]["numSms"] == 132
 

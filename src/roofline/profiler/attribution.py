@@ -20,7 +20,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from roofline.profiler.trace import Frame, Trace, line_stack, module_path
+from roofline.profiler.trace import Frame, Trace, module_path, stack_at
 
 # Top-level packages whose frames are never "the user's line" when the trace carries no run facts.
 _KNOWN_LIBRARIES = {"torch", "roofline", "triton", "typer", "click", "rich", "numpy", "functorch",
@@ -125,6 +125,7 @@ class Resolver:
         self._frame_tids = {f.tid for f in trace.frames}
         self._main_frames = None
         self._marked_tid = max(trace.marks, key=lambda t: len(trace.marks[t][0])) if trace.marks else None
+        self._records_no_op = bool(trace.facts.get("own_marks"))   # capture's ops=False
 
     @property
     def marked_tid(self) -> int | None:
@@ -157,19 +158,24 @@ class Resolver:
             self._main_frames = _Nesting(self.trace.frames, _by_thread(self.trace.frames)[self._main_tid])
         return self._main_frames.enclosing(op.ts)
 
-    def _stack_around(self, op_index: int) -> tuple[tuple, bool]:
-        found = line_stack(self.trace, op_index)
+    def _marked_at(self, tid: int, ts: float, infer: bool = True) -> tuple[tuple, bool] | None:
+        """(stack, exact) from the line marks of thread `tid` at `ts`; for a thread that runs no user code (the
+        autograd engine's, say), where `infer`, the line the program's main thread was on then, e.g.
+        loss.backward(), inferred, so not counted as exact. None where no mark says."""
+        found = stack_at(self.trace, tid, ts)
         exact = found is not None
-        if not found and self.trace.ops[op_index].tid not in self.trace.marks and self._marked_tid is not None:
-            # An op on a thread that runs no user code (the autograd engine's AccumulateGrad, say): the line
-            # the program's main thread was on then, e.g. loss.backward(). Inferred, so not counted as exact.
-            found = line_stack(self.trace, op_index, self._marked_tid)
-        if found:
-            key = tuple(map(tuple, found))
-            if key not in self._marked:
-                self._marked[key] = tuple(Location(f, line, fn) for f, line, fn in found)
-            return self._marked[key], exact
-        return self.frame_stack(self._frame_for(op_index)), False
+        if not found and infer and tid not in self.trace.marks and self._marked_tid is not None:
+            found = stack_at(self.trace, self._marked_tid, ts)
+        if not found:
+            return None
+        key = tuple(map(tuple, found))
+        if key not in self._marked:
+            self._marked[key] = tuple(Location(f, line, fn) for f, line, fn in found)
+        return self._marked[key], exact
+
+    def _stack_around(self, op_index: int) -> tuple[tuple, bool]:
+        op = self.trace.ops[op_index]
+        return self._marked_at(op.tid, op.ts) or (self.frame_stack(self._frame_for(op_index)), False)
 
     def resolve(self, op_index: int) -> tuple:
         """(stack, exact, module, backward) for work launched inside op `op_index`; a backward op
@@ -193,9 +199,19 @@ class Resolver:
     def for_runtime(self, call_index: int) -> tuple:
         """(stack, exact, module, backward) for a runtime call (a launch, a synchronization)."""
         call = self.trace.runtime[call_index]
-        if call.op >= 0:
-            return self.resolve(call.op)
-        return self.frame_stack(call.frame), False, None, False
+        op = call.op
+        while op >= 0 and self.trace.ops[op].annotation:   # a module's range or a record_function launches nothing
+            op = self.trace.ops[op].parent
+        if op >= 0:
+            return self.resolve(op)
+        # No op launched it (a window that records none, or a kernel launched from Python): the line its thread was
+        # at when it launched, and the module whose call encloses the launch. A thread with no marks is another's
+        # (a data loader's, NCCL's) unless the window records no op: then the autograd engine's launches are too.
+        module = module_path(self.trace, call.op) if call.op >= 0 else None
+        marked = self._marked_at(call.tid, call.ts, infer=self._records_no_op)
+        if marked:
+            return (*marked, module, False)
+        return self.frame_stack(call.frame), False, module, False
 
 
 def attribute(trace: Trace, resolver: Resolver | None = None) -> Attribution:

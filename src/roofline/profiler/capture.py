@@ -53,9 +53,12 @@ def step() -> None:
 
 
 class _ModulePaths:
-    """Annotate each nn.Module call with the module's attribute path, from the outermost module called."""
+    """Annotate each nn.Module call with the module's attribute path, from the outermost module called: in the
+    trace, or (own_clock, for a window that records no CPU op) as [thread, start ns, end ns, path] in `ranges`."""
 
-    def __init__(self):
+    def __init__(self, own_clock: bool = False):
+        self.own_clock = own_clock
+        self.ranges: list[list] = []
         self._stack: list[tuple[torch.nn.Module, str, object]] = []
         self._names: dict[tuple[int, int], str] = {}
         self._handles = []
@@ -77,17 +80,26 @@ class _ModulePaths:
         else:
             path = type(module).__name__
             self.roots.setdefault(id(module), module)
-        annotation = _RecordFunctionFast(MODULE_MARK + path)
-        annotation.__enter__()
+        if self.own_clock:
+            annotation = _time.time_ns()
+        else:
+            annotation = _RecordFunctionFast(MODULE_MARK + path)
+            annotation.__enter__()
         self._stack.append((module, path, annotation))
+
+    def _close(self, path: str, annotation) -> None:
+        if self.own_clock:
+            self.ranges.append([threading.get_native_id(), annotation, _time.time_ns(), path])
+        else:
+            annotation.__exit__(None, None, None)
 
     def _exit(self, module, args, output):
         if torch.compiler.is_compiling():
             return
         # Unwind to this module: a module that raised inside a child leaves the child's entry behind.
         while self._stack:
-            entered, _, annotation = self._stack.pop()
-            annotation.__exit__(None, None, None)
+            entered, path, annotation = self._stack.pop()
+            self._close(path, annotation)
             if entered is module:
                 break
 
@@ -102,7 +114,8 @@ class _ModulePaths:
             h.remove()
         self._handles = []
         while self._stack:
-            self._stack.pop()[2].__exit__(None, None, None)
+            _, path, annotation = self._stack.pop()
+            self._close(path, annotation)
 
 
 _RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -122,9 +135,13 @@ class _LineMarks:
     library frames that raise still cost a call); before, sys.settrace declines to trace them.
     """
 
-    def __init__(self):
+    def __init__(self, own_clock: bool = False):
         self.roots = tuple(library_roots())
         self.stacks: dict[tuple, int] = {}   # a user stack -> its id
+        # own_clock: a window that records no CPU op records no mark either; the marks are kept here instead, on
+        # the wall clock that the trace's times are in: {thread's native id: ([time ns, ...], [stack id, ...])}.
+        self.own_clock = own_clock
+        self.own: dict[int, tuple[list, list]] = {}
         self._library: dict[str, bool] = {}
         self._cwd = os.path.join(os.getcwd(), "")
         self._last = threading.local()
@@ -205,8 +222,15 @@ class _LineMarks:
         last = self._last
         if getattr(last, "sid", None) != sid:   # a loop re-running one line needs one mark
             last.sid = sid
-            with _RecordFunctionFast(self._names[sid]):
-                pass
+            if self.own_clock:
+                kept = getattr(last, "kept", None)
+                if kept is None:
+                    kept = last.kept = self.own.setdefault(threading.get_native_id(), ([], []))
+                kept[0].append(_time.time_ns())
+                kept[1].append(sid)
+            else:
+                with _RecordFunctionFast(self._names[sid]):
+                    pass
 
     def mark(self, frame) -> None:
         """Mark the user's stack at `frame` (or at the nearest user frame above it), at its current line."""
@@ -301,14 +325,16 @@ class _LineMarks:
 
 def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None,
               optimizers: list | None = None, window_steps: int | None = None,
-              ddp_buckets: list | None = None, compiled_kernels: list | None = None) -> dict:
+              ddp_buckets: list | None = None, compiled_kernels: list | None = None,
+              own_marks: dict | None = None) -> dict:
     """What the analysis needs to know about this process: how to tell the user's code from libraries,
     the user call stacks that the line marks refer to, the steps timed outside the window, what each
     optimizer updates (costs.ParameterSet), how many whole steps the window recorded (trace.load leaves
     out the work after the last of them: a program's tail is no step), DDP's gradient buckets (which
     parameters each all-reduce moves: distributed.comms), and the kernels torch.compile generated with the
-    lines each fused (inspect.generated), and where the process may run against where its GPU is attached
-    (distributed.placement)."""
+    lines each fused (inspect.generated), where the process may run against where its GPU is attached
+    (distributed.placement), and, for a window that records no op, the line, module and step marks roofline kept on
+    the wall clock (trace.load places them)."""
     from roofline.distributed import placement
     from roofline.distributed.ledger import environment
 
@@ -317,7 +343,7 @@ def run_facts(stacks: list | None = None, unprofiled_steps: dict | None = None,
             "sys_path": [p or os.getcwd() for p in sys.path], "library_roots": library_roots(),
             "stacks": stacks or [], "unprofiled_steps": unprofiled_steps or {"wall_ms": [], "gpu_ms": []},
             "optimizers": optimizers or [], "window_steps": window_steps, "ddp_buckets": ddp_buckets or [],
-            "compiled_kernels": compiled_kernels or []}
+            "compiled_kernels": compiled_kernels or [], **({"own_marks": own_marks} if own_marks else {})}
 
 
 class _CompiledKernels:
@@ -507,13 +533,21 @@ class Profiler:
 
     def __init__(self, *, skip: int = 0, active: int | None = None, shapes: bool = True,
                  memory: bool = False, modules: bool = True, lines: bool = True, python_stack: bool = False,
-                 trace: str | os.PathLike | None = None):
+                 ops: bool = True, trace: str | os.PathLike | None = None):
         if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
             raise ValueError(f"skip must be a non-negative int (steps to leave out), got {skip!r}")
         if active is not None and (not isinstance(active, int) or isinstance(active, bool) or active < 1):
             raise ValueError(f"active must be a positive int (steps to record) or None for all, got {active!r}")
+        if not isinstance(ops, bool):
+            raise ValueError(f"ops must be True or False, got {ops!r}")
+        if not ops and not torch.cuda.is_available():
+            raise ValueError("ops=False records kernels and their launches alone (CUDA activity), with roofline's own "
+                             "line, module and step marks: it needs a CUDA device, and none is here")
         self.skip, self.active = skip, active
-        self.shapes, self.memory, self.modules, self.lines = shapes, memory, modules, lines
+        # ops=False: no CPU activity, so no op is recorded (and none of its shapes): what stretches a step whose host
+        # paces it is recording every op (benchmarks/results/h200-profile-overhead.md)
+        self.ops = ops
+        self.shapes, self.memory, self.modules, self.lines = shapes and ops, memory, modules, lines
         self.python_stack = python_stack
         self._own_dir = None
         if trace is None:
@@ -529,6 +563,9 @@ class Profiler:
         self._lines = None
         self._trace_ready = False    # the scheduled window closed (torch called on_trace_ready)
         self._lines_done = None      # the line marks, after the window
+        self._module_ranges: list = []   # ops=False: the module calls' ranges (_ModulePaths.ranges)
+        self._own_steps: list = []       # ops=False: the recorded steps' [start ns, end ns] (torch marks none)
+        self._step_start: int | None = None
         self._exported = False
         self._previous = None
         self.clock = StepClock(self.window)
@@ -561,9 +598,9 @@ class Profiler:
         they are read."""
         self._in_window = True
         if self.modules and self._modules is None:
-            self._modules = _ModulePaths().__enter__()
+            self._modules = _ModulePaths(own_clock=not self.ops).__enter__()
         if self.lines and self._lines is None:
-            self._lines = _LineMarks().__enter__()
+            self._lines = _LineMarks(own_clock=not self.ops).__enter__()
 
     def _hooks_off(self) -> None:
         self._in_window = False
@@ -572,6 +609,7 @@ class Profiler:
 
             self._ddp_buckets = ddp_buckets(self._modules.roots.values())
             self._modules.__exit__()
+            self._module_ranges = self._modules.ranges
             self._modules = None
         if self._lines is not None:
             self._lines.__exit__(None, None, None)
@@ -579,7 +617,7 @@ class Profiler:
 
     # ------------------------------------------------------------------ recording
     def _activities(self):
-        acts = [torch.profiler.ProfilerActivity.CPU]
+        acts = [torch.profiler.ProfilerActivity.CPU] if self.ops else []
         if torch.cuda.is_available():
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         return acts
@@ -597,8 +635,14 @@ class Profiler:
             prof.export_chrome_trace(str(raw))
             _with_metadata(raw, self.trace_path, run_facts(lines.table() if lines else None, self.clock.facts(),
                                                            list(self._optimizers.values()), self.window_steps,
-                                                           self._ddp_buckets, self._compiled.kernels()))
+                                                           self._ddp_buckets, self._compiled.kernels(),
+                                                           None if self.ops else self._own_marks(lines)))
         self._exported = True
+
+    def _own_marks(self, lines) -> dict:
+        """ops=False: the marks roofline kept on the wall clock (trace.load puts them among the trace's events)."""
+        return {"lines": {str(tid): [times, ids] for tid, (times, ids) in (lines.own if lines else {}).items()},
+                "modules": self._module_ranges, "steps": self._own_steps}
 
     def __enter__(self) -> "Profiler":
         global _active
@@ -619,6 +663,7 @@ class Profiler:
         self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         if self.window[0] == 0:
             self._hooks_on()
+        self._step_start = _time.time_ns()
         self._previous, _active = _active, self
         self._torch.__enter__()
         self._compiled.__enter__()   # last: nothing after it can fail and leave torch.compile watched
@@ -630,6 +675,11 @@ class Profiler:
             raise RuntimeError("Profiler.step() called outside the profiled window")
         ended = self.steps
         self.clock.boundary(ended)   # first, so that none of the profiler's work falls in a timed step
+        if not self.ops:   # torch marks no step without CPU activity: the step's range, on the trace's clock
+            now = _time.time_ns()
+            if self._records(ended) and self._step_start is not None:
+                self._own_steps.append([self._step_start, now])
+            self._step_start = now
         self.steps += 1
         self.window_steps += self._records(ended)
         if ended == self.window[1]:

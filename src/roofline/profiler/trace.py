@@ -357,9 +357,33 @@ def load(path: str | Path) -> Trace:
     with _open_stream(path) as stream:
         for event in iter_events(stream, trace.meta, source=str(path)):
             _add(trace, event)
+    place_own_marks(trace)
     keep_whole_steps(trace)
     link(trace)
     return trace
+
+
+def place_own_marks(trace: Trace) -> None:
+    """A window that records no op (capture's ops=False) records no mark either: roofline kept its line, module and
+    step marks on the wall clock (facts' "own_marks"). Here they join the trace's events, as the marks recorded in
+    the trace would: a trace's time plus its baseTimeNanoseconds is the same wall clock, in microseconds."""
+    own = trace.facts.get("own_marks")
+    if not own:
+        return
+    base = trace.meta.get("baseTimeNanoseconds")
+    if not isinstance(base, int):
+        raise TraceError(f"{trace.path}: roofline's own marks need the trace's baseTimeNanoseconds, which it lacks")
+
+    def us(ns: int) -> float:
+        return (ns - base) / 1e3
+
+    for tid, (times, ids) in (own.get("lines") or {}).items():
+        kept_times, kept_ids = trace.marks.setdefault(int(tid), ([], []))
+        kept_times.extend(us(t) for t in times)
+        kept_ids.extend(ids)
+    for tid, start, end, path in own.get("modules") or []:
+        trace.ops.append(Op(MODULE_MARK + path, int(tid), us(start), us(end), annotation=True))
+    trace.steps.extend((us(start), us(end)) for start, end in own.get("steps") or [])
 
 
 def keep_whole_steps(trace: Trace) -> None:
@@ -503,15 +527,13 @@ def module_path(trace: Trace, op_index: int) -> str | None:
     return None
 
 
-def line_stack(trace: Trace, op_index: int, tid: int | None = None) -> list | None:
-    """The user's call stack ([[file, line, function], ...]) at the op's start: the last line mark
-    on its thread (or on thread `tid`) before it (see capture._LineMarks), or None where there is none."""
-    op = trace.ops[op_index]
-    found = trace.marks.get(op.tid if tid is None else tid)
+def stack_at(trace: Trace, tid: int, ts: float) -> list | None:
+    """The user's call stack on thread `tid` at time `ts`: its last line mark before then, or None."""
+    found = trace.marks.get(tid)
     if not found:
         return None
     times, ids = found
-    k = bisect.bisect_right(times, op.ts) - 1
+    k = bisect.bisect_right(times, ts) - 1
     stacks = trace.facts.get("stacks") or []
     if k < 0 or not 0 <= ids[k] < len(stacks):
         return None
