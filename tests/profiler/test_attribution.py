@@ -171,3 +171,22 @@ def test_a_window_without_ops_reports_its_lines_modules_and_steps(tmp_path):
     report.write_html(tmp_path / "r.html")
     text = console.export_text()
     assert "model.py:10" in text and "Net.fc" in text
+
+
+def test_a_window_without_ops_finds_the_thread_kineto_names_by_its_pthread_id(tmp_path):
+    """Without CPU activity Kineto may name a launch's thread by the low 32 bits of its pthread id (signed), where
+    roofline's marks name it by its system id: the marks go to the name the launches use."""
+    ident = 0x7F3A_9C4F_E740   # a pthread id as threading.get_ident() gives it; its low 32 bits read negative
+    low = ident & 0xFFFFFFFF
+    as_kineto = low - (1 << 32)
+
+    def build(b):
+        _no_op_window(b)
+        b.facts["own_marks"]["pthread_ids"] = {"100": ident}
+        for e in b.events:
+            if e.get("cat") == "cuda_runtime" and e["tid"] == 100:
+                e["tid"] = as_kineto
+    t = _trace(tmp_path, build)
+    gemm = next(w for w in attribution.attribute(t).work if w.name == "gemm")
+    assert (gemm.location.line, gemm.module, gemm.exact) == (10, "Net.fc", True)
+    assert as_kineto in t.marks and 100 not in t.marks

@@ -640,9 +640,11 @@ class Profiler:
         self._exported = True
 
     def _own_marks(self, lines) -> dict:
-        """ops=False: the marks roofline kept on the wall clock (trace.load puts them among the trace's events)."""
+        """ops=False: the marks roofline kept on the wall clock (trace.load puts them among the trace's events), by
+        thread, with each thread's pthread id: without CPU activity Kineto may name a launch's thread by that."""
         return {"lines": {str(tid): [times, ids] for tid, (times, ids) in (lines.own if lines else {}).items()},
-                "modules": self._module_ranges, "steps": self._own_steps}
+                "modules": self._module_ranges, "steps": self._own_steps,
+                "pthread_ids": {str(t.native_id): t.ident for t in threading.enumerate() if t.native_id}}
 
     def __enter__(self) -> "Profiler":
         global _active

@@ -377,12 +377,22 @@ def place_own_marks(trace: Trace) -> None:
     def us(ns: int) -> float:
         return (ns - base) / 1e3
 
+    # The marks name a thread by its system id. Without CPU activity Kineto may name the thread of a launch by
+    # its pthread id instead, as its threadId() does: the low 32 bits, signed. The name the launches use is taken.
+    launching = {r.tid for r in trace.runtime}
+    pthread_ids = {int(k): v for k, v in (own.get("pthread_ids") or {}).items()}
+
+    def thread(tid) -> int:
+        tid = int(tid)
+        low = pthread_ids.get(tid, tid) & 0xFFFFFFFF
+        return next((t for t in (tid, low - (1 << 32) if low >= 1 << 31 else low, low) if t in launching), tid)
+
     for tid, (times, ids) in (own.get("lines") or {}).items():
-        kept_times, kept_ids = trace.marks.setdefault(int(tid), ([], []))
+        kept_times, kept_ids = trace.marks.setdefault(thread(tid), ([], []))
         kept_times.extend(us(t) for t in times)
         kept_ids.extend(ids)
     for tid, start, end, path in own.get("modules") or []:
-        trace.ops.append(Op(MODULE_MARK + path, int(tid), us(start), us(end), annotation=True))
+        trace.ops.append(Op(MODULE_MARK + path, thread(tid), us(start), us(end), annotation=True))
     trace.steps.extend((us(start), us(end)) for start, end in own.get("steps") or [])
 
 
