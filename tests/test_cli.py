@@ -162,6 +162,7 @@ def test_profile_leaves_every_argument_after_the_program_to_the_program(tmp_path
     (["analyze", "nowhere/trace.json"], "nowhere/trace.json"),
     (["profile", "--no-ops", "--nproc-per-node", "2", "train.py"], "--no-ops: not yet with several ranks"),
     (["profile", "--no-ops", "--verify", "train.py"], "--no-ops: not with --verify"),
+    (["profile", "--no-ops", "--memory", "train.py"], "--no-ops: not with --memory or --python-stack"),
 ] + ([] if torch.cuda.is_available() else [
     (["profile", "--no-ops", "train.py"], "--no-ops: records kernels and their launches alone, and there is no CUDA"),
 ]))

@@ -315,7 +315,7 @@ def profile(
     shapes: bool = typer.Option(True, help="Record op input shapes (needed for FLOPs, bytes and the roofline)."),
     ops: bool = typer.Option(True, help="Record every op on the host (its name and shapes: the op table, FLOPs, "
                              "bytes). --no-ops records kernels and their launches alone, tied to lines and modules by "
-                             "roofline's own marks: a step its host paces stretches far less, and no op is known."),
+                             "roofline's own marks: it stretches a step its host paces less, and knows no op."),
     python_stack: bool = typer.Option(False, help="Also record torch's Python tracer (function-level stacks "
                                       "for work outside the user's lines; costs more)."),
     top: int = typer.Option(10, min=1, help="Rows per table in the terminal summary."),
@@ -372,6 +372,8 @@ def profile(
 
         why = ("not yet with several ranks (their report names collectives by torch's c10d ops)" if several
                else "not with --verify (it rebuilds the recorded ops)" if verify
+               else "not with --memory or --python-stack (they need the CPU activity it leaves out)"
+               if memory or python_stack
                else "records kernels and their launches alone, and there is no CUDA device here"
                if not torch.cuda.is_available() else None)
         if why:

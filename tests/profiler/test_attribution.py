@@ -144,7 +144,9 @@ def test_a_window_without_ops_ties_kernels_to_lines_and_modules_through_their_la
     gemm, relu, bwd = by_name["gemm"], by_name["elementwise_relu"], by_name["gemm_bwd"]
     assert (gemm.location.line, gemm.module, gemm.exact) == (10, "Net.fc", True)
     assert (relu.location.line, relu.module, relu.exact) == (12, "Net", True)
-    assert (bwd.location.line, bwd.module, bwd.exact) == (20, None, False)   # inferred from the main thread
+    # The autograd engine's launch: the line the main thread was at (inferred), in the backward pass.
+    assert (bwd.location.line, bwd.module, bwd.exact, bwd.backward) == (20, None, False, True)
+    assert not gemm.backward and gemm.op == -1 == relu.op   # no op launched them: no module's range either
 
 
 def test_a_window_without_ops_needs_the_trace_s_clock(tmp_path):
@@ -170,7 +172,20 @@ def test_a_window_without_ops_reports_its_lines_modules_and_steps(tmp_path):
     report.print(console)
     report.write_html(tmp_path / "r.html")
     text = console.export_text()
-    assert "model.py:10" in text and "Net.fc" in text
+    assert "model.py:10" in text and "Net.fc" in text and "recorded without ops" in text
+    assert report.to_dict()["ops"] == []   # no module's range passes for an op
+
+
+def test_a_window_without_ops_leaves_out_the_program_s_tail(tmp_path):
+    """capture keeps the tail after the last step mark as a last, partial step, as torch's last step range holds
+    it; trace.load leaves out what was launched after the last whole step."""
+    def build(b):
+        _no_op_window(b)
+        b.facts["own_marks"]["steps"].append([BASE_NS + 700_000, BASE_NS + 900_000])
+        b.facts["window_steps"] = 1
+        b.kernel("after_the_last_step", 820, 30, launch_ts=800)
+    t = _trace(tmp_path, build)
+    assert t.steps == [(0.0, 700.0)] and "after_the_last_step" not in {g.name for g in t.gpu}
 
 
 def test_a_window_without_ops_finds_the_thread_kineto_names_by_its_pthread_id(tmp_path):

@@ -14,6 +14,7 @@ import torch
 
 import roofline
 from roofline.profiler import capture, run_program
+from roofline.profiler.trace import stack_at
 
 TRAIN = textwrap.dedent('''\
     import sys
@@ -333,7 +334,7 @@ def test_context_manager_and_function_forms():
 
 @pytest.mark.parametrize("kwargs, message", [({"skip": -1}, "skip"), ({"skip": 1.5}, "skip"),
                                              ({"active": 0}, "active"), ({"active": True}, "active"),
-                                             ({"ops": "no"}, "ops")])
+                                             ({"ops": "no"}, "ops"), ({"ops": False, "memory": True}, "memory")])
 def test_bad_options_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         roofline.profile(**kwargs)
@@ -427,3 +428,16 @@ def test_cupti_is_finalized_when_recording_stops(monkeypatch, cuda, user, expect
     monkeypatch.setattr(capture.torch.version, "cuda", cuda)
     capture._teardown_cupti_at_stop()
     assert capture.os.environ.get("TEARDOWN_CUPTI") == expected
+
+
+def test_the_window_s_own_sync_at_exit_is_on_no_line_of_the_program():
+    """What runs after the program's last line in the window (roofline's own synchronization at exit) is charged
+    to no line: the last mark names no stack."""
+    x = torch.randn(16, 16)
+    with roofline.profile() as prof:
+        y = x @ x
+        y.sum()
+    trace = prof.report.trace
+    (tid, (times, ids)), = trace.marks.items()
+    assert ids[-1] == -1 and stack_at(trace, tid, times[-1] + 1.0) is None
+    assert stack_at(trace, tid, times[-2])[-1][2] == "test_the_window_s_own_sync_at_exit_is_on_no_line_of_the_program"

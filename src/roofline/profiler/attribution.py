@@ -199,19 +199,27 @@ class Resolver:
     def for_runtime(self, call_index: int) -> tuple:
         """(stack, exact, module, backward) for a runtime call (a launch, a synchronization)."""
         call = self.trace.runtime[call_index]
-        op = call.op
-        while op >= 0 and self.trace.ops[op].annotation:   # a module's range or a record_function launches nothing
-            op = self.trace.ops[op].parent
+        op = self.launching_op(call_index)
         if op >= 0:
             return self.resolve(op)
         # No op launched it (a window that records none, or a kernel launched from Python): the line its thread was
-        # at when it launched, and the module whose call encloses the launch. A thread with no marks is another's
-        # (a data loader's, NCCL's) unless the window records no op: then the autograd engine's launches are too.
+        # at when it launched, and the module whose call encloses the launch. A thread with no marks, outside any
+        # annotation, is another's (a data loader's, NCCL's), except where the window records no op: there it is
+        # the autograd engine's, and the launch is the backward's.
         module = module_path(self.trace, call.op) if call.op >= 0 else None
-        marked = self._marked_at(call.tid, call.ts, infer=self._records_no_op)
+        marked = self._marked_at(call.tid, call.ts, infer=self._records_no_op or call.op >= 0)
         if marked:
-            return (*marked, module, False)
+            stack, exact = marked
+            return stack, exact, module, self._records_no_op and not exact
         return self.frame_stack(call.frame), False, module, False
+
+    def launching_op(self, call_index: int) -> int:
+        """The innermost op around a runtime call that is no annotation (a module's range or a record_function
+        launches nothing), or -1."""
+        op = self.trace.runtime[call_index].op
+        while op >= 0 and self.trace.ops[op].annotation:
+            op = self.trace.ops[op].parent
+        return op
 
 
 def attribute(trace: Trace, resolver: Resolver | None = None) -> Attribution:
@@ -223,7 +231,7 @@ def attribute(trace: Trace, resolver: Resolver | None = None) -> Attribution:
         for gi, g in enumerate(trace.gpu):
             w = Work(g.dur, g.kind, g.name, gi)
             if g.launch >= 0:
-                w.op = trace.runtime[g.launch].op
+                w.op = resolver.launching_op(g.launch)
                 w.stack, w.exact, w.module, w.backward = resolver.for_runtime(g.launch)
             work.append(w)
     else:

@@ -59,6 +59,7 @@ class _ModulePaths:
     def __init__(self, own_clock: bool = False):
         self.own_clock = own_clock
         self.ranges: list[list] = []
+        self.pthread_ids: dict[int, int] = {}
         self._stack: list[tuple[torch.nn.Module, str, object]] = []
         self._names: dict[tuple[int, int], str] = {}
         self._handles = []
@@ -81,7 +82,7 @@ class _ModulePaths:
             path = type(module).__name__
             self.roots.setdefault(id(module), module)
         if self.own_clock:
-            annotation = _time.time_ns()
+            annotation = (threading.get_native_id(), threading.get_ident(), _time.time_ns())
         else:
             annotation = _RecordFunctionFast(MODULE_MARK + path)
             annotation.__enter__()
@@ -89,7 +90,9 @@ class _ModulePaths:
 
     def _close(self, path: str, annotation) -> None:
         if self.own_clock:
-            self.ranges.append([threading.get_native_id(), annotation, _time.time_ns(), path])
+            native, ident, start = annotation
+            self.pthread_ids[native] = ident
+            self.ranges.append([native, start, _time.time_ns(), path])
         else:
             annotation.__exit__(None, None, None)
 
@@ -142,6 +145,7 @@ class _LineMarks:
         # the wall clock that the trace's times are in: {thread's native id: ([time ns, ...], [stack id, ...])}.
         self.own_clock = own_clock
         self.own: dict[int, tuple[list, list]] = {}
+        self.pthread_ids: dict[int, int] = {}   # own_clock: each marking thread's system id -> its pthread id
         self._library: dict[str, bool] = {}
         self._cwd = os.path.join(os.getcwd(), "")
         self._last = threading.local()
@@ -225,11 +229,13 @@ class _LineMarks:
             if self.own_clock:
                 kept = getattr(last, "kept", None)
                 if kept is None:
-                    kept = last.kept = self.own.setdefault(threading.get_native_id(), ([], []))
+                    native = threading.get_native_id()
+                    self.pthread_ids[native] = threading.get_ident()
+                    kept = last.kept = self.own.setdefault(native, ([], []))
                 kept[0].append(_time.time_ns())
                 kept[1].append(sid)
             else:
-                with _RecordFunctionFast(self._names[sid]):
+                with _RecordFunctionFast(self._names[sid] if sid >= 0 else f"{LINE_MARK}{sid}"):
                     pass
 
     def mark(self, frame) -> None:
@@ -237,6 +243,11 @@ class _LineMarks:
         frame = self._user_frame(frame)
         if frame is not None:
             self._mark(self._stack_id(frame, frame.f_lineno))
+
+    def leave(self) -> None:
+        """Mark that this thread is now at no line of the program (roofline's own work follows): a stack id that
+        names no stack, so that nothing after it is charged to the line before."""
+        self._mark(-1)
 
     def _left(self, frame) -> None:
         """frame returned or unwound: what was kept with it goes (a frame held keeps its locals alive)."""
@@ -540,6 +551,8 @@ class Profiler:
             raise ValueError(f"active must be a positive int (steps to record) or None for all, got {active!r}")
         if not isinstance(ops, bool):
             raise ValueError(f"ops must be True or False, got {ops!r}")
+        if not ops and (memory or python_stack):
+            raise ValueError("ops=False records no CPU activity: not with memory or python_stack, which need it")
         if not ops and not torch.cuda.is_available():
             raise ValueError("ops=False records kernels and their launches alone (CUDA activity), with roofline's own "
                              "line, module and step marks: it needs a CUDA device, and none is here")
@@ -564,8 +577,9 @@ class Profiler:
         self._trace_ready = False    # the scheduled window closed (torch called on_trace_ready)
         self._lines_done = None      # the line marks, after the window
         self._module_ranges: list = []   # ops=False: the module calls' ranges (_ModulePaths.ranges)
+        self._module_pthread_ids: dict = {}
         self._own_steps: list = []       # ops=False: the recorded steps' [start ns, end ns] (torch marks none)
-        self._step_start: int | None = None
+        self._step_start = 0
         self._exported = False
         self._previous = None
         self.clock = StepClock(self.window)
@@ -610,6 +624,7 @@ class Profiler:
             self._ddp_buckets = ddp_buckets(self._modules.roots.values())
             self._modules.__exit__()
             self._module_ranges = self._modules.ranges
+            self._module_pthread_ids = self._modules.pthread_ids
             self._modules = None
         if self._lines is not None:
             self._lines.__exit__(None, None, None)
@@ -644,7 +659,8 @@ class Profiler:
         thread, with each thread's pthread id: without CPU activity Kineto may name a launch's thread by that."""
         return {"lines": {str(tid): [times, ids] for tid, (times, ids) in (lines.own if lines else {}).items()},
                 "modules": self._module_ranges, "steps": self._own_steps,
-                "pthread_ids": {str(t.native_id): t.ident for t in threading.enumerate() if t.native_id}}
+                "pthread_ids": {str(k): v for k, v in {**self._module_pthread_ids,
+                                                       **(lines.pthread_ids if lines else {})}.items()}}
 
     def __enter__(self) -> "Profiler":
         global _active
@@ -665,9 +681,9 @@ class Profiler:
         self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         if self.window[0] == 0:
             self._hooks_on()
-        self._step_start = _time.time_ns()
         self._previous, _active = _active, self
         self._torch.__enter__()
+        self._step_start = _time.time_ns()   # after the profiler started: its start-up is in no step
         self._compiled.__enter__()   # last: nothing after it can fail and leave torch.compile watched
         return self
 
@@ -677,11 +693,8 @@ class Profiler:
             raise RuntimeError("Profiler.step() called outside the profiled window")
         ended = self.steps
         self.clock.boundary(ended)   # first, so that none of the profiler's work falls in a timed step
-        if not self.ops:   # torch marks no step without CPU activity: the step's range, on the trace's clock
-            now = _time.time_ns()
-            if self._records(ended) and self._step_start is not None:
-                self._own_steps.append([self._step_start, now])
-            self._step_start = now
+        if not self.ops and self._records(ended):   # torch marks no step without CPU activity: its range, kept here
+            self._own_steps.append([self._step_start, _time.time_ns()])
         self.steps += 1
         self.window_steps += self._records(ended)
         if ended == self.window[1]:
@@ -697,11 +710,18 @@ class Profiler:
             self._torch.step()
         if self.steps == self.window[0]:
             self._hooks_on()
+        self._step_start = _time.time_ns()   # the next step begins after the profiler's own work
 
     def __exit__(self, exc_type, exc, tb):
         global _active
         try:
             try:
+                if not self.ops and self._records(self.steps):
+                    # the program's tail after its last step mark, as torch's last step range holds it: trace.load
+                    # leaves it out (keep_whole_steps)
+                    self._own_steps.append([self._step_start, _time.time_ns()])
+                if self._lines is not None:
+                    self._lines.leave()   # what follows (the sync below) is roofline's, on no line of the program
                 _sync_if_cuda()   # let queued GPU work finish inside the window, so its kernels are recorded
             finally:
                 self._torch.__exit__(None, None, None)

@@ -72,6 +72,9 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
         console.print(cost, style="yellow" if t["unprofiled"] is None else None)
     console.print(f"attributed to source lines: {t['attributed_share']:.1%} of {'GPU' if gpu else 'op'} time "
                   f"({t['exact_share']:.1%} to exact lines)")
+    if report.trace.facts.get("own_marks"):
+        console.print("recorded without ops (--no-ops): kernels and their launches alone, tied to lines, modules "
+                      "and steps by roofline's own marks; no op table, shapes or FLOPs")
 
     if report.findings:
         verified = any(f.verified is not None for f in report.findings)
