@@ -172,7 +172,8 @@ def test_a_window_without_ops_reports_its_lines_modules_and_steps(tmp_path):
     report.print(console)
     report.write_html(tmp_path / "r.html")
     text = console.export_text()
-    assert "model.py:10" in text and "Net.fc" in text and "recorded without ops" in text
+    assert "model.py:10" in text and "Net.fc" in text and "Recorded without ops" in text
+    assert "Recorded without ops" in (tmp_path / "r.html").read_text() and not report.totals["ops_recorded"]
     assert report.to_dict()["ops"] == []   # no module's range passes for an op
 
 

@@ -19,7 +19,7 @@ from roofline.page import page, table
 from roofline.profiler.costs import roofline_cell
 from roofline.profiler.kernels import CATEGORIES
 from roofline.profiler.ncu import COLUMNS as NCU_COLUMNS, row_note
-from roofline.profiler.overhead import sentence as overhead_sentence
+from roofline.profiler.overhead import NO_OPS, sentence as overhead_sentence
 
 # Colour per kernel category (busy) and per idle cause; the same in the legend and the chart.
 CATEGORY_COLORS = dict(zip(CATEGORIES, ("#3b6fd4", "#7b4fd0", "#2fa36b", "#d98a1c", "#c2497b", "#b5a01f",
@@ -92,6 +92,8 @@ def _summary(d: dict) -> str:
         parts.append(f"<p>{escape(cost)}</p>")
     parts.append(f"<p>Attributed to source lines: {t['attributed_share']:.1%} of "
                  f"{'GPU' if gpu else 'op'} time ({t['exact_share']:.1%} to exact lines).</p>")
+    if not t.get("ops_recorded", True):
+        parts.append(f"<p>{escape(NO_OPS)}</p>")
     return "\n".join(parts)
 
 

@@ -88,6 +88,10 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+NO_OPS = ("Recorded without ops (--no-ops): kernels and their launches alone, tied to lines, modules and steps by "
+          "roofline's own marks; no op table, shapes or FLOPs.")
+
+
 def sentence(totals: dict, gpu: bool) -> str | None:
     """The profiler's cost in words, from a report's totals (its JSON form): what the terminal and HTML say."""
     u = totals.get("unprofiled")

@@ -128,6 +128,7 @@ class Report:
                 "steps": steps, "step_ms": tl.step_us / 1e3 if tl.step_us else None,
                 "attributed_share": at.attributed_share, "unattributed_ms": at.unattributed_us / 1e3,
                 "exact_share": exact / at.total_us if at.total_us else 1.0,
+                "ops_recorded": not self.trace.facts.get("own_marks"),   # False: capture's ops=False (--no-ops)
                 "unprofiled": None if self.overhead is None else {
                     **self.overhead.to_dict(), "wall_ms": self.unprofiled_wall_us / 1e3,
                     "idle_ms": tl.idle_total_us * self.idle_scale / 1e3,

@@ -9,7 +9,7 @@ from roofline.inspect.generated import compact
 from roofline.profiler.costs import roofline_cell
 from roofline.profiler.kernels import short_name
 from roofline.profiler.ncu import COLUMNS as NCU_COLUMNS, row_note
-from roofline.profiler.overhead import sentence as overhead_sentence
+from roofline.profiler.overhead import NO_OPS, sentence as overhead_sentence
 from roofline.tables import Column as C, Row, show
 
 
@@ -72,9 +72,8 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
         console.print(cost, style="yellow" if t["unprofiled"] is None else None)
     console.print(f"attributed to source lines: {t['attributed_share']:.1%} of {'GPU' if gpu else 'op'} time "
                   f"({t['exact_share']:.1%} to exact lines)")
-    if report.trace.facts.get("own_marks"):
-        console.print("recorded without ops (--no-ops): kernels and their launches alone, tied to lines, modules "
-                      "and steps by roofline's own marks; no op table, shapes or FLOPs")
+    if not t["ops_recorded"]:
+        console.print(NO_OPS)
 
     if report.findings:
         verified = any(f.verified is not None for f in report.findings)
