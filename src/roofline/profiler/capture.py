@@ -576,8 +576,7 @@ class Profiler:
         self._lines = None
         self._trace_ready = False    # the scheduled window closed (torch called on_trace_ready)
         self._lines_done = None      # the line marks, after the window
-        self._module_ranges: list = []   # ops=False: the module calls' ranges (_ModulePaths.ranges)
-        self._module_pthread_ids: dict = {}
+        self._modules_done = None    # the module paths, after the window (ops=False: their ranges)
         self._own_steps: list = []       # ops=False: the recorded steps' [start ns, end ns] (torch marks none)
         self._step_start = 0
         self._exported = False
@@ -623,9 +622,8 @@ class Profiler:
 
             self._ddp_buckets = ddp_buckets(self._modules.roots.values())
             self._modules.__exit__()
-            self._module_ranges = self._modules.ranges
-            self._module_pthread_ids = self._modules.pthread_ids
-            self._modules = None
+            self._modules.roots.clear()   # kept past the window, it must not keep the program's model alive
+            self._modules_done, self._modules = self._modules, None
         if self._lines is not None:
             self._lines.__exit__(None, None, None)
             self._lines_done, self._lines = self._lines, None
@@ -657,10 +655,11 @@ class Profiler:
     def _own_marks(self, lines) -> dict:
         """ops=False: the marks roofline kept on the wall clock (trace.load puts them among the trace's events), by
         thread, with each thread's pthread id: without CPU activity Kineto may name a launch's thread by that."""
+        modules = self._modules or self._modules_done
+        pthread_ids = {**(modules.pthread_ids if modules else {}), **(lines.pthread_ids if lines else {})}
         return {"lines": {str(tid): [times, ids] for tid, (times, ids) in (lines.own if lines else {}).items()},
-                "modules": self._module_ranges, "steps": self._own_steps,
-                "pthread_ids": {str(k): v for k, v in {**self._module_pthread_ids,
-                                                       **(lines.pthread_ids if lines else {})}.items()}}
+                "modules": modules.ranges if modules else [], "steps": self._own_steps,
+                "pthread_ids": {str(k): v for k, v in pthread_ids.items()}}
 
     def __enter__(self) -> "Profiler":
         global _active
