@@ -286,10 +286,8 @@ def _recorders() -> dict:
     import contextlib
 
     import roofline
+    from recorders import torch_profiler
 
-    def torch_profiler(*activities, **options):
-        return lambda: torch.profiler.profile(activities=[getattr(torch.profiler.ProfilerActivity, a)
-                                                          for a in activities], **options)
     return {"plain": contextlib.nullcontext, "torch.profiler CUDA only": torch_profiler("CUDA"),
             "torch.profiler CPU+CUDA": torch_profiler("CPU", "CUDA"),
             "torch.profiler CPU+CUDA, shapes": torch_profiler("CPU", "CUDA", record_shapes=True),
@@ -322,17 +320,23 @@ def recorded_steps(rounds: int, steps: int, only: list[str] | None = None) -> di
 
     for _ in range(5):
         step()
-    recorders, out = {k: v for k, v in _recorders().items() if only is None or k in only}, {}
+    from recorders import recorded
+
+    def median_step():
+        timer = StepTimer(device)
+        timer.mark()
+        for _ in range(steps):
+            step()
+            timer.mark()
+        return statistics.median(timer.samples_ms())
+
+    recorders = {k: v for k, v in _recorders().items() if only is None or k in only}
+    out = {"ms": {k: [] for k in recorders}, "kernels": {k: [] for k in recorders}}
     for _ in range(rounds):
         for name, recorder in recorders.items():
-            timer = StepTimer(device)
-            with recorder():
-                timer.mark()
-                for _ in range(steps):
-                    step()
-                    timer.mark()
-                samples = timer.samples_ms()
-            out.setdefault(name, []).append(statistics.median(samples))
+            ms, kernels = recorded(recorder, median_step)
+            out["ms"][name].append(ms)
+            out["kernels"][name].append(kernels)
     return out
 
 
@@ -343,14 +347,17 @@ def recording(out: Path, nproc: int, rounds: int = 3, steps: int = 10) -> None:
     from roofline.distributed import ledger, spawn
 
     ranks = spawn(recorded_steps, nproc, rounds, steps)
-    plain = max(statistics.median(r["plain"]) for r in ranks)
+    plain = max(statistics.median(r["ms"]["plain"]) for r in ranks)
     lines = [f"What recording costs a step: DDP GPT-2 small (bf16, 8 x 1024 tokens a rank) on {_machine(nproc)}; "
              f"{steps} steps a recording, {rounds} rounds; each rank's median over rounds of its median step", "",
-             "| recording | " + " | ".join(f"rank {i} ms" for i in range(nproc)) + " | slowest vs plain |",
-             "|---|" + "---|" * (nproc + 1)]
-    for name in ranks[0]:
-        medians = [statistics.median(r[name]) for r in ranks]
-        lines.append(f"| {name} | " + " | ".join(f"{m:.2f}" for m in medians) + f" | {max(medians) / plain:.2f}x |")
+             "| recording | " + " | ".join(f"rank {i} ms" for i in range(nproc))
+             + " | slowest vs plain | kernels recorded (fewest of any rank's recordings) |",
+             "|---|" + "---|" * (nproc + 2)]
+    for name in ranks[0]["ms"]:
+        medians = [statistics.median(r["ms"][name]) for r in ranks]
+        counts = [n for r in ranks for n in r["kernels"][name] if n is not None]
+        lines.append(f"| {name} | " + " | ".join(f"{m:.2f}" for m in medians) + f" | {max(medians) / plain:.2f}x | "
+                     + (f"{min(counts):,}" if counts else "") + " |")
     # What roofline profile leaves on outside its window: NCCL timing each call, its flight recorder keeping them.
     # A process group reads them when it is made: launches of their own, plain and with them in turns.
     turns: dict[str, list[float]] = {"plain": [], "calls timed by NCCL (profile's ledger)": []}
@@ -358,7 +365,7 @@ def recording(out: Path, nproc: int, rounds: int = 3, steps: int = 10) -> None:
         for name, settings in zip(turns, ({}, ledger.ENV)):
             with mock.patch.dict(os.environ, settings):   # restored after, added names removed
                 launched = spawn(recorded_steps, nproc, 1, steps, ["plain"])
-            turns[name].append(max(statistics.median(r["plain"]) for r in launched))
+            turns[name].append(max(statistics.median(r["ms"]["plain"]) for r in launched))
     ratios = [b / a for a, b in zip(*turns.values())]
     lines += ["", f"Launches of their own, in turns ({LEDGER_TURNS} each; the slowest rank's median step, ms): "
               + "; ".join(f"{name} {', '.join(f'{t:.2f}' for t in times)}" for name, times in turns.items())

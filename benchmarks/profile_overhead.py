@@ -1,6 +1,6 @@
 """What recording costs a training step: roofline's profiler against the program alone, part by part.
 
-    python benchmarks/profile_overhead.py OUT_DIR [--workloads launches mlp gpt2] [--rounds 5]
+    python benchmarks/profile_overhead.py OUT_DIR [--workloads launches mlp gpt2] [--rounds 5] [--recorders PART ...]
 
 Three steps: a thousand in-place adds of one element (an op and a launch each, nothing else: the host's cost per op,
 launch and line), examples/mlp_train.py's training step (batch x width, 4 layers, bf16 autocast, AdamW), and GPT-2
@@ -8,7 +8,8 @@ small's as examples/ddp_train.py runs it on one GPU (bf16 autocast, fused AdamW,
 model on a CPU). Each step runs plain and under each way of recording it, in rounds, one of each a round, so that
 drift hits all alike: torch.profiler with CPU activity only, CUDA activity only (CUPTI), both, and both with shapes,
 CUDA activity with the CPU's user scopes but none of its ops (what a window without ops would cost), and CUDA
-activity with roofline's line and module hooks running, their marks unrecorded; roofline.profile() with its
+activity with roofline's line and module hooks running, their marks unrecorded (and, on a GPU, the parts between
+that and a window without ops: roofline's Kineto options, the marks kept on the wall clock); roofline.profile() with its
 defaults, and with each of its own parts turned off (shapes, module paths, line marks), and all three; and
 roofline.profile(ops=False), which records no op. A sample is the median step of a recording, by CUDA events between
 steps where CUDA runs (the step as the program sees it), else by wall clock; start-up and the trace's export are
@@ -20,7 +21,6 @@ marks it holds. Writes profile_overhead.json and .md.
 
 import argparse
 import contextlib
-import gzip
 import importlib.util
 import json
 import platform
@@ -34,7 +34,11 @@ from torch import nn
 
 import roofline
 from roofline.bench.steps import StepTimer
+from roofline.bench.stats import median_ci
+from roofline.profiler.capture import _LineMarks, _ModulePaths, _experimental_config, _teardown_cupti_at_stop
 from roofline.profiler.trace import LINE_MARK, MODULE_MARK
+
+from recorders import recorded, torch_profiler, trace_events   # (benchmarks/, this script's folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTED = ("cpu_op", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset")
@@ -97,11 +101,6 @@ def launches_step(device: str, count: int = 1000):
     return step, f"{count} in-place adds of one element (the host's cost per op and per launch)"
 
 
-def _torch_profiler(*activities: str, **options):
-    return lambda: torch.profiler.profile(
-        activities=[getattr(torch.profiler.ProfilerActivity, a) for a in activities], **options)
-
-
 class _UserScopesOnly(torch.autograd.profiler.profile):
     """torch's profiler recording CUDA activity and, on the CPU side, only user scopes (record_function, the
     profiler's steps), none of the ops: what a window that records no op would cost. torch.profiler has no option
@@ -119,27 +118,33 @@ class _UserScopesOnly(torch.autograd.profiler.profile):
 
 
 @contextlib.contextmanager
-def _cuda_and_marks():
-    """CUDA activity alone, with roofline's line and module hooks running (their marks go unrecorded: no CPU
-    activity): the floor of a window that would keep its own marks instead of recording ops."""
-    from roofline.profiler.capture import _LineMarks, _ModulePaths
-
-    with _torch_profiler("CUDA")(), _LineMarks(), _ModulePaths():
-        yield
+def _cuda_and_marks(own_clock: bool = False):
+    """CUDA activity alone with roofline's Kineto options, and roofline's line and module hooks running: their
+    marks unrecorded (no CPU activity), the floor of a window that keeps its own marks instead of recording ops;
+    or (own_clock) kept on the wall clock, as roofline.profile(ops=False) keeps them."""
+    with torch_profiler("CUDA", experimental_config=_experimental_config())() as recording, \
+            _LineMarks(own_clock), _ModulePaths(own_clock):
+        yield recording
 
 
 def recorders(gpu: bool) -> dict:
     """{name: a context manager's maker}, plain first."""
     both = ("CPU", "CUDA") if gpu else ("CPU",)
-    out = {"plain": contextlib.nullcontext, "torch.profiler, CPU only": _torch_profiler("CPU")}
+    out = {"plain": contextlib.nullcontext, "torch.profiler, CPU only": torch_profiler("CPU")}
     if gpu:
-        out["torch.profiler, CUDA only"] = _torch_profiler("CUDA")
-        out["torch.profiler, CPU+CUDA"] = _torch_profiler(*both)
-    out["torch.profiler, CPU+CUDA, shapes" if gpu else "torch.profiler, CPU, shapes"] = _torch_profiler(
+        out["torch.profiler, CUDA only"] = torch_profiler("CUDA")
+        out["torch.profiler, CPU+CUDA"] = torch_profiler(*both)
+    out["torch.profiler, CPU+CUDA, shapes" if gpu else "torch.profiler, CPU, shapes"] = torch_profiler(
         *both, record_shapes=True)
     out["torch.profiler, " + ("CUDA and " if gpu else "") + "user scopes, no op"] = _UserScopesOnly
     if gpu:
-        out["torch.profiler, CUDA only, roofline's marks unrecorded"] = _cuda_and_marks
+        # the parts of roofline.profile(ops=False), one at a time
+        out["torch.profiler, CUDA only, roofline's Kineto options"] = torch_profiler(
+            "CUDA", experimental_config=_experimental_config())
+        out["the same, roofline's marks unrecorded"] = _cuda_and_marks
+        out["the same, roofline's marks on the wall clock"] = lambda: _cuda_and_marks(True)
+    out["no profiler, roofline's line marks alone (wall clock)"] = lambda: _LineMarks(own_clock=True)
+    out["no profiler, roofline's module paths alone (wall clock)"] = lambda: _ModulePaths(own_clock=True)
     out.update({
         "roofline.profile()": lambda: roofline.profile(),
         "roofline, shapes=False": lambda: roofline.profile(shapes=False),
@@ -149,6 +154,9 @@ def recorders(gpu: bool) -> dict:
     })
     if gpu:
         out["roofline.profile(ops=False)"] = lambda: roofline.profile(ops=False)
+        out["roofline.profile(ops=False), lines=False"] = lambda: roofline.profile(ops=False, lines=False)
+        out["roofline.profile(ops=False), modules=False"] = lambda: roofline.profile(ops=False, modules=False)
+        out["roofline.profile(ops=False), neither"] = lambda: roofline.profile(ops=False, lines=False, modules=False)
     return out
 
 
@@ -167,8 +175,7 @@ def anatomy(step, steps: int) -> dict:
         for _ in range(steps + 1):
             step()
             prof.step()
-    with gzip.open(prof.trace_path, "rt") if prof.trace_path.suffix == ".gz" else open(prof.trace_path) as f:
-        events = json.load(f)["traceEvents"]
+    events = trace_events(prof.trace_path)
     kinds = Counter(e.get("cat") for e in events if e.get("ph") == "X")
     per_step = {k: v / steps for k, v in kinds.items() if k in COUNTED}
     # roofline's marks are zero-length record functions: torch writes them among the ops
@@ -181,32 +188,48 @@ def anatomy(step, steps: int) -> dict:
     return per_step
 
 
-def measure(name: str, step, what: str, steps: int, rounds: int) -> dict:
+def measure(name: str, step, what: str, steps: int, rounds: int, only: list[str] | None = None) -> dict:
     gpu = torch.cuda.is_available()
     for _ in range(3):   # warm-up: kernels chosen, memory allocated
         step()
-    makers = recorders(gpu)
+    makers = {k: v for k, v in recorders(gpu).items()
+              if k == "plain" or not only or any(part in k for part in only)}
     samples = {k: [] for k in makers}
+    kernels = {k: [] for k in makers}
     for _ in range(rounds):
         for k, make in makers.items():
-            with make():
-                samples[k].append(_median_step_ms(step, steps, "cuda" if gpu else "cpu"))
-    plain = statistics.median(samples["plain"])
-    variants = {k: {"ms_per_step": s, "median_ms_per_step": statistics.median(s),
-                    "ratio": statistics.median(s) / plain} for k, s in samples.items()}
+            ms, count = recorded(make, lambda: _median_step_ms(step, steps, "cuda" if gpu else "cpu"))
+            samples[k].append(ms)
+            kernels[k].append(count)
+    variants = {}
+    for k, s in samples.items():
+        # each round's sample over plain's in the same round: drift between rounds, large where the host paces
+        # the step, cancels; the interval is the sign test's over the rounds (at least 6 for 95%)
+        paired = [x / base for x, base in zip(s, samples["plain"])]
+        low, ratio, high = median_ci(paired) if rounds >= 6 else (min(paired), statistics.median(paired), max(paired))
+        variants[k] = {"ms_per_step": s, "median_ms_per_step": statistics.median(s), "ratios": paired,
+                       "ratio": ratio, "ratio_interval": [low, high],
+                       "kernels_per_step": None if kernels[k][0] is None else [n / steps for n in kernels[k]]}
     counts = anatomy(step, min(steps, 5))
     return {"workload": name, "what": what, "clock": "CUDA events" if gpu else "wall clock", "steps": steps,
-            "rounds": rounds, "variants": variants, "ratio": variants["roofline.profile()"]["ratio"],
+            "rounds": rounds, "variants": variants, "ratio": variants.get("roofline.profile()", {}).get("ratio"),
             "per_step": counts}
 
 
 def markdown(w: dict) -> str:
+    interval = "95% interval" if w["rounds"] >= 6 else "min-max"
     rows = [f"### {w['what']}", "", f"{w['rounds']} rounds of {w['steps']} steps a recording; a sample is a "
-            f"recording's median step ({w['clock']}).", "",
-            "| recording | median ms/step | min-max ms/step | vs plain |", "|---|---:|---:|---:|"]
+            f"recording's median step ({w['clock']}); vs plain: the median of each round's sample over plain's "
+            f"in that round, with its {interval} over the rounds.", "",
+            f"| recording | median ms/step | min-max ms/step | vs plain | {interval} | kernels recorded a step |",
+            "|---|---:|---:|---:|---:|---:|"]
     for name, v in w["variants"].items():
+        counts = v["kernels_per_step"]
+        recorded = "" if counts is None else f"{min(counts):,.0f}" + (
+            "" if min(counts) == max(counts) else f"-{max(counts):,.0f}")
         rows.append(f"| {name} | {v['median_ms_per_step']:.2f} | {min(v['ms_per_step']):.2f}-"
-                    f"{max(v['ms_per_step']):.2f} | {v['ratio']:.2f}x |")
+                    f"{max(v['ms_per_step']):.2f} | {v['ratio']:.2f}x | {v['ratio_interval'][0]:.2f}-"
+                    f"{v['ratio_interval'][1]:.2f} | {recorded} |")
     counts = dict(w["per_step"])
     calls = counts.pop("runtime and driver calls, the most frequent", {})
     rows += ["", "A recorded step holds " + ", ".join(f"{v:,.0f} {k}" for k, v in counts.items())
@@ -222,9 +245,14 @@ def main():
                    default=["launches", "mlp", "gpt2"])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--recorders", nargs="+", metavar="PART",
+                   help="time only the recorders whose names hold one of these parts (and the plain step)")
     opts = p.parse_args()
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
+    # Every recording stops CUPTI at its end, as roofline's does (capture._teardown_cupti_at_stop): else a torch
+    # recording timed before roofline's first would leave CUPTI's callbacks on every later launch, plain's too.
+    _teardown_cupti_at_stop()
     results = []
     for name in opts.workloads:
         if name == "launches":
@@ -233,7 +261,7 @@ def main():
             step, what = mlp_step(device, *((8192, 2048) if gpu else (256, 256)))
         else:
             step, what = gpt2_step(device)
-        results.append(measure(name, step, what, opts.steps, opts.rounds))
+        results.append(measure(name, step, what, opts.steps, opts.rounds, opts.recorders))
     result = {"device": torch.cuda.get_device_name() if gpu else "cpu", "torch": torch.__version__,
               "python": platform.python_version(),   # 3.12+ marks lines by sys.monitoring, before by sys.settrace
               "workloads": results}

@@ -665,6 +665,7 @@ class Profiler:
         global _active
         if self._torch is not None:
             raise RuntimeError("this roofline Profiler has already been used; make a new one")
+        _sync_if_cuda()   # a recording that just ended (torch.profiler's) finalizes CUPTI now, not inside this one
         config = _experimental_config()
         schedule = _schedule(self.skip, self.active)
         _teardown_cupti_at_stop()
@@ -727,6 +728,10 @@ class Profiler:
                 self._hooks_off()
                 self._optimizer_hook.remove()
                 _active = self._previous
+                # Kineto finalizes CUPTI (TEARDOWN_CUPTI, set above) in the exit callback of the next CUDA call: a
+                # recording begun before any such call is wiped by it and holds no kernel (the second of two
+                # windows back to back did). A call now lets the finalize happen here.
+                _sync_if_cuda()
             if self._trace_ready:
                 self._export(self._torch)
         finally:
