@@ -160,11 +160,12 @@ def test_profile_leaves_every_argument_after_the_program_to_the_program(tmp_path
     (["profile", "nowhere/missing.py"], "no such file: nowhere/missing.py"),
     (["profile", "-m", "no_such_module_at_all"], "no module named 'no_such_module_at_all'"),
     (["analyze", "nowhere/trace.json"], "nowhere/trace.json"),
-    (["profile", "--no-ops", "--nproc-per-node", "2", "train.py"], "--no-ops: not yet with several ranks"),
     (["profile", "--no-ops", "--verify", "train.py"], "--no-ops: not with --verify"),
     (["profile", "--no-ops", "--memory", "train.py"], "--no-ops: not with --memory or --python-stack"),
 ] + ([] if torch.cuda.is_available() else [
     (["profile", "--no-ops", "train.py"], "--no-ops: records kernels and their launches alone, and there is no CUDA"),
+    (["profile", "--no-ops", "--nproc-per-node", "2", "train.py"],
+     "--no-ops: records kernels and their launches alone, and there is no CUDA"),
 ]))
 def test_profile_and_analyze_usage_errors(argv, message):
     result = runner.invoke(app, argv)
@@ -230,3 +231,18 @@ def test_analyze_verify_says_why_nothing_was_measured_without_a_gpu(tmp_path, mo
     assert "measuring the fixes" in result.output and "measured ms" in result.output
     found = json.loads((tmp_path / "r.json").read_text())["findings"]
     assert found[0]["verified"]["reason"] == "the trace ran on a GPU, and none is here"
+
+
+@pytest.mark.parametrize("options, passed", [(["--no-ops", "--no-shapes"], ["--no-shapes", "--no-ops"]), ([], [])])
+def test_profile_passes_its_recording_options_to_the_ranks_it_starts(monkeypatch, options, passed):
+    """--nproc-per-node starts each rank as `roofline profile` with the same recording: --no-ops included (a GPU
+    machine is pretended: the launch itself is caught)."""
+    import roofline.cli as cli
+
+    started = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "_profile_ranks", lambda nproc, rendezvous, recording, *rest: started.append(recording)
+                        or 0)
+    result = runner.invoke(app, ["profile", *options, "--nproc-per-node", "2", "--skip", "1", "train.py"])
+    assert result.exit_code == 0, result.output
+    assert started == [["--skip", "1", *passed]]

@@ -370,8 +370,7 @@ def profile(
     if not ops:
         import torch
 
-        why = ("not yet with several ranks (their report names collectives by torch's c10d ops)" if several
-               else "not with --verify (it rebuilds the recorded ops)" if verify
+        why = ("not with --verify (it rebuilds the recorded ops)" if verify
                else "not with --memory or --python-stack (they need the CPU activity it leaves out)"
                if memory or python_stack
                else "records kernels and their launches alone, and there is no CUDA device here"
@@ -395,7 +394,7 @@ def profile(
             raise typer.BadParameter(why, param_hint="--" + field.replace("_", "-")) from None
         recording = ["--skip", str(skip), *(["--steps", str(steps)] if steps else []), *(["-m"] if module else []),
                      *(["--memory"] if memory else []), *([] if shapes else ["--no-shapes"]),
-                     *(["--python-stack"] if python_stack else [])]
+                     *(["--python-stack"] if python_stack else []), *([] if ops else ["--no-ops"])]
         raise typer.Exit(_profile_ranks(nproc_per_node, rendezvous, recording, program, json_path, html_path,
                                         trace_path, top, rank_dir))
     folder = Path(rank_dir or profiling.default_dir()) if ranked else None

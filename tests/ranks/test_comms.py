@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from profiler.synth import AUTOGRAD, TraceBuilder, at   # tests/profiler (pytest puts tests/ on the path)
 from roofline.distributed import comms
 from roofline.profiler.trace import load
 
@@ -92,3 +93,78 @@ def test_ddp_s_buckets_are_found_when_the_program_compiled_the_ddp_module():
 
     for plain, compiled in spawn(ddp_buckets_compiled_or_not, 2):
         assert plain and compiled == plain
+
+
+BASE_NS = 1_790_000_000_000_000_000   # the trace's baseTimeNanoseconds: its times are wall-clock ns less this, in us
+
+
+def _record(created_us: float, kind: str, nbytes: int, seq: int) -> dict:
+    """The flight recorder's record of a call (distributed.ledger.read's), made at created_us on the trace's clock."""
+    return {"step": 0, "group": "nccl:0", "p2p": False, "seq": seq, "created_ns": BASE_NS + int(created_us * 1000),
+            "kind": kind, "bytes": nbytes, "ms": None}
+
+
+def test_a_window_without_ops_takes_its_calls_from_nccl_s_kernels_and_the_flight_recorder(tmp_path):
+    """No c10d op is recorded: each NCCL kernel is a call, arrived at its launch, at the line its thread was on;
+    its kind and size from the flight recorder's latest record before the launch; a kernel with none left gets the
+    kind its name says and no size; launches from the autograd engine's thread are hooks' (asynchronous)."""
+    ns = lambda us: BASE_NS + int(us * 1000)   # noqa: E731
+    b = TraceBuilder()
+    b.stacks.extend([list(map(list, s)) for s in (at(30), at(31))])
+    b.facts["own_marks"] = {
+        "lines": {"100": [[ns(0), ns(400)], [0, 1]]}, "modules": [], "steps": [[ns(0), ns(900)]],
+        "collectives": [_record(8, "broadcast", 4096, 1),
+                        _record(300, "all_reduce", 256, 2),   # a call whose kernel the trace lacks: passed over
+                        _record(405, "all_reduce", 1 << 20, 3), _record(500, "all_reduce", 1 << 19, 4),
+                        {**_record(501, "all_reduce", 64, 1), "group": "gloo:0"}]}   # gloo's: no kernel of NCCL
+    b.extra_meta["baseTimeNanoseconds"] = BASE_NS
+    b.kernel("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 5, launch_ts=10, stream=30)
+    b.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 450, 40, launch_ts=420,
+             tid=AUTOGRAD, stream=30)
+    b.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 520, 20, launch_ts=510,
+             tid=AUTOGRAD, stream=30)
+    b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 600, 10, launch_ts=590, stream=30)
+    b.kernel("gemm", 100, 40, launch_ts=90)
+    b.facts["ddp_buckets"] = [[{"bytes": 1 << 20, "params": ["head.weight"]}, {"bytes": 1 << 19, "params": []}]]
+    trace = load(b.write(tmp_path / "rank0.json"))
+    found = comms.calls(trace)
+    assert [(c.kind, c.nbytes, c.arrived, c.start, c.end, c.op) for c in found] == [
+        ("broadcast", 4096, 10.0, 20.0, 25.0, -1), ("all_reduce", 1 << 20, 420.0, 450.0, 490.0, -1),
+        ("all_reduce", 1 << 19, 510.0, 520.0, 540.0, -1), ("send_recv", None, 590.0, 600.0, 610.0, -1)]
+    assert [c.location.line for c in found] == [30, 31, 31, 31]
+    assert [c.asynchronous for c in found] == [None, True, True, None]
+    assert [c.owner for c in found] == [None, "DDP bucket 0 (head.weight)", "DDP bucket 1", None]
+    assert comms.is_comm_kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)")
+    assert comms.is_comm_kernel("ncclKernel_AllGather_RING_LL_Sum_int8_t") and not comms.is_comm_kernel("gemm")
+
+
+def test_ranks_recorded_without_ops_merge_and_report(tmp_path):
+    """Two ranks' windows without ops: their calls matched, the exposed all-reduce found at the backward's line,
+    named by DDP bucket, with DDP's advice (asynchronous: launched by the autograd engine)."""
+    from roofline.distributed.merge import collective_rows, merge
+    from roofline.distributed.report import findings
+
+    ns = lambda us: BASE_NS + int(us * 1000)   # noqa: E731
+    traces = {}
+    for rank, late in ((0, 0.0), (1, 30.0)):
+        b = TraceBuilder()
+        b.stacks.extend([list(map(list, s)) for s in (at(30), at(31))])
+        b.facts["own_marks"] = {"lines": {"100": [[ns(0), ns(400)], [0, 1]]}, "modules": [],
+                                "steps": [[ns(0), ns(900)]],
+                                "collectives": [_record(405 + late, "all_reduce", 1 << 20, 1)]}
+        b.facts["window_steps"] = 1
+        b.facts["ddp_buckets"] = [[{"bytes": 1 << 20, "params": ["head.weight"]}]]
+        b.extra_meta.update(baseTimeNanoseconds=BASE_NS, distributedInfo={"world_size": 2, "rank": rank,
+                                                                           "backend": "nccl"})
+        b.kernel("gemm", 100, 300 + late, launch_ts=90)
+        b.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 450 + late,
+                 300 - late, launch_ts=420 + late, tid=AUTOGRAD, stream=30)
+        traces[rank] = load(b.write(tmp_path / f"rank{rank}.json"))
+    merged = merge(traces)
+    assert merged.matched == 1 and merged.mismatch is None
+    row, = collective_rows(merged)
+    assert (row["kind"], row["bytes"], row["where"], row["asynchronous"]) == ("all_reduce", 1 << 20, "train.py:31 (train)",
+                                                                               True)
+    assert row["owner"] == "DDP bucket 0 (head.weight)"
+    exposed = [f for f in findings(merged) if f.id == "exposed-communication"]
+    assert exposed and "gradient_as_bucket_view" in exposed[0].message

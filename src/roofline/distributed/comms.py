@@ -13,6 +13,7 @@ arrived at it.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -29,7 +30,12 @@ _KINDS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allga
           "broadcast": "broadcast", "reduce": "reduce", "send": "send_recv", "recv": "send_recv",
           "recv_any_source": "send_recv", "barrier": "barrier", "gather": "gather", "scatter": "scatter"}
 _GLOO = re.compile(r"^gloo:(\w+)$")
-_NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_(\w+?)_", re.IGNORECASE)
+# NCCL's kernels name the collective they move: ncclDevKernel_AllReduce_Sum_bf16_RING_LL, ncclDevKernel_SendRecv
+# (send, recv and all_to_all), before NCCL 2.19 ncclKernel_AllGather_RING_LL_Sum_int8_t
+_NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+_NCCL_KERNEL_KINDS = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+                      "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "send_recv", "send": "send_recv",
+                      "recv": "send_recv"}
 _ITEMSIZE = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8, "int": 4,
              "unsigned char": 1, "signed char": 1, "bool": 1}
 _KERNEL_DTYPE = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i64": 8, "i32": 4, "u8": 1, "i8": 1, "f8e4m3": 1,
@@ -47,9 +53,10 @@ class Call:
     end: float
     location: Location | None       # the user's line that called it (DDP's and FSDP's: the line their hook ran in)
     module: str | None
-    op: int                         # the c10d op's index in the rank's trace
+    op: int                         # the c10d op's index in the rank's trace (-1: a window that records no op)
     on_gpu: bool                    # a kernel moved the data (else a host thread)
-    asynchronous: bool              # called with async_op=True (as DDP's and FSDP's hooks call them)
+    asynchronous: bool | None       # called with async_op=True (as DDP's and FSDP's hooks call them); None: not
+                                    # known (a window that records no op, a call from the program's own thread)
     owner: str | None = None        # whose tensors it moves: "DDP bucket 2", "FSDP2 layers.3" (see owners())
 
     @property
@@ -122,7 +129,17 @@ def _message_bytes(kind: str, elements: int | None, itemsize: int | None, ranks:
 def calls(trace: Trace, resolver: Resolver | None = None) -> list[Call]:
     """Every collective call in the rank's trace, in the order the program made them."""
     resolver = resolver or Resolver(trace)
-    ranks = int((trace.meta.get("distributedInfo") or {}).get("world_size") or 1)
+    if trace.facts.get("own_marks"):
+        found = _launched_calls(trace, resolver)
+    else:
+        ranks = int((trace.meta.get("distributedInfo") or {}).get("world_size") or 1)
+        found = _called_ops(trace, resolver, ranks)
+    _name_ddp_buckets(found, trace.facts.get("ddp_buckets") or [])
+    return found
+
+
+def _called_ops(trace: Trace, resolver: Resolver, ranks: int) -> list[Call]:
+    """The calls as the c10d ops the trace recorded, each with the transfer it made."""
     issued = [i for i, op in enumerate(trace.ops) if not op.annotation and kind_of(op.name)]
     issued.sort(key=lambda i: trace.ops[i].ts)
     kernels = _nccl_kernels_by_op(trace)
@@ -148,8 +165,38 @@ def calls(trace: Trace, resolver: Resolver | None = None) -> list[Call]:
         stack, _, module, _ = resolver.resolve(i)
         found.append(Call(kind, _message_bytes(kind, _count(op.shapes), itemsize, ranks), op.ts, start, end,
                           stack[-1] if stack else None, module, i, on_gpu, _asynchronous(op), _fsdp_owner(trace, i)))
-    _name_ddp_buckets(found, trace.facts.get("ddp_buckets") or [])
     return found
+
+
+def _launched_calls(trace: Trace, resolver: Resolver) -> list[Call]:
+    """A window that records no op (capture's ops=False) holds no c10d op: each NCCL kernel is a call, arrived at
+    when its thread launched it, at the line that thread was on. Its kind and size are those of the flight
+    recorder's record of the call (capture keeps the window's: distributed.ledger), the latest made before the
+    launch that no earlier kernel took; without one, the kind the kernel's name says, and no size. A launch from
+    a thread that runs no line of the program is a hook's in the backward (DDP's, FSDP2's): asynchronous."""
+    own = trace.facts["own_marks"]
+    base = trace.meta.get("baseTimeNanoseconds") or 0
+    records = sorted((c for c in own.get("collectives") or [] if str(c.get("group", "")).startswith("nccl:")),
+                     key=lambda c: c["created_ns"])
+    created = [(c["created_ns"] - base) / 1e3 for c in records]   # on the trace's clock, as place_own_marks puts
+    kernels = sorted((g for g in trace.gpu if g.kind == "kernel" and g.launch >= 0 and is_comm_kernel(g.name)),
+                     key=lambda g: trace.runtime[g.launch].ts)
+    found, taken = [], 0
+    for g in kernels:
+        launch = trace.runtime[g.launch]
+        latest = bisect.bisect_right(created, launch.ts) - 1
+        record = records[latest] if latest >= taken else None
+        taken = latest + 1 if record else taken
+        stack, _, module, backward = resolver.for_runtime(g.launch)
+        found.append(Call((record or {}).get("kind") or _kernel_kind(g.name), (record or {}).get("bytes"),
+                          launch.ts, g.ts, g.end, stack[-1] if stack else None, module, -1, True,
+                          True if backward else None))
+    return found
+
+
+def _kernel_kind(name: str) -> str | None:
+    found = _NCCL_KERNEL.match(name)
+    return _NCCL_KERNEL_KINDS.get(found[1].lower()) if found else None
 
 
 # FSDP2 wraps each collective it issues in a record_function that names the module whose parameters it moves:

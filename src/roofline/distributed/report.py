@@ -81,7 +81,9 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
                 "blocks, down to the model alone where its parameters fit gathered) gather and reduce in fewer, "
                 "larger collectives; reshard_after_forward=False keeps a unit's parameters gathered for the "
                 "backward.")
-        if rows and rows[0]["asynchronous"]:   # advice for whoever's tensors the top collective moves
+        # advice for whoever's tensors the top collective moves (asynchronous None: a window that recorded no op
+        # does not know how the program's own thread called it)
+        if owner.startswith("DDP") or owner.startswith("FSDP2") or (rows and rows[0]["asynchronous"]):
             advice = ddp if owner.startswith("DDP") else fsdp if owner.startswith("FSDP2") else f"{ddp} {fsdp}"
         else:
             advice = ("The program waits for each collective where it calls it: async_op=True and a wait() just "

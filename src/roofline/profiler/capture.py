@@ -654,12 +654,18 @@ class Profiler:
 
     def _own_marks(self, lines) -> dict:
         """ops=False: the marks roofline kept on the wall clock (trace.load puts them among the trace's events), by
-        thread, with each thread's pthread id: without CPU activity Kineto may name a launch's thread by that."""
+        thread, with each thread's pthread id (without CPU activity Kineto may name a launch's thread by that), and
+        the window's collective calls."""
         modules = self._modules or self._modules_done
         pthread_ids = {**(modules.pthread_ids if modules else {}), **(lines.pthread_ids if lines else {})}
+        from roofline.distributed import ledger
+
         return {"lines": {str(tid): [times, ids] for tid, (times, ids) in (lines.own if lines else {}).items()},
                 "modules": modules.ranges if modules else [], "steps": self._own_steps,
-                "pthread_ids": {str(k): v for k, v in pthread_ids.items()}}
+                "pthread_ids": {str(k): v for k, v in pthread_ids.items()},
+                # the collectives the window's steps called, as the flight recorder kept them: with no c10d op
+                # recorded, their kinds and sizes (distributed.comms); none outside a program of several ranks
+                "collectives": ledger.read(self._own_steps)}
 
     def __enter__(self) -> "Profiler":
         global _active
