@@ -42,9 +42,11 @@ def test_the_interconnect_and_the_peer_copy(monkeypatch, tmp_path):
     assert found.latency_us("all_reduce") < 1000 and interconnect.cached(2) == found
 
 
-def test_profile_two_gpus_of_ddp_training(tmp_path):
+@pytest.mark.parametrize("recording", [[], ["--no-ops"]], ids=["ops", "no-ops"])
+def test_profile_two_gpus_of_ddp_training(tmp_path, recording):
     """DDP's gradient all_reduces are NCCL kernels: found, sized, timed on the GPU, overlapped with the backward's
-    kernels in part; a planted straggler named at its line."""
+    kernels in part; a planted straggler named at its line. Without ops, the calls are read off NCCL's kernels and
+    the flight recorder's records of them."""
     import json
     import os
     import subprocess
@@ -54,9 +56,9 @@ def test_profile_two_gpus_of_ddp_training(tmp_path):
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "report.json"
     done = subprocess.run([sys.executable, "-m", "roofline", "profile", "--nproc-per-node", "2", "--skip", "4",
-                           "--steps", "3", "--json", str(out), "examples/ddp_train.py", "--steps", "9",
-                           "--slow-rank", "1", "--slow-ms", "30"], cwd=root, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "120"})
+                           "--steps", "3", *recording, "--json", str(out), "examples/ddp_train.py", "--steps", "9",
+                           "--slow-rank", "1", "--slow-ms", "30"], cwd=root, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "COLUMNS": "120"})
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = json.loads(out.read_text())["ranks"]
     grads = [row for row in ranks["collectives"] if row["kind"] == "all_reduce"]
@@ -96,7 +98,7 @@ def test_a_loss_printed_by_rank_0_alone_is_its_host_sync(tmp_path):
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "report.json"
     done = subprocess.run([sys.executable, "-m", "roofline", "profile", "--nproc-per-node", "2", "--skip", "4",
-                           "--steps", "3", "--json", str(out), "examples/ddp_train.py", "--steps", "9",
+                           "--steps", "3", *recording, "--json", str(out), "examples/ddp_train.py", "--steps", "9",
                            "--log-every", "1"], cwd=root, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "COLUMNS": "120"})
     assert done.returncode == 0, done.stderr[-3000:]
