@@ -59,7 +59,6 @@ from unittest import mock
 import torch
 
 from roofline.bench.stats import median_ci, min_rounds
-from roofline.bench.steps import StepTimer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "ddp_train.py")
@@ -320,21 +319,13 @@ def recorded_steps(rounds: int, steps: int, only: list[str] | None = None) -> di
 
     for _ in range(5):
         step()
-    from recorders import recorded
-
-    def median_step():
-        timer = StepTimer(device)
-        timer.mark()
-        for _ in range(steps):
-            step()
-            timer.mark()
-        return statistics.median(timer.samples_ms())
+    from recorders import median_step_ms, recorded
 
     recorders = {k: v for k, v in _recorders().items() if only is None or k in only}
     out = {"ms": {k: [] for k in recorders}, "kernels": {k: [] for k in recorders}}
     for _ in range(rounds):
         for name, recorder in recorders.items():
-            ms, kernels = recorded(recorder, median_step)
+            ms, kernels = recorded(recorder, lambda: median_step_ms(step, steps, device))
             out["ms"][name].append(ms)
             out["kernels"][name].append(kernels)
     return out

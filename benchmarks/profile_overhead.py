@@ -33,12 +33,11 @@ import torch
 from torch import nn
 
 import roofline
-from roofline.bench.steps import StepTimer
 from roofline.bench.stats import median_ci
 from roofline.profiler.capture import _LineMarks, _ModulePaths, _experimental_config, _teardown_cupti_at_stop
 from roofline.profiler.trace import LINE_MARK, MODULE_MARK
 
-from recorders import recorded, torch_profiler, trace_events   # (benchmarks/, this script's folder)
+from recorders import median_step_ms, recorded, torch_profiler, trace_events   # (benchmarks/, this script's folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTED = ("cpu_op", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset")
@@ -160,15 +159,6 @@ def recorders(gpu: bool) -> dict:
     return out
 
 
-def _median_step_ms(step, steps: int, device: str) -> float:
-    timer = StepTimer(device)
-    timer.mark()
-    for _ in range(steps):
-        step()
-        timer.mark()
-    return statistics.median(timer.samples_ms())
-
-
 def anatomy(step, steps: int) -> dict:
     """What one recorded step holds, counted in roofline's trace of `steps` steps (after one to warm up)."""
     with roofline.profile(skip=1, active=steps) as prof:
@@ -198,7 +188,7 @@ def measure(name: str, step, what: str, steps: int, rounds: int, only: list[str]
     kernels = {k: [] for k in makers}
     for _ in range(rounds):
         for k, make in makers.items():
-            ms, count = recorded(make, lambda: _median_step_ms(step, steps, "cuda" if gpu else "cpu"))
+            ms, count = recorded(make, lambda: median_step_ms(step, steps, "cuda" if gpu else "cpu"))
             samples[k].append(ms)
             kernels[k].append(count)
     variants = {}

@@ -13,8 +13,11 @@ import json
 import tempfile
 from pathlib import Path
 
+import statistics
+
 import torch
 
+from roofline.bench.steps import StepTimer
 from roofline.profiler.capture import Profiler
 
 
@@ -49,3 +52,13 @@ def recorded(make, body):
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()   # CUPTI finalized now, outside the next recording (see the module's note)
     return result, kernels_recorded(recording)
+
+
+def median_step_ms(step, steps: int, device) -> float:
+    """The median of `steps` calls of step(), each timed by CUDA events between steps (wall clock on a CPU)."""
+    timer = StepTimer(device)
+    timer.mark()
+    for _ in range(steps):
+        step()
+        timer.mark()
+    return statistics.median(timer.samples_ms())
