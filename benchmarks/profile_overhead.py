@@ -6,14 +6,18 @@ Three steps: a thousand in-place adds of one element (an op and a launch each, n
 launch and line), examples/mlp_train.py's training step (batch x width, 4 layers, bf16 autocast, AdamW), and GPT-2
 small's as examples/ddp_train.py runs it on one GPU (bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens; a two-layer
 model on a CPU). Each step runs plain and under each way of recording it, in rounds, one of each a round, so that
-drift hits all alike: torch.profiler with CPU activity only, CUDA activity only (CUPTI), both, and both with shapes,
-CUDA activity with the CPU's user scopes but none of its ops (what a window without ops would cost), and CUDA
-activity with roofline's line and module hooks running, their marks unrecorded (and, on a GPU, the parts between
-that and a window without ops: roofline's Kineto options, the marks kept on the wall clock); roofline.profile() with its
-defaults, and with each of its own parts turned off (shapes, module paths, line marks), and all three; and
-roofline.profile(ops=False), which records no op. A sample is the median step of a recording, by CUDA events between
-steps where CUDA runs (the step as the program sees it), else by wall clock; start-up and the trace's export are
-outside it.
+drift hits all alike:
+- torch.profiler with CPU activity only, CUDA activity only (CUPTI), both, and both with shapes; CUDA activity with
+  the CPU's user scopes but none of its ops;
+- on a GPU, CUDA activity with roofline's Kineto options, alone, with roofline's line and module hooks running and
+  their marks unrecorded, and with the marks kept on the wall clock;
+- roofline's line marks alone and its module paths alone, with no profiler;
+- roofline.profile() with its defaults, with each of its own parts turned off (shapes, module paths, line marks),
+  and all three; on a GPU roofline.profile(ops=False), which records no op, with and without its marks.
+A sample is the median step of a recording, by CUDA events between steps where CUDA runs (the step as the program
+sees it), else by wall clock; start-up and the trace's export are outside it. Each recording's kernels are counted
+(recorders.py: one that asked for CUDA activity and holds none measured nothing); `--recorders` keeps those whose
+names hold a given part.
 
 Then the anatomy of one recorded step (from roofline's trace): how many ops, runtime and driver calls, kernels and
 marks it holds. Writes profile_overhead.json and .md.
