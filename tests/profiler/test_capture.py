@@ -441,3 +441,21 @@ def test_the_window_s_own_sync_at_exit_is_on_no_line_of_the_program():
     (tid, (times, ids)), = trace.marks.items()
     assert ids[-1] == -1 and stack_at(trace, tid, times[-1] + 1.0) is None
     assert stack_at(trace, tid, times[-2])[-1][2] == "test_the_window_s_own_sync_at_exit_is_on_no_line_of_the_program"
+
+
+def test_a_failing_sync_after_the_window_hides_neither_the_program_s_error_nor_the_recording(monkeypatch, tmp_path):
+    """The sync after the recording stops only lets Kineto finalize CUPTI: a CUDA error it raised would be the
+    program's (its next sync raises it), and must not replace the program's own exception or lose the trace."""
+    calls = []
+
+    def sync():   # the window's syncs in order: before it, at its end (inside), after the recording stopped
+        calls.append(len(calls))
+        if len(calls) == 3:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(capture, "_sync_if_cuda", sync)
+    prof = roofline.profile(trace=tmp_path / "t.json")
+    with pytest.raises(ValueError, match="the program's own"):
+        with prof:
+            torch.ones(3).sum()
+            raise ValueError("the program's own")
+    assert calls == [0, 1, 2] and prof.recorded and (tmp_path / "t.json").exists()

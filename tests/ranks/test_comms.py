@@ -138,9 +138,16 @@ def test_a_window_without_ops_takes_its_calls_from_nccl_s_kernels_and_the_flight
     assert comms.is_comm_kernel("ncclKernel_AllGather_RING_LL_Sum_int8_t") and not comms.is_comm_kernel("gemm")
 
 
-def test_ranks_recorded_without_ops_merge_and_report(tmp_path):
-    """Two ranks' windows without ops: their calls matched, the exposed all-reduce found at the backward's line,
-    named by DDP bucket, with DDP's advice (asynchronous: launched by the autograd engine)."""
+@pytest.mark.parametrize("thread, buckets, asynchronous, owner, advice", [
+    # DDP's bucket all-reduce, launched by the autograd engine: DDP's advice
+    (AUTOGRAD, [[{"bytes": 1 << 20, "params": ["head.weight"]}]], True, "DDP bucket 0 (head.weight)",
+     "gradient_as_bucket_view"),
+    # the program's own call, on its thread: how it was called is not known without ops, and the advice says so
+    (100, [], None, None, "how the program called it is not known"),
+], ids=["ddp", "own-call"])
+def test_ranks_recorded_without_ops_merge_and_report(tmp_path, thread, buckets, asynchronous, owner, advice):
+    """Two ranks' windows without ops: their calls matched, the exposed all-reduce found at its line, named and
+    advised on by who launched it."""
     from roofline.distributed.merge import collective_rows, merge
     from roofline.distributed.report import findings
 
@@ -153,18 +160,41 @@ def test_ranks_recorded_without_ops_merge_and_report(tmp_path):
                                 "steps": [[ns(0), ns(900)]],
                                 "collectives": [_record(405 + late, "all_reduce", 1 << 20, 1)]}
         b.facts["window_steps"] = 1
-        b.facts["ddp_buckets"] = [[{"bytes": 1 << 20, "params": ["head.weight"]}]]
+        b.facts["ddp_buckets"] = buckets
         b.extra_meta.update(baseTimeNanoseconds=BASE_NS, distributedInfo={"world_size": 2, "rank": rank,
                                                                            "backend": "nccl"})
         b.kernel("gemm", 100, 300 + late, launch_ts=90)
         b.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 450 + late,
-                 300 - late, launch_ts=420 + late, tid=AUTOGRAD, stream=30)
+                 300 - late, launch_ts=420 + late, tid=thread, stream=30)
         traces[rank] = load(b.write(tmp_path / f"rank{rank}.json"))
     merged = merge(traces)
     assert merged.matched == 1 and merged.mismatch is None
     row, = collective_rows(merged)
-    assert (row["kind"], row["bytes"], row["where"], row["asynchronous"]) == ("all_reduce", 1 << 20, "train.py:31 (train)",
-                                                                               True)
-    assert row["owner"] == "DDP bucket 0 (head.weight)"
+    assert (row["kind"], row["bytes"], row["where"], row["asynchronous"], row["owner"]) == (
+        "all_reduce", 1 << 20, "train.py:31 (train)", asynchronous, owner)
     exposed = [f for f in findings(merged) if f.id == "exposed-communication"]
-    assert exposed and "gradient_as_bucket_view" in exposed[0].message
+    assert exposed and advice in exposed[0].message
+
+
+def test_a_kernel_takes_the_latest_record_of_a_kind_it_can_run(tmp_path):
+    """Two calls made before either kernel is launched (another thread's in between): each kernel takes the
+    record of its own kind. A coalesced block's record names no collective: its kernel takes the block's last
+    call's. NCCL runs an all_to_all as sends and receives."""
+    b = TraceBuilder()
+    b.stacks.append(list(map(list, at(30))))
+    b.facts["own_marks"] = {
+        "lines": {"100": [[BASE_NS], [0]]}, "modules": [], "steps": [[BASE_NS, BASE_NS + 900_000]],
+        "collectives": [_record(100, "all_gather", 8192, 1), _record(101, "all_reduce", 4096, 2),
+                        _record(300, "all_reduce", 512, 3), _record(301, None, 0, 4),   # a coalesced block's own
+                        _record(400, "all_to_all", 2048, 5)]}
+    b.extra_meta["baseTimeNanoseconds"] = BASE_NS
+    b.kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 120, 5, launch_ts=110, stream=30)
+    b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 130, 5, launch_ts=111,
+             stream=30)
+    b.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 320, 5, launch_ts=310,
+             stream=30)
+    b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 420, 5, launch_ts=410, stream=30)
+    b.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 430, 5, launch_ts=411, stream=30)
+    found = comms.calls(load(b.write(tmp_path / "rank0.json")))
+    assert [(c.kind, c.nbytes) for c in found] == [("all_gather", 8192), ("all_reduce", 4096), ("all_reduce", 512),
+                                                   ("all_to_all", 2048), ("send_recv", None)]

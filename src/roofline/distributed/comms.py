@@ -171,27 +171,43 @@ def _called_ops(trace: Trace, resolver: Resolver, ranks: int) -> list[Call]:
 def _launched_calls(trace: Trace, resolver: Resolver) -> list[Call]:
     """A window that records no op (capture's ops=False) holds no c10d op: each NCCL kernel is a call, arrived at
     when its thread launched it, at the line that thread was on. Its kind and size are those of the flight
-    recorder's record of the call (capture keeps the window's: distributed.ledger), the latest made before the
-    launch that no earlier kernel took; without one, the kind the kernel's name says, and no size. A launch from
-    a thread that runs no line of the program is a hook's in the backward (DDP's, FSDP2's): asynchronous."""
+    recorder's record of the call (capture keeps the window's: distributed.ledger): the latest record made before
+    the launch, of a kind the kernel can run, that no other kernel took. Without one (a kernel beyond its call's
+    first, a record the recorder's ring let go), the kind the kernel's name says, and no size. A coalesced block's
+    own record names no collective and is passed over: its kernel takes the record of the block's last call, and
+    that call's size. A launch from a thread that runs no line of the program is a hook's in the backward (DDP's,
+    FSDP2's): asynchronous."""
     own = trace.facts["own_marks"]
-    base = trace.meta.get("baseTimeNanoseconds") or 0
-    records = sorted((c for c in own.get("collectives") or [] if str(c.get("group", "")).startswith("nccl:")),
-                     key=lambda c: c["created_ns"])
-    created = [(c["created_ns"] - base) / 1e3 for c in records]   # on the trace's clock, as place_own_marks puts
+    base = trace.meta["baseTimeNanoseconds"]   # place_own_marks has checked that the trace has it
+    records = sorted((c for c in own.get("collectives") or []
+                      if str(c.get("group", "")).startswith("nccl:") and c.get("kind")), key=lambda c: c["created_ns"])
+    created = [(c["created_ns"] - base) / 1e3 for c in records]   # on the trace's clock, as place_own_marks puts marks
+    taken = [False] * len(records)
     kernels = sorted((g for g in trace.gpu if g.kind == "kernel" and g.launch >= 0 and is_comm_kernel(g.name)),
                      key=lambda g: trace.runtime[g.launch].ts)
-    found, taken = [], 0
+    found = []
     for g in kernels:
         launch = trace.runtime[g.launch]
-        latest = bisect.bisect_right(created, launch.ts) - 1
-        record = records[latest] if latest >= taken else None
-        taken = latest + 1 if record else taken
+        named = _kernel_kind(g.name)
+        j = bisect.bisect_right(created, launch.ts) - 1
+        while j >= 0 and (taken[j] or not _runs(named, records[j]["kind"])):
+            j -= 1
+        record = records[j] if j >= 0 else {}
+        if j >= 0:
+            taken[j] = True
         stack, _, module, backward = resolver.for_runtime(g.launch)
-        found.append(Call((record or {}).get("kind") or _kernel_kind(g.name), (record or {}).get("bytes"),
-                          launch.ts, g.ts, g.end, stack[-1] if stack else None, module, -1, True,
-                          True if backward else None))
+        found.append(Call(record.get("kind") or named or "other", record.get("bytes"), launch.ts, g.ts, g.end,
+                          stack[-1] if stack else None, module, -1, True, True if backward else None))
     return found
+
+
+def _runs(named: str | None, kind: str) -> bool:
+    """Whether a kernel whose name says `named` (None: it names none) can run a call of `kind`: NCCL runs an
+    all_to_all, a gather and a scatter as sends and receives, and a barrier as an all_reduce."""
+    return named is None or named == kind or (named, kind) in _RUN_AS
+
+
+_RUN_AS = {("send_recv", "all_to_all"), ("send_recv", "gather"), ("send_recv", "scatter"), ("all_reduce", "barrier")}
 
 
 def _kernel_kind(name: str) -> str | None:

@@ -81,13 +81,16 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
                 "blocks, down to the model alone where its parameters fit gathered) gather and reduce in fewer, "
                 "larger collectives; reshard_after_forward=False keeps a unit's parameters gathered for the "
                 "backward.")
-        # advice for whoever's tensors the top collective moves (asynchronous None: a window that recorded no op
-        # does not know how the program's own thread called it)
-        if owner.startswith("DDP") or owner.startswith("FSDP2") or (rows and rows[0]["asynchronous"]):
+        # advice for whoever's tensors the top collective moves
+        overlap = "async_op=True and a wait() just before the result is needed let computation run meanwhile."
+        asynchronous = rows[0]["asynchronous"] if rows else False
+        if owner.startswith("DDP") or owner.startswith("FSDP2") or asynchronous:
             advice = ddp if owner.startswith("DDP") else fsdp if owner.startswith("FSDP2") else f"{ddp} {fsdp}"
+        elif asynchronous is None:   # a window that recorded no op does not know how the program's thread called it
+            advice = (f"The window recorded no op, so how the program called it is not known. Called and waited for "
+                      f"at once: {overlap} Issued by DDP or FSDP2: {ddp} {fsdp}")
         else:
-            advice = ("The program waits for each collective where it calls it: async_op=True and a wait() just "
-                      "before the result is needed let computation run meanwhile.")
+            advice = f"The program waits for each collective where it calls it: {overlap}"
         if unrecorded is None:
             said = (f"A step spends {exposed:,.2f} ms of {step:,.2f} communicating with nothing of its own to compute "
                     "meanwhile (on the rank that waits least for the others).")
@@ -491,7 +494,8 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
 
         show(console, "host syncs: where hosts wait for their GPUs (a step; over the ranks that wait there)",
              [Column("line", justify="left", fold=True), Column("call", justify="left", fold=True),
-              Column("ranks"), Column("calls"), Column("host wait ms", "wait"), Column("GPU idle it costs, ms", "idle")],
+              Column("ranks"), Column("calls"), Column("host wait ms", "wait"),
+              Column("GPU idle it costs, ms", "idle")],
              [Row([x["where"], x["call"], "all" if x["every_rank"] else ", ".join(map(str, x["ranks"])),
                    f"{x['calls']:g}", spread(x["wait_ms"]), spread(x["gain_ms"])]) for x in syncs[:top]])
     found = findings(merged, ceiling)

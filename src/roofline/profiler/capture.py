@@ -734,10 +734,15 @@ class Profiler:
                 self._hooks_off()
                 self._optimizer_hook.remove()
                 _active = self._previous
-                # Kineto finalizes CUPTI (TEARDOWN_CUPTI, set above) in the exit callback of the next CUDA call: a
-                # recording begun before any such call is wiped by it and holds no kernel (the second of two
-                # windows back to back did). A call now lets the finalize happen here.
-                _sync_if_cuda()
+                # Kineto finalizes CUPTI (TEARDOWN_CUPTI, set above) in the exit callback of the next CUDA runtime
+                # call: a recording begun before any such call is wiped by it and holds no kernel (the second of
+                # two torch.profiler recordings back to back did). A call now lets the finalize happen here. A CUDA
+                # error it would raise is the program's, and reaches it at its own next sync: not here, where it
+                # would hide the program's own exception and lose the recording.
+                try:
+                    _sync_if_cuda()
+                except RuntimeError:
+                    pass
             if self._trace_ready:
                 self._export(self._torch)
         finally:
