@@ -27,11 +27,14 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
 import platform
 import statistics
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch import nn
@@ -130,6 +133,26 @@ def _cuda_and_marks(own_clock: bool = False):
         yield recording
 
 
+def _kernels_and_launches():
+    """CUDA activity with roofline's Kineto options, its CUPTI kinds cut to kernels and their launches (runtime and
+    driver calls): no copies, memsets or CUPTI's own overhead records. torch 2.13 and later take such a filter."""
+    launches = ["CONCURRENT_KERNEL", "CUDA_RUNTIME", "CUDA_DRIVER"]
+    return torch.profiler.profile(activities=[{torch.profiler.ProfilerActivity.CUDA: launches}],
+                                  experimental_config=_experimental_config())
+
+
+@contextlib.contextmanager
+def _per_thread_buffers():
+    """CUDA activity with roofline's Kineto options, CUPTI writing each thread's records into buffers of its own
+    (Kineto's CUPTI_PER_THREAD_BUFFER_ENABLED, read from the file KINETO_CONFIG names when a recording starts)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "kineto.conf"
+        conf.write_text("CUPTI_PER_THREAD_BUFFER_ENABLED=true\n")
+        with mock.patch.dict(os.environ, {"KINETO_CONFIG": str(conf)}), \
+                torch_profiler("CUDA", experimental_config=_experimental_config())() as recording:
+            yield recording
+
+
 def recorders(gpu: bool) -> dict:
     """{name: a context manager's maker}, plain first."""
     both = ("CPU", "CUDA") if gpu else ("CPU",)
@@ -146,6 +169,10 @@ def recorders(gpu: bool) -> dict:
             "CUDA", experimental_config=_experimental_config())
         out["the same, roofline's marks unrecorded"] = _cuda_and_marks
         out["the same, roofline's marks on the wall clock"] = lambda: _cuda_and_marks(True)
+        # ways CUPTI might cost a launch less (benchmarks/results/h200-profile-overhead.md: what Kineto turns on)
+        if hasattr(torch.profiler.profiler, "_parse_activities"):
+            out["the same, kernels and launches alone"] = _kernels_and_launches
+        out["the same, per-thread CUPTI buffers"] = _per_thread_buffers
     out["no profiler, roofline's line marks alone (wall clock)"] = lambda: _LineMarks(own_clock=True)
     out["no profiler, roofline's module paths alone (wall clock)"] = lambda: _ModulePaths(own_clock=True)
     out.update({
