@@ -198,3 +198,25 @@ def test_a_kernel_takes_the_latest_record_of_a_kind_it_can_run(tmp_path):
     found = comms.calls(load(b.write(tmp_path / "rank0.json")))
     assert [(c.kind, c.nbytes) for c in found] == [("all_gather", 8192), ("all_reduce", 4096), ("all_reduce", 512),
                                                    ("all_to_all", 2048), ("send_recv", None)]
+
+
+def test_fsdp2_s_gathers_are_named_by_the_unit_whose_call_launched_them_without_ops(tmp_path):
+    """Without ops FSDP2's own marks are not recorded: a gather launched inside a module's call under a root whose
+    class fully_shard renamed (FSDP<Name>) is that unit's; the root's own is the root's; a model not sharded names
+    none, and neither does a reduce-scatter (launched in the backward, outside any module's call)."""
+    ns = lambda us: BASE_NS + int(us * 1000)   # noqa: E731
+    b = TraceBuilder()
+    b.stacks.append(list(map(list, at(30))))
+    b.facts["own_marks"] = {
+        "lines": {"100": [[ns(0)], [0]]}, "steps": [[ns(0), ns(900)]], "collectives": [],
+        "modules": [[100, ns(5), ns(400), "FSDPGPT2"], [100, ns(50), ns(150), "FSDPGPT2.h.0"],
+                    [100, ns(500), ns(600), "GPT2"]]}
+    b.extra_meta["baseTimeNanoseconds"] = BASE_NS
+    for launch in (10, 60, 510):
+        b.kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", launch + 10, 5,
+                 launch_ts=launch, stream=30)
+    b.kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 720, 5,
+             launch_ts=700, tid=AUTOGRAD, stream=30)
+    found = comms.calls(load(b.write(tmp_path / "rank0.json")))
+    assert [(c.kind, c.owner) for c in found] == [("all_gather", "FSDP2 root"), ("all_gather", "FSDP2 h.0"),
+                                                  ("all_gather", None), ("reduce_scatter", None)]

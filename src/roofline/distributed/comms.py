@@ -196,9 +196,21 @@ def _launched_calls(trace: Trace, resolver: Resolver) -> list[Call]:
         if j >= 0:
             taken[j] = True
         stack, _, module, backward = resolver.for_runtime(g.launch)
-        found.append(Call(record.get("kind") or named or "other", record.get("bytes"), launch.ts, g.ts, g.end,
-                          stack[-1] if stack else None, module, -1, True, True if backward else None))
+        kind = record.get("kind") or named or "other"
+        found.append(Call(kind, record.get("bytes"), launch.ts, g.ts, g.end, stack[-1] if stack else None, module,
+                          -1, True, True if backward else None, _fsdp2_unit(kind, module)))
     return found
+
+
+def _fsdp2_unit(kind: str, module: str | None) -> str | None:
+    """Whose parameters an all-gather moves, where the window recorded no op (and so none of FSDP2's own marks):
+    FSDP2 gathers a unit's parameters in that unit's forward pre-hook, inside the module's call, and fully_shard
+    renames a module's class FSDP<Name>, so under a root so named the module is the unit ("FSDP2 h.3", as
+    _fsdp_owner names it). A prefetch of the next unit, made inside this one's call, is named by this one."""
+    if kind != "all_gather" or not module:
+        return None
+    root, _, unit = module.partition(".")
+    return f"FSDP2 {unit or 'root'}" if root.startswith("FSDP") else None
 
 
 def _runs(named: str | None, kind: str) -> bool:
