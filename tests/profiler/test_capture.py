@@ -459,3 +459,17 @@ def test_a_failing_sync_after_the_window_hides_neither_the_program_s_error_nor_t
             torch.ones(3).sum()
             raise ValueError("the program's own")
     assert calls == [0, 1, 2] and prof.recorded and (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("skip, active, length, timed", [(1, 2, 4, 0), (1, 2, 5, 1), (2, 2, 4, 0), (3, 2, 5, 1)])
+def test_the_hint_when_no_step_is_timed_outside_the_window_holds(skip, active, length, timed):
+    """What the report tells a window with no step timed outside it (skip 3 or more steps, or run 2 or more after
+    the recorded ones) is what StepClock times."""
+    from roofline.profiler.overhead import sentence
+
+    clock = capture.StepClock(capture.Profiler(skip=skip, active=active).window)
+    for ended in range(length):
+        clock.boundary(ended)
+    assert len(clock.wall_ms) == timed
+    hint = sentence({"steps": active}, gpu=False)
+    assert "skip 3 or more steps" in hint and "2 or more steps after the recorded ones" in hint

@@ -99,7 +99,8 @@ def sentence(totals: dict, gpu: bool) -> str | None:
         if not totals.get("steps"):
             return None
         return ("The profiler's own overhead is in these numbers: no step ran outside the recorded window to time "
-                "the program without it (skip 3 or more steps, or record fewer steps than the program runs).")
+                "the program without it: skip 3 or more steps, or let the program run 2 or more steps after the "
+                "recorded ones (the program's first step, and the first after the window, are not timed).")
     clock = u["clock"] + (f"; the host's pace {u['wall_step_ms']:.2f} ms" if u["clock"] == "CUDA events" else "")
     said = (f"Without the profiler a step took {u['step_ms']:.2f} ms (median of {_count(u['steps_timed'], 'step')} "
             f"timed outside the window, {clock}) against {u['profiled_step_ms']:.2f} ms recorded: the profiler "
