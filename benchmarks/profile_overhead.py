@@ -246,11 +246,11 @@ def markdown(w: dict) -> str:
             "|---|---:|---:|---:|---:|---:|"]
     for name, v in w["variants"].items():
         counts = v["kernels_per_step"]
-        recorded = "" if counts is None else f"{min(counts):,.0f}" + (
+        held = "" if counts is None else f"{min(counts):,.0f}" + (
             "" if min(counts) == max(counts) else f"-{max(counts):,.0f}")
         rows.append(f"| {name} | {v['median_ms_per_step']:.2f} | {min(v['ms_per_step']):.2f}-"
                     f"{max(v['ms_per_step']):.2f} | {v['ratio']:.2f}x | {v['ratio_interval'][0]:.2f}-"
-                    f"{v['ratio_interval'][1]:.2f} | {recorded} |")
+                    f"{v['ratio_interval'][1]:.2f} | {held} |")
     counts = dict(w["per_step"])
     calls = counts.pop("runtime and driver calls, the most frequent", {})
     rows += ["", "A recorded step holds " + ", ".join(f"{v:,.0f} {k}" for k, v in counts.items())

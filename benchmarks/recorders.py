@@ -10,10 +10,9 @@ three). `recorded` makes that call after each recording and counts what it holds
 
 import gzip
 import json
+import statistics
 import tempfile
 from pathlib import Path
-
-import statistics
 
 import torch
 

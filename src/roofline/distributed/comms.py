@@ -192,9 +192,9 @@ def _launched_calls(trace: Trace, resolver: Resolver) -> list[Call]:
         j = bisect.bisect_right(created, launch.ts) - 1
         while j >= 0 and (taken[j] or not _runs(named, records[j]["kind"])):
             j -= 1
-        record = records[j] if j >= 0 else {}
+        record = {}
         if j >= 0:
-            taken[j] = True
+            record, taken[j] = records[j], True
         stack, _, module, backward = resolver.for_runtime(g.launch)
         kind = record.get("kind") or named or "other"
         found.append(Call(kind, record.get("bytes"), launch.ts, g.ts, g.end, stack[-1] if stack else None, module,

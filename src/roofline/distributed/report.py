@@ -84,8 +84,12 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
         # advice for whoever's tensors the top collective moves
         overlap = "async_op=True and a wait() just before the result is needed let computation run meanwhile."
         asynchronous = rows[0]["asynchronous"] if rows else False
-        if owner.startswith("DDP") or owner.startswith("FSDP2") or asynchronous:
-            advice = ddp if owner.startswith("DDP") else fsdp if owner.startswith("FSDP2") else f"{ddp} {fsdp}"
+        if owner.startswith("DDP"):
+            advice = ddp
+        elif owner.startswith("FSDP2"):
+            advice = fsdp
+        elif asynchronous:
+            advice = f"{ddp} {fsdp}"
         elif asynchronous is None:   # a window that recorded no op does not know how the program's thread called it
             advice = (f"The window recorded no op, so how the program called it is not known. Called and waited for "
                       f"at once: {overlap} Issued by DDP or FSDP2: {ddp} {fsdp}")

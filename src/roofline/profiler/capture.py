@@ -82,7 +82,10 @@ class _ModulePaths:
             path = type(module).__name__
             self.roots.setdefault(id(module), module)
         if self.own_clock:
-            annotation = (threading.get_native_id(), threading.get_ident(), _time.time_ns())
+            native = threading.get_native_id()
+            if native not in self.pthread_ids:
+                self.pthread_ids[native] = threading.get_ident()
+            annotation = (native, _time.time_ns())
         else:
             annotation = _RecordFunctionFast(MODULE_MARK + path)
             annotation.__enter__()
@@ -90,8 +93,7 @@ class _ModulePaths:
 
     def _close(self, path: str, annotation) -> None:
         if self.own_clock:
-            native, ident, start = annotation
-            self.pthread_ids[native] = ident
+            native, start = annotation
             self.ranges.append([native, start, _time.time_ns(), path])
         else:
             annotation.__exit__(None, None, None)
@@ -656,10 +658,10 @@ class Profiler:
         """ops=False: the marks roofline kept on the wall clock (trace.load puts them among the trace's events), by
         thread, with each thread's pthread id (without CPU activity Kineto may name a launch's thread by that), and
         the window's collective calls."""
-        modules = self._modules or self._modules_done
-        pthread_ids = {**(modules.pthread_ids if modules else {}), **(lines.pthread_ids if lines else {})}
         from roofline.distributed import ledger
 
+        modules = self._modules or self._modules_done
+        pthread_ids = {**(modules.pthread_ids if modules else {}), **(lines.pthread_ids if lines else {})}
         return {"lines": {str(tid): [times, ids] for tid, (times, ids) in (lines.own if lines else {}).items()},
                 "modules": modules.ranges if modules else [], "steps": self._own_steps,
                 "pthread_ids": {str(k): v for k, v in pthread_ids.items()},
