@@ -426,8 +426,12 @@ def test_cupti_is_finalized_when_recording_stops(monkeypatch, cuda, user, expect
         monkeypatch.setenv("TEARDOWN_CUPTI", user)
     monkeypatch.setattr(capture.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(capture.torch.version, "cuda", cuda)
+    primed = []
+    monkeypatch.setattr(capture, "_prime_cupti", lambda: primed.append(True))
     capture._teardown_cupti_at_stop()
     assert capture.os.environ.get("TEARDOWN_CUPTI") == expected
+    # a recording thrown away first, exactly where the finalize was turned on here
+    assert primed == ([True] if expected == "1" else [])
 
 
 def test_the_window_s_own_sync_at_exit_is_on_no_line_of_the_program():

@@ -518,11 +518,26 @@ def _teardown_cupti_at_stop() -> None:
     12.6+ change), CUPTI's callbacks keep slowing every launch after the window (GPT-2's host-bound steps after
     it ran slower than the program alone: benchmarks/results/h100-profile-models.md), and those steps are the
     program "without the profiler" that overhead.py scales to. The user's own setting
-    stands; CUDA before 12.6 keeps CUPTI (finalizing it crashed a later CUDA graph's re-initialization there)."""
+    stands; CUDA before 12.6 keeps CUPTI (finalizing it crashed a later CUDA graph's re-initialization there).
+    Where this turns the finalize on, a recording of nothing is made first (_prime_cupti)."""
     if "TEARDOWN_CUPTI" in os.environ or not torch.cuda.is_available() or not torch.version.cuda:
         return
     if tuple(int(p) for p in torch.version.cuda.split(".")[:2]) >= (12, 6):
         os.environ["TEARDOWN_CUPTI"] = "1"
+        _prime_cupti()
+
+
+def _prime_cupti() -> None:
+    """A recording of one launch, thrown away, that stops with CUPTI's finalize. The first recording to finalize
+    CUPTI after one that left it subscribed (a torch.profiler recording made before TEARDOWN_CUPTI was set) holds
+    no kernel: on an H200 (torch 2.11), roofline's windows after such a recording held 0, 7 and 3 of the 5, 7 and
+    3 kernels launched in them, with or without a wait of 0.5 s before each; with TEARDOWN_CUPTI set from the
+    start, or no recording before, all of them. So that loss falls on this recording, not the user's window."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+            torch.ones(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
 
 
 def _schedule(skip: int, active: int | None):
