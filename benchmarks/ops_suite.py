@@ -266,8 +266,10 @@ ATTENTION_HEADLINE = (4, 32, 4096, 128)   # batch, heads, sequence, head_dim: th
 
 def _attention_providers(causal: bool, head_dims) -> dict:
     """SDPA's flash and cuDNN backends and flash_attention; on a Hopper GPU, where every head dim swept is one
-    flash_attention routes to its Hopper forward, also flash_attention with that forward on (opt-in,
-    ROOFLINE_SM90_ATTENTION), call by call: both forwards as eager code calls them, in the same turns."""
+    flash_attention routes to its Hopper kernels, also flash_attention with them on (opt-in,
+    ROOFLINE_SM90_ATTENTION), call by call: both ways as eager code calls them, in the same turns. Each of the
+    two sets the switch for its call and leaves it so, since the backward's plan is chosen under it at the
+    backward (which a sweep runs before the next provider's call)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from roofline.ops import attention
@@ -280,11 +282,8 @@ def _attention_providers(causal: bool, head_dims) -> dict:
 
     def flash(sm90: bool):
         def run(q, k, v):
-            before, attention.SM90_FORWARD = attention.SM90_FORWARD, sm90
-            try:
-                return ops.flash_attention(q, k, v, causal, backend="triton")
-            finally:
-                attention.SM90_FORWARD = before
+            attention.SM90_ATTENTION = sm90
+            return ops.flash_attention(q, k, v, causal, backend="triton")
         return run
 
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -294,7 +293,7 @@ def _attention_providers(causal: bool, head_dims) -> dict:
         hopper = set(head_dims) <= set(attention_sm90.ROUTED_HEAD_DIMS)
     return {"sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
             OURS: flash(False),
-            **({OURS + ", Hopper forward": flash(True)} if hopper else {})}
+            **({OURS + ", Hopper kernels": flash(True)} if hopper else {})}
 
 
 def attention_sweeps(quick: bool) -> list[bench.Sweep]:

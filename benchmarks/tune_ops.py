@@ -1,7 +1,7 @@
 """How roofline.ops' launch settings were chosen: times the alternatives on this GPU, side by side in one run.
 
     python benchmarks/tune_ops.py OUT_DIR [--only norm-forward cross-entropy softmax-long attention
-                                                attention-forward]
+                                                attention-forward attention-backward]
 
 norm-forward   the norm forward kernel over (rows per program, warps) at row lengths 256 .. 16384 (256 MB bf16),
                rms_norm and layer_norm, CUDA graphs (the kernel alone), against the current rule
@@ -17,6 +17,8 @@ attention      flash_attention's tiles (rows held, rows walked, warps, pipeline 
                backends beside them
 attention-forward  the same without the tile candidates: the current tiled forward, the Hopper forward's variants
                and SDPA's backends
+attention-backward  the current tiled backward, the Hopper backward (attention_sm90.py) with two and three ring
+               slots, and SDPA's backends; each backward's largest difference from the tiled one's gradients
 (The host's time per call is benchmarks/host_overhead.py's.)
 
 Writes OUT_DIR/tune.md and OUT_DIR/tune.json.
@@ -207,15 +209,17 @@ ATTENTION_CANDIDATES = {
 }
 
 
-def _attention_row(row: dict, call, work: float, o_current, inputs, sm90=None, **settings) -> dict:
+def _attention_row(row: dict, call, work: float, current, inputs, sm90=None, **settings) -> dict:
     """row with the time of call() under attention.py's settings patched (and attention_sm90.py's: `sm90`), and
-    for a forward the largest difference of its O from the current settings' (a fast candidate must still be
-    right); a candidate that does not compile or fit (shared memory, registers) is a result too."""
+    the largest difference of its result (O for a forward, dQ, dK and dV for a backward) from the current
+    settings' (a fast candidate must still be right); a candidate that does not compile or fit (shared memory,
+    registers) is a result too."""
     try:
         with patched(att, **settings), patched(hopper, **(sm90 or {})):
             row["us"] = _graph_us(call)
-            if row["kernel"] == "forward":
-                row["max_diff"] = (att._forward(*inputs)[0].float() - o_current.float()).abs().max().item()
+            if row["kernel"] in ("forward", "backward"):
+                ours = call() if row["kernel"] == "backward" else att._forward(*inputs)[:1]
+                row["max_diff"] = max((a.float() - b.float()).abs().max().item() for a, b in zip(ours, current))
         row["tflops"] = work / row["us"] / 1e6
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
@@ -228,7 +232,11 @@ SM90_VARIANTS = [(1, False, 0, False), (2, False, 0, False), (2, True, 0, False)
                  (2, True, 1, False), (2, False, 0, True), (2, True, 0, True)]
 
 
-def attention(head_dims, candidates=ATTENTION_CANDIDATES) -> list[dict]:
+# The Hopper backward's slots in its ring (more fit at head dim 128 only just: 227 KiB a block)
+SM90_BACKWARD_STAGES = [2, 3]
+
+
+def attention(head_dims, candidates=ATTENTION_CANDIDATES, hopper_kernels=("forward",)) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     out = []
@@ -248,15 +256,25 @@ def attention(head_dims, candidates=ATTENTION_CANDIDATES) -> list[dict]:
                 for tiles in [current] + [t for t in tried if t != current]:
                     row = dict(kernel=kernel, d=d, causal=causal, tiles=list(astuple(tiles)), current=tiles == current,
                                timed="backward (delta, dK/dV, dQ)" if kernel != "forward" else "forward")
-                    out.append(_attention_row(row, call, work, o, (q, k, v, causal, scale),
+                    out.append(_attention_row(row, call, work, (o, ), (q, k, v, causal, scale),
                                               TILES={**att.TILES, kernel: {**att.TILES[kernel], d: tiles}}))
-            for parts, turns, more, early in SM90_VARIANTS if hopper.supports(q, k, scale) else ():   # Gluon's
+            tried = hopper_kernels if hopper.supports(q, k, scale) else ()
+            grads = backward[0]() if "backward" in tried else None
+            for stages in SM90_BACKWARD_STAGES if "backward" in tried else ():   # Gluon's, against the tiled one
+                tiles = ["sm90 backward", hopper.BWD_BLOCK_M, hopper.BWD_BLOCK_N,
+                         hopper.LOAD_WARPS + hopper.MMA_WARPS, stages]
+                row = dict(kernel="backward", d=d, causal=causal, tiles=tiles, current=False,
+                           timed="backward (per-query values, delta, dK/dV/dQ, dQ rounded)")
+                out.append(_attention_row(row, *backward, grads, (q, k, v, causal, scale), SM90_ATTENTION=True,
+                                          sm90={"BWD_STAGES": {**hopper.BWD_STAGES, d: stages},
+                                                "ROUTED_HEAD_DIMS": hopper.HEAD_DIMS}))
+            for parts, turns, more, early in SM90_VARIANTS if "forward" in tried else ():   # Gluon's
                 stages = {head_d: n + more for head_d, n in hopper.STAGES.items()}
                 name = (f"sm90 ({parts} MMA partition{'s' if parts > 1 else ''}{', in turns' if turns else ''}"
                         f"{', O rescaled under S' if early else ''})")
                 tiles = [name, hopper.BLOCK_M, hopper.BLOCK_N, hopper.LOAD_WARPS + hopper.MMA_WARPS, stages[d]]
                 row = dict(kernel="forward", d=d, causal=causal, tiles=tiles, current=False, timed="forward")
-                out.append(_attention_row(row, *calls["forward"], o, (q, k, v, causal, scale), SM90_FORWARD=True,
+                out.append(_attention_row(row, *calls["forward"], (o, ), (q, k, v, causal, scale), SM90_ATTENTION=True,
                                           sm90={"MMA_PARTS": parts, "PINGPONG": turns, "STAGES": stages,
                                                 "RESCALE_UNDER_S": early, "ROUTED_HEAD_DIMS": hopper.HEAD_DIMS}))
             for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
@@ -312,16 +330,18 @@ def markdown(results: dict) -> str:
         lines += [f"| {r['n']} | {r['per_sm']} | {r['warps']} | {r['fwd_us']:.1f} | {r['fwd_gbps']:,.0f} | "
                   f"{r['bwd_us']:.1f} | {r['bwd_gbps']:,.0f} | {'yes' if r['current'] else ''} |"
                   for r in results["softmax-long"]] + [""]
-    for part in ("attention", "attention-forward"):
+    for part in ("attention", "attention-forward", "attention-backward"):
         if part not in results:
             continue
-        title = ("flash_attention tiles (B4 H32 N4096 bf16, CUDA graphs): one kernel's tiles varied, the others "
-                 "current; the backward timed whole (delta, dK/dV, dQ)" if part == "attention" else
-                 "flash_attention's forward (B4 H32 N4096 bf16, CUDA graphs): the current tiles, and the Hopper "
-                 "forward's settings")
+        title = {"attention": "flash_attention tiles (B4 H32 N4096 bf16, CUDA graphs): one kernel's tiles varied, "
+                              "the others current; the backward timed whole (delta, dK/dV, dQ)",
+                 "attention-forward": "flash_attention's forward (B4 H32 N4096 bf16, CUDA graphs): the current "
+                                      "tiles, and the Hopper forward's settings",
+                 "attention-backward": "flash_attention's backward (B4 H32 N4096 bf16, CUDA graphs): the current "
+                                       "tiles, and the Hopper backward's ring slots"}[part]
         lines += [f"### {title}", "",
-                  "| kernel | head_dim | causal | held, walked, warps, stages | us | TFLOP/s | max abs O - current O "
-                  "| current |", "|---|---|---|---|---|---|---|---|"]
+                  "| kernel | head_dim | causal | held, walked, warps, stages | us | TFLOP/s | max abs difference from "
+                  "the current | current |", "|---|---|---|---|---|---|---|---|"]
         for r in results[part]:
             if "tiles" not in r:
                 continue
@@ -353,7 +373,9 @@ def main(argv=None) -> int:
                          "norm-backward": lambda: norm_backward(args.lengths), "cross-entropy": cross_entropy,
                          "softmax-long": softmax_long, "attention": lambda: attention(args.head_dims),
                          # the current tiled forward, the Hopper forward's variants and SDPA's backends only
-                         "attention-forward": lambda: attention(args.head_dims, {"forward": []})}[part]()
+                         "attention-forward": lambda: attention(args.head_dims, {"forward": []}),
+                         # the current tiled backward, the Hopper backward's ring slots and SDPA's backends only
+                         "attention-backward": lambda: attention(args.head_dims, {"dkdv": []}, ("backward", ))}[part]()
         (args.out / "tune.json").write_text(json.dumps(results, indent=1))
         (args.out / "tune.md").write_text(markdown(results))
     print(markdown(results))

@@ -678,11 +678,11 @@ def test_decisions_made_with_one_attention_forward_are_not_read_back_with_the_ot
 
     monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))
     routing.Router(timer=Timer(10.0, 30.0)).call("double", _never, _twice, _doubled, torch.randn(8))
-    monkeypatch.setattr(attention, "SM90_FORWARD", True)
+    monkeypatch.setattr(attention, "SM90_ATTENTION", True)
     switched = routing.Router(timer=Timer(3.0, 1.0))
     switched.call("double", _never, _twice, _doubled, torch.randn(8))
     assert switched._timer.calls == 1 and switched.report()[0]["why"] == "torch 3.00x as fast here"
-    monkeypatch.setattr(attention, "SM90_FORWARD", False)
+    monkeypatch.setattr(attention, "SM90_ATTENTION", False)
     later = routing.Router(timer=Timer(3.0, 1.0))
     later.call("double", _never, _twice, _doubled, torch.randn(8))
     assert later._timer.calls == 0 and later.report()[0]["served_by"] == "roofline"   # the first run's decision

@@ -157,7 +157,7 @@ def hopper_forward(monkeypatch, request):
         pytest.skip("needs a GPU of compute capability 9.0")
     parts, pingpong, more_stages, rescale_under_s = request.param
     monkeypatch.setattr(sm90, "RESCALE_UNDER_S", rescale_under_s)
-    monkeypatch.setattr(attention_module, "SM90_FORWARD", True)
+    monkeypatch.setattr(attention_module, "SM90_ATTENTION", True)
     monkeypatch.setattr(sm90, "ROUTED_HEAD_DIMS", sm90.HEAD_DIMS)
     monkeypatch.setattr(sm90, "MMA_PARTS", parts)
     monkeypatch.setattr(sm90, "PINGPONG", pingpong)
@@ -177,12 +177,14 @@ def hopper_forward(monkeypatch, request):
 @pytest.mark.parametrize("shape", [(2, 16, 4, 1023, 1023, 128), (1, 8, 8, 4096, 4096, 64), (1, 4, 1, 203, 2048, 128),
                                    (2, 4, 2, 300, 130, 64), (1, 2, 2, 1, 77, 128)])
 def test_matches_float64_within_twice_torchs_error(hopper_forward, shape, causal, dtype):
-    """The output and, through the tiled backward, the log-sum-exp it saved (dQ, dK and dV read it): Nq != Nk both
-    ways (causal with more queries than keys: rows that see no key), grouped heads, lengths off the blocks."""
+    """The output and, through the Hopper backward, dQ, dK and dV (which read the log-sum-exp the forward saved):
+    Nq != Nk both ways (causal with more queries than keys: rows that see no key), grouped heads, lengths off the
+    blocks."""
     batch, heads, kv_heads, nq, nk, d = shape
     q = torch.randn(batch, heads, nq, d, device="cuda", dtype=dtype)
     k, v = (torch.randn(batch, kv_heads, nk, d, device="cuda", dtype=dtype) for _ in range(2))
-    assert attention_module._plan(q, k, v, causal, d ** -0.5).sm90 is not None   # the Hopper forward runs
+    plan = attention_module._plan(q, k, v, causal, d ** -0.5)
+    assert plan.sm90 is not None and plan.sm90_backward is not None   # the Hopper kernels run
     dout = torch.randn_like(q)
     ours = outputs_and_grads(lambda *a: flash_attention(*a, causal, backend="triton"), (q, k, v), dout)
     exact = outputs_and_grads(lambda *a: attention_reference(*a, causal), (q, k, v), dout, torch.float64)
@@ -190,33 +192,170 @@ def test_matches_float64_within_twice_torchs_error(hopper_forward, shape, causal
     assert_within_twice_torchs_error(("output", "dq", "dk", "dv"), ours, exact, theirs, dtype)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_hopper_backward_agrees_with_the_tiled_one_and_yields_to_it_where_asked(hopper_forward, causal):
+    """At a language model's size (GQA, lengths off the blocks): the Hopper backward's gradients within bf16's
+    rounding of the tiled one's; with deterministic algorithms on, the tiled backward's own, bit for bit."""
+    q = torch.randn(2, 8, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 1000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn_like(q)
+    o, lse = attention_module._forward(q, k, v, causal, 128 ** -0.5)
+    hopper = attention_module._backward(do, q, k, v, o, lse, causal, 128 ** -0.5)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        asked = attention_module._backward(do, q, k, v, o, lse, causal, 128 ** -0.5)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    attention_module.SM90_ATTENTION = False   # (the fixture's monkeypatch puts it back)
+    tiled = attention_module._backward(do, q, k, v, o, lse, causal, 128 ** -0.5)
+    for ours, theirs, exact in zip(hopper, tiled, asked):
+        assert torch.equal(exact, theirs)
+        assert torch.allclose(ours.float(), theirs.float(), rtol=1.6e-2, atol=1.6e-2)
+
+
 def test_the_setting_is_read_at_each_call(monkeypatch):
-    """SM90_FORWARD set call by call (a benchmark timing both forwards as eager code calls them) takes effect at the
+    """SM90_ATTENTION set call by call (a benchmark timing both forwards as eager code calls them) takes effect at the
     next call, with no plans cleared: plans and call signatures hold it."""
-    monkeypatch.setattr(sm90, "supports", lambda q, k, scale: True)   # as on a Hopper GPU
+    monkeypatch.setattr(sm90, "supports", lambda *args, **kwargs: True)   # as on a Hopper GPU
     monkeypatch.setattr(sm90, "Sm90Forward", lambda *args: lambda q, k, v: (torch.zeros_like(q),
                                                                             torch.zeros(q.shape[:3])))
+    monkeypatch.setattr(sm90, "Sm90Backward", lambda *args: None)
     clear_plans()
     q, k, v = (torch.randn(1, 2, 16, 128) for _ in range(3))
     try:
         for on in (True, False, True, False):
-            monkeypatch.setattr(attention_module, "SM90_FORWARD", on)
+            monkeypatch.setattr(attention_module, "SM90_ATTENTION", on)
             out = flash_attention(q, k, v, False, backend="triton")
             assert bool(out.abs().sum() == 0) is on   # the stand-in's zeros only where it is on
     finally:
         clear_plans()
 
 
-def test_flash_attention_takes_it_only_at_the_head_dims_it_was_timed_faster(monkeypatch):
-    """With ROOFLINE_SM90_ATTENTION=1, head dim 128 (faster than the tiled forward on the H200); not 64 (slower),
-    though the kernel takes it."""
-    monkeypatch.setattr(attention_module, "SM90_FORWARD", True)
-    monkeypatch.setattr(sm90, "supports", lambda q, k, scale: True)   # as on a Hopper GPU
+def test_flash_attention_takes_them_only_at_the_head_dims_they_were_timed_faster(monkeypatch):
+    """With ROOFLINE_SM90_ATTENTION=1, head dim 128 (faster than the tiled kernels on the H200); not 64 (the
+    forward slower, the backward not faster), though the kernels take it. The backward takes a negative scale,
+    the forward not."""
+    monkeypatch.setattr(attention_module, "SM90_ATTENTION", True)
+    monkeypatch.setattr(sm90, "supports", lambda q, k, scale, backward=False: backward or scale > 0)
     monkeypatch.setattr(sm90, "Sm90Forward", lambda *args: "the Hopper forward")
+    monkeypatch.setattr(sm90, "Sm90Backward", lambda *args: "the Hopper backward")
     clear_plans()
     try:
-        for d, taken in ((128, "the Hopper forward"), (64, None)):
+        for d, scale, forward, backward in ((128, 0.1, "the Hopper forward", "the Hopper backward"),
+                                            (128, -0.1, None, "the Hopper backward"), (64, 0.1, None, None)):
             q, k, v = (torch.randn(1, 2, 16, d) for _ in range(3))
-            assert attention_module._plan(q, k, v, False, d ** -0.5).sm90 == taken
+            plan = attention_module._plan(q, k, v, False, scale)
+            assert (plan.sm90, plan.sm90_backward) == (forward, backward)
     finally:
         clear_plans()
+
+
+def test_deterministic_algorithms_take_the_tiled_backward(monkeypatch):
+    """The Hopper backward adds dQ up with atomic adds; with torch.use_deterministic_algorithms(True) the tiled
+    backward runs, and only then."""
+    calls = []
+    plan = attention_module.AttentionPlan.__new__(attention_module.AttentionPlan)
+    plan.sm90_backward = lambda *args: calls.append("Hopper") or "Hopper's gradients"
+    plan.backward_args = (1, 1, 1, 4)
+    monkeypatch.setattr(attention_module, "_aligned", lambda t: t)
+    monkeypatch.setattr(plan, "_backward_launch", lambda strides: calls.append("tiled") or (_Stop(), None, None),
+                        raising=False)
+    q = torch.randn(1, 1, 4, 64)
+    assert plan.backward(q, q, q, q, q, q[..., 0], False, 1.0) == "Hopper's gradients"
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(_Stopped):   # the tiled backward's first launch
+            plan.backward(q, q, q, q, q, q[..., 0], False, 1.0)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert calls == ["Hopper", "tiled"]
+
+
+class _Stopped(Exception):
+    pass
+
+
+class _Stop:
+    def __call__(self, *args):
+        raise _Stopped
+
+
+def _backward_compiled(d: int, causal: bool, stages: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def descriptor(rows):
+        return f"tensordesc<bf16[1, 1, {rows}, {d}],{sm90._layout(d, torch.bfloat16, rows)!r}>"
+
+    vector = f"tensordesc<fp32[{sm90.BWD_BLOCK_M}],{sm90.VECTOR_LAYOUT!r}>"
+    queries, keys = descriptor(sm90.BWD_BLOCK_M), descriptor(sm90.BWD_BLOCK_N)
+    signature = {"q_desc": queries, "k_desc": keys, "v_desc": keys, "do_desc": queries, "dk_desc": keys,
+                 "dv_desc": keys, "lse_desc": vector, "delta_desc": vector, "dq_ptr": "*fp32", "heads": "i32",
+                 "kv_heads": "i32", "group": "i32", "nq": "i32", "nq_pad": "i32", "nk": "i32", "scale": "fp32",
+                 "scale_log2": "fp32", "CAUSAL": "constexpr", "STAGES": "constexpr", "MMA_REGISTERS": "constexpr"}
+    constexprs = {"CAUSAL": causal, "STAGES": stages, "MMA_REGISTERS": sm90.BWD_MMA_REGISTERS}
+    source = GluonASTSource(sm90.attention_backward_sm90_kernel, signature, constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": sm90.LOAD_WARPS, "maxnreg": sm90.MAX_REGISTERS})
+
+
+def _backward_machine_code() -> dict:
+    """For each head dim, causal or not, and ring slots (the default, and 3 at head dim 128): registers, local
+    and shared memory, opcode counts and the producer's register share of the backward compiled for sm_90."""
+    out = {}
+    for d in sm90.HEAD_DIMS:
+        for causal in (False, True):
+            for stages in sorted({sm90.BWD_STAGES[d], 3}):
+                kernel = _backward_compiled(d, causal, stages)
+                used = sass.resources(kernel.asm["cubin"])[kernel.metadata.name]
+                code = sass.parse_disassembly(sass.disassemble(kernel.asm["cubin"]))
+                out[f"{d},{causal},{stages}"] = {
+                    "warps": kernel.metadata.num_warps, "registers": used.registers, "local": used.local_memory,
+                    "ops": collections.Counter(x.base for x in code),
+                    "adds": sorted({x.opcode for x in code if x.base in ("RED", "REDG", "ATOMG")}),
+                    "setmaxnreg": sorted({int(x.text.split()[-1], 16) for x in code if x.base == "USETMAXREG"}),
+                    "shared": kernel.metadata.shared + used.static_shared_bytes}
+    return out
+
+
+@pytest.fixture(scope="module")
+def backward_machine_code():
+    child = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_attention_sm90 as t; "
+             "print(json.dumps(t._backward_machine_code()))")
+    done = subprocess.run([sys.executable, "-c", child, str(Path(__file__).parent)], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", sm90.HEAD_DIMS)
+def test_the_backward_makes_five_products_a_step_and_adds_dq_sixteen_bytes_at_a_time(backward_machine_code, d,
+                                                                                      causal):
+    """S^T, dP^T, dV, dK and dQ on the tensor cores, a warpgroup each: head_dim / 16 wgmmas for S^T and dP^T,
+    BWD_BLOCK_M / 16 for dV and dK, BWD_BLOCK_N / 16 for dQ (the tiled backward makes seven products a tile). dQ
+    goes into memory by 16-byte adds from the producer's warps; every input by the copy engine, dK and dV out."""
+    kernel = backward_machine_code[f"{d},{causal},{sm90.BWD_STAGES[d]}"]
+    ops = kernel["ops"]
+    assert kernel["warps"] == sm90.LOAD_WARPS + sm90.MMA_WARPS == 12
+    assert kernel["registers"] == sm90.MAX_REGISTERS
+    # the partitions' shares, moved by setmaxnreg: the producer's (it adds dQ) and the MMA warpgroups'
+    assert {sm90.BWD_LOAD_REGISTERS, sm90.BWD_MMA_REGISTERS} <= set(kernel["setmaxnreg"])
+    assert ops["HGMMA"] == 2 * (d // 16) + 2 * (sm90.BWD_BLOCK_M // 16) + sm90.BWD_BLOCK_N // 16
+    assert kernel["adds"] == ["REDG.E.ADD.F32x4.FTZ.RN.STRONG.GPU"]
+    assert ops["UTMALDG"] == 6 and ops["UTMASTG"] == 2   # K, V, Q, dO and the two per-query values; dK, dV
+    assert kernel["shared"] <= SHARED_MEMORY_LIMIT
+    # registers: at head dim 64 nothing spills; at 128 (dK and dV take 128 of the 232 a thread) a few bytes do
+    assert kernel["local"] <= (0 if d == 64 else 32)
+
+
+def test_a_third_ring_slot_fits_the_backward_at_head_dim_128(backward_machine_code):
+    """Three slots of Q and dO (and their per-query values) fit the 227 KiB a block may hold, with K, V, two
+    dS^T buffers and dQ's: the setting tune_ops times against two."""
+    two, three = backward_machine_code["128,False,2"], backward_machine_code["128,False,3"]
+    slot = 2 * sm90.BWD_BLOCK_M * 128 * 2 + 2 * sm90.BWD_BLOCK_M * 4
+    assert three["shared"] - two["shared"] >= slot and three["shared"] <= SHARED_MEMORY_LIMIT

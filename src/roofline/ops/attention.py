@@ -97,11 +97,11 @@ TILES = {
 FP32_TILES = {32: Tiles(64, 32, 4, 1), 64: Tiles(64, 32, 4, 1), 96: Tiles(32, 32, 4, 1), 128: Tiles(32, 32, 4, 1),
               256: Tiles(16, 16, 4, 1)}
 DELTA_BLOCK = 64   # queries a program of the dot(dO, O) pre-pass takes
-# The Hopper forward in Gluon (attention_sm90.py, imported only then, Gluon with it) for the inputs it takes, in
-# place of the tiled one: opt-in, since it is faster than the tiled forward at head dim 128 only, and behind
-# cuDNN's (benchmarks/results/h200-attention.md). Read at each call (plans and call signatures hold it), so that a
-# benchmark can set it call by call and time both forwards as eager code calls them
-SM90_FORWARD = os.environ.get("ROOFLINE_SM90_ATTENTION", "0") == "1"
+# The Hopper forward and backward in Gluon (attention_sm90.py, imported only then, Gluon with it) for the inputs they
+# take, in place of the tiled ones: opt-in, since they are faster than the tiled ones at head dim 128 only, and
+# behind cuDNN's (benchmarks/results/h200-attention.md). Read at each call (plans and call signatures hold it), so
+# that a benchmark can set it call by call and time both ways as eager code calls them
+SM90_ATTENTION = os.environ.get("ROOFLINE_SM90_ATTENTION", "0") == "1"
 
 if triton is not None:
 
@@ -378,15 +378,17 @@ class AttentionPlan:
             descriptors={0: _block(t, d), 1: _block(t, d, "walked"), 2: _block(t, d, "walked"), 3: _block(t, d)},
             CAUSAL=causal, **settings)
         self.forward_args = (heads, heads // kv_heads, nq, nk, abs(scale) * LOG2E, -1.0 if scale < 0 else 1.0)
-        self.sm90 = None
-        if SM90_FORWARD:
-            from roofline.ops import attention_sm90
-
-            if attention_sm90.supports(q, k, scale) and d in attention_sm90.ROUTED_HEAD_DIMS:
-                self.sm90 = attention_sm90.Sm90Forward(q, k, causal, scale * LOG2E)
         self.backward_args = (heads, kv_heads, heads // kv_heads, nq, nk, scale, scale * LOG2E)
         self.delta_grid = (cdiv(nq, DELTA_BLOCK), batch * heads)
         self._backward_launches = {}
+        self.sm90 = self.sm90_backward = None
+        if SM90_ATTENTION:
+            from roofline.ops import attention_sm90
+
+            if d in attention_sm90.ROUTED_HEAD_DIMS and attention_sm90.supports(q, k, scale):
+                self.sm90 = attention_sm90.Sm90Forward(q, k, causal, scale * LOG2E)
+            if d in attention_sm90.ROUTED_HEAD_DIMS and attention_sm90.supports(q, k, scale, backward=True):
+                self.sm90_backward = attention_sm90.Sm90Backward(q, k, causal, scale, self._delta_launch())
 
     def forward(self, q, k, v, causal, scale) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sm90 is not None:
@@ -409,13 +411,20 @@ class AttentionPlan:
             dq = Launch(attention_dq_kernel, self.grids["dq"], self.index, descriptors={
                 0: _block(t, d), 1: _block(t, d, "walked"), 2: _block(t, d, "walked"), 3: _block(t, d),
                 4: _block(t, d)}, CAUSAL=causal, **settings)
-            delta = Launch(attention_delta_kernel, self.delta_grid, self.index,
-                           descriptors={0: _block(DELTA_BLOCK, d), 1: _block(DELTA_BLOCK, d)})
-            launches = self._backward_launches[do_strides] = delta, dkdv, dq
+            launches = self._backward_launches[do_strides] = self._delta_launch(), dkdv, dq
         return launches
+
+    def _delta_launch(self) -> Launch:
+        d = self.d
+        return Launch(attention_delta_kernel, self.delta_grid, self.index,
+                      descriptors={0: _block(DELTA_BLOCK, d), 1: _block(DELTA_BLOCK, d)})
 
     def backward(self, do, q, k, v, o, lse, causal, scale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         do = _aligned(do)
+        # the Hopper backward adds dQ up with atomic adds: where deterministic algorithms are asked for, the tiled
+        # backward, whose gradients are the same bit for bit from run to run
+        if self.sm90_backward is not None and not torch.are_deterministic_algorithms_enabled():
+            return self.sm90_backward(do, q, k, v, o, lse)
         delta_launch, dkdv_launch, dq_launch = self._backward_launch(do.stride())
         delta = torch.empty_like(lse)
         heads, _, _, nq = self.backward_args[:4]
@@ -427,7 +436,7 @@ class AttentionPlan:
 
 
 @plan_cache("flash_attention", key=lambda q, k, v, causal, scale: (q.shape, q.stride(), k.shape, k.stride(), v.stride(),
-                                                                    q.dtype, q.device, causal, scale, SM90_FORWARD))
+                                                                    q.dtype, q.device, causal, scale, SM90_ATTENTION))
 def _plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> AttentionPlan:
     """The plan for q, k and v readable by the copy engine (_aligned)."""
     return AttentionPlan(q, k, causal, scale)
@@ -469,7 +478,7 @@ _attention = KernelOp(
                                                                torch.empty_like(v)),
     setup_context=_save_for_backward, backward_rule=_backward_rule, plan=_plan,
     signature=lambda q, k, v, causal, scale, backend: (type(q), tensor_key(q), tensor_key(k), tensor_key(v), causal,
-                                                       type(causal), scale, type(scale), backend, SM90_FORWARD))
+                                                       type(causal), scale, type(scale), backend, SM90_ATTENTION))
 
 
 # --------------------------------------------------------------------------- entry point
@@ -504,7 +513,7 @@ def _check(q, k, v, causal, scale) -> None:
         raise ValueError(f"flash_attention: scale must be a finite number or None, got {scale!r}")
 
 
-@replayed_entry(settings=lambda: SM90_FORWARD)   # a call under each setting is recorded apart
+@replayed_entry(settings=lambda: SM90_ATTENTION)   # a call under each setting is recorded apart
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     scale: float | None = None, *, backend: str | None = None) -> torch.Tensor:
     """Attention over (batch, heads, seq, head_dim) tensors, without the seq x seq matrix in memory.

@@ -1,4 +1,4 @@
-"""flash_attention's forward for Hopper (sm_90), written in Gluon with FlashAttention-3's structure.
+"""flash_attention's forward and backward for Hopper (sm_90), written in Gluon with FlashAttention-3's structure.
 
 The tiled Triton forward (attention.py) runs one warpgroup a block of 64 queries, its softmax and its matrix
 products in turn; the tensor cores wait while it exponentiates. FlashAttention-3 overlaps them, and Triton 3.6's
@@ -22,13 +22,31 @@ key head h // group), a query that sees no key gets zeros and a log-sum-exp of -
 natural log for the backward (attention.py's kernels). For bf16 and fp16 at head dims 64 and 128, a positive
 scale, on a device of compute capability 9.0.
 
-Off unless attention.SM90_FORWARD (ROOFLINE_SM90_ATTENTION=1). On an H200 (benchmarks/results/h200-attention.md),
-at head dim 128 it is faster than the tiled forward, alone and as eager code calls it (from 1024 keys), and level
-with cuDNN's only at the longest sequences; at 64 it is not faster than the tiled one. It stays off until a whole
-program has been timed with it.
+The backward makes five products a tile where the tiled one (attention.py) makes seven: a program holds 128 keys
+(64 for each MMA warpgroup) and walks the queries 64 at a time, every query head of its key head:
+
+    a producer warpgroup      brings each step's Q and dO blocks, and their queries' log-sum-exp (base 2) and delta
+                              from padded copies, through the copy engine into a ring of slots; and adds each step's
+                              dQ, which the MMA warpgroups leave in shared memory, into an fp32 buffer in memory
+                              (red.global.add.v4.f32, 16 bytes an add), while the next step's blocks load
+    two MMA warpgroups        one partition, 232 registers a thread (the producer keeps 40): S^T = K Q^T and
+                              dP^T = V dO^T, P^T and dS^T = P^T (dP^T - delta) in registers, dV += P^T dO and
+                              dK += dS^T Q with P^T and dS^T as A operands from registers, then dQ = dS K with dS^T
+                              from shared memory (both warpgroups' keys: a barrier between them)
+
+dQ is added up across the programs of a key head by atomic adds, so it is not the same bit for bit from run to
+run; where torch.use_deterministic_algorithms is on, the tiled backward runs. A last pass rounds dQ to q's dtype.
+
+Off unless attention.SM90_ATTENTION (ROOFLINE_SM90_ATTENTION=1). On an H200 (benchmarks/results/h200-attention.md),
+at head dim 128 the forward is faster than the tiled forward, alone and as eager code calls it (from 1024 keys),
+and level with cuDNN's only at the longest sequences; at 64 it is not faster than the tiled one. The backward, at
+head dim 128, is faster than the tiled backward and slower than cuDNN's. They stay off until a whole program has
+been timed with them.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -44,8 +62,9 @@ except ImportError:
     gluon = None
 
 HEAD_DIMS = (64, 128)
-# Where flash_attention takes it, with ROOFLINE_SM90_ATTENTION=1: the head dims it was timed faster than the tiled
-# forward at (benchmarks/results/h200-attention.md; slower at 64). tune_ops and the tests route both.
+# Where flash_attention takes them, with ROOFLINE_SM90_ATTENTION=1: the head dims the forward and the backward were
+# timed faster than the tiled ones at (benchmarks/results/h200-attention.md; the forward slower at 64, the backward
+# not faster). tune_ops and the tests route both.
 ROUTED_HEAD_DIMS = (128,)
 BLOCK_M = 128   # queries a program holds: 64 for each MMA warpgroup
 BLOCK_N = 128   # keys and values a step of the loop walks
@@ -63,11 +82,23 @@ PINGPONG = False
 # O rescaled by the last block's factor while this block's S = Q K^T runs (FA3's order: off the path from one P V to
 # the next issue), instead of after P V has retired; on the H200 it was slower (h200-attention.md, run 3): off
 RESCALE_UNDER_S = False
-MMA_REGISTERS = 240   # a thread of the MMA warpgroups; Triton leaves the producer's warpgroup 24
+MMA_REGISTERS = 240   # a thread of the MMA warpgroups; Triton leaves the producer's warpgroup the rest, 24
 # At launch, a thread of each of the 12 warps: 168 x 384 threads = 24 x 128 + 240 x 256, the whole budget that
 # setmaxnreg moves between the partitions. A launch with fewer would leave the MMA warpgroups' request for 240
 # waiting on registers that never free (the CPU test holds the compile to exactly this many)
 MAX_REGISTERS = 168
+
+LOG2E = math.log2(math.e)   # the log-sum-exp in base 2: exp2 is one instruction
+# The backward: queries a step walks, keys a program holds (64 for each MMA warpgroup), slots in the producer's ring
+BWD_BLOCK_M = 64
+BWD_BLOCK_N = 128
+BWD_STAGES = {64: 2, 128: 2}
+# Registers a thread of the producer's warpgroup (which adds dQ into memory, four floats at a time) and of the MMA
+# warpgroups: 40 x 128 + 232 x 256 = 168 x 384, the same budget as the forward's. The kernel asks for the MMA
+# warpgroups' share; Triton gives the producer the rest (the CPU test checks both in the machine code)
+BWD_LOAD_REGISTERS, BWD_MMA_REGISTERS = 40, 232
+# The per-query values come in blocks of BWD_BLOCK_M through a descriptor of rank 1 (no swizzle)
+VECTOR_LAYOUT = None if gluon is None else gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
 
 
 if gluon is not None:
@@ -271,10 +302,207 @@ if gluon is not None:
                                [MMA_REGISTERS, MMA_REGISTERS])
 
 
-def supports(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
-    """Whether this forward takes these inputs (the tiled one takes the rest)."""
+    @gluon.jit
+    def _add_quads(ptrs, values, mask):
+        """values added into memory four neighbouring floats at a time: one 16-byte add (red.global.add.v4.f32,
+        sm_90) where tl.atomic_add makes four of 4 bytes."""
+        return gl.inline_asm_elementwise(
+            asm="{ .reg .pred p; setp.ne.b32 p, $12, 0; "
+                "@p red.relaxed.gpu.global.add.v4.f32 [$4], {$8, $9, $10, $11}; "
+                "mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; }",
+            constraints="=r,=r,=r,=r,l,l,l,l,f,f,f,f,r,r,r,r",
+            args=[ptrs.to(gl.int64, bitcast=True), values, mask.to(gl.int32)], dtype=gl.int32, is_pure=False,
+            pack=4)
+
+    @gluon.jit
+    def _add_dq(dq_smem, dq_ptr, row, start_m, nq):
+        """The producer: a step's dQ, left in shared memory by the MMA warpgroups, added into the fp32 rows
+        [start_m, start_m + block) of dq_ptr's head `row`, 8 rows at a time (a thread four neighbouring floats,
+        no element twice), rows past nq dropped."""
+        block_m: gl.constexpr = dq_smem.type.shape[0]
+        head_d: gl.constexpr = dq_smem.type.shape[1]
+        threads_a_row: gl.constexpr = 32 if head_d >= 128 else head_d // 4
+        layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // threads_a_row, threads_a_row], [gl.num_warps(), 1],
+                                                [1, 0])
+        columns = gl.arange(0, head_d, layout=gl.SliceLayout(0, layout))
+        for r in gl.static_range(0, block_m, 8):
+            queries = start_m + r + gl.arange(0, 8, layout=gl.SliceLayout(1, layout))
+            _add_quads(dq_ptr + (row * nq + queries[:, None]) * head_d + columns[None, :],
+                       dq_smem.slice(r, 8, dim=0).load(layout), queries[:, None] < nq)
+
+    @gluon.jit
+    def _backward_loads(descs, q_slots, do_slots, lse_slots, delta_slots, k_smem, v_smem, dq_smem, bars, dq_ptr, b,
+                        hk, heads, group, start_n, first, blocks, nq, nq_pad):
+        """The producer: K and V once, then each step's Q, dO and their per-query values into the ring; and the
+        dQ of each step, once the MMA warpgroups have left it in shared memory, into memory."""
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc = descs
+        kv_bar, q_full, do_full, empty, dq_full, dq_empty = bars
+        slots: gl.constexpr = q_slots.type.shape[0]
+        block_m: gl.constexpr = q_desc.block_type.shape[2]
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [b, hk, start_n, 0], kv_bar, v_smem)
+        steps = group * blocks
+        for i in range(steps):
+            slot = i % slots
+            h = hk * group + i // blocks
+            start_m = first + (i % blocks) * block_m
+            row = b * heads + h
+            # a fresh mbarrier counts as having completed the phase before its first: the first round waits not
+            mbarrier.wait(empty.index(slot), ((i // slots) & 1) ^ 1)
+            mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_full.index(slot), q_slots.index(slot))
+            tma.async_copy_global_to_shared(lse_desc, [row * nq_pad + start_m], q_full.index(slot),
+                                            lse_slots.index(slot))
+            mbarrier.expect(do_full.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], do_full.index(slot), do_slots.index(slot))
+            tma.async_copy_global_to_shared(delta_desc, [row * nq_pad + start_m], do_full.index(slot),
+                                            delta_slots.index(slot))
+            if i > 0:   # the last step's dQ, while this step's blocks load
+                mbarrier.wait(dq_full, (i - 1) & 1)
+                _add_dq(dq_smem, dq_ptr, (b * heads + hk * group + (i - 1) // blocks).to(gl.int64),
+                        first + ((i - 1) % blocks) * block_m, nq)
+                mbarrier.arrive(dq_empty, count=1)
+        if steps > 0:
+            mbarrier.wait(dq_full, (steps - 1) & 1)
+            _add_dq(dq_smem, dq_ptr, (b * heads + hk * group + (steps - 1) // blocks).to(gl.int64),
+                    first + ((steps - 1) % blocks) * block_m, nq)
+
+    @gluon.jit
+    def _backward_products(dk_desc, dv_desc, q_slots, do_slots, lse_slots, delta_slots, k_smem, v_smem, ds_bufs,
+                           dq_smem, bars, b, hk, start_n, full, first, steps, blocks, nq, nk, scale, scale_log2,
+                           CAUSAL: gl.constexpr):
+        """The MMA warpgroups, one partition: dK and dV of the program's keys over every step, and each step's dQ
+        (scaled) into shared memory for the producer."""
+        kv_bar, q_full, do_full, empty, dq_full, dq_empty = bars
+        warps: gl.constexpr = gl.num_warps()
+        slots: gl.constexpr = q_slots.type.shape[0]
+        block_m: gl.constexpr = q_slots.type.shape[3]
+        head_d: gl.constexpr = q_slots.type.shape[4]
+        block_n: gl.constexpr = k_smem.type.shape[2]
+        dtype: gl.constexpr = q_slots.dtype
+        # S^T and dP^T keys by queries, dK and dV keys by head_dim: each warp 16 keys. dQ queries by head_dim:
+        # each MMA warpgroup half of head_dim, over all the program's keys
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                                            instr_shape=[16, block_m, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                                             instr_shape=[16, head_d, 16])
+        operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps // 2, 2],
+                                                            instr_shape=[16, head_d // 2, 16])
+        columns: gl.constexpr = gl.SliceLayout(0, st_layout)
+        k_tile = k_smem.reshape([block_n, head_d])
+        v_tile = v_smem.reshape([block_n, head_d])
+        keys = start_n + gl.arange(0, block_n, layout=gl.SliceLayout(1, st_layout))
+        dk = gl.zeros([block_n, head_d], gl.float32, acc_layout)
+        dv = gl.zeros([block_n, head_d], gl.float32, acc_layout)
+        zeros = gl.zeros([block_n, block_m], gl.float32, st_layout)
+        mbarrier.wait(kv_bar, 0)
+        for i in range(steps):
+            slot = i % slots
+            phase = (i // slots) & 1
+            start_m = first + (i % blocks) * block_m
+            q_tile = q_slots.index(slot).reshape([block_m, head_d])
+            do_tile = do_slots.index(slot).reshape([block_m, head_d])
+            mbarrier.wait(q_full.index(slot), phase)
+            st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
+            mbarrier.wait(do_full.index(slot), phase)
+            dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
+            st = warpgroup_mma_wait(1, deps=(st, ))
+            pt = gl.exp2(st * scale_log2 - lse_slots.index(slot).load(columns)[None, :])
+            if start_m < full:   # some queries of this block see only some of the keys
+                queries = start_m + gl.arange(0, block_m, layout=columns)
+                visible = (keys[:, None] < nk) & (queries[None, :] >= 0)   # (the second: both of its shape)
+                if CAUSAL:
+                    visible = visible & (keys[:, None] <= queries[None, :] + (nk - nq))
+                pt = gl.where(visible, pt, 0.0)
+            dpt = warpgroup_mma_wait(0, deps=(dpt, ))
+            dst = pt * (dpt - delta_slots.index(slot).load(columns)[None, :])
+            pt = gl.convert_layout(pt.to(dtype), operand)
+            dv = warpgroup_mma(pt, do_tile, dv, is_async=True)
+            ds_operand = gl.convert_layout(dst.to(dtype), operand)
+            dk = warpgroup_mma(ds_operand, q_tile, dk, is_async=True)
+            # dS for dQ = dS K, scaled here so that dQ leaves the products final; in two buffers in turn: the one
+            # written now was last read two steps ago, before the barrier of the step between
+            ds_buf = ds_bufs.index(i % 2)
+            ds_buf.store((dst * scale).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()   # both warpgroups' keys of dS^T in shared memory before either multiplies dS K
+            dq = warpgroup_mma(ds_buf.permute((1, 0)), k_tile, gl.zeros([block_m, head_d], gl.float32, dq_layout),
+                               use_acc=False, is_async=True)
+            dq, dk, dv, pt, ds_operand = warpgroup_mma_wait(0, deps=(dq, dk, dv, pt, ds_operand))
+            mbarrier.arrive(empty.index(slot), count=1)
+            mbarrier.wait(dq_empty, (i & 1) ^ 1)
+            dq_smem.store(dq)
+            gl.thread_barrier()   # every warp's part of dQ written before the producer reads it
+            mbarrier.arrive(dq_full, count=1)
+        gl.thread_barrier()   # every product reading K and V retired before dK and dV take their memory
+        k_tile.store((dk * scale).to(dtype))
+        v_tile.store(dv.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dk_desc, [b, hk, start_n, 0], k_smem)
+        tma.async_copy_shared_to_global(dv_desc, [b, hk, start_n, 0], v_smem)
+        tma.store_wait(0)
+
+    @gluon.jit
+    def attention_backward_sm90_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc,
+                                       dq_ptr, heads, kv_heads, group, nq, nq_pad, nk, scale, scale_log2,
+                                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, MMA_REGISTERS: gl.constexpr):
+        """Program (key block, batch x key head): dK and dV of its keys, and its share of every query's dQ added
+        into dq_ptr (fp32, zeros before). lse_desc, delta_desc: the log-sum-exp in base 2 and delta of each query,
+        rows padded to nq_pad with zeros. scale_log2 = scale log2(e)."""
+        block_m: gl.constexpr = q_desc.block_type.shape[2]
+        block_n: gl.constexpr = k_desc.block_type.shape[2]
+        head_d: gl.constexpr = q_desc.block_type.shape[3]
+        start_n = gl.program_id(0) * block_n
+        b = gl.program_id(1) // kv_heads
+        hk = gl.program_id(1) % kv_heads
+        if CAUSAL:   # queries [first, full) see some of the keys (masked), [full, nq) all of them
+            first = gl.maximum(start_n - (nk - nq), 0) // block_m * block_m
+            full = gl.minimum(gl.cdiv(gl.maximum(start_n + block_n - 1 - (nk - nq), 0), block_m) * block_m, nq)
+        else:   # keys past nk are zeros (the copy engine's fill), whose products add nothing to any row kept
+            first = 0
+            full = 0
+        blocks = gl.cdiv(nq - first, block_m)
+        q_slots = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_slots = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        lse_slots = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape, lse_desc.layout)
+        delta_slots = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
+                                                delta_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([block_n, block_m], q_desc.dtype)
+        ds_bufs = gl.allocate_shared_memory(q_desc.dtype, [2, block_n, block_m], ds_layout)
+        dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([block_m, head_d], gl.float32)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [block_m, head_d], dq_layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        dq_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        dq_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        mbarrier.init(dq_full, count=1)
+        mbarrier.init(dq_empty, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_full.index(i), count=1)
+            mbarrier.init(do_full.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        fence_async_shared()   # the initialized barriers seen by the copy engine before its first copy
+        bars = (kv_bar, q_full, do_full, empty, dq_full, dq_empty)
+        descs = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc)
+        loads = (descs, q_slots, do_slots, lse_slots, delta_slots, k_smem, v_smem, dq_smem, bars, dq_ptr, b, hk,
+                 heads, group, start_n, first, blocks, nq, nq_pad)
+        products = (dk_desc, dv_desc, q_slots, do_slots, lse_slots, delta_slots, k_smem, v_smem, ds_bufs, dq_smem,
+                    bars, b, hk, start_n, full, first, group * blocks, blocks, nq, nk, scale, scale_log2, CAUSAL)
+        gl.warp_specialize([(_backward_loads, loads), (_backward_products, products)], [8], [MMA_REGISTERS])
+
+def supports(q: torch.Tensor, k: torch.Tensor, scale: float, backward: bool = False) -> bool:
+    """Whether this forward (or the backward) takes these inputs (the tiled ones take the rest). The forward's
+    softmax takes the max of the scaled scores as the scaled max: a positive scale."""
     return (gluon is not None and not interpreting() and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
-            and q.shape[3] in HEAD_DIMS and scale > 0
+            and q.shape[3] in HEAD_DIMS and (backward or scale > 0)
             and torch.cuda.get_device_capability(q.device) == (9, 0))
 
 
@@ -314,3 +542,43 @@ class Sm90Forward:
                 maxnreg=MAX_REGISTERS)
         return o, lse
 
+
+
+class Sm90Backward:
+    """The backward's launches for q, k, v of given shapes (readable by the copy engine) on a Hopper GPU:
+    (dQ, dK, dV) from dO, O and the forward's log-sum-exp. delta_launch: attention.py's pre-pass, delta = rowsum(dO
+    O), here into rows padded to a whole number of query blocks (zeros past the end)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, delta_launch):
+        batch, heads, nq, d = q.shape
+        self.d, self.causal, self.scale, self.delta_launch = d, causal, scale, delta_launch
+        self.rows, self.nq, self.heads = batch * heads, nq, heads
+        self.nq_pad = cdiv(nq, BWD_BLOCK_M) * BWD_BLOCK_M
+        self.grid = (cdiv(k.shape[2], BWD_BLOCK_N), batch * k.shape[1])
+        self.args = (heads, k.shape[1], heads // k.shape[1], nq, self.nq_pad, k.shape[2], scale, scale * LOG2E)
+        self.layouts = {rows: _layout(d, q.dtype, rows) for rows in (BWD_BLOCK_M, BWD_BLOCK_N)}
+
+    def _descriptor(self, t: torch.Tensor, rows: int):
+        return tma_descriptor(t, [1, 1, rows, self.d], layout=self.layouts[rows])
+
+    def _per_query(self, t: torch.Tensor):
+        return tma_descriptor(t.view(-1), [BWD_BLOCK_M], layout=VECTOR_LAYOUT)
+
+    def __call__(self, do, q, k, v, o, lse) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        recorder = _eager_node.recording.recorder
+        if recorder is not None:   # Triton's launcher, not a Launch: nothing a replay could repeat
+            recorder.refuse("flash_attention's sm_90 backward launches through Triton's JIT")
+        lse2 = torch.zeros(self.rows, self.nq_pad, device=q.device, dtype=torch.float32)
+        torch.mul(lse.view(self.rows, self.nq), LOG2E, out=lse2[:, :self.nq])
+        delta = torch.empty(self.rows, self.nq_pad, device=q.device, dtype=torch.float32)
+        self.delta_launch(o, do, delta, self.heads, self.nq_pad)   # rows past nq read zeros: delta 0
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        with torch.cuda.device(q.device):
+            attention_backward_sm90_kernel[self.grid](
+                self._descriptor(q, BWD_BLOCK_M), self._descriptor(k, BWD_BLOCK_N), self._descriptor(v, BWD_BLOCK_N),
+                self._descriptor(do, BWD_BLOCK_M), self._descriptor(dk, BWD_BLOCK_N),
+                self._descriptor(dv, BWD_BLOCK_N), self._per_query(lse2), self._per_query(delta), dq, *self.args,
+                CAUSAL=self.causal, STAGES=BWD_STAGES[self.d], MMA_REGISTERS=BWD_MMA_REGISTERS,
+                num_warps=LOAD_WARPS, maxnreg=MAX_REGISTERS)
+        return dq.to(q.dtype), dk, dv
