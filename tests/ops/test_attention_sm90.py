@@ -50,35 +50,45 @@ def _compiled(d: int, causal: bool, parts: int, pingpong: bool, stages: int, res
                           options={"num_warps": sm90.LOAD_WARPS, "maxnreg": sm90.MAX_REGISTERS})
 
 
+def _summary(kernel) -> tuple[dict, list]:
+    """Warps, registers, local and shared memory and opcode counts of a kernel compiled for sm_90, and its SASS."""
+    used = sass.resources(kernel.asm["cubin"])[kernel.metadata.name]
+    code = sass.parse_disassembly(sass.disassemble(kernel.asm["cubin"]))
+    return {"warps": kernel.metadata.num_warps, "registers": used.registers, "local": used.local_memory,
+            "shared": kernel.metadata.shared + used.static_shared_bytes,
+            "ops": collections.Counter(x.base for x in code)}, code
+
+
 def _machine_code() -> dict:
-    """For each head dim and causal or not: warps, registers, local memory, shared memory and opcode counts of the
-    kernel compiled for sm_90 (run in a process where Triton compiles: the tests' interprets)."""
+    """For each head dim and causal or not: the forward's _summary, and whether each copy of O out waits for every
+    warp's write of it (run in a process where Triton compiles: the tests' interprets)."""
     out = {}
     for d in sm90.HEAD_DIMS:
         for causal in (False, True):
             for parts, pingpong in VARIANTS:
-                kernel = _compiled(d, causal, parts, pingpong, sm90.STAGES[d])
-                used = sass.resources(kernel.asm["cubin"])[kernel.metadata.name]
-                code = sass.parse_disassembly(sass.disassemble(kernel.asm["cubin"]))
+                summary, code = _summary(_compiled(d, causal, parts, pingpong, sm90.STAGES[d]))
                 barriers = []   # for each copy of O out: a barrier after the last shared-memory write before it
                 for store in (i for i, x in enumerate(code) if x.base == "UTMASTG"):
                     last_write = max(i for i, x in enumerate(code[:store]) if x.base in ("STS", "STSM"))
                     barriers.append(any(x.opcode.startswith("BAR.SYNC") for x in code[last_write:store]))
-                out[f"{d},{causal},{parts},{pingpong}"] = {
-                    "warps": kernel.metadata.num_warps, "registers": used.registers, "local": used.local_memory,
-                    "ops": collections.Counter(x.base for x in code), "o_written_then_barrier": barriers,
-                    "shared": kernel.metadata.shared + used.static_shared_bytes}
+                out[f"{d},{causal},{parts},{pingpong}"] = {**summary, "o_written_then_barrier": barriers}
     return out
 
 
-@pytest.fixture(scope="module")
-def machine_code():
+def _in_a_compiling_process(call: str):
+    """The JSON result of `call`, an expression over this module as `t`, evaluated in a process of its own where
+    Triton compiles (the tests' interprets)."""
     child = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_attention_sm90 as t; "
-             "print(json.dumps(t._machine_code()))")
+             f"print(json.dumps({call}))")
     done = subprocess.run([sys.executable, "-c", child, str(Path(__file__).parent)], capture_output=True, text=True,
                           env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def machine_code():
+    return _in_a_compiling_process("t._machine_code()")
 
 
 @pytest.mark.parametrize("parts,pingpong", VARIANTS)
@@ -113,20 +123,9 @@ def test_ping_pong_waits_and_passes_a_turn_at_each_issue_of_products(machine_cod
 
 
 def _one_compiled(d: int, parts: int, pingpong: bool, stages: int, rescale_under_s: bool = False) -> dict:
-    """Registers, local memory, shared memory and opcode counts of one causal variant compiled for sm_90, in a process
-    of its own (where Triton compiles: the tests' interprets)."""
-    child = ("import sys, json, collections; sys.path.insert(0, sys.argv[1]); import test_attention_sm90 as t; "
-             "from roofline.inspect import sass; "
-             f"k = t._compiled({d}, True, {parts}, {pingpong}, {stages}, {rescale_under_s}); "
-             "used = sass.resources(k.asm['cubin'])[k.metadata.name]; "
-             "code = sass.parse_disassembly(sass.disassemble(k.asm['cubin'])); "
-             "print(json.dumps({'registers': used.registers, 'local': used.local_memory, "
-             "'shared': k.metadata.shared + used.static_shared_bytes, "
-             "'ops': collections.Counter(x.base for x in code)}))")
-    done = subprocess.run([sys.executable, "-c", child, str(Path(__file__).parent)], capture_output=True, text=True,
-                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    """The _summary of one causal variant of the forward."""
+    return _in_a_compiling_process(f"t._summary(t._compiled({d}, True, {parts}, {pingpong}, {stages}, "
+                                   f"{rescale_under_s}))[0]")
 
 
 @pytest.mark.parametrize("d", sm90.HEAD_DIMS)
@@ -304,32 +303,22 @@ def _backward_compiled(d: int, causal: bool, stages: int):
 
 
 def _backward_machine_code() -> dict:
-    """For each head dim, causal or not, and ring slots (the default, and 3 at head dim 128): registers, local
-    and shared memory, opcode counts and the producer's register share of the backward compiled for sm_90."""
+    """For each head dim, causal or not, and ring slots (the default, and 3): the backward's _summary, its adds into
+    memory and the register shares setmaxnreg moves."""
     out = {}
     for d in sm90.HEAD_DIMS:
         for causal in (False, True):
             for stages in sorted({sm90.BWD_STAGES[d], 3}):
-                kernel = _backward_compiled(d, causal, stages)
-                used = sass.resources(kernel.asm["cubin"])[kernel.metadata.name]
-                code = sass.parse_disassembly(sass.disassemble(kernel.asm["cubin"]))
+                summary, code = _summary(_backward_compiled(d, causal, stages))
                 out[f"{d},{causal},{stages}"] = {
-                    "warps": kernel.metadata.num_warps, "registers": used.registers, "local": used.local_memory,
-                    "ops": collections.Counter(x.base for x in code),
-                    "adds": sorted({x.opcode for x in code if x.base in ("RED", "REDG", "ATOMG")}),
-                    "setmaxnreg": sorted({int(x.text.split()[-1], 16) for x in code if x.base == "USETMAXREG"}),
-                    "shared": kernel.metadata.shared + used.static_shared_bytes}
+                    **summary, "adds": sorted({x.opcode for x in code if x.base in ("RED", "REDG", "ATOMG")}),
+                    "setmaxnreg": sorted({int(x.text.split()[-1], 16) for x in code if x.base == "USETMAXREG"})}
     return out
 
 
 @pytest.fixture(scope="module")
 def backward_machine_code():
-    child = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_attention_sm90 as t; "
-             "print(json.dumps(t._backward_machine_code()))")
-    done = subprocess.run([sys.executable, "-c", child, str(Path(__file__).parent)], capture_output=True, text=True,
-                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return _in_a_compiling_process("t._backward_machine_code()")
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -103,6 +103,11 @@ VECTOR_LAYOUT = None if gluon is None else gl.NVMMASharedLayout(swizzle_byte_wid
 
 if gluon is not None:
 
+    @gluon.constexpr_function
+    def _rows_by_warp(warps, columns):
+        """A product's accumulator layout (wgmma's) where each of `warps` warps holds 16 rows and every column."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, columns, 16])
+
     @gluon.jit
     def _loads(q_desc, k_desc, v_desc, q_smem, k_slots, v_slots, bars, b, h, hk, start_m, end):
         """The producer: Q, then the key and value blocks [0, end) into the ring, each slot waited for until
@@ -170,10 +175,8 @@ if gluon is not None:
         block_n: gl.constexpr = k_slots.type.shape[3]
         dtype: gl.constexpr = q.dtype
         # each warp 16 rows of every product: the two warpgroups split the queries, 64 each
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
-                                                           instr_shape=[16, block_n, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
-                                                           instr_shape=[16, head_d, 16])
+        s_layout: gl.constexpr = _rows_by_warp(warps, block_n)
+        o_layout: gl.constexpr = _rows_by_warp(warps, head_d)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
@@ -383,10 +386,8 @@ if gluon is not None:
         dtype: gl.constexpr = q_slots.dtype
         # S^T and dP^T keys by queries, dK and dV keys by head_dim: each warp 16 keys. dQ queries by head_dim:
         # each MMA warpgroup half of head_dim, over all the program's keys
-        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
-                                                            instr_shape=[16, block_m, 16])
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
-                                                             instr_shape=[16, head_d, 16])
+        st_layout: gl.constexpr = _rows_by_warp(warps, block_m)
+        acc_layout: gl.constexpr = _rows_by_warp(warps, head_d)
         operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps // 2, 2],
                                                             instr_shape=[16, head_d // 2, 16])
