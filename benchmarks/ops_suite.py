@@ -267,9 +267,8 @@ ATTENTION_HEADLINE = (4, 32, 4096, 128)   # batch, heads, sequence, head_dim: th
 def _attention_providers(causal: bool, head_dims) -> dict:
     """SDPA's flash and cuDNN backends and flash_attention; on a Hopper GPU, where every head dim swept is one
     flash_attention routes to its Hopper kernels, also flash_attention with them on (opt-in,
-    ROOFLINE_SM90_ATTENTION), call by call: both ways as eager code calls them, in the same turns. Each of the
-    two sets the switch for its call and leaves it so, since the backward's plan is chosen under it at the
-    backward (which a sweep runs before the next provider's call)."""
+    ROOFLINE_SM90_ATTENTION), call by call: both ways as eager code calls them, in the same turns (an eager
+    backward runs the plan its forward was given, so the switch at the forward chooses both kernels)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from roofline.ops import attention
@@ -282,8 +281,11 @@ def _attention_providers(causal: bool, head_dims) -> dict:
 
     def flash(sm90: bool):
         def run(q, k, v):
-            attention.SM90_ATTENTION = sm90
-            return ops.flash_attention(q, k, v, causal, backend="triton")
+            before, attention.SM90_ATTENTION = attention.SM90_ATTENTION, sm90
+            try:
+                return ops.flash_attention(q, k, v, causal, backend="triton")
+            finally:
+                attention.SM90_ATTENTION = before
         return run
 
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)

@@ -199,6 +199,7 @@ def test_the_hopper_backward_agrees_with_the_tiled_one_and_yields_to_it_where_as
     q = torch.randn(2, 8, 1000, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 2, 1000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     do = torch.randn_like(q)
+    assert attention_module._plan(q, k, v, causal, 128 ** -0.5).sm90_backward is not None   # the Hopper one runs
     o, lse = attention_module._forward(q, k, v, causal, 128 ** -0.5)
     hopper = attention_module._backward(do, q, k, v, o, lse, causal, 128 ** -0.5)
     before = torch.are_deterministic_algorithms_enabled()
@@ -212,6 +213,29 @@ def test_the_hopper_backward_agrees_with_the_tiled_one_and_yields_to_it_where_as
     for ours, theirs, exact in zip(hopper, tiled, asked):
         assert torch.equal(exact, theirs)
         assert torch.allclose(ours.float(), theirs.float(), rtol=1.6e-2, atol=1.6e-2)
+
+
+@pytest.mark.gpu
+def test_the_hopper_backward_masks_the_keys_past_the_end_and_takes_each_do_layout(hopper_forward):
+    """Not causal, keys that end inside a block: the copy engine's zero keys past the end must weigh nothing, even
+    where the log-sum-exp is below -128 (a large negative scale: exp2(-lse) would be inf, and inf x 0 nan). And
+    one plan's backward given dO of two layouts in turn (a transposed view's gradient is itself transposed)."""
+    q = torch.randn(1, 4, 200, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 4, 200, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for scale in (-8.0, 128 ** -0.5):
+        assert attention_module._plan(q, k, v, False, scale).sm90_backward is not None
+        o, lse = attention_module._forward(q, k, v, False, scale)
+        for do in (torch.randn_like(q), torch.randn(1, 200, 4, 128, device="cuda", dtype=q.dtype).transpose(1, 2)):
+            hopper = attention_module._backward(do, q, k, v, o, lse, False, scale)
+            before = torch.are_deterministic_algorithms_enabled()
+            torch.use_deterministic_algorithms(True)
+            try:
+                tiled = attention_module._backward(do, q, k, v, o, lse, False, scale)
+            finally:
+                torch.use_deterministic_algorithms(before)
+            for ours, theirs in zip(hopper, tiled):
+                assert torch.isfinite(ours).all()
+                assert torch.allclose(ours.float(), theirs.float(), rtol=1.6e-2, atol=1.6e-2)
 
 
 def test_the_setting_is_read_at_each_call(monkeypatch):

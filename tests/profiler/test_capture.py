@@ -413,6 +413,26 @@ def test_the_window_s_edges_leave_torch_s_optimizer_hooks_alone():
     assert len(set(seen)) == 1 and len(seen[0]) >= 1
 
 
+def test_the_priming_recording_keeps_out_of_the_programs_way(monkeypatch):
+    """No priming recording where CUDA has not started, a stream is being captured, or a recording runs: each
+    would change the program (a device picked, a graph broken, a profiler started inside another)."""
+    from roofline.profiler import capture
+
+    def no_recording(*args, **kwargs):
+        raise AssertionError("a priming recording was made")
+
+    monkeypatch.setattr(capture.torch.profiler, "profile", no_recording)
+    for started, capturing, recording in ((False, False, False), (True, True, False), (True, False, True)):
+        monkeypatch.setattr(capture.torch.cuda, "is_initialized", lambda: started)
+        monkeypatch.setattr(capture.torch.cuda, "is_current_stream_capturing", lambda: capturing)
+        monkeypatch.setattr(capture.torch._C._autograd, "_profiler_enabled", lambda: recording)
+        capture._prime_cupti()
+    monkeypatch.setattr(capture.torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(capture.torch._C._autograd, "_profiler_enabled", lambda: False)
+    with pytest.raises(AssertionError, match="priming recording"):   # and one where none of them holds
+        capture._prime_cupti()
+
+
 @pytest.mark.parametrize("cuda, user, expected", [("13.0", None, "1"), ("12.6", None, "1"), ("12.4", None, None),
                                                   ("13.0", "0", "0")])
 def test_cupti_is_finalized_when_recording_stops(monkeypatch, cuda, user, expected):

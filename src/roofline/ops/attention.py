@@ -388,7 +388,8 @@ class AttentionPlan:
             if d in attention_sm90.ROUTED_HEAD_DIMS and attention_sm90.supports(q, k, scale):
                 self.sm90 = attention_sm90.Sm90Forward(q, k, causal, scale * LOG2E)
             if d in attention_sm90.ROUTED_HEAD_DIMS and attention_sm90.supports(q, k, scale, backward=True):
-                self.sm90_backward = attention_sm90.Sm90Backward(q, k, causal, scale, self._delta_launch())
+                self.sm90_backward = attention_sm90.Sm90Backward(
+                    q, k, causal, scale, lambda strides: self._backward_launch(strides)[0])
 
     def forward(self, q, k, v, causal, scale) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sm90 is not None:

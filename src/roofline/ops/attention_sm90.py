@@ -462,9 +462,10 @@ if gluon is not None:
         if CAUSAL:   # queries [first, full) see some of the keys (masked), [full, nq) all of them
             first = gl.maximum(start_n - (nk - nq), 0) // block_m * block_m
             full = gl.minimum(gl.cdiv(gl.maximum(start_n + block_n - 1 - (nk - nq), 0), block_m) * block_m, nq)
-        else:   # keys past nk are zeros (the copy engine's fill), whose products add nothing to any row kept
+        else:   # every query sees every key; a block running past nk masks them all (the copy engine's zero keys
+            # would weigh exp2(-lse) each, inf for a log-sum-exp below -128, and inf x 0 is nan in dQ)
             first = 0
-            full = 0
+            full = gl.where(start_n + block_n > nk, nq, 0)
         blocks = gl.cdiv(nq - first, block_m)
         q_slots = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
         do_slots = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
@@ -547,8 +548,9 @@ class Sm90Forward:
 
 class Sm90Backward:
     """The backward's launches for q, k, v of given shapes (readable by the copy engine) on a Hopper GPU:
-    (dQ, dK, dV) from dO, O and the forward's log-sum-exp. delta_launch: attention.py's pre-pass, delta = rowsum(dO
-    O), here into rows padded to a whole number of query blocks (zeros past the end)."""
+    (dQ, dK, dV) from dO, O and the forward's log-sum-exp. delta_launch(dO's strides): attention.py's pre-pass for
+    a dO of those strides (a launch's descriptors hold them), delta = rowsum(dO O), here into rows padded to a whole
+    number of query blocks."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, delta_launch):
         batch, heads, nq, d = q.shape
@@ -571,8 +573,9 @@ class Sm90Backward:
             recorder.refuse("flash_attention's sm_90 backward launches through Triton's JIT")
         lse2 = torch.zeros(self.rows, self.nq_pad, device=q.device, dtype=torch.float32)
         torch.mul(lse.view(self.rows, self.nq), LOG2E, out=lse2[:, :self.nq])
-        delta = torch.empty(self.rows, self.nq_pad, device=q.device, dtype=torch.float32)
-        self.delta_launch(o, do, delta, self.heads, self.nq_pad)   # rows past nq read zeros: delta 0
+        # zeros first: past nq, the pre-pass reads zeros (delta 0) only as far as its own blocks reach
+        delta = torch.zeros(self.rows, self.nq_pad, device=q.device, dtype=torch.float32)
+        self.delta_launch(do.stride())(o, do, delta, self.heads, self.nq_pad)
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         with torch.cuda.device(q.device):

@@ -532,12 +532,20 @@ def _prime_cupti() -> None:
     CUPTI after one that left it subscribed (a torch.profiler recording made before TEARDOWN_CUPTI was set) holds
     no kernel: on an H200 (torch 2.11), roofline's windows after such a recording held 0, 7 and 3 of the 5, 7 and
     3 kernels launched in them, with or without a wait of 0.5 s before each; with TEARDOWN_CUPTI set from the
-    start, or no recording before, all of them. So that loss falls on this recording, not the user's window."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore")
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
-            torch.ones(1, device="cuda").add_(1)
-    torch.cuda.synchronize()
+    start, or no recording before, all of them. So that loss falls on this recording, not the user's window.
+    Not where CUDA has not started (no recording of GPU work came before; starting it here would pick a device for
+    the program), where a stream is being captured into a CUDA graph, or under a recording already running."""
+    if (not torch.cuda.is_initialized() or torch.cuda.is_current_stream_capturing()
+            or torch._C._autograd._profiler_enabled()):
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore")
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+                torch.ones(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    except RuntimeError:   # a CUDA error here is the program's, and reaches it at its own next call
+        pass
 
 
 def _schedule(skip: int, active: int | None):
