@@ -5,6 +5,8 @@ decoding through the model's own DynamicCache (a StaticCache under CUDA graphs a
 patch of them, in force only while its mode runs.
 
 Sizes as on the H100 in DESIGN.md: 12 layers, d 2048, 32 query and 8 key/value heads, SwiGLU 5632, vocabulary 32000.
+hf-llama-hd128 is the same Llama with 16 query and 4 key/value heads of 128 (head_dim 128, as Llama 3's): the head
+dim flash_attention's Hopper kernels are routed at.
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ _TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atte
 # name: (the model's class, its config's class, its family: transformers.models.<family>.modeling_<family>);
 # transformers is imported where a model is built, not with models.py
 FAMILIES = {"hf-llama": ("LlamaForCausalLM", "LlamaConfig", "llama"),
+            "hf-llama-hd128": ("LlamaForCausalLM", "LlamaConfig", "llama"),
             "hf-qwen2": ("Qwen2ForCausalLM", "Qwen2Config", "qwen2")}
+# name: its sizes where they are not _SIZES (and _TINY's): (full, tiny)
+_HEADS = {"hf-llama-hd128": (dict(num_attention_heads=16, num_key_value_heads=4),
+                             dict(num_attention_heads=2, num_key_value_heads=1))}
 
 
 class CausalLM(nn.Module):
@@ -84,7 +90,8 @@ def build(name: str, tiny: bool) -> CausalLM:
     import transformers
 
     cls, config_cls, family = FAMILIES[name]
-    config = getattr(transformers, config_cls)(**(_TINY if tiny else _SIZES), attn_implementation="sdpa")
+    sizes = {**(_TINY if tiny else _SIZES), **_HEADS.get(name, ({}, {}))[tiny]}
+    config = getattr(transformers, config_cls)(**sizes, attn_implementation="sdpa")
     model = CausalLM(getattr(transformers, cls)(config))
     model.family = family
     return model

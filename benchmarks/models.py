@@ -14,6 +14,8 @@ F.cross_entropy, in its forward, as nanoGPT's does):
   patch            roofline.patch(model): each norm, GELU, SwiGLU gate, RoPE, attention and loss call served by
                    roofline's kernel only where measured faster here (the decisions are in the JSON)
   patch-all        roofline.patch(model, policy="always"): every call roofline can serve, faster or not
+  patch-all+sm90   the same with flash_attention's Hopper kernels (ROOFLINE_SM90_ATTENTION) on during its own
+                   turns only: at head_dim 128 (hf-llama-hd128) on a Hopper GPU, its forward and backward
   liger            Liger-Kernel on transformers' models (its RMSNorm, SwiGLU, RoPE and fused linear
                    cross-entropy; the wheel carried to the GPU machine), in force during its own turns only
   compile          torch.compile(model)
@@ -67,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import roofline  # noqa: E402
 from roofline import routing  # noqa: E402
+from roofline.ops import attention  # noqa: E402
 from roofline.bench.stats import min_rounds, speedup_ci  # noqa: E402
 from examples.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 from examples.models.llama import Llama, LlamaConfig  # noqa: E402
@@ -78,7 +81,8 @@ MODELS = {
     "llama": (Llama, LlamaConfig(), LlamaConfig(vocab_size=96, max_seq=64, n_layer=2, n_head=4, n_kv_head=2,
                                                  d_model=64, intermediate_size=96)),
 }
-TRAIN_MODES = ("eager", "patch", "patch-all", "liger", "compile", "compile+patch", "graphs", "graphs+patch")
+TRAIN_MODES = ("eager", "patch", "patch-all", "patch-all+sm90", "liger", "compile", "compile+patch", "graphs",
+               "graphs+patch")
 GENERATE_MODES = ("eager", "patch", "patch-all", "liger", "graphs", "graphs+patch", "int8", "int8+patch",
                   "int8+graphs", "int8+graphs+patch", "compile", "compile+patch")
 MODEL_NAMES = (*MODELS, *hf_models.FAMILIES)
@@ -114,16 +118,24 @@ def _liger(model, mode: str):
     return hf_models.Liger(model)
 
 
-def _in_force(liger):
-    """Liger-Kernel's replacements in force (a Liger of _liger), or nothing (None)."""
-    return liger.active() if liger is not None else contextlib.nullcontext()
+@contextlib.contextmanager
+def _in_force(liger, mode: str):
+    """What a mode changes outside its model, in force while it runs: Liger-Kernel's replacements (a Liger of
+    _liger, or None), and for a "+sm90" mode flash_attention's Hopper kernels switched on."""
+    switched = attention.SM90_ATTENTION
+    attention.SM90_ATTENTION = switched or mode.endswith("+sm90")
+    try:
+        with liger.active() if liger is not None else contextlib.nullcontext():
+            yield
+    finally:
+        attention.SM90_ATTENTION = switched
 
 
 def _patch(model, mode: str):
     """roofline.patch's report for the patch modes, None for the others."""
     if "patch" not in mode:
         return None
-    return roofline.patch(model, policy="always" if mode == "patch-all" else "faster")
+    return roofline.patch(model, policy="always" if mode.startswith("patch-all") else "faster")
 
 
 JUDGING_STEPS = 400   # steps at most that a patch mode warms up further while its ops are on trial in the program
@@ -214,7 +226,7 @@ class Training:
         start = time.perf_counter()
         model = build(name, args.tiny, self.device)
         self.liger = _liger(model, mode)
-        with _in_force(self.liger):
+        with _in_force(self.liger, self.mode):
             self._ready(model, mode, args, _sizes(args.tiny), cuda)
         self.setup_s = time.perf_counter() - start
         self.warmup_peak_gib = _peak_above(self.device, self.others)
@@ -260,7 +272,7 @@ class Training:
     def steps(self, n: int) -> None:
         others = _allocated(self.device) - self.held
         _reset_peak(self.device)
-        with _in_force(self.liger):
+        with _in_force(self.liger, self.mode):
             _time_turn(self, n, lambda: self.losses.append(self.run().clone()))
         peak = _peak_above(self.device, others)
         # a CUDA graph's memory was taken at its capture, and its replays allocate nothing
@@ -320,7 +332,7 @@ class Decoding:
         start = time.perf_counter()
         self.model = build(name, args.tiny, self.device).to(torch.bfloat16).eval()
         self.liger = _liger(self.model, mode)
-        with _in_force(self.liger):
+        with _in_force(self.liger, self.mode):
             self._ready(self.model, mode, batch, args, patch or _patch)
         self.setup_s = time.perf_counter() - start
         self.held_gib = (torch.cuda.memory_allocated() - before) / 2**30 if cuda else None
@@ -387,7 +399,7 @@ class Decoding:
                 self.model.at = i
             self.logits.append(self.run().clone())
 
-        with _in_force(self.liger), torch.inference_mode():
+        with _in_force(self.liger, self.mode), torch.inference_mode():
             _time_turn(self, n, step)
 
     def row(self, name: str) -> dict:

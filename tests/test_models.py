@@ -78,11 +78,11 @@ def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
     # Llama alone: its patch serves the most ops (GPT-2's, layer_norm and gelu, are patched in test_patch.py), and
     # each model here costs about 40 s under the interpreter
     code = benchmark.main([str(tmp_path), "--tiny", "--models", "llama", "--train", "eager", "patch-all",
-                           "compile+patch", "--generate", "eager", "patch-all", "int8", "--batches", "2", "--steps",
-                           "2", "--warmup", "1", "--tokens", "3"])
+                           "patch-all+sm90", "compile+patch", "--generate", "eager", "patch-all", "int8", "--batches",
+                           "2", "--steps", "2", "--warmup", "1", "--tokens", "3"])
     assert code == 0
     result = json.loads((tmp_path / "models.json").read_text())
-    expected = {"train": ["eager", "patch-all", "compile+patch"],
+    expected = {"train": ["eager", "patch-all", "patch-all+sm90", "compile+patch"],
                 "generate": ["eager", "patch-all", "int8"]}
     for kind, modes in expected.items():
         assert list(result[kind]) == ["llama"]
@@ -100,6 +100,35 @@ def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
         "none judged: under torch.compile Inductor serves every call of the timed steps; patch's routes served only "
         "calls made eagerly (generation's: the prompt's prefill)"]
     assert "| patch-all |" in (tmp_path / "models.md").read_text()
+
+
+def test_a_sm90_mode_switches_the_hopper_attention_on_during_its_own_turns_only():
+    """patch-all+sm90 takes turns with patch-all in one process: the switch is on while it runs and back as it was
+    after (also where the mode fails), and never on for the other modes."""
+    from roofline.ops import attention
+
+    assert attention.SM90_ATTENTION is False
+    for mode, inside in (("patch-all+sm90", True), ("patch-all", False), ("eager", False)):
+        with benchmark._in_force(None, mode):
+            assert attention.SM90_ATTENTION is inside
+        assert attention.SM90_ATTENTION is False
+    with pytest.raises(RuntimeError, match="a failed step"):
+        with benchmark._in_force(None, "patch-all+sm90"):
+            raise RuntimeError("a failed step")
+    assert attention.SM90_ATTENTION is False
+
+
+def test_the_head_dim_128_llama_is_the_same_llama_with_fewer_wider_heads():
+    """hf-llama-hd128: hf-llama's sizes with head_dim 128 (the full model's 2048 / 16 heads; the tiny one's
+    heads halved too)."""
+    import hf_models
+
+    full, tiny = hf_models._HEADS["hf-llama-hd128"]
+    assert hf_models._SIZES["hidden_size"] // full["num_attention_heads"] == 128
+    assert full["num_attention_heads"] // full["num_key_value_heads"] == 4   # grouped as hf-llama's
+    config = hf_models.build("hf-llama-hd128", tiny=True).config
+    assert (config.num_attention_heads, config.num_key_value_heads) == (2, 1)
+    assert config.hidden_size == hf_models._TINY["hidden_size"] and config.num_hidden_layers == 2
 
 
 def test_generation_speedups_are_paired_by_turn():
