@@ -297,6 +297,26 @@ def test_deterministic_algorithms_take_the_tiled_backward(monkeypatch):
     assert calls == ["Hopper", "tiled"]
 
 
+def test_the_recorded_backwards_are_kept_apart_by_deterministic_mode():
+    """The plan's backward branches on torch.use_deterministic_algorithms: the context the forward leaves, whose
+    attributes key the eager node's recorded backwards, holds it; a backward recorded in one mode (the tiled one)
+    is not replayed in the other."""
+    from roofline.ops._eager_node import EagerContext
+
+    q = torch.randn(1, 1, 4, 64)
+    keys = []
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        for on in (False, True):
+            torch.use_deterministic_algorithms(on)
+            ctx = EagerContext(plan=None)
+            attention_module._save_for_backward(ctx, (q, q, q, False, 1.0), (q, q[..., 0]))
+            keys.append(tuple(ctx.__dict__.values()))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert keys[0] != keys[1]
+
+
 class _Stopped(Exception):
     pass
 

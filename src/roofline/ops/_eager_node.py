@@ -315,7 +315,7 @@ def entry_replay(function=None, *, settings=None):
     replay calls again.
 
     settings, where given, returns what else the entry point's Python reads at a call (a module's switch set
-    call by call: attention's Hopper forward): each value keeps recorded calls of its own.
+    call by call: attention's Hopper kernels): each value keeps recorded calls of its own.
 
     replayed_entry, the decorator on the ops' entry points, applies it where replays are on (unless
     ROOFLINE_FORWARD_REPLAY=0) and leaves the entry point as it is otherwise: no wrapper on the hot path of a

@@ -464,6 +464,9 @@ def _save_for_backward(ctx, inputs, output):
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.scale = causal, scale
+    # the plan's backward branches on it (the Hopper backward is not deterministic): on the context, the eager
+    # node keeps the backwards it records for each value apart, as it does for every attribute the forward leaves
+    ctx.deterministic = torch.are_deterministic_algorithms_enabled()
     ctx.mark_non_differentiable(lse)
 
 
@@ -514,7 +517,9 @@ def _check(q, k, v, causal, scale) -> None:
         raise ValueError(f"flash_attention: scale must be a finite number or None, got {scale!r}")
 
 
-@replayed_entry(settings=lambda: SM90_ATTENTION)   # a call under each setting is recorded apart
+# a call under each setting is recorded apart: the Hopper kernels' switch, and deterministic algorithms (which the
+# context a recorded call hands its backward holds)
+@replayed_entry(settings=lambda: (SM90_ATTENTION, torch.are_deterministic_algorithms_enabled()))
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     scale: float | None = None, *, backend: str | None = None) -> torch.Tensor:
     """Attention over (batch, heads, seq, head_dim) tensors, without the seq x seq matrix in memory.
