@@ -110,6 +110,26 @@ def test_compiles_fullgraph_through_the_kernels():
         torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-5)
 
 
+def test_the_pre_pass_pads_the_hopper_backwards_per_query_values_with_zeros():
+    """The pre-pass for the Hopper backward: delta = rowsum(dO O) and the log-sum-exp in base 2, in rows padded to
+    whole blocks, zeros past the queries (the backward reads whole blocks: no garbage may weigh in), and its
+    blocks cover the Hopper backward's (a multiple of them)."""
+    from roofline.ops import attention_sm90
+
+    assert attention_module.DELTA_BLOCK % attention_sm90.BWD_BLOCK_M == 0
+    q, k, v = inputs(2, 3, 3, 70, 70, 64, torch.float32)
+    o, do = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(2, 3, 70, device=DEVICE)
+    padded = 128   # 70 queries in whole blocks of 64
+    delta, lse2 = (torch.full((6, padded), float("nan"), device=DEVICE) for _ in range(2))
+    plan = attention_module.AttentionPlan(q, k, False, 0.125)
+    plan._per_query_launch(do.stride())(o, do, delta, lse, lse2, 3, 70, padded)
+    torch.testing.assert_close(delta[:, :70], (o * do).sum(-1).reshape(6, 70), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse2[:, :70], lse.reshape(6, 70) * attention_module.LOG2E)
+    assert torch.equal(delta[:, 70:], torch.zeros(6, 58, device=DEVICE))
+    assert torch.equal(lse2[:, 70:], torch.zeros(6, 58, device=DEVICE))
+
+
 def test_empty_and_torch_backend():
     q, k, v = inputs(1, 2, 2, 0, 5, 32, torch.float32)
     assert flash_attention(q, k, v, backend="triton").shape == (1, 2, 0, 32)

@@ -243,15 +243,23 @@ if triton is not None:
         return lse * 1.4426950408889634, tl.load(delta_ptr + row + offs_m, mask=offs_m < nq, other=0.0)
 
     @triton.jit
-    def attention_delta_kernel(o_desc, do_desc, delta_ptr, heads, nq):
-        """delta = rowsum(dO * O) per query, the backward's pre-pass (fp32)."""
+    def attention_delta_kernel(o_desc, do_desc, delta_ptr, lse_ptr, lse2_ptr, heads, nq, row_len,
+                               LSE2: tl.constexpr):
+        """delta = rowsum(dO * O) per query, the backward's pre-pass (fp32), in rows of row_len: nq, or more for
+        rows padded to whole blocks (past nq, O and dO are the copy engine's zeros and delta is 0, as far as the
+        last block reaches). LSE2: also the log-sum-exp in base 2 into lse2_ptr's rows alike, 0 past nq (the
+        Hopper backward's per-query values)."""
         BLOCK_M: tl.constexpr = o_desc.block_shape[2]
         start_m = tl.program_id(0) * BLOCK_M
         b = tl.program_id(1) // heads
         h = tl.program_id(1) % heads
+        row = tl.program_id(1).to(tl.int64)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         delta = tl.sum(_tile(o_desc, b, h, start_m, True) * _tile(do_desc, b, h, start_m, True), axis=1)
-        tl.store(delta_ptr + tl.program_id(1).to(tl.int64) * nq + offs_m, delta, mask=offs_m < nq)
+        tl.store(delta_ptr + row * row_len + offs_m, delta, mask=offs_m < row_len)
+        if LSE2:
+            lse = tl.load(lse_ptr + row * nq + offs_m, mask=offs_m < nq, other=0.0)
+            tl.store(lse2_ptr + row * row_len + offs_m, lse * 1.4426950408889634, mask=offs_m < row_len)
 
     @triton.jit
     def _dkdv_step(dk, dv, k, v, q_desc, do_desc, lse_ptr, delta_ptr, b, h, row, start_m, keys, nq, nk,
@@ -380,7 +388,7 @@ class AttentionPlan:
         self.forward_args = (heads, heads // kv_heads, nq, nk, abs(scale) * LOG2E, -1.0 if scale < 0 else 1.0)
         self.backward_args = (heads, kv_heads, heads // kv_heads, nq, nk, scale, scale * LOG2E)
         self.delta_grid = (cdiv(nq, DELTA_BLOCK), batch * heads)
-        self._backward_launches = {}
+        self._backward_launches, self._per_query_launches = {}, {}
         self.sm90 = self.sm90_backward = None
         if SM90_ATTENTION:
             from roofline.ops import attention_sm90
@@ -388,8 +396,8 @@ class AttentionPlan:
             if d in attention_sm90.ROUTED_HEAD_DIMS and attention_sm90.supports(q, k, scale):
                 self.sm90 = attention_sm90.Sm90Forward(q, k, causal, scale * LOG2E)
             if d in attention_sm90.ROUTED_HEAD_DIMS and attention_sm90.supports(q, k, scale, backward=True):
-                self.sm90_backward = attention_sm90.Sm90Backward(
-                    q, k, causal, scale, lambda strides: self._backward_launch(strides)[0])
+                self.sm90_backward = attention_sm90.Sm90Backward(q, k, causal, scale, scale * LOG2E,
+                                                                 self._per_query_launch)
 
     def forward(self, q, k, v, causal, scale) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sm90 is not None:
@@ -415,10 +423,19 @@ class AttentionPlan:
             launches = self._backward_launches[do_strides] = self._delta_launch(), dkdv, dq
         return launches
 
-    def _delta_launch(self) -> Launch:
+    def _delta_launch(self, lse2: bool = False) -> Launch:
+        """The pre-pass's launch: delta alone, or (lse2) delta and the log-sum-exp in base 2."""
         d = self.d
         return Launch(attention_delta_kernel, self.delta_grid, self.index,
-                      descriptors={0: _block(DELTA_BLOCK, d), 1: _block(DELTA_BLOCK, d)})
+                      descriptors={0: _block(DELTA_BLOCK, d), 1: _block(DELTA_BLOCK, d)}, LSE2=lse2)
+
+    def _per_query_launch(self, do_strides) -> Launch:
+        """The Hopper backward's pre-pass for a dO of these strides (a launch's descriptors hold them): delta and
+        the log-sum-exp in base 2, in rows padded to whole blocks of DELTA_BLOCK queries."""
+        launch = self._per_query_launches.get(do_strides)
+        if launch is None:
+            launch = self._per_query_launches[do_strides] = self._delta_launch(lse2=True)
+        return launch
 
     def backward(self, do, q, k, v, o, lse, causal, scale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         do = _aligned(do)
@@ -429,7 +446,7 @@ class AttentionPlan:
         delta_launch, dkdv_launch, dq_launch = self._backward_launch(do.stride())
         delta = torch.empty_like(lse)
         heads, _, _, nq = self.backward_args[:4]
-        delta_launch(o, do, delta, heads, nq)
+        delta_launch(o, do, delta, lse, delta, heads, nq, nq)   # (delta twice: no log-sum-exp written)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dkdv_launch(q, k, v, do, dk, dv, lse, delta, *self.backward_args)
         dq_launch(q, k, v, do, dq, lse, delta, heads, *self.backward_args[2:])

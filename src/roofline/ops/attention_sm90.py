@@ -46,8 +46,6 @@ been timed with them.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from roofline.ops import _eager_node
@@ -88,7 +86,6 @@ MMA_REGISTERS = 240   # a thread of the MMA warpgroups; Triton leaves the produc
 # waiting on registers that never free (the CPU test holds the compile to exactly this many)
 MAX_REGISTERS = 168
 
-LOG2E = math.log2(math.e)   # the log-sum-exp in base 2: exp2 is one instruction
 # The backward: queries a step walks, keys a program holds (64 for each MMA warpgroup), slots in the producer's ring
 BWD_BLOCK_M = 64
 BWD_BLOCK_N = 128
@@ -548,17 +545,18 @@ class Sm90Forward:
 
 class Sm90Backward:
     """The backward's launches for q, k, v of given shapes (readable by the copy engine) on a Hopper GPU:
-    (dQ, dK, dV) from dO, O and the forward's log-sum-exp. delta_launch(dO's strides): attention.py's pre-pass for
-    a dO of those strides (a launch's descriptors hold them), delta = rowsum(dO O), here into rows padded to a whole
-    number of query blocks."""
+    (dQ, dK, dV) from dO, O and the forward's log-sum-exp. per_query(dO's strides): attention.py's pre-pass for a dO
+    of those strides, which writes delta = rowsum(dO O) and the log-sum-exp in base 2 into rows padded to whole
+    blocks of BWD_BLOCK_M queries (its own blocks a multiple of them: zeros past nq). scale_log2: the softmax scale
+    times log2(e)."""
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, delta_launch):
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, scale_log2: float, per_query):
         batch, heads, nq, d = q.shape
-        self.d, self.causal, self.scale, self.delta_launch = d, causal, scale, delta_launch
+        self.d, self.causal, self.scale, self.per_query = d, causal, scale, per_query
         self.rows, self.nq, self.heads = batch * heads, nq, heads
         self.nq_pad = cdiv(nq, BWD_BLOCK_M) * BWD_BLOCK_M
         self.grid = (cdiv(k.shape[2], BWD_BLOCK_N), batch * k.shape[1])
-        self.args = (heads, k.shape[1], heads // k.shape[1], nq, self.nq_pad, k.shape[2], scale, scale * LOG2E)
+        self.args = (heads, k.shape[1], heads // k.shape[1], nq, self.nq_pad, k.shape[2], scale, scale_log2)
         self.layouts = {rows: _layout(d, q.dtype, rows) for rows in (BWD_BLOCK_M, BWD_BLOCK_N)}
 
     def _descriptor(self, t: torch.Tensor, rows: int):
@@ -571,11 +569,8 @@ class Sm90Backward:
         recorder = _eager_node.recording.recorder
         if recorder is not None:   # Triton's launcher, not a Launch: nothing a replay could repeat
             recorder.refuse("flash_attention's sm_90 backward launches through Triton's JIT")
-        lse2 = torch.zeros(self.rows, self.nq_pad, device=q.device, dtype=torch.float32)
-        torch.mul(lse.view(self.rows, self.nq), LOG2E, out=lse2[:, :self.nq])
-        # zeros first: past nq, the pre-pass reads zeros (delta 0) only as far as its own blocks reach
-        delta = torch.zeros(self.rows, self.nq_pad, device=q.device, dtype=torch.float32)
-        self.delta_launch(do.stride())(o, do, delta, self.heads, self.nq_pad)
+        lse2, delta = (torch.empty(self.rows, self.nq_pad, device=q.device, dtype=torch.float32) for _ in range(2))
+        self.per_query(do.stride())(o, do, delta, lse, lse2, self.heads, self.nq, self.nq_pad)
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         with torch.cuda.device(q.device):
