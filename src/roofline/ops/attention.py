@@ -393,9 +393,10 @@ class AttentionPlan:
         if SM90_ATTENTION:
             from roofline.ops import attention_sm90
 
-            if d in attention_sm90.ROUTED_HEAD_DIMS and attention_sm90.supports(q, k, scale):
+            routed = d in attention_sm90.ROUTED_HEAD_DIMS
+            if routed and attention_sm90.supports(q, k, scale):
                 self.sm90 = attention_sm90.Sm90Forward(q, k, causal, scale * LOG2E)
-            if d in attention_sm90.ROUTED_HEAD_DIMS and attention_sm90.supports(q, k, scale, backward=True):
+            if routed and attention_sm90.supports(q, k, scale, backward=True):
                 self.sm90_backward = attention_sm90.Sm90Backward(q, k, causal, scale, scale * LOG2E,
                                                                  self._per_query_launch)
 

@@ -301,7 +301,6 @@ if gluon is not None:
             gl.warp_specialize([(_loads, loads), (_attend, first), (_attend, second)], [4, 4],
                                [MMA_REGISTERS, MMA_REGISTERS])
 
-
     @gluon.jit
     def _add_quads(ptrs, values, mask):
         """values added into memory four neighbouring floats at a time: one 16-byte add (red.global.add.v4.f32,
@@ -331,10 +330,17 @@ if gluon is not None:
                        dq_smem.slice(r, 8, dim=0).load(layout), queries[:, None] < nq)
 
     @gluon.jit
+    def _step(i, hk, group, first, blocks, block_m: gl.constexpr):
+        """(query head, first query) of a program's step i: every query block of each query head of its key head
+        in turn, from the first query that sees its keys."""
+        return hk * group + i // blocks, first + (i % blocks) * block_m
+
+    @gluon.jit
     def _backward_loads(descs, q_slots, do_slots, lse_slots, delta_slots, k_smem, v_smem, dq_smem, bars, dq_ptr, b,
                         hk, heads, group, start_n, first, blocks, nq, nq_pad):
         """The producer: K and V once, then each step's Q, dO and their per-query values into the ring; and the
-        dQ of each step, once the MMA warpgroups have left it in shared memory, into memory."""
+        dQ of each step, once the MMA warpgroups have left it in shared memory, into memory, while the next
+        step's blocks load."""
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc = descs
         kv_bar, q_full, do_full, empty, dq_full, dq_empty = bars
         slots: gl.constexpr = q_slots.type.shape[0]
@@ -343,30 +349,27 @@ if gluon is not None:
         tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_bar, k_smem)
         tma.async_copy_global_to_shared(v_desc, [b, hk, start_n, 0], kv_bar, v_smem)
         steps = group * blocks
-        for i in range(steps):
-            slot = i % slots
-            h = hk * group + i // blocks
-            start_m = first + (i % blocks) * block_m
-            row = b * heads + h
-            # a fresh mbarrier counts as having completed the phase before its first: the first round waits not
-            mbarrier.wait(empty.index(slot), ((i // slots) & 1) ^ 1)
-            mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_full.index(slot), q_slots.index(slot))
-            tma.async_copy_global_to_shared(lse_desc, [row * nq_pad + start_m], q_full.index(slot),
-                                            lse_slots.index(slot))
-            mbarrier.expect(do_full.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], do_full.index(slot), do_slots.index(slot))
-            tma.async_copy_global_to_shared(delta_desc, [row * nq_pad + start_m], do_full.index(slot),
-                                            delta_slots.index(slot))
-            if i > 0:   # the last step's dQ, while this step's blocks load
+        for i in range(steps + 1):   # step i's blocks, then step i-1's dQ
+            if i < steps:
+                slot = i % slots
+                h, start_m = _step(i, hk, group, first, blocks, block_m)
+                row = b * heads + h
+                # a fresh mbarrier counts as having completed the phase before its first: the first round waits not
+                mbarrier.wait(empty.index(slot), ((i // slots) & 1) ^ 1)
+                mbarrier.expect(q_full.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_full.index(slot), q_slots.index(slot))
+                tma.async_copy_global_to_shared(lse_desc, [row * nq_pad + start_m], q_full.index(slot),
+                                                lse_slots.index(slot))
+                mbarrier.expect(do_full.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], do_full.index(slot),
+                                                do_slots.index(slot))
+                tma.async_copy_global_to_shared(delta_desc, [row * nq_pad + start_m], do_full.index(slot),
+                                                delta_slots.index(slot))
+            if i > 0:
+                h, start_m = _step(i - 1, hk, group, first, blocks, block_m)
                 mbarrier.wait(dq_full, (i - 1) & 1)
-                _add_dq(dq_smem, dq_ptr, (b * heads + hk * group + (i - 1) // blocks).to(gl.int64),
-                        first + ((i - 1) % blocks) * block_m, nq)
+                _add_dq(dq_smem, dq_ptr, (b * heads + h).to(gl.int64), start_m, nq)
                 mbarrier.arrive(dq_empty, count=1)
-        if steps > 0:
-            mbarrier.wait(dq_full, (steps - 1) & 1)
-            _add_dq(dq_smem, dq_ptr, (b * heads + hk * group + (steps - 1) // blocks).to(gl.int64),
-                    first + ((steps - 1) % blocks) * block_m, nq)
 
     @gluon.jit
     def _backward_products(dk_desc, dv_desc, q_slots, do_slots, lse_slots, delta_slots, k_smem, v_smem, ds_bufs,
@@ -542,7 +545,6 @@ class Sm90Forward:
         return o, lse
 
 
-
 class Sm90Backward:
     """The backward's launches for q, k, v of given shapes (readable by the copy engine) on a Hopper GPU:
     (dQ, dK, dV) from dO, O and the forward's log-sum-exp. per_query(dO's strides): attention.py's pre-pass for a dO
@@ -552,7 +554,7 @@ class Sm90Backward:
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, scale_log2: float, per_query):
         batch, heads, nq, d = q.shape
-        self.d, self.causal, self.scale, self.per_query = d, causal, scale, per_query
+        self.d, self.causal, self.per_query = d, causal, per_query
         self.rows, self.nq, self.heads = batch * heads, nq, heads
         self.nq_pad = cdiv(nq, BWD_BLOCK_M) * BWD_BLOCK_M
         self.grid = (cdiv(k.shape[2], BWD_BLOCK_N), batch * k.shape[1])

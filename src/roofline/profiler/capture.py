@@ -519,7 +519,7 @@ def _teardown_cupti_at_stop() -> None:
     it ran slower than the program alone: benchmarks/results/h100-profile-models.md), and those steps are the
     program "without the profiler" that overhead.py scales to. The user's own setting
     stands; CUDA before 12.6 keeps CUPTI (finalizing it crashed a later CUDA graph's re-initialization there).
-    Where this turns the finalize on, a recording of nothing is made first (_prime_cupti)."""
+    Where this turns the finalize on, a throwaway recording is made first (_prime_cupti)."""
     if "TEARDOWN_CUPTI" in os.environ or not torch.cuda.is_available() or not torch.version.cuda:
         return
     if tuple(int(p) for p in torch.version.cuda.split(".")[:2]) >= (12, 6):
