@@ -7,15 +7,17 @@ but not here has not won.
 
     python benchmarks/models.py OUT_DIR [--models gpt2 llama] [--train MODE ...] [--generate MODE ...]
                                 [--batches 1 8] [--steps 10] [--warmup 10] [--tokens 64] [--tiny]
+                                [--train-tokens 8 1024]
 
-Training (bf16 autocast, fp32 weights, fused AdamW; batch 8 x 1024 tokens; the model computes its loss,
-F.cross_entropy, in its forward, as nanoGPT's does):
+Training (bf16 autocast, fp32 weights, fused AdamW; batch 8 x 1024 tokens unless --train-tokens says otherwise;
+the model computes its loss, F.cross_entropy, in its forward, as nanoGPT's does):
   eager            the model as written
   patch            roofline.patch(model): each norm, GELU, SwiGLU gate, RoPE, attention and loss call served by
                    roofline's kernel only where measured faster here (the decisions are in the JSON)
   patch-all        roofline.patch(model, policy="always"): every call roofline can serve, faster or not
-  patch-all+sm90   the same with flash_attention's Hopper kernels (ROOFLINE_SM90_ATTENTION) on during its own
-                   turns only: at head_dim 128 (hf-llama-hd128) on a Hopper GPU, its forward and backward
+  patch-all+tiled  the same with flash_attention's Hopper kernels off (ROOFLINE_SM90_ATTENTION=0) during its own
+                   turns only: against patch-all, what they bring where they are routed (head_dim 128, as
+                   hf-llama-hd128's, on a Hopper GPU)
   liger            Liger-Kernel on transformers' models (its RMSNorm, SwiGLU, RoPE and fused linear
                    cross-entropy; the wheel carried to the GPU machine), in force during its own turns only
   compile          torch.compile(model)
@@ -81,7 +83,7 @@ MODELS = {
     "llama": (Llama, LlamaConfig(), LlamaConfig(vocab_size=96, max_seq=64, n_layer=2, n_head=4, n_kv_head=2,
                                                  d_model=64, intermediate_size=96)),
 }
-TRAIN_MODES = ("eager", "patch", "patch-all", "patch-all+sm90", "liger", "compile", "compile+patch", "graphs",
+TRAIN_MODES = ("eager", "patch", "patch-all", "patch-all+tiled", "liger", "compile", "compile+patch", "graphs",
                "graphs+patch")
 GENERATE_MODES = ("eager", "patch", "patch-all", "liger", "graphs", "graphs+patch", "int8", "int8+patch",
                   "int8+graphs", "int8+graphs+patch", "compile", "compile+patch")
@@ -94,9 +96,14 @@ PROMPT = 32
 WARMUP = routing.SETTLE_CALLS + 2   # steps before timing (default): lazy decisions made, patch's routes settled
 
 
-def _sizes(tiny: bool) -> dict:
-    return dict(train_batch=2, train_seq=16, prompt=8) if tiny else dict(train_batch=8, train_seq=1024,
-                                                                         prompt=PROMPT)
+def _sizes(args) -> dict:
+    """The training batch and sequence (--train-tokens where given; decode_ab.py's arguments have none) and the
+    generation prompt's length."""
+    sizes = dict(train_batch=2, train_seq=16, prompt=8) if args.tiny else dict(train_batch=8, train_seq=1024,
+                                                                              prompt=PROMPT)
+    if getattr(args, "train_tokens", None):
+        sizes["train_batch"], sizes["train_seq"] = args.train_tokens
+    return sizes
 
 
 def build(name: str, tiny: bool, device: torch.device) -> torch.nn.Module:
@@ -121,9 +128,10 @@ def _liger(model, mode: str):
 @contextlib.contextmanager
 def _in_force(liger, mode: str):
     """What a mode changes outside its model, in force while it runs: Liger-Kernel's replacements (a Liger of
-    _liger, or None), and for a "+sm90" mode flash_attention's Hopper kernels switched on."""
+    _liger, or None), and for a "+tiled" mode flash_attention's Hopper kernels switched off."""
     switched = attention.SM90_ATTENTION
-    attention.SM90_ATTENTION = switched or mode.endswith("+sm90")
+    if mode.endswith("+tiled"):
+        attention.SM90_ATTENTION = False
     try:
         with liger.active() if liger is not None else contextlib.nullcontext():
             yield
@@ -227,7 +235,7 @@ class Training:
         model = build(name, args.tiny, self.device)
         self.liger = _liger(model, mode)
         with _in_force(self.liger, self.mode):
-            self._ready(model, mode, args, _sizes(args.tiny), cuda)
+            self._ready(model, mode, args, _sizes(args), cuda)
         self.setup_s = time.perf_counter() - start
         self.warmup_peak_gib = _peak_above(self.device, self.others)
         self._drop_gradients()
@@ -342,7 +350,7 @@ class Decoding:
         self.patched = patch(model, mode)   # first: patch finds SwiGLU MLPs by their nn.Linear children
         if mode.startswith("int8"):
             roofline.quantize_int8_weight_only(model)
-        self.prompt = prompt = _sizes(args.tiny)["prompt"]
+        self.prompt = prompt = _sizes(args)["prompt"]
         # CUDA graphs (ours, or compile's reduce-overhead) replay a step: transformers' models take a StaticCache
         compiled = mode.startswith("compile")
         model.setup_cache(batch, prompt + args.tokens, torch.bfloat16,
@@ -570,7 +578,11 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=WARMUP, help="steps run before timing (not under CUDA graphs)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated (timed) per mode")
     parser.add_argument("--tiny", action="store_true", help="tiny configs (for the CPU test)")
+    parser.add_argument("--train-tokens", nargs=2, type=int, metavar=("BATCH", "SEQ"),
+                        help="the training step's batch and sequence length (default 8 x 1024; tiny 2 x 16)")
     args = parser.parse_args(argv)
+    if args.train_tokens and min(args.train_tokens) < 1:
+        parser.error(f"--train-tokens must be two positive integers, got {args.train_tokens}")
     args.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     unavailable = needs_gpu(args.train, args.generate) if args.device.type != "cuda" else []
     if unavailable:

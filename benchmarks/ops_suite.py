@@ -265,10 +265,11 @@ ATTENTION_HEADLINE = (4, 32, 4096, 128)   # batch, heads, sequence, head_dim: th
 
 
 def _attention_providers(causal: bool, head_dims) -> dict:
-    """SDPA's flash and cuDNN backends and flash_attention; on a Hopper GPU, where every head dim swept is one
-    flash_attention routes to its Hopper kernels, also flash_attention with them on (opt-in,
-    ROOFLINE_SM90_ATTENTION), call by call: both ways as eager code calls them, in the same turns (an eager
-    backward runs the plan its forward was given, so the switch at the forward chooses both kernels)."""
+    """SDPA's flash and cuDNN backends and flash_attention as it is by default (ours); on a Hopper GPU, where every
+    head dim swept is one flash_attention routes to its Hopper kernels at long sequences, also flash_attention with
+    its tiled kernels only (ROOFLINE_SM90_ATTENTION=0, switched call by call): both ways as eager code calls them,
+    in the same turns (an eager backward runs the plan its forward was given, so the switch at the forward chooses
+    both kernels)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from roofline.ops import attention
@@ -279,7 +280,7 @@ def _attention_providers(causal: bool, head_dims) -> dict:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return run
 
-    def flash(sm90: bool):
+    def flash(sm90: bool | None):
         def run(q, k, v):
             before, attention.SM90_ATTENTION = attention.SM90_ATTENTION, sm90
             try:
@@ -294,8 +295,8 @@ def _attention_providers(causal: bool, head_dims) -> dict:
 
         hopper = set(head_dims) <= set(attention_sm90.ROUTED_HEAD_DIMS)
     return {"sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-            OURS: flash(False),
-            **({OURS + ", Hopper kernels": flash(True)} if hopper else {})}
+            OURS: flash(None),
+            **({OURS + ", tiled kernels": flash(False)} if hopper else {})}
 
 
 def attention_sweeps(quick: bool) -> list[bench.Sweep]:

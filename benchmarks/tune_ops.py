@@ -237,6 +237,13 @@ SM90_BACKWARD_STAGES = [2, 3]
 
 
 def attention(head_dims, candidates=ATTENTION_CANDIDATES, hopper_kernels=("forward",)) -> list[dict]:
+    # the tiled kernels wherever a row does not say otherwise: by default flash_attention takes the Hopper ones at
+    # this length and head dim 128
+    with patched(att, SM90_ATTENTION=False):
+        return _attention(head_dims, candidates, hopper_kernels)
+
+
+def _attention(head_dims, candidates, hopper_kernels) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     out = []

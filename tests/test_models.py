@@ -78,11 +78,11 @@ def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
     # Llama alone: its patch serves the most ops (GPT-2's, layer_norm and gelu, are patched in test_patch.py), and
     # each model here costs about 40 s under the interpreter
     code = benchmark.main([str(tmp_path), "--tiny", "--models", "llama", "--train", "eager", "patch-all",
-                           "patch-all+sm90", "compile+patch", "--generate", "eager", "patch-all", "int8", "--batches",
+                           "patch-all+tiled", "compile+patch", "--generate", "eager", "patch-all", "int8", "--batches",
                            "2", "--steps", "2", "--warmup", "1", "--tokens", "3"])
     assert code == 0
     result = json.loads((tmp_path / "models.json").read_text())
-    expected = {"train": ["eager", "patch-all", "patch-all+sm90", "compile+patch"],
+    expected = {"train": ["eager", "patch-all", "patch-all+tiled", "compile+patch"],
                 "generate": ["eager", "patch-all", "int8"]}
     for kind, modes in expected.items():
         assert list(result[kind]) == ["llama"]
@@ -102,20 +102,21 @@ def test_models_benchmark_runs_every_cpu_mode_and_checks_numerics(tmp_path):
     assert "| patch-all |" in (tmp_path / "models.md").read_text()
 
 
-def test_a_sm90_mode_switches_the_hopper_attention_on_during_its_own_turns_only():
-    """patch-all+sm90 takes turns with patch-all in one process: the switch is on while it runs and back as it was
-    after (also where the mode fails), and never on for the other modes."""
+def test_a_tiled_mode_switches_the_hopper_attention_off_during_its_own_turns_only(monkeypatch):
+    """patch-all+tiled takes turns with patch-all in one process: the Hopper kernels are off while it runs and the
+    setting back as it was after (also where the mode fails), and left alone for the other modes."""
     from roofline.ops import attention
 
-    assert attention.SM90_ATTENTION is False
-    for mode, inside in (("patch-all+sm90", True), ("patch-all", False), ("eager", False)):
+    monkeypatch.setattr(attention, "SM90_ATTENTION", None)   # the default: where they were timed faster
+    before = attention.SM90_ATTENTION
+    for mode, inside in (("patch-all+tiled", False), ("patch-all", before), ("eager", before)):
         with benchmark._in_force(None, mode):
             assert attention.SM90_ATTENTION is inside
-        assert attention.SM90_ATTENTION is False
+        assert attention.SM90_ATTENTION is before
     with pytest.raises(RuntimeError, match="a failed step"):
-        with benchmark._in_force(None, "patch-all+sm90"):
+        with benchmark._in_force(None, "patch-all+tiled"):
             raise RuntimeError("a failed step")
-    assert attention.SM90_ATTENTION is False
+    assert attention.SM90_ATTENTION is before
 
 
 def test_the_head_dim_128_llama_is_the_same_llama_with_fewer_wider_heads():

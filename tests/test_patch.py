@@ -677,6 +677,7 @@ def test_decisions_made_with_one_attention_forward_are_not_read_back_with_the_ot
     from roofline.ops import attention
 
     monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(attention, "SM90_ATTENTION", False)
     routing.Router(timer=Timer(10.0, 30.0)).call("double", _never, _twice, _doubled, torch.randn(8))
     monkeypatch.setattr(attention, "SM90_ATTENTION", True)
     switched = routing.Router(timer=Timer(3.0, 1.0))
@@ -686,3 +687,7 @@ def test_decisions_made_with_one_attention_forward_are_not_read_back_with_the_ot
     later = routing.Router(timer=Timer(3.0, 1.0))
     later.call("double", _never, _twice, _doubled, torch.randn(8))
     assert later._timer.calls == 0 and later.report()[0]["served_by"] == "roofline"   # the first run's decision
+    monkeypatch.setattr(attention, "SM90_ATTENTION", None)   # the default: the Hopper kernels at long sequences
+    auto = routing.Router(timer=Timer(3.0, 1.0))
+    auto.call("double", _never, _twice, _doubled, torch.randn(8))
+    assert auto._timer.calls == 1

@@ -455,10 +455,11 @@ def time_as_eager(run_ours, run_theirs, device: torch.device) -> tuple[float, fl
 
 
 def kernel_settings() -> str:
-    """The switches that choose which of roofline's kernels a routed call runs, as text ("" where all are at their
-    defaults): measured decisions and the program's verdicts are kept under them, since a decision of attention's
-    made with the tiled kernels says nothing of the Hopper ones (ROOFLINE_SM90_ATTENTION)."""
-    return "Hopper attention" if attention.SM90_ATTENTION else ""
+    """The switches that choose which of roofline's kernels a routed call runs, as text ("" where only the tiled
+    kernels serve): measured decisions and the program's verdicts are kept under them, since a decision of
+    attention's made with the tiled kernels says nothing of the Hopper ones (ROOFLINE_SM90_ATTENTION: auto, the
+    default, takes them at long sequences only; 1 at every length)."""
+    return {None: "Hopper attention at long sequences", True: "Hopper attention", False: ""}[attention.SM90_ATTENTION]
 
 
 def _cache_name(args) -> str:

@@ -216,6 +216,32 @@ def test_the_hopper_backward_agrees_with_the_tiled_one_and_yields_to_it_where_as
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_by_default_flash_attention_takes_them_at_a_long_sequence(monkeypatch, causal):
+    """ROOFLINE_SM90_ATTENTION=auto (the default), at lengths past ROUTED_MIN_LENGTH (off the blocks, Nq != Nk,
+    grouped heads): the public op with autograd, twice (the second call warm), output and gradients within twice
+    torch's error of float64."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a GPU of compute capability 9.0")
+    monkeypatch.setattr(attention_module, "SM90_ATTENTION", None)
+    clear_plans()
+    n = sm90.ROUTED_MIN_LENGTH
+    q = torch.randn(1, 4, n + 37, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, n + 200, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    plan = attention_module._plan(q, k, v, causal, 128 ** -0.5)
+    assert plan.sm90 is not None and plan.sm90_backward is not None
+    dout = torch.randn_like(q)
+    exact = outputs_and_grads(lambda *a: attention_reference(*a, causal), (q, k, v), dout, torch.float64)
+    theirs = outputs_and_grads(lambda *a: attention_reference(*a, causal), (q, k, v), dout)
+    try:
+        for _ in range(2):
+            ours = outputs_and_grads(lambda *a: flash_attention(*a, causal), (q, k, v), dout)
+            assert_within_twice_torchs_error(("output", "dq", "dk", "dv"), ours, exact, theirs, torch.bfloat16)
+    finally:
+        clear_plans()
+
+
+@pytest.mark.gpu
 def test_the_hopper_backward_masks_the_keys_past_the_end_and_takes_each_do_layout(hopper_forward):
     """Not causal, keys that end inside a block: the copy engine's zero keys past the end must weigh nothing, even
     where the log-sum-exp is below -128 (a large negative scale: exp2(-lse) would be inf, and inf x 0 nan). And
@@ -273,6 +299,63 @@ def test_flash_attention_takes_them_only_at_the_head_dims_they_were_timed_faster
             assert (plan.sm90, plan.sm90_backward) == (forward, backward)
     finally:
         clear_plans()
+
+
+def test_by_default_they_take_long_sequences_only(monkeypatch):
+    """ROOFLINE_SM90_ATTENTION=auto (the default): from ROUTED_MIN_LENGTH queries and keys, the shortest they were
+    timed faster at alone, as eager code calls them and in a whole program; not a decoding step's one query, nor a
+    short prompt."""
+    monkeypatch.setattr(attention_module, "SM90_ATTENTION", None)
+    monkeypatch.setattr(sm90, "supports", lambda *args, **kwargs: True)   # as on a Hopper GPU
+    monkeypatch.setattr(sm90, "Sm90Forward", lambda *args: "the Hopper forward")
+    monkeypatch.setattr(sm90, "Sm90Backward", lambda *args: "the Hopper backward")
+    clear_plans()
+    n = sm90.ROUTED_MIN_LENGTH
+    try:
+        for nq, nk, d, taken in ((n, n, 128, True), (n, 4 * n, 128, True), (1, 4 * n, 128, False),
+                                 (n - 1, n - 1, 128, False), (n, n, 64, False)):
+            q = torch.randn(1, 2, nq, d)
+            k = v = torch.randn(1, 2, nk, d)
+            plan = attention_module._plan(q, k, v, True, d ** -0.5)
+            assert (plan.sm90 is not None, plan.sm90_backward is not None) == (taken, taken), (nq, nk, d)
+    finally:
+        clear_plans()
+
+
+def test_the_setting_is_auto_1_or_0_and_nothing_else():
+    assert [attention_module._sm90_setting(v) for v in ("auto", "1", "0")] == [None, True, False]
+    with pytest.raises(ValueError, match="ROOFLINE_SM90_ATTENTION must be auto, 1 or 0, got 'yes'"):
+        attention_module._sm90_setting("yes")
+
+
+def test_their_launches_describe_each_tensor_as_the_compiled_kernels_take_it():
+    """Sm90Forward's and Sm90Backward's Launches (past the JIT after the first call) hand the
+    kernels Gluon descriptors of the blocks and shared layouts the machine-code tests compile them for; the
+    backward's per-query values as one vector of padded rows."""
+    bf16, d = torch.bfloat16, 128
+    q, o = torch.randn(2, 4, 300, d, dtype=bf16), torch.empty(2, 4, 300, d, dtype=bf16)
+    k = torch.randn(2, 2, 200, d, dtype=bf16)
+    forward = sm90.Sm90Forward(q, k, True, 0.1)
+    args = forward.launch._jit_args((q, k, k, o, torch.empty(2, 4, 300), *forward.args))
+    rows = [sm90.BLOCK_M, sm90.BLOCK_N, sm90.BLOCK_N, sm90.BLOCK_M // sm90.MMA_PARTS]
+    assert [a.block_shape for a in args[:4]] == [[1, 1, r, d] for r in rows]
+    assert [a.layout for a in args[:4]] == [sm90._layout(d, bf16, r) for r in rows]
+    assert [a.base for a in args[:4]] == [q, k, k, o] and [list(a.strides) for a in args[:4]] == [
+        list(t.stride()) for t in (q, k, k, o)]
+    backward = sm90.Sm90Backward(q, k, True, 0.1, 0.1 * 1.4426950408889634, per_query=None)
+    per_query = torch.empty(8, backward.nq_pad)
+    args = backward._launch(q.stride())._jit_args((q, k, k, q, k, k, per_query, per_query,
+                                                   torch.empty(q.shape), *backward.args))
+    rows = [sm90.BWD_BLOCK_M, sm90.BWD_BLOCK_N, sm90.BWD_BLOCK_N, sm90.BWD_BLOCK_M, sm90.BWD_BLOCK_N,
+            sm90.BWD_BLOCK_N]
+    assert [a.block_shape for a in args[:6]] == [[1, 1, r, d] for r in rows]
+    assert [a.layout for a in args[:6]] == [sm90._layout(d, bf16, r) for r in rows]
+    for vector in args[6:8]:
+        assert (vector.shape, vector.strides, vector.block_shape) == ([8 * backward.nq_pad], [1], [sm90.BWD_BLOCK_M])
+        assert vector.layout == sm90.VECTOR_LAYOUT
+    assert backward._launch(q.stride()) is backward._launch(q.stride())   # one Launch for each layout of dO
+    assert backward._launch(q.transpose(1, 2).contiguous().transpose(1, 2).stride()) is not backward._launch(
+        q.stride())
 
 
 def test_deterministic_algorithms_take_the_tiled_backward(monkeypatch):

@@ -128,7 +128,8 @@ class Launch:
     Call it with the kernel's runtime arguments in order (every constexpr comes after them in the kernel's
     signature). `descriptors` maps positions of arguments that the kernel takes as TMA tensor descriptors to
     their block shapes (placeholders where an autotuner's pre-hook sets them), or to (block shape, shape,
-    strides) to describe the tensor's memory as that shape: at those positions pass the tensor (or None). The
+    strides) to describe the tensor's memory as that shape, or to (block shape, shape or None, strides or None,
+    shared-memory layout) for a Gluon kernel: at those positions pass the tensor (or None). The
     descriptors' shapes and strides are the first call's: every call of a Launch must pass tensors laid out
     alike (a plan's key holds their shapes and strides). Call `jit` instead where an input pointer is not
     16-byte aligned.
@@ -161,8 +162,8 @@ class Launch:
         args = list(args)
         for position, spec in self.descriptors.items():
             if args[position] is not None:
-                block, shape, strides = spec if isinstance(spec, tuple) else (spec, None, None)
-                args[position] = tma_descriptor(args[position], block, shape, strides)
+                # (block shape, [shape, strides, layout]): tma_descriptor's arguments after the tensor
+                args[position] = tma_descriptor(args[position], *(spec if isinstance(spec, tuple) else (spec,)))
         return args
 
     def for_pointers(self, pointers: int):

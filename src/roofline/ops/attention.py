@@ -97,11 +97,22 @@ TILES = {
 FP32_TILES = {32: Tiles(64, 32, 4, 1), 64: Tiles(64, 32, 4, 1), 96: Tiles(32, 32, 4, 1), 128: Tiles(32, 32, 4, 1),
               256: Tiles(16, 16, 4, 1)}
 DELTA_BLOCK = 64   # queries a program of the dot(dO, O) pre-pass takes
-# The Hopper forward and backward in Gluon (attention_sm90.py, imported only then, Gluon with it) for the inputs they
-# take, in place of the tiled ones: opt-in, since they are faster than the tiled ones at head dim 128 only, and
-# behind cuDNN's (benchmarks/results/h200-attention.md). Read at each call (plans and call signatures hold it), so
-# that a benchmark can set it call by call and time both ways as eager code calls them
-SM90_ATTENTION = os.environ.get("ROOFLINE_SM90_ATTENTION", "0") == "1"
+
+
+def _sm90_setting(value: str) -> bool | None:
+    """ROOFLINE_SM90_ATTENTION's value as SM90_ATTENTION holds it."""
+    settings = {"auto": None, "1": True, "0": False}
+    if value not in settings:
+        raise ValueError(f"ROOFLINE_SM90_ATTENTION must be auto, 1 or 0, got {value!r}")
+    return settings[value]
+
+
+# The Hopper forward and backward in Gluon (attention_sm90.py, Gluon imported with it), in place of the tiled ones
+# for the inputs they take. ROOFLINE_SM90_ATTENTION: "auto" (the default, None here) where they were measured faster
+# than the tiled ones alone, as eager code calls them and in a whole program (attention_sm90.routed); "1" (True) at
+# every length they take; "0" (False) never. Read at each call (plans and call signatures hold it), so that a
+# benchmark can set it call by call and time both ways as eager code calls them.
+SM90_ATTENTION = _sm90_setting(os.environ.get("ROOFLINE_SM90_ATTENTION", "auto"))
 
 if triton is not None:
 
@@ -390,10 +401,10 @@ class AttentionPlan:
         self.delta_grid = (cdiv(nq, DELTA_BLOCK), batch * heads)
         self._backward_launches, self._per_query_launches = {}, {}
         self.sm90 = self.sm90_backward = None
-        if SM90_ATTENTION:
+        if SM90_ATTENTION is not False:
             from roofline.ops import attention_sm90
 
-            routed = d in attention_sm90.ROUTED_HEAD_DIMS
+            routed = attention_sm90.routed(d, nq, nk, every_length=SM90_ATTENTION is True)
             if routed and attention_sm90.supports(q, k, scale):
                 self.sm90 = attention_sm90.Sm90Forward(q, k, causal, scale * LOG2E)
             if routed and attention_sm90.supports(q, k, scale, backward=True):

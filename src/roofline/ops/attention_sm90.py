@@ -37,11 +37,12 @@ The backward makes five products a tile where the tiled one (attention.py) makes
 dQ is added up across the programs of a key head by atomic adds, so it is not the same bit for bit from run to
 run; where torch.use_deterministic_algorithms is on, the tiled backward runs. A last pass rounds dQ to q's dtype.
 
-Off unless attention.SM90_ATTENTION (ROOFLINE_SM90_ATTENTION=1). On an H200 (benchmarks/results/h200-attention.md),
-at head dim 128 the forward is faster than the tiled forward, alone and as eager code calls it (from 1024 keys),
-and level with cuDNN's only at the longest sequences; at 64 it is not faster than the tiled one. The backward, at
-head dim 128, is faster than the tiled backward and slower than cuDNN's. They stay off until a whole program has
-been timed with them.
+flash_attention takes them where `routed` says (attention.SM90_ATTENTION: ROOFLINE_SM90_ATTENTION=auto, the
+default). On an H200 (benchmarks/results/h200-attention.md), at head dim 128 the forward is faster than the tiled
+forward, alone and as eager code calls it (from 1024 keys), and level with cuDNN's only at the longest sequences;
+the backward is faster than the tiled backward and slower than cuDNN's; together they made transformers' Llama
+(heads of 128, 2 x 4096 tokens) train 1.019x faster than with the tiled kernels. At head dim 64 neither is faster
+than the tiled one.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from __future__ import annotations
 import torch
 
 from roofline.ops import _eager_node
-from roofline.ops._common import cdiv, interpreting, tma_descriptor
+from roofline.ops._common import cdiv, interpreting
+from roofline.ops._launch import Launch
 
 try:   # Gluon ships with Triton 3.5 and later
     from triton.experimental import gluon
@@ -60,10 +62,14 @@ except ImportError:
     gluon = None
 
 HEAD_DIMS = (64, 128)
-# Where flash_attention takes them, with ROOFLINE_SM90_ATTENTION=1: the head dims the forward and the backward were
-# timed faster than the tiled ones at (benchmarks/results/h200-attention.md; the forward slower at 64, the backward
-# not faster). tune_ops and the tests route both.
+# Where flash_attention takes them: the head dims the forward and the backward were timed faster than the tiled ones
+# at (benchmarks/results/h200-attention.md; the forward slower at 64, the backward not faster; tune_ops and the
+# tests route both), and unless ROOFLINE_SM90_ATTENTION=1 from this many queries and keys: the shortest sequences
+# they were faster at alone, as eager code calls them and in a whole program (run 12). At 1024 the program was
+# faster but the GPU's time the same, and back-to-back eager calls slower: these calls are not replayed from C++
+# (_refuse_replay), so their host time is about twice the tiled ones'.
 ROUTED_HEAD_DIMS = (128,)
+ROUTED_MIN_LENGTH = 4096
 BLOCK_M = 128   # queries a program holds: 64 for each MMA warpgroup
 BLOCK_N = 128   # keys and values a step of the loop walks
 # Slots in the ring by head dim (one more fits the 227 KiB a block may hold beside Q: O leaves through Q's memory)
@@ -500,6 +506,12 @@ if gluon is not None:
                     bars, b, hk, start_n, full, first, group * blocks, blocks, nq, nk, scale, scale_log2, CAUSAL)
         gl.warp_specialize([(_backward_loads, loads), (_backward_products, products)], [8], [MMA_REGISTERS])
 
+def routed(d: int, nq: int, nk: int, every_length: bool) -> bool:
+    """Whether flash_attention takes these kernels at head dim d, nq queries and nk keys (where they take the
+    inputs: supports)."""
+    return d in ROUTED_HEAD_DIMS and (every_length or min(nq, nk) >= ROUTED_MIN_LENGTH)
+
+
 def supports(q: torch.Tensor, k: torch.Tensor, scale: float, backward: bool = False) -> bool:
     """Whether this forward (or the backward) takes these inputs (the tiled ones take the rest). The forward's
     softmax takes the max of the scaled scores as the scaled max: a positive scale."""
@@ -513,73 +525,79 @@ def _layout(d: int, dtype: torch.dtype, rows: int):
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], element)
 
 
+def _refuse_replay() -> None:
+    """The eager node records these Launches, but on the H200 building the replay of the backward's crashed the
+    process (2026-11-29): until that is found, a call that takes these kernels runs in Python every time."""
+    recorder = _eager_node.recording.recorder
+    if recorder is not None:
+        recorder.refuse("flash_attention's Hopper kernels are not replayed (their replay's build crashed)")
+
+
+def _head_block(d: int, dtype: torch.dtype, rows: int) -> tuple:
+    """A Launch's descriptor spec for a (batch, heads, seq, head_dim) tensor copied `rows` rows of a head at a
+    time."""
+    return [1, 1, rows, d], None, None, _layout(d, dtype, rows)
+
+
 class Sm90Forward:
-    """The launch for q, k, v of given shapes (readable by the copy engine) on a Hopper GPU: (O, log-sum-exp).
-    scale_log2: the softmax scale times log2(e)."""
+    """The launch for q, k, v of given shapes and strides (readable by the copy engine) on a Hopper GPU: (O,
+    log-sum-exp). scale_log2: the softmax scale times log2(e). Launched as the tiled kernels are (a Launch: by the
+    compiled kernel's own launcher after the first call, not through the JIT)."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale_log2: float):
         batch, heads, nq, d = q.shape
-        self.d, self.causal = d, causal
-        self.grid = (cdiv(nq, BLOCK_M), batch * heads)
         self.args = (heads, heads // k.shape[1], nq, k.shape[2], scale_log2)
-        self.parts, self.pingpong, self.rescale, self.stages = MMA_PARTS, PINGPONG, RESCALE_UNDER_S, STAGES[d]
-        self.o_rows = BLOCK_M // self.parts   # O leaves by the copy engine a partition's rows at a time
-        self.layouts = {rows: _layout(d, q.dtype, rows) for rows in {BLOCK_M, BLOCK_N, self.o_rows}}
-
-    def _descriptor(self, t: torch.Tensor, rows: int):
-        return tma_descriptor(t, [1, 1, rows, self.d], layout=self.layouts[rows])
+        o_rows = BLOCK_M // MMA_PARTS   # O leaves by the copy engine a partition's rows at a time
+        self.launch = Launch(
+            attention_forward_sm90_kernel, (cdiv(nq, BLOCK_M), batch * heads), q.device.index,
+            descriptors={0: _head_block(d, q.dtype, BLOCK_M), 1: _head_block(d, q.dtype, BLOCK_N),
+                         2: _head_block(d, q.dtype, BLOCK_N), 3: _head_block(d, q.dtype, o_rows)},
+            CAUSAL=causal, STAGES=STAGES[d], MMA_PARTS=MMA_PARTS, PINGPONG=PINGPONG, RESCALE_UNDER_S=RESCALE_UNDER_S,
+            MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS, maxnreg=MAX_REGISTERS)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        recorder = _eager_node.recording.recorder
-        if recorder is not None:   # Triton's launcher, not a Launch: nothing a replay could repeat
-            recorder.refuse("flash_attention's sm_90 forward launches through Triton's JIT")
+        _refuse_replay()
         o = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-        with torch.cuda.device(q.device):
-            attention_forward_sm90_kernel[self.grid](
-                self._descriptor(q, BLOCK_M), self._descriptor(k, BLOCK_N), self._descriptor(v, BLOCK_N),
-                self._descriptor(o, self.o_rows), lse, *self.args, CAUSAL=self.causal, STAGES=self.stages,
-                MMA_PARTS=self.parts, PINGPONG=self.pingpong, RESCALE_UNDER_S=self.rescale,
-                MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS,
-                maxnreg=MAX_REGISTERS)
+        self.launch(q, k, v, o, lse, *self.args)
         return o, lse
 
 
 class Sm90Backward:
-    """The backward's launches for q, k, v of given shapes (readable by the copy engine) on a Hopper GPU:
-    (dQ, dK, dV) from dO, O and the forward's log-sum-exp. per_query(dO's strides): attention.py's pre-pass for a dO
-    of those strides, which writes delta = rowsum(dO O) and the log-sum-exp in base 2 into rows padded to whole
-    blocks of BWD_BLOCK_M queries (its own blocks a multiple of them: zeros past nq). scale_log2: the softmax scale
-    times log2(e)."""
+    """The backward's launches for q, k, v of given shapes and strides (readable by the copy engine) on a Hopper
+    GPU: (dQ, dK, dV) from dO, O and the forward's log-sum-exp. per_query(dO's strides): attention.py's pre-pass
+    for a dO of those strides, which writes delta = rowsum(dO O) and the log-sum-exp in base 2 into rows padded to
+    whole blocks of BWD_BLOCK_M queries (its own blocks a multiple of them: zeros past nq). scale_log2: the softmax
+    scale times log2(e). A Launch for each layout of dO (its descriptor holds dO's strides)."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, scale_log2: float, per_query):
         batch, heads, nq, d = q.shape
-        self.d, self.causal, self.per_query = d, causal, per_query
+        self.per_query = per_query
         self.rows, self.nq, self.heads = batch * heads, nq, heads
         self.nq_pad = cdiv(nq, BWD_BLOCK_M) * BWD_BLOCK_M
         self.grid = (cdiv(k.shape[2], BWD_BLOCK_N), batch * k.shape[1])
         self.args = (heads, k.shape[1], heads // k.shape[1], nq, self.nq_pad, k.shape[2], scale, scale_log2)
-        self.layouts = {rows: _layout(d, q.dtype, rows) for rows in (BWD_BLOCK_M, BWD_BLOCK_N)}
+        queries, keys = _head_block(d, q.dtype, BWD_BLOCK_M), _head_block(d, q.dtype, BWD_BLOCK_N)
+        # the per-query values' padded rows, end to end, copied BWD_BLOCK_M at a time
+        per_query_rows = ([BWD_BLOCK_M], [self.rows * self.nq_pad], [1], VECTOR_LAYOUT)
+        self.descriptors = {0: queries, 1: keys, 2: keys, 3: queries, 4: keys, 5: keys, 6: per_query_rows,
+                            7: per_query_rows}
+        self.settings = dict(CAUSAL=causal, STAGES=BWD_STAGES[d], MMA_REGISTERS=BWD_MMA_REGISTERS,
+                             num_warps=LOAD_WARPS, maxnreg=MAX_REGISTERS)
+        self.device, self.launches = q.device.index, {}
 
-    def _descriptor(self, t: torch.Tensor, rows: int):
-        return tma_descriptor(t, [1, 1, rows, self.d], layout=self.layouts[rows])
-
-    def _per_query(self, t: torch.Tensor):
-        return tma_descriptor(t.view(-1), [BWD_BLOCK_M], layout=VECTOR_LAYOUT)
+    def _launch(self, do_strides) -> Launch:
+        launch = self.launches.get(do_strides)
+        if launch is None:
+            launch = self.launches[do_strides] = Launch(attention_backward_sm90_kernel, self.grid, self.device,
+                                                        descriptors=self.descriptors, **self.settings)
+        return launch
 
     def __call__(self, do, q, k, v, o, lse) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        recorder = _eager_node.recording.recorder
-        if recorder is not None:   # Triton's launcher, not a Launch: nothing a replay could repeat
-            recorder.refuse("flash_attention's sm_90 backward launches through Triton's JIT")
+        _refuse_replay()
         lse2, delta = (torch.empty(self.rows, self.nq_pad, device=q.device, dtype=torch.float32) for _ in range(2))
         self.per_query(do.stride())(o, do, delta, lse, lse2, self.heads, self.nq, self.nq_pad)
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        with torch.cuda.device(q.device):
-            attention_backward_sm90_kernel[self.grid](
-                self._descriptor(q, BWD_BLOCK_M), self._descriptor(k, BWD_BLOCK_N), self._descriptor(v, BWD_BLOCK_N),
-                self._descriptor(do, BWD_BLOCK_M), self._descriptor(dk, BWD_BLOCK_N),
-                self._descriptor(dv, BWD_BLOCK_N), self._per_query(lse2), self._per_query(delta), dq, *self.args,
-                CAUSAL=self.causal, STAGES=BWD_STAGES[self.d], MMA_REGISTERS=BWD_MMA_REGISTERS,
-                num_warps=LOAD_WARPS, maxnreg=MAX_REGISTERS)
+        self._launch(do.stride())(q, k, v, do, dk, dv, lse2, delta, dq, *self.args)
         return dq.to(q.dtype), dk, dv
