@@ -583,6 +583,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.train_tokens and min(args.train_tokens) < 1:
         parser.error(f"--train-tokens must be two positive integers, got {args.train_tokens}")
+    for name in args.models if args.train_tokens else ():
+        if name in MODELS:   # they hold max_seq positions (a causal mask of that size); transformers' models do not
+            limit = MODELS[name][2 if args.tiny else 1].max_seq
+            if args.train_tokens[1] > limit:
+                parser.error(f"--train-tokens: {name} takes sequences of at most {limit} tokens, got "
+                             f"{args.train_tokens[1]}")
     args.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     unavailable = needs_gpu(args.train, args.generate) if args.device.type != "cuda" else []
     if unavailable:

@@ -672,11 +672,18 @@ def test_gpu_patched_model_compiles_with_inductor_and_leaves_its_calls_to_it():
 
 
 def test_decisions_made_with_one_attention_forward_are_not_read_back_with_the_other(tmp_path, monkeypatch):
-    """A decision measured with the tiled attention forward is kept apart from one made with the Hopper forward
-    switched on (ROOFLINE_SM90_ATTENTION): the next process, with the switch on, measures again."""
+    """On a Hopper GPU, a decision measured with the tiled attention kernels is kept apart from one made with the
+    Hopper kernels at every length (ROOFLINE_SM90_ATTENTION=1) and from one made with them at long sequences (auto,
+    the default): the next process, with another setting, measures again. Elsewhere the setting changes nothing
+    and splits nothing."""
     from roofline.ops import attention
 
     monkeypatch.setenv("ROOFLINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(routing, "_hopper_present", lambda: False)
+    for setting in (None, True, False):
+        monkeypatch.setattr(attention, "SM90_ATTENTION", setting)
+        assert routing.kernel_settings() == ""
+    monkeypatch.setattr(routing, "_hopper_present", lambda: True)
     monkeypatch.setattr(attention, "SM90_ATTENTION", False)
     routing.Router(timer=Timer(10.0, 30.0)).call("double", _never, _twice, _doubled, torch.randn(8))
     monkeypatch.setattr(attention, "SM90_ATTENTION", True)

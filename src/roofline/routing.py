@@ -458,8 +458,17 @@ def kernel_settings() -> str:
     """The switches that choose which of roofline's kernels a routed call runs, as text ("" where only the tiled
     kernels serve): measured decisions and the program's verdicts are kept under them, since a decision of
     attention's made with the tiled kernels says nothing of the Hopper ones (ROOFLINE_SM90_ATTENTION: auto, the
-    default, takes them at long sequences only; 1 at every length)."""
-    return {None: "Hopper attention at long sequences", True: "Hopper attention", False: ""}[attention.SM90_ATTENTION]
+    default, takes them at long sequences only; 1 at every length), which run on a Hopper GPU only."""
+    setting = attention.SM90_ATTENTION
+    if setting is False or not _hopper_present():
+        return ""
+    return "Hopper attention" if setting is True else "Hopper attention at long sequences"
+
+
+@functools.cache
+def _hopper_present() -> bool:
+    return torch.cuda.is_available() and any(torch.cuda.get_device_capability(i) == (9, 0)
+                                             for i in range(torch.cuda.device_count()))
 
 
 def _cache_name(args) -> str:

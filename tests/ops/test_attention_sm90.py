@@ -15,6 +15,7 @@ import torch
 from ops_checks import assert_within_twice_torchs_error, outputs_and_grads
 
 from roofline.inspect import sass
+from roofline.ops import _eager_node
 from roofline.ops import attention_sm90 as sm90
 from roofline.ops._launch import clear_plans
 from roofline.ops.attention import attention_reference, flash_attention
@@ -185,7 +186,7 @@ def test_matches_float64_within_twice_torchs_error(hopper_forward, shape, causal
     plan = attention_module._plan(q, k, v, causal, d ** -0.5)
     assert plan.sm90 is not None and plan.sm90_backward is not None   # the Hopper kernels run
     dout = torch.randn_like(q)
-    ours = outputs_and_grads(lambda *a: flash_attention(*a, causal, backend="triton"), (q, k, v), dout)
+    ours = outputs_and_grads(lambda *a: flash_attention(*a, causal, d ** -0.5, backend="triton"), (q, k, v), dout)
     exact = outputs_and_grads(lambda *a: attention_reference(*a, causal), (q, k, v), dout, torch.float64)
     theirs = outputs_and_grads(lambda *a: attention_reference(*a, causal), (q, k, v), dout)
     assert_within_twice_torchs_error(("output", "dq", "dk", "dv"), ours, exact, theirs, dtype)
@@ -219,25 +220,28 @@ def test_the_hopper_backward_agrees_with_the_tiled_one_and_yields_to_it_where_as
 @pytest.mark.parametrize("causal", [False, True])
 def test_by_default_flash_attention_takes_them_at_a_long_sequence(monkeypatch, causal):
     """ROOFLINE_SM90_ATTENTION=auto (the default), at lengths past ROUTED_MIN_LENGTH (off the blocks, Nq != Nk,
-    grouped heads): the public op with autograd, twice (the second call warm), output and gradients within twice
-    torch's error of float64."""
+    grouped heads): the public op with autograd, three times (cold, warm, and where a recorded call would replay;
+    these calls refuse the recording), output and gradients within twice torch's error of float64."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a GPU of compute capability 9.0")
     monkeypatch.setattr(attention_module, "SM90_ATTENTION", None)
     clear_plans()
-    n = sm90.ROUTED_MIN_LENGTH
+    n, scale = sm90.ROUTED_MIN_LENGTH, 128 ** -0.5
     q = torch.randn(1, 4, n + 37, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, 2, n + 200, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    plan = attention_module._plan(q, k, v, causal, 128 ** -0.5)
+    plan = attention_module._plan(q, k, v, causal, scale)   # the plan the calls below take: the same scale
     assert plan.sm90 is not None and plan.sm90_backward is not None
     dout = torch.randn_like(q)
-    exact = outputs_and_grads(lambda *a: attention_reference(*a, causal), (q, k, v), dout, torch.float64)
-    theirs = outputs_and_grads(lambda *a: attention_reference(*a, causal), (q, k, v), dout)
+    exact = outputs_and_grads(lambda *a: attention_reference(*a, causal, scale), (q, k, v), dout, torch.float64)
+    theirs = outputs_and_grads(lambda *a: attention_reference(*a, causal, scale), (q, k, v), dout)
+    faulthandler.dump_traceback_later(DEADLOCK_S, exit=True)
     try:
-        for _ in range(2):
-            ours = outputs_and_grads(lambda *a: flash_attention(*a, causal), (q, k, v), dout)
+        for _ in range(3):
+            ours = outputs_and_grads(lambda *a: flash_attention(*a, causal, scale), (q, k, v), dout)
             assert_within_twice_torchs_error(("output", "dq", "dk", "dv"), ours, exact, theirs, torch.bfloat16)
+        assert any("Hopper kernels are not replayed" in why for why in _eager_node.refusals.values())
     finally:
+        faulthandler.cancel_dump_traceback_later()
         clear_plans()
 
 
@@ -266,7 +270,8 @@ def test_the_hopper_backward_masks_the_keys_past_the_end_and_takes_each_do_layou
 
 def test_the_setting_is_read_at_each_call(monkeypatch):
     """SM90_ATTENTION set call by call (a benchmark timing both forwards as eager code calls them) takes effect at the
-    next call, with no plans cleared: plans and call signatures hold it."""
+    next call, with no plans cleared: plans and call signatures hold it, auto (None) apart from 1 (True) and 0
+    (False)."""
     monkeypatch.setattr(sm90, "supports", lambda *args, **kwargs: True)   # as on a Hopper GPU
     monkeypatch.setattr(sm90, "Sm90Forward", lambda *args: lambda q, k, v: (torch.zeros_like(q),
                                                                             torch.zeros(q.shape[:3])))
@@ -274,8 +279,9 @@ def test_the_setting_is_read_at_each_call(monkeypatch):
     clear_plans()
     q, k, v = (torch.randn(1, 2, 16, 128) for _ in range(3))
     try:
-        for on in (True, False, True, False):
-            monkeypatch.setattr(attention_module, "SM90_ATTENTION", on)
+        monkeypatch.setattr(sm90, "ROUTED_MIN_LENGTH", 16)   # auto takes these 16 queries and keys
+        for setting, on in ((True, True), (False, False), (None, True), (False, False), (None, True)):
+            monkeypatch.setattr(attention_module, "SM90_ATTENTION", setting)
             out = flash_attention(q, k, v, False, backend="triton")
             assert bool(out.abs().sum() == 0) is on   # the stand-in's zeros only where it is on
     finally:

@@ -64,9 +64,10 @@ except ImportError:
 HEAD_DIMS = (64, 128)
 # Where flash_attention takes them: the head dims the forward and the backward were timed faster than the tiled ones
 # at (benchmarks/results/h200-attention.md; the forward slower at 64, the backward not faster; tune_ops and the
-# tests route both), and unless ROOFLINE_SM90_ATTENTION=1 from this many queries and keys: the shortest sequences
-# they were faster at alone, as eager code calls them and in a whole program (run 12). At 1024 the program was
-# faster but the GPU's time the same, and back-to-back eager calls slower: these calls are not replayed from C++
+# tests route both), and unless ROOFLINE_SM90_ATTENTION=1 from this many queries and keys: the shortest length
+# measured at which they were faster alone, as eager code calls them and in a whole program (on the H200, run 12;
+# 2048 was measured only as they were launched before, through Triton's JIT). At 1024 the program was faster but
+# the GPU's time the same, and back-to-back eager calls slower: these calls are not replayed from C++
 # (_refuse_replay), so their host time is about twice the tiled ones'.
 ROUTED_HEAD_DIMS = (128,)
 ROUTED_MIN_LENGTH = 4096
@@ -506,6 +507,7 @@ if gluon is not None:
                     bars, b, hk, start_n, full, first, group * blocks, blocks, nq, nk, scale, scale_log2, CAUSAL)
         gl.warp_specialize([(_backward_loads, loads), (_backward_products, products)], [8], [MMA_REGISTERS])
 
+
 def routed(d: int, nq: int, nk: int, every_length: bool) -> bool:
     """Whether flash_attention takes these kernels at head dim d, nq queries and nk keys (where they take the
     inputs: supports)."""
@@ -526,8 +528,9 @@ def _layout(d: int, dtype: torch.dtype, rows: int):
 
 
 def _refuse_replay() -> None:
-    """The eager node records these Launches, but on the H200 building the replay of the backward's crashed the
-    process (2026-11-29): until that is found, a call that takes these kernels runs in Python every time."""
+    """The eager node could record these Launches, but on the H200 building the recorded backward's program crashed
+    the process (2026-11-29), and the forward's replay has not run on a GPU either: until the crash is found, a
+    call that takes these kernels runs its Python path every time."""
     recorder = _eager_node.recording.recorder
     if recorder is not None:
         recorder.refuse("flash_attention's Hopper kernels are not replayed (their replay's build crashed)")
