@@ -124,8 +124,8 @@ def main(argv=None):
             print("the print in turns, a step after a print / after none (ms): "
                   + " ".join(f"{a:.3f}/{b:.3f}" for a, b in pairs))
     if several:
-        # the ranks leave together: a rank that tore its gloo group down while its peer was still printing was
-        # once aborted by gloo (SIGABRT, "terminate called without an active exception"; CI, 2026-11-29)
+        # the ranks leave together: once, under a loaded CI machine, rank 1 (which prints nothing) was aborted at
+        # gloo's teardown (SIGABRT, "terminate called without an active exception") while rank 0 still ran
         dist.barrier()
         dist.destroy_process_group()
 
