@@ -45,7 +45,7 @@ import torch
 import roofline
 from roofline import device as _device
 from roofline.ops import _eager_node, attention
-from roofline.ops._common import capturing
+from roofline.ops._common import capturing, hopper
 
 POLICIES = ("faster", "always")
 MEASURED_PER_OP = 32  # signatures measured per op and router; a program of ever new shapes leaves the rest to torch
@@ -467,8 +467,7 @@ def kernel_settings() -> str:
 
 @functools.cache
 def _hopper_present() -> bool:
-    return torch.cuda.is_available() and any(torch.cuda.get_device_capability(i) == (9, 0)
-                                             for i in range(torch.cuda.device_count()))
+    return torch.cuda.is_available() and any(hopper(torch.device("cuda", i)) for i in range(torch.cuda.device_count()))
 
 
 def _cache_name(args) -> str:

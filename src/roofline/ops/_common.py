@@ -74,6 +74,11 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def hopper(device: torch.device) -> bool:
+    """Whether device is a Hopper GPU (sm_90), where attention_sm90's Gluon kernels run."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
 def resident_programs(rows: int, device: torch.device, per_sm: int = 1) -> int:
     """Programs of a persistent grid that walk `rows` rows: per_sm on each multiprocessor, so that the rows in
     flight are known (long rows read twice stay in L2 between the reads). Under the interpreter a few, so

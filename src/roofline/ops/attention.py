@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from roofline.ops._common import (as_stored, cdiv, choose_backend, interpreting, next_power_of_2, tl, tma_readable,
-                                  triton)
+from roofline.ops._common import (as_stored, cdiv, choose_backend, hopper, interpreting, next_power_of_2, tl,
+                                  tma_readable, triton)
 from roofline.ops._eager_node import replayed_entry
 from roofline.ops._launch import Launch, plan_cache, tensor_key
 from roofline.ops._runtime import KernelOp
@@ -103,13 +103,10 @@ DELTA_BLOCK = 64   # queries a program of the dot(dO, O) pre-pass takes
 def _sm90_setting(value: str) -> bool | None:
     """ROOFLINE_SM90_ATTENTION's value as SM90_ATTENTION holds it (empty: auto)."""
     settings = {"auto": None, "": None, "1": True, "0": False}
-    if value.strip().lower() not in settings:
+    key = value.strip().lower()
+    if key not in settings:
         raise ValueError(f"ROOFLINE_SM90_ATTENTION must be auto, 1 or 0, got {value!r}")
-    return settings[value.strip().lower()]
-
-
-def _hopper(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device) == (9, 0)
+    return settings[key]
 
 
 # The Hopper forward and backward in Gluon (attention_sm90.py, Gluon imported with it), in place of the tiled ones
@@ -408,7 +405,7 @@ class AttentionPlan:
         self._backward_launches, self._per_query_launches = {}, {}
         self.sm90 = self.sm90_backward = None
         # imported (Gluon with it) only where its kernels could run: a Hopper GPU, or the CPU tests' interpreter
-        if SM90_ATTENTION is not False and (interpreting() or q.is_cuda and _hopper(q.device)):
+        if SM90_ATTENTION is not False and (interpreting() or hopper(q.device)):
             from roofline.ops import attention_sm90
 
             routed = attention_sm90.routed(d, nq, nk, every_length=SM90_ATTENTION is True)

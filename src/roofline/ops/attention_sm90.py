@@ -50,7 +50,7 @@ from __future__ import annotations
 import torch
 
 from roofline.ops import _eager_node
-from roofline.ops._common import cdiv, interpreting
+from roofline.ops._common import cdiv, hopper, interpreting
 from roofline.ops._launch import Launch
 
 try:   # Gluon ships with Triton 3.5 and later
@@ -517,9 +517,8 @@ def routed(d: int, nq: int, nk: int, every_length: bool) -> bool:
 def supports(q: torch.Tensor, k: torch.Tensor, scale: float, backward: bool = False) -> bool:
     """Whether this forward (or the backward) takes these inputs (the tiled ones take the rest). The forward's
     softmax takes the max of the scaled scores as the scaled max: a positive scale."""
-    return (gluon is not None and not interpreting() and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
-            and q.shape[3] in HEAD_DIMS and (backward or scale > 0)
-            and torch.cuda.get_device_capability(q.device) == (9, 0))
+    return (gluon is not None and not interpreting() and q.dtype in (torch.bfloat16, torch.float16)
+            and q.shape[3] in HEAD_DIMS and (backward or scale > 0) and hopper(q.device))
 
 
 def _layout(d: int, dtype: torch.dtype, rows: int):
