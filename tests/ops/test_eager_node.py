@@ -407,7 +407,7 @@ def test_gpu_forwards_replay(name, monkeypatch):
 
     for module, op in (("softmax", "_softmax_rows"), ("norm", "_norm_rows"), ("gelu", "_gelu"),
                        ("swiglu", "_swiglu_rows"), ("rope", "_rope"), ("attention", "_attention"),
-                       ("linear", "_linear"), ("linear", "_int8_linear")):
+                       ("linear", "_linear"), ("int8_linear", "_int8_linear")):
         monkeypatch.setattr(getattr(importlib.import_module(f"roofline.ops.{module}"), op), "replay_forward", True)
     for grad in (False, True) * 3:   # compiled, recorded, replayed: _run checks each call's outputs and gradients
         _run(name, grad)
@@ -440,3 +440,13 @@ def test_a_profile_places_roofline_ops_on_the_roofline_forward_and_backward():
     forward, backward = rows[("roofline::rms_norm", False)], rows[("roofline::rms_norm_backward", True)]
     assert (forward.rule, forward.bytes) == ("roofline", 2 * 16 * 64 * 4)
     assert (backward.rule, backward.bytes) == ("roofline", 3 * 16 * 64 * 4) and backward.count == 1
+
+
+def test_a_record_past_its_limits_raises_naming_them():
+    """A failed check in the node raises (on the GPU machine a compiler that linked a second C++ runtime into the
+    node made the first number formatted in such a message crash the process); the 69 parameters of the Hopper
+    attention backward's launch are taken."""
+    builder = _eager_node.extension().ProgramBuilder([])
+    with pytest.raises(RuntimeError, match="more than 96 arguments"):
+        builder.launch(0, [1, 1, 1], 32, 0, "i" * 97, [0] * 97)
+    builder.launch(0, [1, 1, 1], 32, 0, "i" * 69, [0] * 69)

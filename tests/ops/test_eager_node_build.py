@@ -36,6 +36,7 @@ def test_the_first_build_says_so_in_one_line_and_a_cached_load_says_nothing(monk
     monkeypatch.setattr(_eager_node, "_ninja_dir", lambda: "/usr/bin")
 
     def build(name, sources, build_directory, **options):   # what torch's load leaves: the module, in the folder
+        assert options["extra_ldflags"] == _eager_node._shared_cxx_runtime()
         (_eager_node.Path(build_directory) / f"{name}.so").write_bytes(b"")
         return "the module"
 
@@ -44,3 +45,10 @@ def test_the_first_build_says_so_in_one_line_and_a_cached_load_says_nothing(monk
     said = capsys.readouterr().err
     assert said.count("\n") == 1 and "building its C++ autograd node for torch" in said and " done in " in said
     assert _eager_node.build() == "the module" and capsys.readouterr().err == ""   # from the cache: silent
+
+
+def test_it_links_the_cxx_runtime_torch_loaded():
+    """Named as a link input, so that a compiler linking libstdc++ statically by default cannot give the node a
+    runtime of its own (whose locale, never set up, crashed the first number a failed check formatted)."""
+    (runtime,) = _eager_node._shared_cxx_runtime()
+    assert _eager_node.Path(runtime).name.startswith("libstdc++.so") and _eager_node.Path(runtime).is_file()

@@ -94,7 +94,8 @@ def build():
     load it from there; None if the build fails."""
     from roofline.device import cache_dir
 
-    key = hashlib.sha256(f"{SOURCE.read_text()}|{torch.__version__}".encode()).hexdigest()[:16]
+    link = _shared_cxx_runtime()
+    key = hashlib.sha256(f"{SOURCE.read_text()}|{torch.__version__}|{link}".encode()).hexdigest()[:16]
     name = f"roofline_eager_node_{key}"
     build_dir = cache_dir() / "eager_node" / key
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -109,7 +110,7 @@ def build():
         from torch.utils.cpp_extension import load
 
         module = load(name=name, sources=[str(SOURCE)], build_directory=str(build_dir), extra_cflags=["-O2"],
-                      verbose=False)
+                      extra_ldflags=link, verbose=False)
     except Exception as exc:   # a broken toolchain: the ops still work, through autograd.Function
         if first:
             print(" failed", file=sys.stderr)
@@ -121,6 +122,22 @@ def build():
     if first:
         print(f" done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return module
+
+
+def _shared_cxx_runtime() -> list[str]:
+    """The link input naming the C++ runtime this process has loaded (torch's libstdc++), or none where none is
+    mapped. A compiler that links libstdc++ statically (the GPU machine's CXX=/opt/gcc/bin/g++ did) gave the node
+    a second runtime whose locale was never set up: the first number it formatted, in a failed check's message,
+    crashed the process instead of raising."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if os.path.basename(path).startswith("libstdc++.so"):
+                    return [path]
+    except OSError:   # not Linux
+        pass
+    return []
 
 
 class EagerContext:

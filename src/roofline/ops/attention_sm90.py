@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import torch
 
-from roofline.ops import _eager_node
 from roofline.ops._common import cdiv, hopper, interpreting
 from roofline.ops._launch import Launch
 
@@ -67,8 +66,7 @@ HEAD_DIMS = (64, 128)
 # tests route both), and unless ROOFLINE_SM90_ATTENTION=1 from this many queries and keys: the shortest length
 # measured at which they were faster alone, as eager code calls them and in a whole program (on the H200, run 12;
 # 2048 was measured only as they were launched before, through Triton's JIT). At 1024 the program was faster but
-# the GPU's time the same, and back-to-back eager calls slower: these calls are not replayed from C++
-# (_refuse_replay), so their host time is about twice the tiled ones'.
+# the GPU's time the same, and back-to-back eager calls slower (measured before they were replayed from C++).
 ROUTED_HEAD_DIMS = (128,)
 ROUTED_MIN_LENGTH = 4096
 BLOCK_M = 128   # queries a program holds: 64 for each MMA warpgroup
@@ -526,15 +524,6 @@ def _layout(d: int, dtype: torch.dtype, rows: int):
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], element)
 
 
-def _refuse_replay() -> None:
-    """The eager node could record these Launches, but on the H200 building the recorded backward's program crashed
-    the process (2026-11-29), and the forward's replay has not run on a GPU either: until the crash is found, a
-    call that takes these kernels runs its Python path every time."""
-    recorder = _eager_node.recording.recorder
-    if recorder is not None:
-        recorder.refuse("flash_attention's Hopper kernels are not replayed (their replay's build crashed)")
-
-
 def _head_block(d: int, dtype: torch.dtype, rows: int) -> tuple:
     """A Launch's descriptor spec for a (batch, heads, seq, head_dim) tensor copied `rows` rows of a head at a
     time."""
@@ -558,7 +547,6 @@ class Sm90Forward:
             MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS, maxnreg=MAX_REGISTERS)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        _refuse_replay()
         o = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
         self.launch(q, k, v, o, lse, *self.args)
@@ -596,7 +584,6 @@ class Sm90Backward:
         return launch
 
     def __call__(self, do, q, k, v, o, lse) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        _refuse_replay()
         lse2, delta = (torch.empty(self.rows, self.nq_pad, device=q.device, dtype=torch.float32) for _ in range(2))
         self.per_query(do.stride())(o, do, delta, lse, lse2, self.heads, self.nq, self.nq_pad)
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)

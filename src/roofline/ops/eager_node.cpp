@@ -134,7 +134,8 @@ void pack_number(char kind, int64_t integer, double real, void* value) {
   }
 }
 
-constexpr size_t kMaxArguments = 64;   // a kernel's runtime arguments, at most (a launch packs them on the stack)
+constexpr size_t kMaxArguments = 96;   // a kernel's parameters, at most (a launch packs them on the stack); the
+                                        // Hopper attention backward takes 69
 
 // cuLaunchKernel on the current CUDA device's current stream, one-dimensional blocks of `block` threads.
 void launch_on_current_stream(void* function, const unsigned grid[3], unsigned block, unsigned shared,
