@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ops_checks import assert_within_twice_torchs_error, outputs_and_grads
+from ops_checks import DEVICE, assert_within_twice_torchs_error, outputs_and_grads
 
 from roofline.inspect import sass
 from roofline.ops import _eager_node
@@ -279,10 +279,11 @@ def test_the_setting_is_read_at_each_call(monkeypatch):
     (False)."""
     monkeypatch.setattr(sm90, "supports", lambda *args, **kwargs: True)   # as on a Hopper GPU
     monkeypatch.setattr(sm90, "Sm90Forward", lambda *args: lambda q, k, v: (torch.zeros_like(q),
-                                                                            torch.zeros(q.shape[:3])))
+                                                                            q.new_zeros(q.shape[:3])))
     monkeypatch.setattr(sm90, "Sm90Backward", lambda *args: None)
+    monkeypatch.setattr(attention_module, "hopper", lambda device: True)
     clear_plans()
-    q, k, v = (torch.randn(1, 2, 16, 128) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 16, 128, device=DEVICE) for _ in range(3))   # the tiled kernels run where they can
     try:
         monkeypatch.setattr(sm90, "ROUTED_MIN_LENGTH", 16)   # auto takes these 16 queries and keys
         for setting, on in ((True, True), (False, False), (None, True), (False, False), (None, True)):

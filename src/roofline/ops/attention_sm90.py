@@ -41,8 +41,8 @@ flash_attention takes them where `routed` says (attention.SM90_ATTENTION: ROOFLI
 default). On an H200 (benchmarks/results/h200-attention.md), at head dim 128 the forward is faster than the tiled
 forward, alone and as eager code calls it (from 1024 keys), and level with cuDNN's only at the longest sequences;
 the backward is faster than the tiled backward and slower than cuDNN's; together they made transformers' Llama
-(heads of 128, 2 x 4096 tokens) train 1.019x faster than with the tiled kernels. At head dim 64 neither is faster
-than the tiled one.
+(heads of 128) train 1.016x faster than with the tiled kernels at 4 x 2048 tokens, 1.021x at 2 x 4096. At head
+dim 64 neither is faster than the tiled one.
 """
 
 from __future__ import annotations
@@ -64,11 +64,10 @@ HEAD_DIMS = (64, 128)
 # Where flash_attention takes them: the head dims the forward and the backward were timed faster than the tiled ones
 # at (benchmarks/results/h200-attention.md; the forward slower at 64, the backward not faster; tune_ops and the
 # tests route both), and unless ROOFLINE_SM90_ATTENTION=1 from this many queries and keys: the shortest length
-# measured at which they were faster alone, as eager code calls them and in a whole program (on the H200, run 12;
-# 2048 was measured only as they were launched before, through Triton's JIT). At 1024 the program was faster but
-# the GPU's time the same, and back-to-back eager calls slower (measured before they were replayed from C++).
+# measured at which they were faster alone, as eager code calls them and in a whole program (on the H200, run 13,
+# replayed from C++). At 1024 the GPU's time and eager calls were level with the tiled kernels'.
 ROUTED_HEAD_DIMS = (128,)
-ROUTED_MIN_LENGTH = 4096
+ROUTED_MIN_LENGTH = 2048
 BLOCK_M = 128   # queries a program holds: 64 for each MMA warpgroup
 BLOCK_N = 128   # keys and values a step of the loop walks
 # Slots in the ring by head dim (one more fits the 227 KiB a block may hold beside Q: O leaves through Q's memory)
