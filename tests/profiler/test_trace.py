@@ -118,3 +118,22 @@ def test_the_window_ends_with_the_last_step_not_the_profiler_s_own_work_after_it
     b.kernel("void fill_kernel", 1900, 90 + gpu_tail_us, launch_ts=1850)
     trace = load(b.write(tmp_path / "t.json"))
     assert trace.start == 0 and trace.end == pytest.approx(2000 + max(gpu_tail_us - 10, 0.0))
+
+
+def test_the_window_opens_with_the_first_step_not_the_wait_before_it(tmp_path):
+    """Before the first step the warm-up step's end may be recorded: capture's wait for the skipped steps' queued
+    GPU work, and work they launched (on two H200 ranks under --no-ops, 84 ms of host idle that opened a window of
+    874 ms, counted in its 15 steps). A range begun before the first step that runs into it stays, but does not
+    open the window."""
+    b = TraceBuilder()
+    b.module("Net", 0, 3500)                                    # begun before the first step, runs into it
+    b.runtime("cudaDeviceSynchronize", 100, 800)                # the wait before the first step
+    b.kernel("void warm_up_kernel", 150, 700, launch_ts=50)     # the warm-up step's work
+    b.step(1000, 1000, 0)
+    b.step(2000, 1000, 1)
+    b.kernel("void step_kernel", 1100, 500, launch_ts=1050)
+    trace = load(b.write(tmp_path / "t.json"))
+    assert trace.start == 1000 and trace.end == 3000
+    assert [g.name for g in trace.gpu] == ["void step_kernel"]
+    assert "cudaDeviceSynchronize" not in [r.name for r in trace.runtime]
+    assert "roofline.module: Net" in [o.name for o in trace.ops]
