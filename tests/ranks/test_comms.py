@@ -220,3 +220,22 @@ def test_fsdp2_s_gathers_are_named_by_the_unit_whose_call_launched_them_without_
     found = comms.calls(load(b.write(tmp_path / "rank0.json")))
     assert [(c.kind, c.owner) for c in found] == [("all_gather", "FSDP2 root"), ("all_gather", "FSDP2 h.0"),
                                                   ("all_gather", None), ("reduce_scatter", None)]
+
+
+def test_a_rank_s_stretch_is_its_own_report_s(tmp_path):
+    """The merged report's stretch and the rank's own report's agree: on a GPU both hold the GPU's span of the
+    recorded steps against the unrecorded step, where the host's step marks (a host 300 us a step ahead of its GPU
+    here) would give the host's pace. On two H200 ranks the two reports once said 1.33x and 1.58x."""
+    from roofline.distributed.merge import rank_of
+    from roofline.profiler.report import analyze as analyze_report
+
+    b = TraceBuilder()
+    b.unprofiled_steps = {"wall_ms": [0.6, 0.6], "gpu_ms": [0.8, 0.8]}
+    for n in range(3):
+        b.step(n * 700, 700, n)
+        b.kernel("void step_kernel", 100 + n * 1000, 1000, launch_ts=50 + n * 700)
+    path = b.write(tmp_path / "t.json")
+    own = analyze_report(path).overhead
+    rank = rank_of(load(path), 0)
+    assert own.inflation == pytest.approx(3.1 / 3 / 0.8)   # the GPU's 3.1 ms over 3 steps, against 0.8
+    assert rank.stretch == pytest.approx(own.inflation) and rank.mean_step_ms == pytest.approx(0.7)

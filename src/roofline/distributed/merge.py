@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 from roofline.distributed import comms, ledger
 from roofline.profiler.attribution import Location, Resolver
+from roofline.profiler.overhead import measure as measure_overhead
 from roofline.profiler.overhead import unprofiled_steps
-from roofline.profiler.timeline import analyze
+from roofline.profiler.timeline import Timeline, analyze
 from roofline.profiler.trace import Trace
 
 
@@ -110,6 +111,9 @@ class Rank:
     # runs), and the line that ran the first
     compiled_graphs: float = 0.0
     compiled_at: Location | None = None
+    # a recorded step as the rank's own report holds it against the unrecorded one (profiler.overhead): on a GPU
+    # the GPU's span of the window's steps, where the host's marks would give its pace (it may run ahead)
+    recorded_step_ms: float | None = None
 
     @property
     def overlap(self) -> float | None:
@@ -117,9 +121,8 @@ class Rank:
 
     @property
     def stretch(self) -> float | None:
-        """How much longer a step took recorded than unrecorded: the recorded steps' mean, as the rank's own report
-        says it (profiler.overhead) and as its per-step figures (hooks among them) are means."""
-        return self.mean_step_ms / self.unprofiled_ms if self.mean_step_ms and self.unprofiled_ms else None
+        """How much longer a step took recorded than unrecorded, as the rank's own report says it."""
+        return self.recorded_step_ms / self.unprofiled_ms if self.recorded_step_ms and self.unprofiled_ms else None
 
     @property
     def not_computing_ms(self) -> float | None:
@@ -137,6 +140,7 @@ class Rank:
                 "not_computing_ms": self.not_computing_ms, "serialized_ms": self.serialized_ms,
                 "serialized_streams": self.serialized_streams, "fsdp2_hooks_ms": self.hooks_ms,
                 "fsdp2_units": self.hook_units, "mean_step_ms": self.mean_step_ms,
+                "recorded_step_ms": self.recorded_step_ms,
                 "host_syncs": [x.to_dict() for x in self.syncs], "compiled_graphs": self.compiled_graphs,
                 "compiled_at": str(self.compiled_at) if self.compiled_at else None}
 
@@ -211,12 +215,12 @@ def _compiled_graphs(trace: Trace, resolver: Resolver) -> tuple[int, Location | 
     return len(runs), stack[-1] if stack else None
 
 
-def _host_syncs(trace: Trace, resolver: Resolver, steps: int) -> list[HostSync]:
+def _host_syncs(trace: Trace, timeline: Timeline, steps: int) -> list[HostSync]:
     """The program's lines at which the host waited for the GPU, a step (on a CPU, the host never waits for one)."""
     if not trace.gpu:
         return []
     return [HostSync(x.location, x.call, x.count / steps, x.wait_us / steps / 1e3, x.gain_us / steps / 1e3)
-            for x in analyze(trace, resolver).syncs if x.location is not None]
+            for x in timeline.syncs if x.location is not None]
 
 
 def rank_of(trace: Trace, rank: int) -> Rank:
@@ -232,10 +236,13 @@ def rank_of(trace: Trace, rank: int) -> Rank:
     serialized, streams, at = _serialized(trace, calls)
     hooks, units, hooks_at = _fsdp2_hooks(trace, resolver)
     graphs, graphs_at = _compiled_graphs(trace, resolver)
+    timeline = analyze(trace, resolver)
+    overhead = measure_overhead(trace, timeline)
     return Rank(rank, trace, calls, len(trace.steps), step_ms, _length(compute) / steps / 1e3,
                 _length(comm) / steps / 1e3, exposed / steps / 1e3, statistics.median(timed) if timed else None,
                 compute, comm, serialized / steps / 1e3, streams, at, hooks / steps / 1e3, units, hooks_at,
-                mean_step_ms, _host_syncs(trace, resolver, steps), graphs / steps, graphs_at)
+                mean_step_ms, _host_syncs(trace, timeline, steps), graphs / steps, graphs_at,
+                overhead.profiled_step_ms if overhead else None)
 
 
 # --------------------------------------------------------------------------- the ranks together
