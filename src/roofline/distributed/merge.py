@@ -125,6 +125,12 @@ class Rank:
         return self.recorded_step_ms / self.unprofiled_ms if self.recorded_step_ms and self.unprofiled_ms else None
 
     @property
+    def host_stretch(self) -> float | None:
+        """The recorded steps' mean by the host's marks over the unrecorded step: what host time (FSDP2's hooks)
+        is scaled back by to the program's own pace."""
+        return self.mean_step_ms / self.unprofiled_ms if self.mean_step_ms and self.unprofiled_ms else None
+
+    @property
     def not_computing_ms(self) -> float | None:
         """Unrecorded, the part of a step the GPU does not compute: its communication that no computation hides,
         its waits for other ranks, and its idle. The recorder stretches the host, not the GPU's kernels, so the

@@ -255,7 +255,7 @@ def _fsdp2_hooks(merged: Merged) -> list[Finding]:
     backward, and where a unit's computation is shorter, the GPU waits for them."""
     r = max(merged.ranks, key=lambda r: r.hooks_ms)
     step = r.unprofiled_ms or r.step_ms
-    stretch = r.stretch if r.stretch and r.stretch > 1 else 1.0
+    stretch = r.host_stretch if r.host_stretch and r.host_stretch > 1 else 1.0
     hooks = r.hooks_ms / stretch   # the recorder stretches the host: the hooks' time at the program's own pace
     if r.hook_units <= ADVISED_UNITS or not step or hooks < HOOKS_SHARE * step:
         return []
