@@ -3,6 +3,9 @@ checks, retain_graph, hooks, errors), and a backward recorded once replays witho
 gradients; what cannot be replayed runs in Python."""
 
 import gc
+import shutil
+import subprocess
+import sys
 import weakref
 
 import pytest
@@ -450,3 +453,11 @@ def test_a_record_past_its_limits_raises_naming_them():
     with pytest.raises(RuntimeError, match="more than 96 arguments"):
         builder.launch(0, [1, 1, 1], 32, 0, "i" * 97, [0] * 97)
     builder.launch(0, [1, 1, 1], 32, 0, "i" * 69, [0] * 69)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or shutil.which("ldd") is None, reason="reads the build with ldd")
+def test_the_node_shares_the_processes_cxx_runtime():
+    """Linked to libstdc++.so, not to a static copy of its own (a compiler that linked one gave the node a second
+    runtime whose first formatted number crashed the process)."""
+    linked = subprocess.run(["ldd", _eager_node.extension().__file__], capture_output=True, text=True, check=True)
+    assert "libstdc++.so" in linked.stdout

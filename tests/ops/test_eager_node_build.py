@@ -2,6 +2,8 @@
 interpreter's tests), with a compiler and ninja; saying so in one line at its first build, and nothing when it
 loads from roofline's cache."""
 
+import sys
+
 import pytest
 
 from roofline.ops import _eager_node
@@ -47,6 +49,7 @@ def test_the_first_build_says_so_in_one_line_and_a_cached_load_says_nothing(monk
     assert _eager_node.build() == "the module" and capsys.readouterr().err == ""   # from the cache: silent
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/maps")
 def test_it_links_the_cxx_runtime_torch_loaded():
     """Named as a link input, so that a compiler linking libstdc++ statically by default cannot give the node a
     runtime of its own (whose locale, never set up, crashed the first number a failed check formatted)."""

@@ -60,3 +60,17 @@ def test_host_time_and_its_finding_are_the_unprofiled_program_s(tmp_path):
     assert f.est_gain_ms == pytest.approx(0.5 - 0.08) and "train.py:10 0.25 ms" in f.message
     # a program whose GPU is busy nearly all the time, unprofiled, is not host-bound
     assert "host-bound" not in [g.id for g in _report(tmp_path, kernel_us=40.0, unprofiled_ms=[0.082]).findings]
+
+
+def test_the_wait_before_the_first_step_is_on_no_line(tmp_path):
+    """The warm-up step's end, recorded before the first step: its line (marked at 50) waits there for the GPU
+    until 900. No host time before the step counts; that line keeps the first step's work until the next mark."""
+    b = TraceBuilder()
+    b.mark(50, at(5))
+    b.runtime("cudaDeviceSynchronize", 100, 800)
+    b.op("ProfilerStep#1", 1000, 1000, cat="user_annotation")
+    b.op("aten::mm", 1010, 50, shapes=[[64, 64], [64, 64]], dtypes=["float"] * 2)
+    b.kernel("sm90_xmma_gemm_f32", 1100, 40, launch_ts=1020)
+    b.mark(1300, at(10))
+    r = analyze(b.write(tmp_path / "t.json"), peaks=PEAKS)
+    assert {h.location.line: h.host_us for h in r.host} == {5: 300.0, 10: 700.0}

@@ -122,7 +122,7 @@ def test_the_window_ends_with_the_last_step_not_the_profiler_s_own_work_after_it
 
 def test_the_window_opens_with_the_first_step_not_the_wait_before_it(tmp_path):
     """Before the first step the warm-up step's end may be recorded: capture's wait for the skipped steps' queued
-    GPU work, and work they launched (on two H200 ranks under --no-ops, 84 ms of host idle that opened a window of
+    GPU work, and work they launched (on two H200 ranks under --no-ops, 74 ms of host idle that opened a window of
     874 ms, counted in its 15 steps). A range begun before the first step that runs into it stays, but does not
     open the window."""
     b = TraceBuilder()

@@ -209,7 +209,7 @@ def test_fsdp2_s_hooks_on_many_units_are_named_at_the_model_s_line_with_fewer_un
     # median step, which leaves out a step the loaded machine spiked, can be the shorter)
     assert all(0 < r["fsdp2_hooks_ms"] < r["mean_step_ms"] for r in ranks["ranks"])
     # on a CPU the host's time is the step's: the gain is the hooks of all but 5 units (4 groups and the root)
-    stretch = [r["stretch"] for r in ranks["ranks"] if r["fsdp2_hooks_ms"] == hooks][0] or 1
+    stretch = [r["host_stretch"] for r in ranks["ranks"] if r["fsdp2_hooks_ms"] == hooks][0] or 1
     assert found["gain_ms"] == pytest.approx(hooks / max(stretch, 1) * (1 - 5 / 8))
     assert found["where"].endswith("sharded.py:10 (<module>)")   # the line that called the model, where its hooks ran
     assert "fully_shard(list(model.blocks[i:j])) for 4 groups" in found["message"] and "reshard_after_forward=False" in \

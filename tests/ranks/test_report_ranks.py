@@ -24,9 +24,9 @@ def _merged(ranks, straggler=None):
 
 # recorded: 67 ms steps (2.0x), rank 0 waiting for rank 1's host; unrecorded: 33.1 ms steps of 27.1 ms compute
 RANK0 = dict(step_ms=67.29, compute_ms=29.88, comm_ms=41.55, exposed_ms=27.18, unprofiled_ms=33.14, mean_step_ms=67.29,
-             recorded_step_ms=67.29)
+             recorded_step_ms=67.29, stretch=67.29 / 33.14)
 RANK1 = dict(step_ms=66.54, compute_ms=27.14, comm_ms=3.01, exposed_ms=1.84, unprofiled_ms=33.13, mean_step_ms=66.54,
-             recorded_step_ms=66.54)
+             recorded_step_ms=66.54, stretch=66.54 / 33.13)
 LINE = Location("examples/models/gpt2.py", 71, "forward")
 
 
@@ -410,3 +410,12 @@ def test_a_straggler_whose_host_is_late_is_told_where_its_process_may_run():
     said = {f.id: f for f in findings(merged)}["straggler"].message
     assert "may run on CPUs" not in said
     assert said.endswith("the lag once followed the GPU when the ranks swapped GPUs).")
+
+
+def test_fsdp2_s_hooks_are_scaled_back_by_the_host_s_stretch():
+    """Hook time is the host's: scaled back to the program's pace by the recorded steps' mean over the unrecorded
+    step (here 2.0x), not by the GPU's stretch (here 1.5x), which the ranks table and the exposure use."""
+    figures = dict(step_ms=60.0, compute_ms=20.0, comm_ms=2.0, exposed_ms=1.0, unprofiled_ms=30.0, mean_step_ms=60.0,
+                   recorded_step_ms=45.0, stretch=1.5, hooks_ms=16.0, hook_units=13)
+    found = {f.id: f for f in findings(_merged([_rank(0, **figures), _rank(1, **figures)]))}
+    assert found["fsdp2-hooks"].title == "13 FSDP2 units cost the host 8.00 ms a step"

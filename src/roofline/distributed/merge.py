@@ -111,18 +111,15 @@ class Rank:
     # runs), and the line that ran the first
     compiled_graphs: float = 0.0
     compiled_at: Location | None = None
-    # a recorded step as the rank's own report holds it against the unrecorded one (profiler.overhead): on a GPU
-    # the GPU's span of the window's steps, where the host's marks would give its pace (it may run ahead)
+    # a recorded step as the rank's own report holds it against the unrecorded one (profiler.overhead), and how
+    # much longer it took: on a GPU the GPU's span of the window's steps, where the host's marks would give its
+    # pace (it may run ahead). Where no step was timed outside the window: the steps' mean, and no stretch
     recorded_step_ms: float | None = None
+    stretch: float | None = None
 
     @property
     def overlap(self) -> float | None:
         return 1 - self.exposed_ms / self.comm_ms if self.comm_ms > 0 else None
-
-    @property
-    def stretch(self) -> float | None:
-        """How much longer a step took recorded than unrecorded, as the rank's own report says it."""
-        return self.recorded_step_ms / self.unprofiled_ms if self.recorded_step_ms and self.unprofiled_ms else None
 
     @property
     def host_stretch(self) -> float | None:
@@ -146,7 +143,7 @@ class Rank:
                 "not_computing_ms": self.not_computing_ms, "serialized_ms": self.serialized_ms,
                 "serialized_streams": self.serialized_streams, "fsdp2_hooks_ms": self.hooks_ms,
                 "fsdp2_units": self.hook_units, "mean_step_ms": self.mean_step_ms,
-                "recorded_step_ms": self.recorded_step_ms,
+                "recorded_step_ms": self.recorded_step_ms, "host_stretch": self.host_stretch,
                 "host_syncs": [x.to_dict() for x in self.syncs], "compiled_graphs": self.compiled_graphs,
                 "compiled_at": str(self.compiled_at) if self.compiled_at else None}
 
@@ -248,7 +245,7 @@ def rank_of(trace: Trace, rank: int) -> Rank:
                 _length(comm) / steps / 1e3, exposed / steps / 1e3, statistics.median(timed) if timed else None,
                 compute, comm, serialized / steps / 1e3, streams, at, hooks / steps / 1e3, units, hooks_at,
                 mean_step_ms, _host_syncs(trace, timeline, steps), graphs / steps, graphs_at,
-                overhead.profiled_step_ms if overhead else None)
+                overhead.profiled_step_ms if overhead else mean_step_ms, overhead.inflation if overhead else None)
 
 
 # --------------------------------------------------------------------------- the ranks together

@@ -457,8 +457,8 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
                   if timed is not None else [])
     rows = [Row([str(r.rank), _ms(r.unprofiled_ms),
                  *([_ms(timed.comm_ms[k]), _ms(timed.waits_ms[k])] if timed is not None else []),
-                 # the recorded steps' mean, as compute, comm and exposed are (the window's, over its steps)
-                 _ms(r.mean_step_ms or r.step_ms), _ms(r.compute_ms), _ms(r.comm_ms), _ms(r.exposed_ms),
+                 # the window's over its steps, as compute, comm and exposed are, and as the stretch below holds it
+                 _ms(r.recorded_step_ms or r.step_ms), _ms(r.compute_ms), _ms(r.comm_ms), _ms(r.exposed_ms),
                  "" if r.overlap is None else f"{r.overlap:.0%}", _ms(merged.waits_ms[k])])
             for k, r in enumerate(ranks)]
     show(console, "ranks (ms a step)", [Column("rank"), Column("unrecorded step", "unrec"), *unrecorded,

@@ -90,8 +90,8 @@ def extension():
 
 
 def build():
-    """Build the extension once per source and torch version into roofline's cache (saying so in one line), or
-    load it from there; None if the build fails."""
+    """Build the extension once per source, torch version and C++ runtime into roofline's cache (saying so in one
+    line), or load it from there; None if the build fails."""
     from roofline.device import cache_dir
 
     link = _shared_cxx_runtime()
@@ -131,13 +131,11 @@ def _shared_cxx_runtime() -> list[str]:
     crashed the process instead of raising."""
     try:
         with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.split()[-1]
-                if os.path.basename(path).startswith("libstdc++.so"):
-                    return [path]
+            paths = {fields[5] for fields in (line.rstrip("\n").split(maxsplit=5) for line in maps)
+                     if len(fields) == 6 and os.path.basename(fields[5]).startswith("libstdc++.so")}
     except OSError:   # not Linux
-        pass
-    return []
+        return []
+    return sorted(paths) if len(paths) == 1 and os.path.isfile(next(iter(paths))) else []   # one, still on disk
 
 
 class EagerContext:

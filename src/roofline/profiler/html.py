@@ -221,7 +221,7 @@ def _ranks(d: dict) -> str:
                      "u_wait_ms": timed["waits_ms"][k] if timed else None})
     columns = [("rank", "rank:n"), ("unrecorded step ms", "unprofiled_ms:n"),
                *([("unrecorded comm ms", "u_comm_ms:n"), ("unrecorded wait ms", "u_wait_ms:n")] if timed else []),
-               ("recorded step ms", "mean_step_ms:n"), ("compute ms", "compute_ms:n"), ("comm ms", "comm_ms:n"),
+               ("recorded step ms", "recorded_step_ms:n"), ("compute ms", "compute_ms:n"), ("comm ms", "comm_ms:n"),
                ("exposed ms", "exposed_ms:n"), ("overlap", "overlap:n"), ("waited ms", "wait_ms:n")]
     collectives = [{**c, "size": size_text(c["bytes"]), "timed": "outside the window" if c.get("unrecorded") else
                     "in the window"} for c in ranks["collectives"]]

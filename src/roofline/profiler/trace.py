@@ -405,8 +405,9 @@ def keep_whole_steps(trace: Trace) -> None:
     the last are those. Host events that start after the last whole step are dropped, and GPU work with them
     (GPU work launched within the steps stays, wherever it ran). Traces without that fact keep their steps.
     Before the first step, the warm-up step's end may be recorded: capture's wait there for the skipped steps'
-    queued GPU work (84 ms of a two-rank window of 874 once, as host idle with no step). Host events that end
-    before the first step are dropped, and GPU work with them.
+    queued GPU work (74 ms of host idle that opened a two-rank window of 874 ms once). Host events that end
+    before the first step are dropped, and GPU work with them; each thread's last mark before it moves to its
+    start (the line its first work is on, with no time before the step).
     """
     n = trace.facts.get("window_steps")
     if isinstance(n, int) and not isinstance(n, bool) and len(trace.steps) > n:
@@ -416,25 +417,36 @@ def keep_whole_steps(trace: Trace) -> None:
             return   # no whole step: the window is the region, not steps
         cut = trace.steps[-1][1]
         trace.tail_us = max(end for _, end in partial) - cut
-        _keep(trace, lambda e: e.ts < cut)
+        _keep(trace, lambda e: e.ts < cut, lambda g: g.ts < cut)
         for times, ids in trace.marks.values():
             keep = [k for k, t in enumerate(times) if t < cut]
             times[:], ids[:] = [times[k] for k in keep], [ids[k] for k in keep]
-    if trace.steps:   # marks all stay: one made before the first step still names the line its first work is on
+    if trace.steps:
         head = min(start for start, _ in trace.steps)
-        _keep(trace, lambda e: e.end > head)
+        # (own step marks come from the wall clock, launches from Kineto's: a few us of slack between them)
+        _keep(trace, lambda e: e.end > head - HEAD_SLACK_US, lambda g: g.ts >= head)
+        for times, ids in trace.marks.values():
+            order = sorted(range(len(times)), key=times.__getitem__)
+            times[:], ids[:] = [times[k] for k in order], [ids[k] for k in order]
+            before = bisect.bisect_left(times, head)
+            if before:
+                times[:before], ids[:before] = [head], [ids[before - 1]]
 
 
-def _keep(trace: Trace, kept) -> None:
-    """Keep the host events that `kept` (a test of an event) and the GPU work they launched (work with no recorded
-    launch: by its own test)."""
+HEAD_SLACK_US = 10.0
+
+
+def _keep(trace: Trace, kept, kept_unlaunched) -> None:
+    """Keep the host events that `kept` (a test of an event) and the GPU work they launched, and the GPU work with
+    no recorded launch that `kept_unlaunched`."""
     trace.ops = [o for o in trace.ops if kept(o)]
     trace.frames = [f for f in trace.frames if kept(f)]
     runtime = [r for r in trace.runtime if kept(r)]
     launched = {r.correlation for r in trace.runtime if r.correlation >= 0}
     kept_launches = {r.correlation for r in runtime if r.correlation >= 0}
     trace.runtime = runtime
-    trace.gpu = [g for g in trace.gpu if g.correlation in kept_launches or (g.correlation not in launched and kept(g))]
+    trace.gpu = [g for g in trace.gpu
+                 if g.correlation in kept_launches or (g.correlation not in launched and kept_unlaunched(g))]
     trace.syncs = [y for y in trace.syncs if kept(y)]
 
 
