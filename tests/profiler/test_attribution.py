@@ -206,3 +206,24 @@ def test_a_window_without_ops_finds_the_thread_kineto_names_by_its_pthread_id(tm
     gemm = next(w for w in attribution.attribute(t).work if w.name == "gemm")
     assert (gemm.location.line, gemm.module, gemm.exact) == (10, "Net.fc", True)
     assert as_kineto in t.marks and 100 not in t.marks
+
+
+def test_a_window_without_ops_finds_its_main_thread_by_the_handshake(tmp_path):
+    """Where the trace names the launching thread by neither its system nor its pthread id (two H200 ranks under
+    torchrun: no kernel tied to a line exactly, all of it called backward), the cudaEventRecord that capture made
+    between two readings of the wall clock, after the step, names it."""
+    ns = lambda us: BASE_NS + int(us * 1000)   # noqa: E731
+
+    def build(b):
+        _no_op_window(b)
+        for event in b.events:   # the main thread's launches under another name
+            if event.get("cat") == "cuda_runtime" and event["tid"] == 100:
+                event["tid"] = 4242
+        b.runtime("cudaEventRecord", 702, 3, tid=4242)
+        b.runtime("cudaEventRecord", 740, 1, tid=AUTOGRAD)   # another thread's, past the span
+        b.facts["own_marks"]["handshakes"] = [[ns(701), ns(704.5), 100]]
+
+    by_name = {w.name: w for w in attribution.attribute(_trace(tmp_path, build)).work}
+    assert (by_name["gemm"].location.line, by_name["gemm"].exact, by_name["gemm"].backward) == (10, True, False)
+    assert (by_name["elementwise_relu"].location.line, by_name["elementwise_relu"].exact) == (12, True)
+    assert (by_name["gemm_bwd"].location.line, by_name["gemm_bwd"].backward) == (20, True)

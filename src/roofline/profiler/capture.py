@@ -603,6 +603,8 @@ class Profiler:
         self._lines_done = None      # the line marks, after the window
         self._modules_done = None    # the module paths, after the window (ops=False: their ranges)
         self._own_steps: list = []       # ops=False: the recorded steps' [start ns, end ns] (torch marks none)
+        self._handshakes: list = []      # ops=False: after each, a thread's name as the trace gives it (_handshake)
+        self._handshake_event = None
         self._step_start = 0
         self._exported = False
         self._previous = None
@@ -677,6 +679,16 @@ class Profiler:
                                                            None if self.ops else self._own_marks(lines)))
         self._exported = True
 
+    def _handshake(self) -> None:
+        """ops=False: a CUDA event recorded on this thread between two readings of the wall clock. The trace's
+        cudaEventRecord in that span names the thread as the trace names its launches, which its system and
+        pthread ids failed to match once (two H200 ranks under torchrun: no kernel tied to a line exactly)."""
+        if self._handshake_event is None:
+            self._handshake_event = torch.cuda.Event()
+        before = _time.time_ns()
+        self._handshake_event.record()
+        self._handshakes.append([before, _time.time_ns(), threading.get_native_id()])
+
     def _own_marks(self, lines) -> dict:
         """ops=False: the marks roofline kept on the wall clock (trace.load puts them among the trace's events), by
         thread, with each thread's pthread id (without CPU activity Kineto may name a launch's thread by that), and
@@ -687,6 +699,7 @@ class Profiler:
         pthread_ids = {**(modules.pthread_ids if modules else {}), **(lines.pthread_ids if lines else {})}
         return {"lines": {str(tid): [times, ids] for tid, (times, ids) in (lines.own if lines else {}).items()},
                 "modules": modules.ranges if modules else [], "steps": self._own_steps,
+                "handshakes": self._handshakes,
                 "pthread_ids": {str(k): v for k, v in pthread_ids.items()},
                 # the collectives the window's steps called, as the flight recorder kept them: with no c10d op
                 # recorded, their kinds and sizes (distributed.comms); none outside a program of several ranks
@@ -726,6 +739,7 @@ class Profiler:
         self.clock.boundary(ended)   # first, so that none of the profiler's work falls in a timed step
         if not self.ops and self._records(ended):   # torch marks no step without CPU activity: its range, kept here
             self._own_steps.append([self._step_start, _time.time_ns()])
+            self._handshake()
         self.steps += 1
         self.window_steps += self._records(ended)
         if ended == self.window[1]:

@@ -109,10 +109,12 @@ def render(report, console: Console | None = None, top: int = 10) -> None:
                  _ms(o.us), _rate(o.tflops), _rate(o.gbps), o.bound or "",
                  roofline_cell(o.rule, o.pct_of_roofline, _pct),
                  _ms(o.headroom_us) if o.headroom_us is not None else ""]) for o in report.ops[:top]]
-    show(console, "top ops on the roofline",
-         [C("op", justify="left", fold=True), C("inputs", "in", justify="left", fold=True), C("pass", justify="left"),
-          C("calls", "n"), C("ms"), C("TFLOP/s", "TF/s"), C("GB/s"), C("bound", justify="left", fold=True),
-          C("of roofline", "roof", fold=True), C("headroom ms", "room")], rows)
+    if rows:   # none without ops (--no-ops): the report says so above
+        show(console, "top ops on the roofline",
+             [C("op", justify="left", fold=True), C("inputs", "in", justify="left", fold=True),
+              C("pass", justify="left"), C("calls", "n"), C("ms"), C("TFLOP/s", "TF/s"), C("GB/s"),
+              C("bound", justify="left", fold=True), C("of roofline", "roof", fold=True), C("headroom ms", "room")],
+             rows)
     above = [o.name.removeprefix("aten::") for o in report.ops[:top]
              if o.pct_of_roofline is not None and o.pct_of_roofline > 1 and o.bound == "memory" and not o.l2_resident]
     if above:   # a GPU's L2-resident ops are held against the L2's ceiling, doctor's; on a CPU none is measured

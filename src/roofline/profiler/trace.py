@@ -13,6 +13,7 @@ million events costs only the compact events.
 from __future__ import annotations
 
 import bisect
+import collections
 import gzip
 import io
 import json
@@ -23,6 +24,10 @@ from pathlib import Path
 # Annotations roofline adds while recording (see capture): module attribute paths, and user call stacks.
 MODULE_MARK = "roofline.module: "
 LINE_MARK = "roofline.line: "
+
+
+# own marks come from the wall clock, the trace's host events from Kineto's: a few us of slack between them
+CLOCK_SLACK_US = 10.0
 
 
 class TraceError(ValueError):
@@ -381,11 +386,13 @@ def place_own_marks(trace: Trace) -> None:
     # its pthread id instead, as its threadId() does: the low 32 bits, signed. The name the launches use is taken.
     launching = {r.tid for r in trace.runtime}
     pthread_ids = {int(k): v for k, v in (own.get("pthread_ids") or {}).items()}
+    shaken = _handshaken(trace, own.get("handshakes") or [], us)
 
     def thread(tid) -> int:
         tid = int(tid)
         low = pthread_ids.get(tid, tid) & 0xFFFFFFFF
-        return next((t for t in (tid, low - (1 << 32) if low >= 1 << 31 else low, low) if t in launching), tid)
+        found = next((t for t in (tid, low - (1 << 32) if low >= 1 << 31 else low, low) if t in launching), None)
+        return found if found is not None else shaken.get(tid, tid)
 
     for tid, (times, ids) in (own.get("lines") or {}).items():
         kept_times, kept_ids = trace.marks.setdefault(thread(tid), ([], []))
@@ -394,6 +401,20 @@ def place_own_marks(trace: Trace) -> None:
     for tid, start, end, path in own.get("modules") or []:
         trace.ops.append(Op(MODULE_MARK + path, thread(tid), us(start), us(end), annotation=True))
     trace.steps.extend((us(start), us(end)) for start, end in own.get("steps") or [])
+
+
+def _handshaken(trace: Trace, handshakes: list, us) -> dict[int, int]:
+    """System thread id -> the trace's name for that thread, by the cudaEventRecord calls inside capture's
+    handshakes ([wall ns before, after, system thread id]): the name most of a thread's handshakes hold."""
+    records = sorted((r.ts, r.end, r.tid) for r in trace.runtime if r.name.startswith("cudaEventRecord"))
+    starts = [ts for ts, _, _ in records]
+    votes: dict[int, collections.Counter] = {}
+    for before, after, native in handshakes:
+        low, high = us(before) - CLOCK_SLACK_US, us(after) + CLOCK_SLACK_US
+        for ts, end, tid in records[bisect.bisect_left(starts, low):bisect.bisect_right(starts, high)]:
+            if end <= high:
+                votes.setdefault(int(native), collections.Counter())[tid] += 1
+    return {native: counted.most_common(1)[0][0] for native, counted in votes.items()}
 
 
 def keep_whole_steps(trace: Trace) -> None:
@@ -423,8 +444,7 @@ def keep_whole_steps(trace: Trace) -> None:
             times[:], ids[:] = [times[k] for k in keep], [ids[k] for k in keep]
     if trace.steps:
         head = min(start for start, _ in trace.steps)
-        # (own step marks come from the wall clock, launches from Kineto's: a few us of slack between them)
-        _keep(trace, lambda e: e.end > head - HEAD_SLACK_US, lambda g: g.ts >= head)
+        _keep(trace, lambda e: e.end > head - CLOCK_SLACK_US, lambda g: g.ts >= head)
         for times, ids in trace.marks.values():
             order = sorted(range(len(times)), key=times.__getitem__)
             times[:], ids[:] = [times[k] for k in order], [ids[k] for k in order]
@@ -433,7 +453,6 @@ def keep_whole_steps(trace: Trace) -> None:
                 times[:before], ids[:before] = [head], [ids[before - 1]]
 
 
-HEAD_SLACK_US = 10.0
 
 
 def _keep(trace: Trace, kept, kept_unlaunched) -> None:
