@@ -221,7 +221,12 @@ def test_a_window_without_ops_finds_its_main_thread_by_the_handshake(tmp_path):
                 event["tid"] = 4242
         b.runtime("cudaEventRecord", 702, 3, tid=4242)
         b.runtime("cudaEventRecord", 740, 1, tid=AUTOGRAD)   # another thread's, past the span
-        b.facts["own_marks"]["handshakes"] = [[ns(701), ns(704.5), 100]]
+        handshakes = [[ns(701), ns(704.5), 100]]
+        for t in (800, 900):   # spans that hold another thread's records too (two to its one): they tell nothing
+            for offset, tid in ((1, AUTOGRAD), (2, 4242), (3, AUTOGRAD)):
+                b.runtime("cudaEventRecordWithFlags", t + offset, 0.5, tid=tid)
+            handshakes.append([ns(t), ns(t + 4), 100])
+        b.facts["own_marks"]["handshakes"] = handshakes
 
     by_name = {w.name: w for w in attribution.attribute(_trace(tmp_path, build)).work}
     assert (by_name["gemm"].location.line, by_name["gemm"].exact, by_name["gemm"].backward) == (10, True, False)

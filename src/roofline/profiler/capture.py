@@ -603,8 +603,8 @@ class Profiler:
         self._lines_done = None      # the line marks, after the window
         self._modules_done = None    # the module paths, after the window (ops=False: their ranges)
         self._own_steps: list = []       # ops=False: the recorded steps' [start ns, end ns] (torch marks none)
-        self._handshakes: list = []      # ops=False: after each, a thread's name as the trace gives it (_handshake)
-        self._handshake_event = None
+        self._handshakes: list = []      # ops=False: after each, [wall ns before, after, thread's system id]
+        self._handshake_events: dict = {}   # device -> the event _handshake records there
         self._step_start = 0
         self._exported = False
         self._previous = None
@@ -682,17 +682,24 @@ class Profiler:
     def _handshake(self) -> None:
         """ops=False: a CUDA event recorded on this thread between two readings of the wall clock. The trace's
         cudaEventRecord in that span names the thread as the trace names its launches, which its system and
-        pthread ids failed to match once (two H200 ranks under torchrun: no kernel tied to a line exactly)."""
-        if self._handshake_event is None:
-            self._handshake_event = torch.cuda.Event()
-        before = _time.time_ns()
-        self._handshake_event.record()
-        self._handshakes.append([before, _time.time_ns(), threading.get_native_id()])
+        pthread ids failed to match once (two H200 ranks under torchrun: no kernel tied to a line exactly). Not
+        where CUDA is not started (this would start it) or a graph is being captured, nor past a CUDA error
+        (the program's, which reaches it at its own next call)."""
+        if not torch.cuda.is_initialized() or torch.cuda.is_current_stream_capturing():
+            return
+        try:
+            device = torch.cuda.current_device()
+            event = self._handshake_events.setdefault(device, torch.cuda.Event())
+            before = _time.time_ns()
+            event.record()
+            self._handshakes.append([before, _time.time_ns(), threading.get_native_id()])
+        except RuntimeError:
+            pass
 
     def _own_marks(self, lines) -> dict:
         """ops=False: the marks roofline kept on the wall clock (trace.load puts them among the trace's events), by
-        thread, with each thread's pthread id (without CPU activity Kineto may name a launch's thread by that), and
-        the window's collective calls."""
+        thread, with each thread's pthread id (without CPU activity Kineto may name a launch's thread by that) and
+        the handshakes that name the stepping thread as the trace does, and the window's collective calls."""
         from roofline.distributed import ledger
 
         modules = self._modules or self._modules_done

@@ -383,7 +383,8 @@ def place_own_marks(trace: Trace) -> None:
         return (ns - base) / 1e3
 
     # The marks name a thread by its system id. Without CPU activity Kineto may name the thread of a launch by
-    # its pthread id instead, as its threadId() does: the low 32 bits, signed. The name the launches use is taken.
+    # its pthread id instead, as its threadId() does: the low 32 bits, signed. The name the launches use is taken;
+    # where none of those is one, the name capture's handshakes found (_handshaken).
     launching = {r.tid for r in trace.runtime}
     pthread_ids = {int(k): v for k, v in (own.get("pthread_ids") or {}).items()}
     shaken = _handshaken(trace, own.get("handshakes") or [], us)
@@ -405,15 +406,17 @@ def place_own_marks(trace: Trace) -> None:
 
 def _handshaken(trace: Trace, handshakes: list, us) -> dict[int, int]:
     """System thread id -> the trace's name for that thread, by the cudaEventRecord calls inside capture's
-    handshakes ([wall ns before, after, system thread id]): the name most of a thread's handshakes hold."""
+    handshakes ([wall ns before, after, system thread id]): the name most of a thread's handshakes hold. A span
+    that holds records of several threads tells nothing."""
     records = sorted((r.ts, r.end, r.tid) for r in trace.runtime if r.name.startswith("cudaEventRecord"))
     starts = [ts for ts, _, _ in records]
     votes: dict[int, collections.Counter] = {}
     for before, after, native in handshakes:
         low, high = us(before) - CLOCK_SLACK_US, us(after) + CLOCK_SLACK_US
-        for ts, end, tid in records[bisect.bisect_left(starts, low):bisect.bisect_right(starts, high)]:
-            if end <= high:
-                votes.setdefault(int(native), collections.Counter())[tid] += 1
+        inside = {tid for ts, end, tid in records[bisect.bisect_left(starts, low):bisect.bisect_right(starts, high)]
+                  if end <= high}
+        if len(inside) == 1:
+            votes.setdefault(int(native), collections.Counter())[inside.pop()] += 1
     return {native: counted.most_common(1)[0][0] for native, counted in votes.items()}
 
 
@@ -451,8 +454,6 @@ def keep_whole_steps(trace: Trace) -> None:
             before = bisect.bisect_left(times, head)
             if before:
                 times[:before], ids[:before] = [head], [ids[before - 1]]
-
-
 
 
 def _keep(trace: Trace, kept, kept_unlaunched) -> None:
