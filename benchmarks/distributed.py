@@ -20,6 +20,8 @@ profile: examples/ddp_train.py (GPT-2 small, bf16, DDP, 8 x 1024 tokens a rank):
     unprofiled one (the profiler may stretch a step by 1.2x at most);
   - profiled again with rank 1 sleeping 20 ms after each step: is the straggler named, with its line?
   - profiled under FSDP2 (--fsdp2): its all-gathers' and reduce-scatters' transfer times and bus bandwidth;
+  - profiled with kernels and launches alone (--no-ops, on GPUs): each rank's stretch beside the first profile's,
+    and the share of GPU time on exact lines;
   - timed with DDP's buckets of 100 MB against its default 25 MB (in the same turns): what the exposed-communication
     finding's larger buckets gain.
 Writes OUT_DIR/profile-ranks.md and .json.
@@ -109,14 +111,17 @@ def _example(nproc: int, said: str, *args: str) -> re.Match:
     return found
 
 
-def _profile(nproc: int, json_path: Path, *args: str) -> dict:
+def _profile(nproc: int, json_path: Path, *args: str, options: tuple = ()) -> dict:
+    """The profile's merged report of examples/ddp_train.py with `args` (`options`: roofline profile's own),
+    with rank 0's totals beside it ("totals")."""
     done = subprocess.run([sys.executable, "-m", "roofline", "profile", "--nproc-per-node", str(nproc), "--skip", "8",
-                           "--steps", "10", "--json", str(json_path), EXAMPLE, "--steps", "20", *args],
+                           "--steps", "10", *options, "--json", str(json_path), EXAMPLE, "--steps", "20", *args],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "120"})
     (json_path.with_suffix(".txt")).write_text(done.stdout + done.stderr)
     if done.returncode:
         raise RuntimeError(f"roofline profile failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return json.loads(json_path.read_text())["ranks"]
+    report = json.loads(json_path.read_text())
+    return {**report["ranks"], "totals": report["totals"]}
 
 
 def _in_turns(out: Path, nproc: int, rounds: int) -> dict:
@@ -150,6 +155,8 @@ def profile(out: Path, nproc: int, rounds: int) -> None:
     ranks = _profile(nproc, out / "profile-ranks.json")
     slow = _profile(nproc, out / "profile-straggler.json", "--slow-rank", "1", "--slow-ms", str(SLOW_MS))
     fsdp = _profile(nproc, out / "profile-fsdp2.json", "--fsdp2")
+    # kernels and launches alone: on a GPU only
+    bare = _profile(nproc, out / "profile-noops.json", options=("--no-ops",)) if torch.cuda.is_available() else None
     larger = f"ddp+bucket{LARGER_BUCKETS_MB}"
     bucket_added = added_ms(turns, larger)
     lines = [f"examples/ddp_train.py (GPT-2 small, bf16 autocast, fused AdamW, SDPA, 8 x 1024 tokens a rank) on "
@@ -204,6 +211,7 @@ def profile(out: Path, nproc: int, rounds: int) -> None:
               "| collective | bytes | calls | us a call | busbw GB/s | timed outside the window |", "|---|---|---|---|---|---|",
               *(f"| {c['kind']} | {c['bytes']} | {c['calls']:g} | {c['call_us']:.0f} | {_ms(c['busbw_gbps'])} | "
                 f"{'yes' if c.get('unrecorded') else 'no'} |" for c in fsdp["collectives"]), "",
+              *_stretch_lines([("every op", ranks), ("--no-ops", bare)]),
               f"DDP's buckets of {LARGER_BUCKETS_MB} MB against its default 25 MB, unprofiled, in the same turns: "
               f"{turns[larger]['median_ms']:.2f} against {many:.2f} ms a step; they add {bucket_added[1]:.2f} ms over "
               f"each GPU alone (95% interval {bucket_added[0]:.2f}-{bucket_added[2]:.2f}).", ""]
@@ -213,8 +221,23 @@ def profile(out: Path, nproc: int, rounds: int) -> None:
          "reduction_ms": [reduction_low, reduction, reduction_high], "estimate_ratio": ratio,
          "estimate_ratio_interval": span, "ranks": ranks["ranks"], "findings": ranks["findings"], "unrecorded": timed,
          "straggler": s, "straggler_named": named, "false_straggler": "straggler" in found,
-         "larger_buckets_added_ms": list(bucket_added)}, indent=1))
+         "larger_buckets_added_ms": list(bucket_added),
+         "no_ops": {"ranks": bare["ranks"], "totals": bare["totals"]} if bare else None}, indent=1))
     print("\n".join(lines))
+
+
+def _stretch_lines(reports: list[tuple[str, dict | None]]) -> list[str]:
+    """Each recording's stretch of every rank's step (its own report's: the recorded step over the unrecorded one),
+    and the share of rank 0's GPU time its report ties to exact lines."""
+    rows = [f"| {name} | {', '.join(_x(r['stretch']) for r in report['ranks'])} | "
+            f"{report['totals']['exact_share']:.1%} |" for name, report in reports if report is not None]
+    return ["Each recording, a launch of its own: its stretch of each rank's step, as the rank's report says it (the "
+            "target: 1.2x at most), and rank 0's GPU time on exact lines:", "",
+            "| recording | stretch, rank by rank | rank 0's GPU time on exact lines |", "|---|---|---|", *rows, ""]
+
+
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def fsdp2_advice(out: Path, nproc: int, repeats: int) -> None:
