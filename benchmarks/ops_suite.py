@@ -302,8 +302,8 @@ def _attention_providers(causal: bool, head_dims) -> dict:
 def attention_sweeps(quick: bool) -> list[bench.Sweep]:
     """flash_attention against SDPA's FlashAttention-2 and cuDNN backends, bf16: the headline shape, causal and
     not, forward and forward+backward; and sequence lengths 512 .. 16384 at 16384 tokens (batch = 16384 / seq)
-    and 2048 = heads x head_dim, head_dim 64 and 128, causal, forward. FLOPs: 4 B H Nq Nk D forward (half of it
-    causal), 2.5 times that backward."""
+    and 2048 = heads x head_dim, head_dim 64 and 128, causal, forward; and forward+backward by sequence, 1024 ..
+    8192, head_dim 128, causal. FLOPs: 4 B H Nq Nk D forward (half of it causal), 2.5 times that backward."""
     out = []
 
     def make(name, shapes, causal, backward, x_of):
@@ -336,6 +336,9 @@ def attention_sweeps(quick: bool) -> list[bench.Sweep]:
     for d in (64, 128):
         shapes = [(max(1, tokens // n), 32 if d == 64 else 16, n, d) for n in (512, 1024, 2048, 4096, 8192, 16384)]
         make(f"attention causal fwd bf16, head_dim {d}, by sequence", shapes, True, False, lambda s: s[2])
+    # where flash_attention takes its Hopper kernels (attention_sm90.ROUTED_MIN_LENGTH): both ways, each length
+    shapes = [(max(1, tokens // n), 16, n, 128) for n in (1024, 2048, 4096, 8192)]
+    make("attention causal fwd+bwd bf16, head_dim 128, by sequence", shapes, True, True, lambda s: s[2])
     return out
 
 
