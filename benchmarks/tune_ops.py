@@ -227,12 +227,9 @@ def _attention_row(row: dict, call, work: float, current, inputs, sm90=None, **s
     return row
 
 
-# The Hopper forward's settings (MMA partitions, in turns, slots beyond the default ring, O rescaled under S, a
-# program an SM): the default, and the ones still open. One partition, a third slot and O rescaled under S were
-# slower on the H200 (benchmarks/results/h200-attention.md, runs 1-3 and 6; `git show a07bf73:benchmarks/tune_ops.py`
-# times them)
-SM90_VARIANTS = [(2, False, 0, False, False), (2, True, 0, False, False), (2, False, 0, False, True),
-                 (2, True, 0, False, True)]
+# The Hopper forward's settings (MMA partitions, in turns, slots beyond the default ring, O rescaled under S)
+SM90_VARIANTS = [(1, False, 0, False), (2, False, 0, False), (2, True, 0, False), (2, False, 1, False),
+                 (2, True, 1, False), (2, False, 0, True), (2, True, 0, True)]
 
 
 # The Hopper backward's slots in its ring (more fit at head dim 128 only just: 227 KiB a block)
@@ -278,16 +275,15 @@ def _attention(head_dims, candidates, hopper_kernels) -> list[dict]:
                 out.append(_attention_row(row, *backward, grads, (q, k, v, causal, scale), SM90_ATTENTION=True,
                                           sm90={"BWD_STAGES": {**hopper.BWD_STAGES, d: stages},
                                                 "ROUTED_HEAD_DIMS": hopper.HEAD_DIMS}))
-            for parts, turns, more, early, persistent in SM90_VARIANTS if "forward" in tried else ():   # Gluon's
+            for parts, turns, more, early in SM90_VARIANTS if "forward" in tried else ():   # Gluon's
                 stages = {head_d: n + more for head_d, n in hopper.STAGES.items()}
                 name = (f"sm90 ({parts} MMA partition{'s' if parts > 1 else ''}{', in turns' if turns else ''}"
-                        f"{', O rescaled under S' if early else ''}{', persistent' if persistent else ''})")
+                        f"{', O rescaled under S' if early else ''})")
                 tiles = [name, hopper.BLOCK_M, hopper.BLOCK_N, hopper.LOAD_WARPS + hopper.MMA_WARPS, stages[d]]
                 row = dict(kernel="forward", d=d, causal=causal, tiles=tiles, current=False, timed="forward")
                 out.append(_attention_row(row, *calls["forward"], (o, ), (q, k, v, causal, scale), SM90_ATTENTION=True,
                                           sm90={"MMA_PARTS": parts, "PINGPONG": turns, "STAGES": stages,
-                                                "RESCALE_UNDER_S": early, "PERSISTENT": persistent,
-                                                "ROUTED_HEAD_DIMS": hopper.HEAD_DIMS}))
+                                                "RESCALE_UNDER_S": early, "ROUTED_HEAD_DIMS": hopper.HEAD_DIMS}))
             for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
                                   ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)):
                 leaves = [t.detach().requires_grad_() for t in (q, k, v)]

@@ -31,8 +31,7 @@ pytestmark = pytest.mark.skipif(sm90.gluon is None, reason="Gluon ships with Tri
 VARIANTS = [(1, False), (2, False), (2, True)]
 
 
-def _compiled(d: int, causal: bool, parts: int, pingpong: bool, stages: int, rescale_under_s: bool = False,
-              persistent: bool = False):
+def _compiled(d: int, causal: bool, parts: int, pingpong: bool, stages: int, rescale_under_s: bool = False):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -42,11 +41,11 @@ def _compiled(d: int, causal: bool, parts: int, pingpong: bool, stages: int, res
 
     signature = {"q_desc": descriptor(sm90.BLOCK_M), "k_desc": descriptor(sm90.BLOCK_N),
                  "v_desc": descriptor(sm90.BLOCK_N), "o_desc": descriptor(sm90.BLOCK_M // parts), "lse_ptr": "*fp32",
-                 "heads": "i32", "group": "i32", "nq": "i32", "nk": "i32", "tiles": "i32", "scale_log2": "fp32",
+                 "heads": "i32", "group": "i32", "nq": "i32", "nk": "i32", "scale_log2": "fp32",
                  "CAUSAL": "constexpr", "STAGES": "constexpr", "MMA_PARTS": "constexpr", "PINGPONG": "constexpr",
-                 "RESCALE_UNDER_S": "constexpr", "PERSISTENT": "constexpr", "MMA_REGISTERS": "constexpr"}
+                 "RESCALE_UNDER_S": "constexpr", "MMA_REGISTERS": "constexpr"}
     constexprs = {"CAUSAL": causal, "STAGES": stages, "MMA_PARTS": parts, "PINGPONG": pingpong,
-                  "RESCALE_UNDER_S": rescale_under_s, "PERSISTENT": persistent, "MMA_REGISTERS": sm90.MMA_REGISTERS}
+                  "RESCALE_UNDER_S": rescale_under_s, "MMA_REGISTERS": sm90.MMA_REGISTERS}
     source = GluonASTSource(sm90.attention_forward_sm90_kernel, signature, constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": sm90.LOAD_WARPS, "maxnreg": sm90.MAX_REGISTERS})
@@ -124,11 +123,10 @@ def test_ping_pong_waits_and_passes_a_turn_at_each_issue_of_products(machine_cod
     assert turns["HGMMA"] == alone["HGMMA"]
 
 
-def _one_compiled(d: int, parts: int, pingpong: bool, stages: int, rescale_under_s: bool = False,
-                  persistent: bool = False) -> dict:
+def _one_compiled(d: int, parts: int, pingpong: bool, stages: int, rescale_under_s: bool = False) -> dict:
     """The _summary of one causal variant of the forward."""
     return _in_a_compiling_process(f"t._summary(t._compiled({d}, True, {parts}, {pingpong}, {stages}, "
-                                   f"{rescale_under_s}, {persistent}))[0]")
+                                   f"{rescale_under_s}))[0]")
 
 
 @pytest.mark.parametrize("d", sm90.HEAD_DIMS)
@@ -141,18 +139,6 @@ def test_o_rescaled_under_s_compiles_to_the_same_products_without_spills(d):
 
 
 @pytest.mark.parametrize("d", sm90.HEAD_DIMS)
-def test_the_persistent_forward_keeps_its_products_and_fits_o_s_own_buffer(d):
-    """A program an SM walking its tiles: the same registers, products and copies, nothing spilled, and O's
-    buffer beside Q and the ring within a block's shared memory."""
-    kernel = _one_compiled(d, 2, False, sm90.STAGES[d], persistent=True)
-    assert kernel["registers"] == sm90.MAX_REGISTERS and kernel["local"] == 0
-    ops = kernel["ops"]
-    assert ops["HGMMA"] == 2 * (2 * (d // 16) + 2 * (sm90.BLOCK_N // 16)) and ops["UTMASTG"] == 2
-    q, slot = sm90.BLOCK_M * d * 2, sm90.BLOCK_N * d * 2   # bf16 bytes: Q (and O), and a key or value block
-    assert 2 * q + 2 * sm90.STAGES[d] * slot <= kernel["shared"] <= SHARED_MEMORY_LIMIT
-
-
-@pytest.mark.parametrize("d", sm90.HEAD_DIMS)
 def test_one_more_stage_fits_now_that_o_leaves_through_q_s_memory(d):
     """O is staged in Q's shared memory, so a ring of one more slot than the default still fits a block."""
     kernel = _one_compiled(d, 2, True, sm90.STAGES[d] + 1)
@@ -162,17 +148,15 @@ def test_one_more_stage_fits_now_that_o_leaves_through_q_s_memory(d):
 
 # --------------------------------------------------------------------------- on a GPU
 
-@pytest.fixture(params=[(1, False, 0, False, False), (2, False, 0, False, False), (2, True, 0, False, False),
-                        (2, True, 1, False, False), (2, False, 0, True, False), (2, False, 0, False, True),
-                        (2, True, 0, False, True)],
+@pytest.fixture(params=[(1, False, 0, False), (2, False, 0, False), (2, True, 0, False), (2, True, 1, False),
+                        (2, False, 0, True)],
                 ids=["one MMA partition", "a partition a warpgroup", "in turns", "in turns, one more stage",
-                     "O rescaled under S", "persistent", "persistent, in turns"])
+                     "O rescaled under S"])
 def hopper_forward(monkeypatch, request):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a GPU of compute capability 9.0")
-    parts, pingpong, more_stages, rescale_under_s, persistent = request.param
+    parts, pingpong, more_stages, rescale_under_s = request.param
     monkeypatch.setattr(sm90, "RESCALE_UNDER_S", rescale_under_s)
-    monkeypatch.setattr(sm90, "PERSISTENT", persistent)
     monkeypatch.setattr(attention_module, "SM90_ATTENTION", True)
     monkeypatch.setattr(sm90, "ROUTED_HEAD_DIMS", sm90.HEAD_DIMS)
     monkeypatch.setattr(sm90, "MMA_PARTS", parts)
@@ -375,8 +359,6 @@ def test_their_launches_describe_each_tensor_as_the_compiled_kernels_take_it():
     assert [a.layout for a in args[:4]] == [sm90._layout(d, bf16, r) for r in rows]
     assert [a.base for a in args[:4]] == [q, k, k, o] and [list(a.strides) for a in args[:4]] == [
         list(t.stride()) for t in (q, k, k, o)]
-    tiles = 3 * 2 * 4   # query blocks of BLOCK_M, batch x heads
-    assert forward.args[4] == tiles and forward.launch.grid == (tiles, ) and not sm90.PERSISTENT
     backward = sm90.Sm90Backward(q, k, True, 0.1, 0.1 * 1.4426950408889634, per_query=None)
     per_query = torch.empty(8, backward.nq_pad)
     args = backward._launch(q.stride())._jit_args((q, k, k, q, k, k, per_query, per_query,
@@ -391,16 +373,6 @@ def test_their_launches_describe_each_tensor_as_the_compiled_kernels_take_it():
     assert backward._launch(q.stride()) is backward._launch(q.stride())   # one Launch for each layout of dO
     assert backward._launch(q.transpose(1, 2).contiguous().transpose(1, 2).stride()) is not backward._launch(
         q.stride())
-
-
-def test_the_persistent_forward_is_a_program_an_sm_at_most(monkeypatch):
-    """PERSISTENT: as many programs as the GPU has SMs, each walking tiles, or one a tile where there are fewer."""
-    monkeypatch.setattr(sm90, "PERSISTENT", True)
-    monkeypatch.setattr(sm90, "sm_count", lambda device: 132)
-    for nq, heads, grid in ((300, 4, 24), (4096, 32, 132)):
-        q = torch.empty(2, heads, nq, 128, dtype=torch.bfloat16)
-        forward = sm90.Sm90Forward(q, q, False, 0.1)
-        assert forward.launch.grid == (grid, ) and forward.args[4] == -(-nq // sm90.BLOCK_M) * 2 * heads
 
 
 def test_deterministic_algorithms_take_the_tiled_backward(monkeypatch):

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import torch
 
-from roofline.ops._common import cdiv, hopper, interpreting, sm_count
+from roofline.ops._common import cdiv, hopper, interpreting
 from roofline.ops._launch import Launch
 
 try:   # Gluon ships with Triton 3.5 and later
@@ -84,10 +84,6 @@ PINGPONG = False
 # O rescaled by the last block's factor while this block's S = Q K^T runs (FA3's order: off the path from one P V to
 # the next issue), instead of after P V has retired; on the H200 it was slower (h200-attention.md, run 3): off
 RESCALE_UNDER_S = False
-# A program an SM, walking tiles one after another (FA3's persistent forward), instead of a program a tile: the next
-# tile's Q and first keys come in while this tile's last products run and its O goes out (through a buffer of its
-# own, so that Q's memory is free as soon as the tile's last S has retired)
-PERSISTENT = False
 MMA_REGISTERS = 240   # a thread of the MMA warpgroups; Triton leaves the producer's warpgroup the rest, 24
 # At launch, a thread of each of the 12 warps: 168 x 384 threads = 24 x 128 + 240 x 256, the whole budget that
 # setmaxnreg moves between the partitions. A launch with fewer would leave the MMA warpgroups' request for 240
@@ -114,55 +110,24 @@ if gluon is not None:
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, columns, 16])
 
     @gluon.jit
-    def _tile(tile, blocks_m, heads, nq, nk, block_m: gl.constexpr, block_n: gl.constexpr, CAUSAL: gl.constexpr):
-        """A tile of the forward's work: (batch x head row, batch, head, its first query, keys [0, full) every query
-        of the block sees and [full, end) some, reach: query i sees key j <= i + reach). A row's query blocks are
-        neighbouring tiles (they read the same keys and values, from L2), the last ones first: causal, they have the
-        most keys to walk, and the short ones fill the tail."""
-        row = tile // blocks_m
-        start_m = (blocks_m - 1 - tile % blocks_m) * block_m
-        if CAUSAL:
-            end = gl.minimum(nk, gl.maximum(start_m + block_m + nk - nq, 0))
-            full = gl.maximum(gl.minimum(nk, start_m + 1 + nk - nq), 0) // block_n * block_n
-            reach = nk - nq
-        else:
-            end = nk
-            full = nk // block_n * block_n
-            reach = nk
-        return row, row // heads, row % heads, start_m, full, end, reach
-
-    @gluon.jit
-    def _loads(q_desc, k_desc, v_desc, q_smem, k_slots, v_slots, bars, heads, group, nq, nk, tiles,
-               CAUSAL: gl.constexpr):
-        """The producer: for each of the program's tiles, Q once the MMA warpgroups have let go of the last one,
-        then the key and value blocks [0, end) into the ring, each slot waited for until the MMA warpgroups have
-        handed it back. The ring's count runs on from tile to tile."""
-        q_bar, q_empty, k_full, v_full, k_empty, v_empty = bars
+    def _loads(q_desc, k_desc, v_desc, q_smem, k_slots, v_slots, bars, b, h, hk, start_m, end):
+        """The producer: Q, then the key and value blocks [0, end) into the ring, each slot waited for until
+        the MMA warpgroups have handed it back."""
+        q_bar, k_full, v_full, k_empty, v_empty = bars
         slots: gl.constexpr = k_slots.type.shape[0]
-        block_m: gl.constexpr = q_desc.block_type.shape[2]
         block_n: gl.constexpr = k_desc.block_type.shape[2]
-        blocks_m = gl.cdiv(nq, block_m)
-        walked = 0   # key blocks brought in so far
-        done = 0     # tiles
-        for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            row, b, h, start_m, full, end, reach = _tile(tile, blocks_m, heads, nq, nk, block_m, block_n, CAUSAL)
-            # a fresh mbarrier counts as having completed the phase before its first: the first tile waits not
-            mbarrier.wait(q_empty, (done & 1) ^ 1)
-            mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
-            for i in range(gl.cdiv(end, block_n)):
-                slot = (walked + i) % slots
-                phase = ((walked + i) // slots) & 1
-                mbarrier.wait(k_empty.index(slot), phase ^ 1)
-                mbarrier.expect(k_full.index(slot), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [b, h // group, i * block_n, 0], k_full.index(slot),
-                                                k_slots.index(slot))
-                mbarrier.wait(v_empty.index(slot), phase ^ 1)
-                mbarrier.expect(v_full.index(slot), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [b, h // group, i * block_n, 0], v_full.index(slot),
-                                                v_slots.index(slot))
-            walked += gl.cdiv(end, block_n)
-            done += 1
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+        for i in range(gl.cdiv(end, block_n)):
+            slot = i % slots
+            phase = (i // slots) & 1
+            # a fresh mbarrier counts as having completed the phase before its first: the first round waits not
+            mbarrier.wait(k_empty.index(slot), phase ^ 1)
+            mbarrier.expect(k_full.index(slot), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [b, hk, i * block_n, 0], k_full.index(slot), k_slots.index(slot))
+            mbarrier.wait(v_empty.index(slot), phase ^ 1)
+            mbarrier.expect(v_full.index(slot), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [b, hk, i * block_n, 0], v_full.index(slot), v_slots.index(slot))
 
     @gluon.jit
     def _weights(s, m_i, start_n, full, queries, nk, reach, scale_log2, s_layout: gl.constexpr):
@@ -197,16 +162,13 @@ if gluon is not None:
             mbarrier.arrive(turns.index(1 - order), count=1)
 
     @gluon.jit
-    def _attend(o_desc, q, o_out, o_staging, k_slots, v_slots, bars, turns, lse_ptr, heads, nq, nk, tiles, scale_log2,
-                tile_m: gl.constexpr, order: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                RESCALE_UNDER_S: gl.constexpr, PERSISTENT: gl.constexpr):
-        """An MMA partition: for each of the program's tiles, O and the log-sum-exp of its queries, q's rows (the
-        tile's tile_m, or where each warpgroup is a partition, its half: `order`, its place in the ping-pong, says
-        which).
-        O leaves through o_out (o_staging: the same memory as the copy engine takes it): Q's own memory, read for
-        the last time before O is written there, or (PERSISTENT) a buffer of its own, so that the next tile's Q
-        comes in while this tile's last products run and its O goes out."""
-        q_bar, q_empty, k_full, v_full, k_empty, v_empty = bars
+    def _attend(o_desc, q, o_staging, k_slots, v_slots, bars, turns, lse_ptr, row, b, h, start_m, full, end, nq, nk,
+                reach, scale_log2, order: gl.constexpr, PINGPONG: gl.constexpr, RESCALE_UNDER_S: gl.constexpr):
+        """An MMA partition: O and the log-sum-exp of its queries, q's rows (the program's, or where each warpgroup
+        is a partition, its half), the first of them start_m. O leaves through the same shared memory (o_staging,
+        q's rows as the copy engine takes them): Q is read for the last time before O is written there.
+        order: the partition's place in the ping-pong."""
+        q_bar, k_full, v_full, k_empty, v_empty = bars
         warps: gl.constexpr = gl.num_warps()
         slots: gl.constexpr = k_slots.type.shape[0]
         block_m: gl.constexpr = q.type.shape[0]   # q: this partition's queries, [rows, head_dim]
@@ -218,107 +180,98 @@ if gluon is not None:
         o_layout: gl.constexpr = _rows_by_warp(warps, head_d)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        blocks_m = gl.cdiv(nq, tile_m)
-        walked = 0   # key blocks taken from the ring so far
-        issued = 0   # issues of products so far (the ping-pong's count)
-        done = 0     # tiles
-        for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            row, b, h, first_m, full, end, reach = _tile(tile, blocks_m, heads, nq, nk, tile_m, block_n, CAUSAL)
-            start_m = first_m + order * block_m
-            queries = start_m + gl.arange(0, block_m, layout=gl.SliceLayout(1, s_layout))
-            m_i = gl.full([block_m], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
-            l_i = gl.zeros([block_m], gl.float32, gl.SliceLayout(1, s_layout))
-            acc = gl.zeros([block_m, head_d], gl.float32, o_layout)
-            blocks = gl.cdiv(end, block_n)
-            mbarrier.wait(q_bar, done & 1)   # even with no key to walk: no copy into this tile's memory outlives it
-            if blocks > 0:
-                slot = walked % slots
-                mbarrier.wait(k_full.index(slot), (walked // slots) & 1)
-                _take_turn(turns, issued, order, PINGPONG)
-                s = warpgroup_mma(q, k_slots.index(slot).reshape([block_n, head_d]).permute((1, 0)),
-                                  gl.zeros([block_m, block_n], gl.float32, s_layout), use_acc=False, is_async=True)
-                _pass_turn(turns, order, PINGPONG)
-                s = warpgroup_mma_wait(0, deps=(s, ))
-                mbarrier.arrive(k_empty.index(slot), count=1)
-                p, m_i, alpha = _weights(s, m_i, 0, full, queries, nk, reach, scale_log2, s_layout)
-                # the sum of P as computed, then P in the values' dtype for the tensor cores. Summing the rounded P
-                # (the weights O is divided by then add up to exactly 1) converted each weight back on the
-                # softmax's path: slower where timed (benchmarks/results/h200-attention.md, run 5)
-                l_i = gl.sum(p, axis=1)
-                p = p.to(dtype)
-                for j in range(1, blocks):
-                    slot = (walked + j) % slots
-                    last = (walked + j - 1) % slots
-                    mbarrier.wait(k_full.index(slot), ((walked + j) // slots) & 1)
-                    _take_turn(turns, issued + j, order, PINGPONG)
-                    s = warpgroup_mma(q, k_slots.index(slot).reshape([block_n, head_d]).permute((1, 0)), s,
-                                      use_acc=False, is_async=True)
-                    if RESCALE_UNDER_S:   # by block j-1's factor, as S runs
-                        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-                    mbarrier.wait(v_full.index(last), ((walked + j - 1) // slots) & 1)
-                    p_operand = gl.convert_layout(p, p_layout)
-                    acc = warpgroup_mma(p_operand, v_slots.index(last).reshape([block_n, head_d]), acc,
-                                        is_async=True)
-                    _pass_turn(turns, order, PINGPONG)
-                    s = warpgroup_mma_wait(1, deps=(s, ))   # block j's scores; block j-1's P V may still be running
-                    mbarrier.arrive(k_empty.index(slot), count=1)
-                    p, m_i, alpha = _weights(s, m_i, j * block_n, full, queries, nk, reach, scale_log2, s_layout)
-                    l_i = l_i * alpha + gl.sum(p, axis=1)
-                    p = p.to(dtype)
-                    # the product read P from registers as it ran: they stay P's until it has retired
-                    acc, p_operand = warpgroup_mma_wait(0, deps=(acc, p_operand))
-                    mbarrier.arrive(v_empty.index(last), count=1)
-                    if not RESCALE_UNDER_S:   # by block j's factor, now that P V has retired
-                        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-                if PERSISTENT:   # every S of the tile has retired: Q's memory may take the next tile's
-                    mbarrier.arrive(q_empty, count=1)
-                last = (walked + blocks - 1) % slots
-                mbarrier.wait(v_full.index(last), ((walked + blocks - 1) // slots) & 1)
-                p_operand = gl.convert_layout(p, p_layout)
-                if RESCALE_UNDER_S:   # the last block's factor, not yet applied
+
+        queries = start_m + gl.arange(0, block_m, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([block_m], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([block_m], gl.float32, gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([block_m, head_d], gl.float32, o_layout)
+        blocks = gl.cdiv(end, block_n)
+        mbarrier.wait(q_bar, 0)   # even with no key to walk: no copy into this block's memory outlives it
+        if blocks > 0:
+            mbarrier.wait(k_full.index(0), 0)
+            _take_turn(turns, 0, order, PINGPONG)
+            s = warpgroup_mma(q, k_slots.index(0).reshape([block_n, head_d]).permute((1, 0)),
+                              gl.zeros([block_m, block_n], gl.float32, s_layout), use_acc=False, is_async=True)
+            _pass_turn(turns, order, PINGPONG)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            mbarrier.arrive(k_empty.index(0), count=1)
+            p, m_i, alpha = _weights(s, m_i, 0, full, queries, nk, reach, scale_log2, s_layout)
+            # the sum of P as computed, then P in the values' dtype for the tensor cores. Summing the rounded P (the
+            # weights O is divided by then add up to exactly 1) converted each weight back on the softmax's path:
+            # slower where timed (benchmarks/results/h200-attention.md, run 5)
+            l_i = gl.sum(p, axis=1)
+            p = p.to(dtype)
+            for j in range(1, blocks):
+                slot = j % slots
+                last = (j - 1) % slots
+                mbarrier.wait(k_full.index(slot), (j // slots) & 1)
+                _take_turn(turns, j, order, PINGPONG)
+                s = warpgroup_mma(q, k_slots.index(slot).reshape([block_n, head_d]).permute((1, 0)), s,
+                                  use_acc=False, is_async=True)
+                if RESCALE_UNDER_S:   # by block j-1's factor, as S runs
                     acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-                _take_turn(turns, issued + blocks, order, PINGPONG)
+                mbarrier.wait(v_full.index(last), ((j - 1) // slots) & 1)
+                p_operand = gl.convert_layout(p, p_layout)
                 acc = warpgroup_mma(p_operand, v_slots.index(last).reshape([block_n, head_d]), acc, is_async=True)
                 _pass_turn(turns, order, PINGPONG)
+                s = warpgroup_mma_wait(1, deps=(s, ))   # block j's scores; block j-1's P V may still be running
+                mbarrier.arrive(k_empty.index(slot), count=1)
+                p, m_i, alpha = _weights(s, m_i, j * block_n, full, queries, nk, reach, scale_log2, s_layout)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                p = p.to(dtype)
+                # the product read P from registers as it ran: they stay P's until it has retired
                 acc, p_operand = warpgroup_mma_wait(0, deps=(acc, p_operand))
                 mbarrier.arrive(v_empty.index(last), count=1)
-                issued += blocks + 1
-            elif PERSISTENT:
-                mbarrier.arrive(q_empty, count=1)
-            seen = l_i > 0.0
-            o_seen = gl.convert_layout(seen, o_rows)[:, None]
-            # a row that sees no key is zeros, whatever the hidden keys' values (0 x inf would be nan)
-            out = gl.where(o_seen, acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None], 0.0)
-            tma.store_wait(0)   # the last tile's O has left the buffer
-            o_out.store(out.to(dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [b, h, start_m, 0], o_staging)   # rows past nq are dropped
-            lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
-            gl.store(lse_ptr + row.to(gl.int64) * nq + queries, lse, mask=queries < nq)
-            if not PERSISTENT:   # O left through Q's memory: the next tile's Q waits for it
-                tma.store_wait(0)
-                mbarrier.arrive(q_empty, count=1)
-            walked += blocks
-            done += 1
+                if not RESCALE_UNDER_S:   # by block j's factor, now that P V has retired
+                    acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            last = (blocks - 1) % slots
+            mbarrier.wait(v_full.index(last), ((blocks - 1) // slots) & 1)
+            p_operand = gl.convert_layout(p, p_layout)
+            if RESCALE_UNDER_S:   # the last block's factor, not yet applied
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            _take_turn(turns, blocks, order, PINGPONG)
+            acc = warpgroup_mma(p_operand, v_slots.index(last).reshape([block_n, head_d]), acc, is_async=True)
+            _pass_turn(turns, order, PINGPONG)
+            acc, p_operand = warpgroup_mma_wait(0, deps=(acc, p_operand))
+        seen = l_i > 0.0
+        o_seen = gl.convert_layout(seen, o_rows)[:, None]
+        # a row that sees no key is zeros, whatever the hidden keys' values (0 x inf would be nan)
+        out = gl.where(o_seen, acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None], 0.0)
+        q.store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, h, start_m, 0], o_staging)   # rows past nq are dropped
+        lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
+        gl.store(lse_ptr + row.to(gl.int64) * nq + queries, lse, mask=queries < nq)
         tma.store_wait(0)
 
     @gluon.jit
-    def attention_forward_sm90_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, heads, group, nq, nk, tiles,
-                                      scale_log2, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                                      MMA_PARTS: gl.constexpr, PINGPONG: gl.constexpr,
-                                      RESCALE_UNDER_S: gl.constexpr, PERSISTENT: gl.constexpr,
+    def attention_forward_sm90_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, heads, group, nq, nk, scale_log2,
+                                      CAUSAL: gl.constexpr, STAGES: gl.constexpr, MMA_PARTS: gl.constexpr,
+                                      PINGPONG: gl.constexpr, RESCALE_UNDER_S: gl.constexpr,
                                       MMA_REGISTERS: gl.constexpr):
-        """Each program takes tiles (query block, batch x head; `tiles` of them: _tile) program_id, program_id +
-        num_programs, ...: a tile each where the grid holds them all, several where it is one program an SM
-        (PERSISTENT). scale_log2 = scale log2(e) > 0. The MMA warpgroups are one partition (MMA_PARTS 1: they
-        share its barriers and move in lockstep) or one each (2: each waits only on its own work, and the warp
-        schedulers interleave one's softmax with the other's products); o_desc's blocks are one partition's rows."""
+        """Program (query block, batch x head). scale_log2 = scale log2(e) > 0. The MMA warpgroups are one partition
+        (MMA_PARTS 1: they share its barriers and move in lockstep) or one each (2: each waits only on its own
+        work, and the warp schedulers interleave one's softmax with the other's products); o_desc's blocks are one
+        partition's rows."""
         block_m: gl.constexpr = q_desc.block_type.shape[2]
+        block_n: gl.constexpr = k_desc.block_type.shape[2]
+        # the last query blocks first: causal, they have the most keys to walk, and the short ones fill the tail
+        start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * block_m
+        row = gl.program_id(1)
+        b = row // heads
+        h = row % heads
+        if CAUSAL:   # keys [0, full) every query of the block sees, [full, end) some
+            end = gl.minimum(nk, gl.maximum(start_m + block_m + nk - nq, 0))
+            full = gl.maximum(gl.minimum(nk, start_m + 1 + nk - nq), 0) // block_n * block_n
+            reach = nk - nq
+        else:
+            end = nk
+            full = nk // block_n * block_n
+            reach = nk
         q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
         k_slots = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_slots = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -326,7 +279,6 @@ if gluon is not None:
         # (16 bytes, used only in turns: every partition takes the same arguments)
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
-        mbarrier.init(q_empty, count=MMA_PARTS)   # free once every MMA partition is done with it
         for i in gl.static_range(STAGES):
             mbarrier.init(k_full.index(i), count=1)
             mbarrier.init(v_full.index(i), count=1)
@@ -335,30 +287,21 @@ if gluon is not None:
         for i in gl.static_range(2):
             mbarrier.init(turns.index(i), count=1)
         fence_async_shared()   # the initialized barriers seen by the copy engine before its first copy
-        bars = (q_bar, q_empty, k_full, v_full, k_empty, v_empty)
+        bars = (q_bar, k_full, v_full, k_empty, v_empty)
         rows: gl.constexpr = block_m // MMA_PARTS
-        head_d: gl.constexpr = q_desc.block_type.shape[3]
         pingpong: gl.constexpr = PINGPONG and MMA_PARTS == 2
-        q_rows = q_smem.reshape([block_m, head_d])   # slices cannot be reshaped: both views
-        loads = (q_desc, k_desc, v_desc, q_smem, k_slots, v_slots, bars, heads, group, nq, nk, tiles, CAUSAL)
-        if PERSISTENT:   # O leaves through a buffer of its own, a partition's rows each
-            o_smem = gl.allocate_shared_memory(o_desc.dtype, [MMA_PARTS] + o_desc.block_type.shape, o_desc.layout)
-            first_out, first_staging = o_smem.index(0).reshape([rows, head_d]), o_smem.index(0)
-            second_staging = o_smem.index(MMA_PARTS - 1)
-            second_out = second_staging.reshape([rows, head_d])
-        else:   # through Q's memory
-            first_out, first_staging = q_rows.slice(0, rows), q_smem.slice(0, rows, dim=2)
-            second_out, second_staging = q_rows.slice(block_m - rows, rows), q_smem.slice(block_m - rows, rows, dim=2)
-        first = (o_desc, q_rows.slice(0, rows), first_out, first_staging, k_slots, v_slots, bars, turns, lse_ptr,
-                 heads, nq, nk, tiles, scale_log2, block_m, 0, CAUSAL, pingpong, RESCALE_UNDER_S, PERSISTENT)
+        loads = (q_desc, k_desc, v_desc, q_smem, k_slots, v_slots, bars, b, h, h // group, start_m, end)
+        q_rows = q_smem.reshape([block_m, q_desc.block_type.shape[3]])   # slices cannot be reshaped: both views
+        first = (o_desc, q_rows.slice(0, rows), q_smem.slice(0, rows, dim=2), k_slots, v_slots, bars, turns, lse_ptr,
+                 row, b, h, start_m, full, end, nq, nk, reach, scale_log2, 0, pingpong, RESCALE_UNDER_S)
         # Triton 3.6 builds the default partition outside the kernel's module, where a reduction cannot tell its
         # warps: the producer takes it (the kernel's num_warps), the MMA warpgroups are worker partitions
         if MMA_PARTS == 1:
             gl.warp_specialize([(_loads, loads), (_attend, first)], [8], [MMA_REGISTERS])
         else:
-            second = (o_desc, q_rows.slice(rows, rows), second_out, second_staging, k_slots, v_slots, bars, turns,
-                      lse_ptr, heads, nq, nk, tiles, scale_log2, block_m, 1, CAUSAL, pingpong, RESCALE_UNDER_S,
-                      PERSISTENT)
+            second = (o_desc, q_rows.slice(rows, rows), q_smem.slice(rows, rows, dim=2), k_slots, v_slots, bars,
+                      turns, lse_ptr, row, b, h, start_m + rows, full, end, nq, nk, reach, scale_log2, 1, pingpong,
+                      RESCALE_UNDER_S)
             gl.warp_specialize([(_loads, loads), (_attend, first), (_attend, second)], [4, 4],
                                [MMA_REGISTERS, MMA_REGISTERS])
 
@@ -593,15 +536,14 @@ class Sm90Forward:
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale_log2: float):
         batch, heads, nq, d = q.shape
-        tiles = cdiv(nq, BLOCK_M) * batch * heads
-        self.args = (heads, heads // k.shape[1], nq, k.shape[2], tiles, scale_log2)
+        self.args = (heads, heads // k.shape[1], nq, k.shape[2], scale_log2)
         o_rows = BLOCK_M // MMA_PARTS   # O leaves by the copy engine a partition's rows at a time
         self.launch = Launch(
-            attention_forward_sm90_kernel, (min(tiles, sm_count(q.device)) if PERSISTENT else tiles, ), q.device.index,
+            attention_forward_sm90_kernel, (cdiv(nq, BLOCK_M), batch * heads), q.device.index,
             descriptors={0: _head_block(d, q.dtype, BLOCK_M), 1: _head_block(d, q.dtype, BLOCK_N),
                          2: _head_block(d, q.dtype, BLOCK_N), 3: _head_block(d, q.dtype, o_rows)},
             CAUSAL=causal, STAGES=STAGES[d], MMA_PARTS=MMA_PARTS, PINGPONG=PINGPONG, RESCALE_UNDER_S=RESCALE_UNDER_S,
-            PERSISTENT=PERSISTENT, MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS, maxnreg=MAX_REGISTERS)
+            MMA_REGISTERS=MMA_REGISTERS, num_warps=LOAD_WARPS, maxnreg=MAX_REGISTERS)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         o = torch.empty_like(q)
