@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(
     help="Make PyTorch programs run as fast as the GPU allows, and show how far each piece is from that limit.",
@@ -331,9 +332,10 @@ def profile(
                                 "replacement: the ops rebuilt on their recorded shapes, checked, and timed against "
                                 "the replacement (speedup and its 95% interval beside the estimate)."),
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Start this many ranks of "
-                                                 "the program on this host, as torchrun does, and report them "
-                                                 "together (or run roofline under torchrun yourself: torchrun ... "
-                                                 "-m roofline profile train.py)."),
+                                                 "the program on this host, as torchrun does (OMP_NUM_THREADS=1 in "
+                                                 "each where it is not set), and report them together (or run "
+                                                 "roofline under torchrun yourself: torchrun ... -m roofline profile "
+                                                 "train.py)."),
     rank_dir: Optional[Path] = typer.Option(None, "--rank-dir", help="The folder every rank writes its trace to "
                                             "(default: one in the temporary directory, named by the run; across "
                                             "hosts, give one they all share)."),
@@ -356,7 +358,7 @@ def profile(
         roofline profile --skip 3 train.py --epochs 1
         roofline profile --nproc-per-node 2 --skip 3 train.py
     """
-    from roofline.distributed import hang, ledger, profiling
+    from roofline.distributed import hang, launch, ledger, profiling
     from roofline.profiler import run_program
     from roofline.profiler.trace import TraceError
 
@@ -425,10 +427,11 @@ def profile(
         err.print(f"roofline: {exc}")
         raise typer.Exit(2)
     if status or error is not None:
-        _program_failed(target, status, error, prof.steps)
+        _program_failed(f"rank {ranked[0]}: {target}" if ranked else target, status, error, prof.steps)
     if folder is not None:
         hang.disarm(folder, ranked[0])
         if error is not None:
+            launch.note_error(folder, ranked[0], error)   # what the launcher says of this rank
             hang.note(folder, ranked[0], error)
             waited = hang.explain(folder, ranked[1]).get(ranked[0])
             if waited and os.environ.get(profiling.LAUNCHED) != "1":   # else the launcher says it, for every rank
@@ -487,18 +490,20 @@ def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[s
             hang.forget(folder, range(world))
         began = time.time()
         os.environ[profiling.LAUNCHED] = "1"
+        failed = None
         try:
             here = profiling.launch(nproc, [*recording, *program], folder, rendezvous)
             status = 0
         except RankFailed as exc:
-            err.print(f"roofline: {exc}")
-            here, status = list(exc.here), 1
+            here, status, failed = list(exc.here), 1, exc
         except RendezvousError as exc:   # the hosts never met, or the one that held the meeting went
             err.print(f"roofline: the hosts did not meet at --rdzv-endpoint {rendezvous.endpoint}: {exc}")
             return 1
         finally:
             os.environ.pop(profiling.LAUNCHED, None)
         if rendezvous.nnodes > 1 and 0 not in here:
+            if failed:
+                err.print(f"roofline: {failed}")
             ran = f"rank {here[0]}" if len(here) == 1 else f"ranks {here[0]}-{here[-1]}"
             console.print(f"roofline: {ran} ran on this host; rank 0's host reports every rank")
             return status
@@ -507,19 +512,29 @@ def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[s
         paths, missing = profiling.wait_for(folder, world, since=began,
                                             timeout_s=profiling.RANK_WAIT_S if rendezvous.nnodes > 1 and not status
                                             else 0)
+        if 0 not in paths:
+            if failed:
+                err.print(f"roofline: {failed}")
+            err.print(f"roofline: ranks {missing} recorded nothing"
+                      + ("" if status else " (fewer steps ran than --skip left out?)"))
+            return status or 2
+        if failed:   # said first, in the report itself: piped, it is what the file begins with
+            console.print(f"[bold red]roofline: the run failed.[/bold red] {escape(str(failed))}. What follows is "
+                          "what the ranks recorded before it; the findings across the ranks are left out (a rank "
+                          "that stopped early is no straggler).", highlight=False)
         if missing:
             err.print(f"roofline: ranks {missing} recorded nothing"
                       + ("" if status else " (fewer steps ran than --skip left out?)"))
-        if 0 not in paths:
-            return status or 2
-        _show_ranks(analyze(paths[0]), paths, world, rendezvous.nnodes, json_path, html_path, trace_path, top)
+        _show_ranks(analyze(paths[0]), paths, world, rendezvous.nnodes, json_path, html_path, trace_path, top,
+                    failed=failed is not None)
     return status
 
 
 def _show_ranks(report, paths: dict[int, Path], world: int, hosts: int, json_path: Optional[Path],
-                html_path: Optional[Path], trace_path: Optional[Path], top: int) -> None:
+                html_path: Optional[Path], trace_path: Optional[Path], top: int, failed: bool = False) -> None:
     """Rank 0's own report, then every rank's read together (distributed.merge), with doctor's interconnect where
-    it measured these GPUs (the ranks all on this host)."""
+    it measured these GPUs (the ranks all on this host); where a rank failed (`failed`), without the findings
+    across the ranks."""
     import torch
 
     from roofline.distributed import interconnect, profiling
@@ -534,8 +549,9 @@ def _show_ranks(report, paths: dict[int, Path], world: int, hosts: int, json_pat
                   else "[bold]every rank[/bold]:")
     local = hosts == 1 and report.attribution.device == "cuda" and world <= torch.cuda.device_count()
     ceiling = interconnect.cached(world) if local else None
-    ranks_report.render(merged, console, ceiling, top)
-    ranks = {**merged.to_dict(), "findings": [f.to_dict() for f in ranks_report.findings(merged, ceiling)]}
+    ranks_report.render(merged, console, ceiling, top, findings_too=not failed)
+    ranks = {**merged.to_dict(), "failed": failed,
+             "findings": [] if failed else [f.to_dict() for f in ranks_report.findings(merged, ceiling)]}
     if json_path:
         json_path.write_text(json.dumps({**report.to_dict(), "ranks": ranks}, default=str))
         console.print(f"[dim]report written to {json_path}[/dim]")

@@ -11,7 +11,7 @@ import pytest
 from roofline.bench.collective import KINDS, CollectiveTiming, bus_factor, time_collective
 from roofline.distributed import RankFailed, spawn
 
-from .workers import every_collective, fail
+from .workers import every_collective, fail, threads
 
 pytestmark = pytest.mark.long   # processes of their own: run first (conftest)
 
@@ -102,3 +102,13 @@ def test_a_rank_that_never_arrives_times_out_the_collective_that_waited(tmp_path
     assert said[1] == f"stopped at workers.py:{sleep} (fail)"
     assert str(failed.value).startswith("1 of the ranks failed, and the others were stopped: rank 0: ")
     assert all(_gone(int(p.name)) for p in tmp_path.iterdir())
+
+
+def test_several_ranks_run_a_thread_each_as_under_torchrun_unless_told(monkeypatch):
+    """torchrun's rule: several ranks on a host, OMP_NUM_THREADS unset, each rank's torch on one thread (else each
+    takes every core); the parent's environment as it was after; the user's own setting stands."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert spawn(threads, 2) == [("1", 1), ("1", 1)]
+    assert "OMP_NUM_THREADS" not in os.environ
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert spawn(threads, 2) == [("2", 2), ("2", 2)]

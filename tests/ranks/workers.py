@@ -16,6 +16,11 @@ def every_collective(sizes):
     return [time_collective(kind, size, dtype=torch.float32, rep_ms=5).to_dict() for kind in KINDS for size in sizes]
 
 
+def threads() -> tuple:
+    """This rank's OMP_NUM_THREADS and the threads its torch runs CPU ops on."""
+    return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+
+
 def fail(how: str, pids: str):
     """Rank 1 fails `how`; rank 0 waits for it in an all_reduce. Each rank notes its pid in `pids` first."""
     Path(pids, str(os.getpid())).touch()

@@ -31,6 +31,7 @@ from roofline.distributed.ledger import kind_of, message_bytes
 
 RECORD = "collectives-rank"   # + the rank: its flight recorder's calls, pickled as NCCL's watchdog writes them
 STACK = "stack-rank{}.txt"    # where a rank was when the launcher stopped it
+NOTE = "rank{}.json"          # the error a rank raised, and when (launch.note_error)
 STOPPED = "stopped at"        # how explain says it
 _PLACES = {"purelib", "platlib", "stdlib", "platstdlib"}
 _LIBRARIES = tuple({sysconfig.get_path(p) for p in _PLACES if sysconfig.get_path(p)}
@@ -45,7 +46,8 @@ def arm(folder: Path, rank: int) -> None:
     write where the rank is."""
     global _stack_file
     folder = Path(folder).resolve()   # the program may change its directory
-    (folder / f"{RECORD}{rank}").unlink(missing_ok=True)   # an earlier job's, in a folder reused
+    for name in (f"{RECORD}{rank}", NOTE.format(rank)):   # an earlier job's, in a folder reused
+        (folder / name).unlink(missing_ok=True)
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     if not {"TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} & set(os.environ):   # (torch's older name)
         os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(folder / RECORD)
@@ -57,7 +59,7 @@ def forget(folder: Path, ranks) -> None:
     """Before a job whose ranks write into `folder`, a folder used before: the earlier job's records and stacks of
     these ranks go (a rank that ends before it is armed would otherwise be told by another job's)."""
     for rank in ranks:
-        for name in (f"{RECORD}{rank}", STACK.format(rank)):
+        for name in (f"{RECORD}{rank}", STACK.format(rank), NOTE.format(rank)):
             (Path(folder) / name).unlink(missing_ok=True)
 
 

@@ -443,8 +443,9 @@ def _exposed_unrecorded(merged: Merged, rank) -> tuple[float, float] | None:
     return exposed, uncapped - exposed
 
 
-def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
-    """The ranks side by side, their collectives, the straggler and the findings. ceiling: doctor's Interconnect."""
+def render(merged: Merged, console, ceiling=None, top: int = 10, findings_too: bool = True) -> None:
+    """The ranks side by side, their collectives, the straggler and (findings_too) the findings. ceiling: doctor's
+    Interconnect."""
     ranks = merged.ranks
     console.print(f"[bold]{merged.world} ranks[/bold], {ranks[0].steps} steps recorded on each; "
                   f"{merged.matched} collective calls matched across the ranks"
@@ -502,7 +503,7 @@ def render(merged: Merged, console, ceiling=None, top: int = 10) -> None:
               Column("GPU idle it costs, ms", "idle")],
              [Row([x["where"], x["call"], "all" if x["every_rank"] else ", ".join(map(str, x["ranks"])),
                    f"{x['calls']:g}", spread(x["wait_ms"]), spread(x["gain_ms"])]) for x in syncs[:top]])
-    found = findings(merged, ceiling)
+    found = findings(merged, ceiling) if findings_too else []
     if found:
         show(console, "findings across the ranks (estimated gains a step overlap; do not add them up)",
              [Column("finding", justify="left", fold=True), Column("where", justify="left", fold=True),
