@@ -10,6 +10,7 @@ import time
 import weakref
 
 import pytest
+from rich.console import Console
 import torch
 
 import roofline
@@ -485,15 +486,31 @@ def test_a_failing_sync_after_the_window_hides_neither_the_program_s_error_nor_t
     assert calls == [0, 1, 2] and prof.recorded and (tmp_path / "t.json").exists()
 
 
-@pytest.mark.parametrize("skip, active, length, timed", [(1, 2, 4, 0), (1, 2, 5, 1), (2, 2, 4, 0), (3, 2, 5, 1)])
-def test_the_hint_when_no_step_is_timed_outside_the_window_holds(skip, active, length, timed):
-    """What the report tells a window with no step timed outside it (skip 3 or more steps, or run 2 or more after
-    the recorded ones) is what StepClock times."""
-    from roofline.profiler.overhead import sentence
+@pytest.mark.parametrize("skip, active, length, timed", [(1, 2, 4, 0), (1, 2, 6, 2), (3, 2, 7, 2), (5, 2, 7, 3),
+                                                         (1, 2, 7, 3)])
+def test_the_hint_when_too_few_steps_are_timed_outside_the_window_holds(skip, active, length, timed):
+    """What the report tells a window with too few steps timed outside it (skip 5 or more steps, or run 4 or more
+    after the recorded ones) is what StepClock times: either is enough, and less is not."""
+    from roofline.profiler.overhead import MIN_TIMED, sentence
 
-    clock = capture.StepClock(capture.Profiler(skip=skip, active=active).window)
+    window = capture.Profiler(skip=skip, active=active).window
+    clock = capture.StepClock(window)
     for ended in range(length):
         clock.boundary(ended)
     assert len(clock.wall_ms) == timed
     hint = sentence({"steps": active}, gpu=False)
-    assert "skip 3 or more steps" in hint and "2 or more steps after the recorded ones" in hint
+    assert f"skip {MIN_TIMED + 2} or more steps" in hint and f"{MIN_TIMED + 1} or more steps after the recorded" in hint
+    after = length - 1 - window[1]
+    assert (timed >= MIN_TIMED) == (skip >= MIN_TIMED + 2 or after >= MIN_TIMED + 1)
+
+
+def test_two_steps_timed_are_too_few_to_say_what_the_profiler_cost():
+    """One slow step among two (DDP's second rebuilds its buckets) would be half the median: no figure at all."""
+    with roofline.profile(skip=3, active=2) as prof:
+        for _ in range(7):
+            torch.ones(8).sum()
+            prof.step()
+    assert len(prof.clock.wall_ms) == 2 and prof.report.overhead is None
+    console = Console(record=True, width=100)
+    prof.report.print(console)
+    assert "fewer than 3 steps ran outside the recorded window" in " ".join(console.export_text().split())

@@ -57,9 +57,9 @@ def test_host_sync_in_loop(tmp_path):
 def test_host_sync_gain_is_at_most_the_unprofiled_program_s_idle(tmp_path):
     # 100 us of GPU work in the recorded step of 1 ms. Unprofiled steps of 0.9 ms leave 800 us of idle: the
     # sync's own bound (4 x 25 us) stands. Steps of 0.15 ms leave 50 us, all a fix could remove.
-    roomy = _one(_report(tmp_path, lambda b: _syncing_loop(b, 5), unprofiled_ms=[0.9]), "host-sync-in-loop")
+    roomy = _one(_report(tmp_path, lambda b: _syncing_loop(b, 5), unprofiled_ms=[0.9] * 3), "host-sync-in-loop")
     assert roomy.est_gain_ms == pytest.approx(4 * 25 / 1e3)
-    tight = _one(_report(tmp_path, lambda b: _syncing_loop(b, 5), unprofiled_ms=[0.15]), "host-sync-in-loop")
+    tight = _one(_report(tmp_path, lambda b: _syncing_loop(b, 5), unprofiled_ms=[0.15] * 3), "host-sync-in-loop")
     assert tight.est_gain_ms == pytest.approx(0.05)
 
 
@@ -208,14 +208,14 @@ def test_launch_bound_gain_is_the_unprofiled_program_s_idle(tmp_path):
     text = console.export_text()
     assert said in text and "stretched steps 2.00x" in text and said in (tmp_path / "r.html").read_text()
     # Unprofiled, a step of 0.2 ms keeps the GPU busy 60% of the time: not launch-bound.
-    assert "launch-bound" not in _ids(_report(tmp_path, _tiny(3.0), unprofiled_ms=[0.2]))
+    assert "launch-bound" not in _ids(_report(tmp_path, _tiny(3.0), unprofiled_ms=[0.2] * 3))
     # Where CUDA events timed the steps, they give the step: a host that runs ahead of its GPU marks steps at
     # its own pace (0.1 ms here), not the program's.
     by_events = _report(tmp_path, _tiny(3.0), unprofiled_ms=[0.1] * 3, unprofiled_gpu_ms=[0.4, 0.5, 0.9]).overhead
     assert (by_events.clock, by_events.step_ms, by_events.wall_step_ms) == ("CUDA events", 0.5, 0.1)
     assert by_events.idle_scale == pytest.approx(380 / 880)
     # A program as slow unprofiled as profiled keeps its idle: the scale never exceeds 1.
-    assert _report(tmp_path, _tiny(3.0), unprofiled_ms=[3.0]).idle_scale == 1.0
+    assert _report(tmp_path, _tiny(3.0), unprofiled_ms=[3.0] * 3).idle_scale == 1.0
 
 
 # --------------------------------------------------------------------------- attention

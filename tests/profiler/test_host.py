@@ -53,13 +53,13 @@ def test_host_bound_names_the_lines_whose_host_time_sets_the_pace(tmp_path):
 
 def test_host_time_and_its_finding_are_the_unprofiled_program_s(tmp_path):
     # Steps outside the window took 0.5 ms: host work shrinks by half, and so does the idle it causes
-    r = _report(tmp_path, unprofiled_ms=[0.5, 0.5])
+    r = _report(tmp_path, unprofiled_ms=[0.5] * 3)
     assert r.host_scale == pytest.approx(0.5)
     assert r.to_dict()["host_lines"][0]["host_ms_per_step"] == pytest.approx(0.25)
     (f,) = [f for f in r.findings if f.id == "host-bound"]
     assert f.est_gain_ms == pytest.approx(0.5 - 0.08) and "train.py:10 0.25 ms" in f.message
     # a program whose GPU is busy nearly all the time, unprofiled, is not host-bound
-    assert "host-bound" not in [g.id for g in _report(tmp_path, kernel_us=40.0, unprofiled_ms=[0.082]).findings]
+    assert "host-bound" not in [g.id for g in _report(tmp_path, kernel_us=40.0, unprofiled_ms=[0.082] * 3).findings]
 
 
 def test_the_wait_before_the_first_step_is_on_no_line(tmp_path):

@@ -230,7 +230,7 @@ def test_a_rank_s_stretch_is_its_own_report_s(tmp_path):
     from roofline.profiler.report import analyze as analyze_report
 
     b = TraceBuilder()
-    b.unprofiled_steps = {"wall_ms": [0.6, 0.6], "gpu_ms": [0.8, 0.8]}
+    b.unprofiled_steps = {"wall_ms": [0.6] * 3, "gpu_ms": [0.8] * 3}
     for n in range(3):
         b.step(n * 700, 700, n)
         b.kernel("void step_kernel", 100 + n * 1000, 1000, launch_ts=50 + n * 700)
