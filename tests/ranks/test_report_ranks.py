@@ -107,6 +107,20 @@ def test_a_lead_only_the_recorder_made_is_no_straggler():
     assert straggler is None and waits == pytest.approx([14 * 3.0 / 10, 0.0])
 
 
+def test_recorded_alone_a_straggler_arrives_last_at_most_calls():
+    # no timing outside the window (gloo): rank 1 late by 30 ms at 4 calls of 10 makes nearly all the waits, but
+    # rank 0 arrives last at the other 6: a hiccup, not a rank that holds the others back. Late at 6 of 10, it is
+    def calls(late_at, late_us):
+        return [SimpleNamespace(arrived=1000.0 * i + (late_us if i in late_at else 0.0), on_gpu=False)
+                for i in range(10)]
+
+    for late_at, named in (((0, 3, 5, 8), None), ((0, 2, 3, 5, 7, 8), 1)):
+        ranks = [_rank(0, gpu=False, **RANK0), _rank(1, gpu=False, **RANK1)]
+        ranks[0].calls, ranks[1].calls = calls(range(10), 100.0), calls(late_at, 30_000.0)
+        straggler, _ = _straggler(ranks, 10, [0.0, 0.0], None)
+        assert (straggler.rank if straggler else None) == named
+
+
 def test_a_gpu_idle_longer_than_its_collectives_ran_waits_on_its_host():
     # FSDP2's GPT-2 on two H100s, unrecorded: rank 0's step 84.42 ms, 25.68 ms of compute, its NCCL kernels 4.11 ms;
     # it is the straggler by 7.81 ms. The other 46.82 ms its GPU idles with no kernel: not communication
