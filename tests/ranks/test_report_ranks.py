@@ -3,6 +3,7 @@ finding's gain is what the unrecorded program can win (figures of the DDP GPT-2 
 benchmarks/results/h100x2-distributed.md)."""
 
 import math
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -119,6 +120,24 @@ def test_recorded_alone_a_straggler_arrives_last_at_most_calls():
         ranks[0].calls, ranks[1].calls = calls(range(10), 100.0), calls(late_at, 30_000.0)
         straggler, _ = _straggler(ranks, 10, [0.0, 0.0], None)
         assert (straggler.rank if straggler else None) == named
+
+
+def test_a_recorded_transfer_is_each_call_s_shortest_over_the_ranks():
+    """The rank that arrives last waits for none: its call's time is the transfer. Rank 0 waits 30-50 ms for rank 1
+    at each of three 256 KiB all_reduces over gloo; the transfer is 1 ms, not the median call's 30 ms."""
+    from roofline.distributed.comms import Call
+    from roofline.distributed.merge import collective_rows
+
+    def call(start, us):
+        return Call("all_reduce", 1 << 18, start, start, start + us, LINE, None, -1, False, False)
+
+    ranks = [_rank(0, gpu=False, **RANK0), _rank(1, gpu=False, **RANK1)]
+    ranks[0].calls = [call(0, 50_000), call(100_000, 30_000), call(200_000, 40_000)]
+    ranks[1].calls = [call(49_000, 1_000), call(129_200, 800), call(239_000, 1_100)]
+    (row,) = collective_rows(_merged(ranks))
+    assert row["call_us"] == pytest.approx(1_000) and not row["unrecorded"]
+    assert row["busbw_gbps"] == pytest.approx((1 << 18) / 1e-3 / 1e9)   # 2 ranks: algbw x 2(n-1)/n = algbw
+    assert row["ms"] == pytest.approx(statistics.median([120.0, 2.9]) / 10)   # a step: the median rank's total
 
 
 def test_a_gpu_idle_longer_than_its_collectives_ran_waits_on_its_host():

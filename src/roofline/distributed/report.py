@@ -482,14 +482,14 @@ def render(merged: Merged, console, ceiling=None, top: int = 10, findings_too: b
     for c in collective_rows(merged)[:top]:
         peak = ceiling.peak_busbw(c["kind"]) if ceiling is not None else None
         line = "\n".join(x for x in (c["where"], c.get("owner")) if x)   # the tensors it moves under the line
-        rows.append(Row([c["kind"], comms.size_text(c["bytes"]), line, f"{c['calls']:g}", _ms(c["ms"]),
+        rows.append(Row([c["kind"], comms.size_text(c["bytes"]), line, _calls(c["calls"]), _ms(c["ms"]),
                          f"{c['call_us']:,.0f}" + ("u" if c["unrecorded"] else ""),
                          "" if c["busbw_gbps"] is None else _gbps(c["busbw_gbps"]),
                          f"{c['busbw_gbps'] / peak:.0%}" if peak and c["busbw_gbps"] else ""]))
     if rows:
         show(console, "collectives (the median rank, a step)",
              [Column("collective", "coll", justify="left"), Column("size"), Column("line", justify="left", fold=True),
-              Column("calls"), Column("ms"), Column("us a call", "us"), Column("busbw GB/s", "busbw"),
+              Column("calls"), Column("ms"), Column("transfer us", "us"), Column("busbw GB/s", "busbw"),
               Column("of peak", "peak")], rows)
     syncs = host_sync_rows(merged)
     if syncs:
@@ -509,6 +509,11 @@ def render(merged: Merged, console, ceiling=None, top: int = 10, findings_too: b
              [Column("finding", justify="left", fold=True), Column("where", justify="left", fold=True),
               Column("gain ms", "gain")],
              [Row([f"[bold]{f.title}[/bold]\n{f.message}", f.where or "", f"{f.gain_ms:,.2f}"]) for f in found])
+
+
+def _calls(value: float) -> str:
+    """Calls a step: whole where they are (12), two digits where a call comes once in several steps (0.33)."""
+    return f"{value:g}" if value >= 1 else f"{value:.2g}"
 
 
 def _gbps(value: float) -> str:

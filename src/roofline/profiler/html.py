@@ -246,7 +246,7 @@ def _ranks(d: dict) -> str:
         "<h3>Collectives</h3>",
         table([("collective", "kind"), ("size", "size"), ("line", "where"), ("moves", "owner"),
                 ("calls a step", "calls:n"),
-                ("ms a step", "ms:n"), ("us a call", "call_us:n"), ("busbw GB/s", "busbw_gbps:n"),
+                ("ms a step", "ms:n"), ("transfer us", "call_us:n"), ("busbw GB/s", "busbw_gbps:n"),
                 ("us and busbw timed", "timed")], collectives, "collectives"),
         *(["<h3>Host syncs</h3><p class='note'>Lines at which hosts waited for their GPUs, a step, over the ranks "
             "that wait there: each rank's wait in them, and the GPU idle after them that it would win without "
