@@ -246,3 +246,18 @@ def test_profile_passes_its_recording_options_to_the_ranks_it_starts(monkeypatch
     result = runner.invoke(app, ["profile", *options, "--nproc-per-node", "2", "--skip", "1", "train.py"])
     assert result.exit_code == 0, result.output
     assert started == [["--skip", "1", *passed]]
+
+
+def test_the_ranks_are_held_against_doctor_s_measurement_of_what_they_ran_over(monkeypatch):
+    """GPUs: doctor's of these GPUs; CPU processes over gloo: doctor's gloo measurement (doctor --nproc N), but
+    not on a machine whose cache holds its GPUs' measurement; across hosts, none."""
+    import roofline.cli as cli
+    from roofline.distributed import interconnect
+
+    monkeypatch.setattr(interconnect, "cached", lambda world: f"doctor's for {world}")
+    for gpus, device, world, hosts, found in ((0, "cpu", 2, 1, "doctor's for 2"), (2, "cpu", 2, 1, None),
+                                              (2, "cuda", 2, 1, "doctor's for 2"), (2, "cuda", 4, 1, None),
+                                              (2, "cuda", 4, 2, None)):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda gpus=gpus: gpus > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
+        assert cli._ranks_ceiling(device, world, hosts) == found, (gpus, device, world, hosts)

@@ -62,7 +62,8 @@ def doctor(
                                              "message size (PNG/SVG/PDF)."),
 ):
     """Say what this machine is and measure the ceilings every '% of roofline' is relative to: memory, matmul, and
-    with several GPUs the interconnect (every collective from 1 KiB to 1 GiB, as nccl-tests measures it)."""
+    with several GPUs the interconnect (every collective from 1 KiB to 1 GiB, as nccl-tests measures it; gloo over
+    CPU processes, --nproc N, to 16 MiB)."""
     from roofline import device as dev_mod
     from roofline.bench.ceilings import measure_ceilings
     from roofline.tables import Column, Row, show
@@ -535,9 +536,7 @@ def _show_ranks(report, paths: dict[int, Path], world: int, hosts: int, json_pat
     """Rank 0's own report, then every rank's read together (distributed.merge), with doctor's interconnect where
     it measured these GPUs (the ranks all on this host); where a rank failed (`failed`), without the findings
     across the ranks."""
-    import torch
-
-    from roofline.distributed import interconnect, profiling
+    from roofline.distributed import profiling
     from roofline.distributed import report as ranks_report
     from roofline.distributed.merge import merge
     from roofline.profiler.trace import load
@@ -547,8 +546,7 @@ def _show_ranks(report, paths: dict[int, Path], world: int, hosts: int, json_pat
     merged = merge({rank: load(path) for rank, path in paths.items()})
     console.print(f"[bold]every rank[/bold] ({merged.world} of {world} recorded):" if merged.world < world
                   else "[bold]every rank[/bold]:")
-    local = hosts == 1 and report.attribution.device == "cuda" and world <= torch.cuda.device_count()
-    ceiling = interconnect.cached(world) if local else None
+    ceiling = _ranks_ceiling(report.attribution.device, world, hosts)
     ranks_report.render(merged, console, ceiling, top, findings_too=not failed)
     ranks = {**merged.to_dict(), "failed": failed,
              "findings": [] if failed else [f.to_dict() for f in ranks_report.findings(merged, ceiling)]}
@@ -561,6 +559,17 @@ def _show_ranks(report, paths: dict[int, Path], world: int, hosts: int, json_pat
     if trace_path:
         profiling.write_merged_trace(paths, merged.offsets_us, trace_path)
         console.print(f"[dim]every rank's trace written to {trace_path} (open it in https://ui.perfetto.dev)[/dim]")
+
+
+def _ranks_ceiling(device: str, world: int, hosts: int):
+    """Doctor's measurement of the interconnect the ranks ran over, where it measured it: these GPUs, or on a
+    machine without any, gloo over as many processes (doctor --nproc N); None across hosts."""
+    import torch
+
+    from roofline.distributed import interconnect
+
+    here = world <= torch.cuda.device_count() if device == "cuda" else not torch.cuda.is_available()
+    return interconnect.cached(world) if hosts == 1 and here else None
 
 
 @app.command()

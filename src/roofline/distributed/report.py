@@ -74,8 +74,9 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
         # timed beside fp32 in one launch (2 and 4 units), and the best figure was the model alone reducing in bf16
         ddp = ("DDP: gradient_as_bucket_view=True lets the backward write each gradient into its bucket, with no "
                "copy in and out; larger buckets (DistributedDataParallel(bucket_cap_mb=...)) send fewer, larger "
-               "messages; under gradient accumulation, no_sync() on all but the last micro-batch reduces once. "
-               "Over NVLink, compressing gradients to bf16 (a comm hook) costs more than it saves.")
+               "messages; under gradient accumulation, no_sync() on all but the last micro-batch reduces once."
+               + (" Over NVLink, compressing gradients to bf16 (a comm hook) costs more than it saves."
+                  if any(r.trace.gpu for r in merged.ranks) else ""))
         fsdp = ("FSDP2: MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) "
                 "reduce-scatters the gradients in bf16, half the bytes of fp32; fewer units (fully_shard on groups of "
                 "blocks, down to the model alone where its parameters fit gathered) gather and reduce in fewer, "
