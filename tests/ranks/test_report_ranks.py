@@ -140,6 +140,25 @@ def test_a_recorded_transfer_is_each_call_s_shortest_over_the_ranks():
     assert row["ms"] == pytest.approx(statistics.median([120.0, 2.9]) / 10)   # a step: the median rank's total
 
 
+def test_exposed_communication_is_placed_at_the_collective_whose_transfers_take_longest():
+    """Not at the table's first row, whose time is mostly a wait: a broadcast right after rank 1's sleep waits 30
+    ms and moves its bytes in 0.2; the all_reduce moves its in 3 ms."""
+    from roofline.distributed.comms import Call
+
+    sleep_line, reduce_line = Location("train.py", 7, "main"), Location("train.py", 8, "main")
+
+    def call(kind, where, start, us):
+        return Call(kind, 1 << 20, start, start, start + us, where, None, -1, False, True)
+
+    ranks = [_rank(0, gpu=False, **{**RANK0, "exposed_ms": 4.0}), _rank(1, gpu=False, **{**RANK1, "exposed_ms": 4.0})]
+    ranks[0].calls = [c for i in range(10) for c in (call("broadcast", sleep_line, 1e5 * i, 30_200),
+                                                     call("all_reduce", reduce_line, 1e5 * i + 5e4, 3_000))]
+    ranks[1].calls = [c for i in range(10) for c in (call("broadcast", sleep_line, 1e5 * i + 30_000, 200),
+                                                     call("all_reduce", reduce_line, 1e5 * i + 5e4, 3_000))]
+    exposed = {f.id: f for f in findings(_merged(ranks))}["exposed-communication"]
+    assert exposed.where == str(reduce_line)
+
+
 def test_a_gpu_idle_longer_than_its_collectives_ran_waits_on_its_host():
     # FSDP2's GPT-2 on two H100s, unrecorded: rank 0's step 84.42 ms, 25.68 ms of compute, its NCCL kernels 4.11 ms;
     # it is the straggler by 7.81 ms. The other 46.82 ms its GPU idles with no kernel: not communication

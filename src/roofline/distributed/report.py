@@ -66,8 +66,11 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
     unrecorded, idle = split if split is not None else (None, 0.0)
     estimate = exposed if unrecorded is None else unrecorded
     if step and estimate > EXPOSED_SHARE * (least.unprofiled_ms if unrecorded is not None else step):
-        top = rows[0]["where"] if rows else None
-        owner = (rows[0].get("owner") or "") if rows else ""
+        # the collective whose transfers take longest a step: the table's first holds the most time with its waits,
+        # and a broadcast right after a late rank's sleep held 10 of its 10.17 ms waiting (two gloo ranks)
+        heaviest = max(rows, key=lambda row: row["call_us"] * row["calls"]) if rows else None
+        top = heaviest["where"] if rows else None
+        owner = (heaviest.get("owner") or "") if rows else ""
         # the order is the measured one (benchmarks/results/h100x2-distributed.md, "Side by side"): bucket views
         # gained, larger buckets were not told apart from no gain, and bf16 compression cost more than it saved;
         # FSDP2's from h200x2-distributed.md, "FSDP2 in fewer units": its reduce-scatter in bf16 gained where it was
@@ -84,7 +87,7 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
                 "backward.")
         # advice for whoever's tensors the top collective moves
         overlap = "async_op=True and a wait() just before the result is needed let computation run meanwhile."
-        asynchronous = rows[0]["asynchronous"] if rows else False
+        asynchronous = heaviest["asynchronous"] if rows else False
         if owner.startswith("DDP"):
             advice = ddp
         elif owner.startswith("FSDP2"):
@@ -468,7 +471,8 @@ def render(merged: Merged, console, ceiling=None, top: int = 10, findings_too: b
                                         Column("exposed"), Column("overlap", "ovl"), Column("waited", "wait")], rows)
     stretched = [r.stretch for r in ranks if r.stretch]
     if stretched:
-        console.print(f"The recorder stretched the ranks' steps {min(stretched):.2f}x to {max(stretched):.2f}x (the "
+        low, high = f"{min(stretched):.2f}x", f"{max(stretched):.2f}x"
+        console.print(f"The recorder stretched the ranks' steps {low if low == high else f'{low} to {high}'} (the "
                       "unrecorded steps: timed outside the window). Compute, communication, overlap and waits are the "
                       "recorded steps'; a finding's gain is the unrecorded program's where the GPU's time says it.",
                       highlight=False)
