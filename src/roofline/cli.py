@@ -274,6 +274,9 @@ def _program_failed(target: str, status: int, error: BaseException | None, steps
     """The program's own failure, said before anything of roofline's: its exit status, the steps it ran, and the
     tail of its error (the report that follows covers what ran before it)."""
     said = f"roofline: {target} exited with status {status} after {steps} step{'s' * (steps != 1)}"
+    if isinstance(error, KeyboardInterrupt):   # Ctrl-C: where it stopped is no error of the program's
+        err.print(f"{said}: interrupted", markup=False, highlight=False)
+        return
     if error is None:
         err.print(said, markup=False, highlight=False)
         return
@@ -481,6 +484,7 @@ def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[s
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     from roofline.distributed import RankFailed, hang, profiling
+    from roofline.distributed.launch import Interrupted
     from roofline.profiler.report import analyze
 
     world = nproc * rendezvous.nnodes
@@ -495,6 +499,9 @@ def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[s
         try:
             here = profiling.launch(nproc, [*recording, *program], folder, rendezvous)
             status = 0
+        except Interrupted as exc:
+            err.print(f"roofline: {exc}")
+            return 128 + exc.signum
         except RankFailed as exc:
             here, status, failed = list(exc.here), 1, exc
         except RendezvousError as exc:   # the hosts never met, or the one that held the meeting went

@@ -118,7 +118,7 @@ TRAINING_RUNGS = (
     Rung("fp32 baseline", "(as written)", lambda c: c),
     Rung("TF32", "torch.set_float32_matmul_precision('high')", lambda c: replace(c, precision="tf32"),
          needs_cuda=True),
-    Rung("bf16 autocast", "with torch.autocast('cuda', dtype=torch.bfloat16): loss = ...",
+    Rung("bf16 autocast", "with torch.autocast(device_type, dtype=torch.bfloat16): loss = ...",
          lambda c: replace(c, precision="bf16")),
     Rung("fused optimizer", "torch.optim.AdamW(params, fused=True)", lambda c: replace(c, fused_optimizer=True)),
     Rung("roofline.patch", "roofline.patch(model)", lambda c: replace(c, patch=True)),
@@ -312,8 +312,9 @@ def _columns(result: LadderResult) -> tuple[str, ...]:
         return ("ms/token (95% CI)", "tokens/s", "vs before", "vs baseline", "held GiB", "set-up s",
                 "tokens = baseline's", "agreement", "guesses kept (k); draft's tokens")
     if result.ranks > 1:
-        return ("ms/step (95% CI)", "vs before", "vs baseline", "tokens/s/GPU", "scaling", "MFU", "peak GiB/rank",
-                "warm-up s", "loss", "vs one GPU")
+        unit = "GPU" if "cpu" not in result.device else "rank"   # gloo processes on CPUs: a rank is no GPU
+        return ("ms/step (95% CI)", "vs before", "vs baseline", f"tokens/s/{unit}", "scaling", "MFU", "peak GiB/rank",
+                "warm-up s", "loss", f"vs one {unit}")
     return ("ms/step (95% CI)", "vs before", "vs baseline", "peak GiB", "warm-up s", "loss", "numerics")
 
 
@@ -346,7 +347,8 @@ def _cells(result: LadderResult, r: RungResult, rich: bool) -> list[str]:
 # Short headers where the table is too wide for the terminal (roofline.tables); the rest fold.
 _SHORT = {"ms/step (95% CI)": "ms/step", "ms/token (95% CI)": "ms/token", "vs before": "vs prev",
           "vs baseline": "vs base", "warm-up s": "warm s", "tokens = baseline's": "same tokens",
-          "tokens/s/GPU": "tok/s/GPU", "peak GiB/rank": "peak GiB", "vs one GPU": "vs 1 GPU"}
+          "tokens/s/GPU": "tok/s/GPU", "peak GiB/rank": "peak GiB", "vs one GPU": "vs 1 GPU",
+          "tokens/s/rank": "tok/s/rank", "vs one rank": "vs 1 rank"}
 
 
 def print_table(result: LadderResult, console=None, changes: bool = True) -> None:

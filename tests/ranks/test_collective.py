@@ -112,3 +112,21 @@ def test_several_ranks_run_a_thread_each_as_under_torchrun_unless_told(monkeypat
     assert "OMP_NUM_THREADS" not in os.environ
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert spawn(threads, 2) == [("2", 2), ("2", 2)]
+
+
+def test_a_signal_to_the_launcher_is_one_line_and_the_process_s_handlers_come_back():
+    """torch's elastic agent stops the ranks on Ctrl-C, then raises its SignalException (a traceback of 60 lines),
+    and leaves its own handlers in place: Interrupted says it in a line, and the handlers are the process's again."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from roofline.distributed.launch import Interrupted, signals_said
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Interrupted, match="^interrupted by SIGINT: every rank was stopped$") as caught:
+        with signals_said(2):
+            signal.signal(signal.SIGINT, lambda *args: None)   # as the agent installs its own
+            raise SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)
+    assert caught.value.signum == signal.SIGINT and isinstance(caught.value, RankFailed)
+    assert signal.getsignal(signal.SIGINT) is before

@@ -42,6 +42,33 @@ class RankFailed(RuntimeError):
         super().__init__(f"{len(set(failures) - stopped)} of the ranks failed, and the others were stopped: {said}")
 
 
+class Interrupted(RankFailed):
+    """The launcher was signalled (Ctrl-C, SIGTERM) and stopped every rank."""
+
+    def __init__(self, signum: int, here: tuple = ()):
+        RuntimeError.__init__(self, f"interrupted by {signal.Signals(signum).name}: every rank was stopped")
+        self.failures, self.here, self.signum = {}, here, signum
+
+
+@contextlib.contextmanager
+def signals_said(nproc: int):
+    """A signal to the launcher (torch's elastic agent stops the ranks, then raises its SignalException with a
+    traceback of 60 lines) as Interrupted; and the process's own handlers back afterwards (the agent leaves its own
+    in place: a Ctrl-C while the traces are read raised its SignalException there)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    caught = [s for s in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, s)]
+    saved = {s: signal.getsignal(getattr(signal, s)) for s in caught}
+    try:
+        yield
+    except SignalException as exc:
+        raise Interrupted(int(exc.sigval), tuple(range(nproc))) from None
+    finally:
+        for name, handler in saved.items():
+            if handler is not None:   # (None: set outside Python, not to be put back from here)
+                signal.signal(getattr(signal, name), handler)
+
+
 def backend() -> str:
     """The process group's backend here: NCCL where CUDA is, else gloo."""
     return "nccl" if torch.cuda.is_available() else "gloo"
@@ -163,7 +190,7 @@ def spawn(fn, nproc: int, *args, backend_name: str | None = None, timeout_s: flo
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.05)
     with tempfile.TemporaryDirectory(prefix="roofline-ranks-") as reports, quiet_launcher(), \
-            one_thread_a_rank(nproc):
+            one_thread_a_rank(nproc), signals_said(nproc):
         try:
             results = elastic_launch(config, _in_group)(fn, backend_name, timeout_s, reports, args)
         except ChildFailedError as exc:

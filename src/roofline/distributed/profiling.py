@@ -116,7 +116,7 @@ def launch(nproc: int, rank_argv: list[str], folder: Path, rendezvous: Rendezvou
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from roofline.distributed.launch import one_thread_a_rank, quiet_launcher, rank_failed
+    from roofline.distributed.launch import one_thread_a_rank, quiet_launcher, rank_failed, signals_said
 
     config = LaunchConfig(min_nodes=rendezvous.nnodes, max_nodes=rendezvous.nnodes, nproc_per_node=nproc,
                           # several hosts meet under one id: torchrun's default, "none", where none is given
@@ -124,7 +124,7 @@ def launch(nproc: int, rank_argv: list[str], folder: Path, rendezvous: Rendezvou
                           rdzv_backend=rendezvous.backend,
                           rdzv_endpoint=rendezvous.endpoint, max_restarts=0, monitor_interval=0.1,
                           rdzv_configs={"rank": rendezvous.node_rank} if rendezvous.backend == "static" else {})
-    with quiet_launcher(), one_thread_a_rank(nproc):
+    with quiet_launcher(), one_thread_a_rank(nproc), signals_said(nproc):
         try:
             ran = elastic_launch(config, sys.executable)("-m", "roofline", "profile", "--rank-dir", str(folder),
                                                          *rank_argv)
