@@ -59,6 +59,14 @@ def test_leading_dimensions_and_ignore_index_inside_the_classes():
     check_fp32(x, weight, target, bias, ignore_index=7)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_reduced_loss_is_no_view(backend):
+    """As F.cross_entropy's: FSDP2 warns of a module that returns a view (an in-place op on it would skip its
+    hooks), and the ladder's FSDP2 rungs returned this loss."""
+    x, weight, target, _ = inputs(9, 16, 40)
+    assert not linear_cross_entropy(x, weight, target, backend=backend)._is_view()
+
+
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_within_twice_torchs_error(dtype, reduction):

@@ -44,9 +44,10 @@ CHUNK_ALIGN = 128         # rows per chunk a multiple of it: whole 128-row GEMM 
 def linear_cross_entropy_reference(x, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0,
                                    reduction="mean"):
     logits = F.linear(x, weight, bias)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=ignore_index,
-                           reduction=reduction, label_smoothing=label_smoothing).reshape(
-        target.shape if reduction == "none" else ())
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=ignore_index,
+                           reduction=reduction, label_smoothing=label_smoothing)
+    # a reduced loss as cross_entropy gives it, no view of it: FSDP2 warns of a module returning a view
+    return loss.reshape(target.shape) if reduction == "none" else loss
 
 
 def chunk_rows_for(classes: int, element_size: int, rows: int) -> int:
