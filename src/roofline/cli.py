@@ -319,9 +319,9 @@ def profile(
     memory: bool = typer.Option(False, help="Also record memory allocations."),
     shapes: bool = typer.Option(True, help="Record op input shapes (needed for FLOPs, bytes and the roofline)."),
     ops: bool = typer.Option(True, help="Record every op on the host (its name and shapes: the op table, FLOPs, "
-                             "bytes). --no-ops records kernels and their launches alone, tied to lines and modules by "
-                             "roofline's own marks: where the host paces a step, it stretches the step less than "
-                             "recording every op does, and it knows no op."),
+                             "bytes). --no-ops (on a GPU) records kernels and their launches alone, tied to lines and "
+                             "modules by roofline's own marks: where the host paces a step, it stretches the step less "
+                             "than recording every op does, and it knows no op."),
     python_stack: bool = typer.Option(False, help="Also record torch's Python tracer (function-level stacks "
                                       "for work outside the user's lines; costs more)."),
     top: int = typer.Option(10, min=1, help="Rows per table in the terminal summary."),
