@@ -133,6 +133,7 @@ def _interconnect(ranks: int, remeasure: bool, plot_path: Path | None):
     import torch
 
     from roofline.distributed import RankFailed, interconnect
+    from roofline.distributed.launch import Interrupted
 
     found = None if remeasure else interconnect.cached(ranks)
     note = f"measured {found.measured_at}, cached" if found else "measured now, cached"
@@ -142,8 +143,11 @@ def _interconnect(ranks: int, remeasure: bool, plot_path: Path | None):
         with console.status(f"timing collectives over {ranks} ranks, {len(sizes)} sizes each"):
             try:
                 found = interconnect.measure(ranks, sizes=sizes)
+            except Interrupted as exc:
+                err.print(f"roofline: {exc}", markup=False, highlight=False)
+                raise typer.Exit(128 + exc.signum)
             except RankFailed as exc:
-                err.print(f"roofline: the interconnect could not be measured: {exc}")
+                err.print(f"roofline: the interconnect could not be measured: {exc}", markup=False, highlight=False)
                 raise typer.Exit(1)
     interconnect.render(found, console, note)
     if plot_path:
@@ -359,8 +363,8 @@ def profile(
     Options come before the program; everything after it is the program's own arguments:
 
     \b
-        roofline profile --skip 3 train.py --epochs 1
-        roofline profile --nproc-per-node 2 --skip 3 train.py
+        roofline profile --skip 5 --steps 5 train.py --epochs 1
+        roofline profile --nproc-per-node 2 --skip 5 --steps 5 train.py
     """
     from roofline.distributed import hang, launch, ledger, profiling
     from roofline.profiler import run_program
@@ -500,7 +504,7 @@ def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[s
             here = profiling.launch(nproc, [*recording, *program], folder, rendezvous)
             status = 0
         except Interrupted as exc:
-            err.print(f"roofline: {exc}")
+            err.print(f"roofline: {exc}", markup=False, highlight=False)
             return 128 + exc.signum
         except RankFailed as exc:
             here, status, failed = list(exc.here), 1, exc
@@ -510,8 +514,8 @@ def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[s
         finally:
             os.environ.pop(profiling.LAUNCHED, None)
         if rendezvous.nnodes > 1 and 0 not in here:
-            if failed:
-                err.print(f"roofline: {failed}")
+            if failed:   # the ranks' own errors: gloo's begin "[/__w/pytorch/...]", no markup
+                err.print(f"roofline: {failed}", markup=False, highlight=False)
             ran = f"rank {here[0]}" if len(here) == 1 else f"ranks {here[0]}-{here[-1]}"
             console.print(f"roofline: {ran} ran on this host; rank 0's host reports every rank")
             return status
@@ -522,27 +526,27 @@ def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[s
                                             else 0)
         if 0 not in paths:
             if failed:
-                err.print(f"roofline: {failed}")
+                err.print(f"roofline: {failed}", markup=False, highlight=False)
             err.print(f"roofline: ranks {missing} recorded nothing"
                       + ("" if status else " (fewer steps ran than --skip left out?)"))
             return status or 2
         if failed:   # said first, in the report itself: piped, it is what the file begins with
             console.print(f"[bold red]roofline: the run failed.[/bold red] {escape(str(failed))}. What follows is "
                           "what the ranks recorded before it; the findings across the ranks are left out (a rank "
-                          "that stopped early is no straggler).", highlight=False)
+                          "that stopped early is no straggler).", highlight=False, emoji=False)
         if missing:
             err.print(f"roofline: ranks {missing} recorded nothing"
                       + ("" if status else " (fewer steps ran than --skip left out?)"))
         _show_ranks(analyze(paths[0]), paths, world, rendezvous.nnodes, json_path, html_path, trace_path, top,
-                    failed=failed is not None)
+                    failed=str(failed) if failed else None)
     return status
 
 
 def _show_ranks(report, paths: dict[int, Path], world: int, hosts: int, json_path: Optional[Path],
-                html_path: Optional[Path], trace_path: Optional[Path], top: int, failed: bool = False) -> None:
+                html_path: Optional[Path], trace_path: Optional[Path], top: int, failed: str | None = None) -> None:
     """Rank 0's own report, then every rank's read together (distributed.merge), with doctor's interconnect where
-    it measured these GPUs (the ranks all on this host); where a rank failed (`failed`), without the findings
-    across the ranks."""
+    it measured these GPUs (the ranks all on this host); where a rank failed (`failed`: what the launcher said),
+    without the findings across the ranks."""
     from roofline.distributed import profiling
     from roofline.distributed import report as ranks_report
     from roofline.distributed.merge import merge
@@ -658,6 +662,7 @@ def _ladder_ranks(target, task, nproc, strategies, steps, skip, json_path, markd
     from roofline import ladder as _ladder
     from roofline.distributed import RankFailed
     from roofline.distributed import ladder as ranks_ladder
+    from roofline.distributed.launch import Interrupted
 
     if not isinstance(task, _ladder.TrainTask):
         raise typer.BadParameter("several ranks climb a training task (TrainTask) only", param_hint="TARGET")
@@ -666,8 +671,11 @@ def _ladder_ranks(target, task, nproc, strategies, steps, skip, json_path, markd
                                  f"{torch.cuda.device_count()}", param_hint="--nproc-per-node")
     try:
         result = ranks_ladder.run(target, nproc, strategies, steps=steps, skip=tuple(skip or ()))
+    except Interrupted as exc:
+        err.print(f"roofline ladder: {exc}", markup=False, highlight=False)
+        raise typer.Exit(128 + exc.signum)
     except RankFailed as exc:
-        err.print(f"roofline ladder: {exc}")
+        err.print(f"roofline ladder: {exc}", markup=False, highlight=False)
         raise typer.Exit(1)
     ranks_ladder.print_tables(result, console)
     if json_path:

@@ -125,8 +125,23 @@ def test_a_signal_to_the_launcher_is_one_line_and_the_process_s_handlers_come_ba
 
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(Interrupted, match="^interrupted by SIGINT: every rank was stopped$") as caught:
-        with signals_said(2):
+        with signals_said():
             signal.signal(signal.SIGINT, lambda *args: None)   # as the agent installs its own
             raise SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)
-    assert caught.value.signum == signal.SIGINT and isinstance(caught.value, RankFailed)
+    # no RankFailed: the ladder, which climbs on after a strategy's failure, stops
+    assert caught.value.signum == signal.SIGINT and not isinstance(caught.value, RankFailed)
     assert signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(Interrupted, match="SIGINT"):   # a Ctrl-C before the agent has set its handlers
+        with signals_said():
+            raise KeyboardInterrupt
+
+
+def test_a_note_of_a_rank_past_the_job_s_is_a_larger_job_s(tmp_path):
+    """A folder reused: rank 3's note of an earlier job of 4 ranks is no rank of this job of 2. A note holds the
+    error's lines in one."""
+    from roofline.distributed.launch import note_error, what_failed
+
+    note_error(tmp_path, 3, RuntimeError("an earlier job's"))
+    note_error(tmp_path, 1, RuntimeError("NCCL error in: NCCLUtils.cpp:77\nLast error: out of memory"))
+    assert what_failed({}, tmp_path, 2) == {1: "RuntimeError: NCCL error in: NCCLUtils.cpp:77 / Last error: out of "
+                                                "memory"}

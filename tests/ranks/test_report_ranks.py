@@ -108,18 +108,27 @@ def test_a_lead_only_the_recorder_made_is_no_straggler():
     assert straggler is None and waits == pytest.approx([14 * 3.0 / 10, 0.0])
 
 
-def test_recorded_alone_a_straggler_arrives_last_at_most_calls():
-    # no timing outside the window (gloo): rank 1 late by 30 ms at 4 calls of 10 makes nearly all the waits, but
-    # rank 0 arrives last at the other 6: a hiccup, not a rank that holds the others back. Late at 6 of 10, it is
-    def calls(late_at, late_us):
-        return [SimpleNamespace(arrived=1000.0 * i + (late_us if i in late_at else 0.0), on_gpu=False)
-                for i in range(10)]
+def test_recorded_alone_a_straggler_holds_the_others_back_in_most_steps():
+    # no timing outside the window (gloo). Without step marks, by calls: rank 1 late by 30 ms at 4 calls of 10
+    # makes nearly all the waits, but rank 0 arrives last at the other 6: a hiccup. Late at 6 of 10, it is named
+    def calls(late_at, late_us, count=10, every=1000.0):
+        return [SimpleNamespace(arrived=every * i + (late_us if i in late_at else 0.0), on_gpu=False)
+                for i in range(count)]
 
     for late_at, named in (((0, 3, 5, 8), None), ((0, 2, 3, 5, 7, 8), 1)):
         ranks = [_rank(0, gpu=False, **RANK0), _rank(1, gpu=False, **RANK1)]
         ranks[0].calls, ranks[1].calls = calls(range(10), 100.0), calls(late_at, 30_000.0)
         straggler, _ = _straggler(ranks, 10, [0.0, 0.0], None)
         assert (straggler.rank if straggler else None) == named
+    # with step marks, by steps: five steps of four collectives. Rank 1 late by 20 ms to each step's first is last
+    # at 5 calls of 20, and holds the others back most in every step: named. Late in one step only: a hiccup
+    for late_at, named in (((0, 4, 8, 12, 16), 1), ((8,), None)):
+        ranks = [_rank(0, gpu=False, **RANK0), _rank(1, gpu=False, **RANK1)]
+        ranks[0].trace.steps = [(step * 100_000.0, (step + 1) * 100_000.0) for step in range(5)]
+        ranks[0].calls = calls(range(20), 100.0, 20, 25_000.0)
+        ranks[1].calls = calls(late_at, 20_000.0, 20, 25_000.0)
+        straggler, _ = _straggler(ranks, 20, [0.0, 0.0], None)
+        assert (straggler.rank if straggler else None) == named, late_at
 
 
 def test_a_recorded_transfer_is_each_call_s_shortest_over_the_ranks():

@@ -134,7 +134,8 @@ def climb_rank(target: str, parallel: str | None, options: dict) -> dict:
     task = dataclasses.replace(task, steps=options["steps"] or task.steps, skip=(*task.skip, *options["skip"]))
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     rank = torch.distributed.get_rank()
-    label = f"{parallel} on {torch.distributed.get_world_size()} ranks" if parallel else "one GPU"
+    label = (f"{parallel} on {torch.distributed.get_world_size()} ranks" if parallel
+             else "one GPU" if torch.cuda.is_available() else "one rank")
 
     def say(rung):
         if options["progress"] and rank == 0:

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -42,31 +43,36 @@ class RankFailed(RuntimeError):
         super().__init__(f"{len(set(failures) - stopped)} of the ranks failed, and the others were stopped: {said}")
 
 
-class Interrupted(RankFailed):
-    """The launcher was signalled (Ctrl-C, SIGTERM) and stopped every rank."""
+class Interrupted(RuntimeError):
+    """The launcher was signalled (Ctrl-C, SIGTERM) and stopped every rank. No RankFailed: a ladder that climbs on
+    after a strategy's failure stops here."""
 
-    def __init__(self, signum: int, here: tuple = ()):
-        RuntimeError.__init__(self, f"interrupted by {signal.Signals(signum).name}: every rank was stopped")
-        self.failures, self.here, self.signum = {}, here, signum
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}: every rank was stopped")
+        self.signum = signum
 
 
 @contextlib.contextmanager
-def signals_said(nproc: int):
+def signals_said():
     """A signal to the launcher (torch's elastic agent stops the ranks, then raises its SignalException with a
-    traceback of 60 lines) as Interrupted; and the process's own handlers back afterwards (the agent leaves its own
-    in place: a Ctrl-C while the traces are read raised its SignalException there)."""
+    traceback of 60 lines; a Ctrl-C before it has started them is a KeyboardInterrupt) as Interrupted; and the
+    process's own handlers back afterwards (the agent leaves its own in place, in the main thread, where it sets
+    them: a Ctrl-C while the traces were read raised its SignalException there)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    caught = [s for s in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, s)]
+    main = threading.current_thread() is threading.main_thread()
+    caught = [s for s in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, s)] if main else []
     saved = {s: signal.getsignal(getattr(signal, s)) for s in caught}
     try:
         yield
     except SignalException as exc:
-        raise Interrupted(int(exc.sigval), tuple(range(nproc))) from None
+        raise Interrupted(int(exc.sigval)) from None
+    except KeyboardInterrupt:
+        raise Interrupted(signal.SIGINT) from None
     finally:
         for name, handler in saved.items():
-            if handler is not None:   # (None: set outside Python, not to be put back from here)
-                signal.signal(getattr(signal, name), handler)
+            # None: a handler set outside Python, which Python cannot put back: the default then
+            signal.signal(getattr(signal, name), signal.SIG_DFL if handler is None else handler)
 
 
 def backend() -> str:
@@ -130,7 +136,8 @@ def note_error(reports: Path, rank: int, error: BaseException) -> None:
     cause, is told from the ranks that failed because it did (what_failed): its first line, at most ERROR_CHARS.
     Written whole or not at all: the launcher may kill this rank mid-write (a rank that waited on one that died
     fails just as the launcher stops the rest), and a half-written note would hide every rank's cause."""
-    said = f"{type(error).__name__}: {error}".strip().splitlines()[0]
+    # its lines in one (NCCL's DistBackendError gives the cause on a later line)
+    said = " / ".join(line.strip() for line in f"{type(error).__name__}: {error}".splitlines() if line.strip())
     note = Path(reports, hang.NOTE.format(rank))
     draft = note.with_suffix(".draft")
     draft.write_text(json.dumps({"time": time.time(),
@@ -145,7 +152,7 @@ def rank_failed(launcher_failures: dict, reports: Path, world: int) -> RankFaile
     """RankFailed for the launcher's record of the ranks that ended (ChildFailedError.failures) and the ranks'
     notes in `reports`; a rank the launcher stopped (SIGTERM) is counted apart from those that failed."""
     said = what_failed(launcher_failures, reports, world)
-    noted = set(_notes(reports))
+    noted = {rank for rank in _notes(reports) if rank < world}
     # SIGTERM's, and those the launcher does not list (a function's ranks) that said nothing but where they were
     stopped = frozenset(r for r, f in launcher_failures.items() if f.exitcode == -signal.SIGTERM.value) | \
         (set(said) - set(launcher_failures) - noted)
@@ -161,7 +168,8 @@ def what_failed(launcher_failures: dict, reports: Path, world: int) -> dict[int,
     """What happened to each failed rank, the first error first: the ranks' own notes (with the time each was
     raised), and for a rank that left none (killed by a signal, a crash in C++) the launcher's record; then what
     the ranks' flight records and stacks say (hang.explain: the collective a rank waited in, where it stopped)."""
-    noted = _notes(reports)
+    # a note of a rank past this job's is a larger job's, in a folder reused
+    noted = {rank: note for rank, note in _notes(reports).items() if rank < world}
     said = {}
     for rank, note in sorted(noted.items(), key=lambda kv: kv[1]["time"]):
         said[rank] = note["error"] + (" (the first error)" if not said and len(noted) > 1 else "")
@@ -190,7 +198,7 @@ def spawn(fn, nproc: int, *args, backend_name: str | None = None, timeout_s: flo
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.05)
     with tempfile.TemporaryDirectory(prefix="roofline-ranks-") as reports, quiet_launcher(), \
-            one_thread_a_rank(nproc), signals_said(nproc):
+            one_thread_a_rank(nproc), signals_said():
         try:
             results = elastic_launch(config, _in_group)(fn, backend_name, timeout_s, reports, args)
         except ChildFailedError as exc:

@@ -354,20 +354,29 @@ def _straggler(ranks: list[Rank], matched: int, offsets: list[float],
     ranks that take turns arriving last are noise; recorded, it must also arrive last at most of them."""
     n, steps = len(ranks), max(ranks[0].steps, 1)
     waits, caused, lasts = [0.0] * n, [0.0] * n, []
+    by_step: dict[int, list[float]] = {}   # a step of rank 0's -> what each rank held the others back in it
     for i in range(matched):
         arrived = [_arrival(r.calls[i]) - offsets[k] for k, r in enumerate(ranks)]
         last = max(range(n), key=lambda k: arrived[k])
         lasts.append(last)
+        held = sum(arrived[last] - a for a in arrived)
         for k in range(n):
             waits[k] += arrived[last] - arrived[k]
-            caused[last] += arrived[last] - arrived[k]
+        caused[last] += held
+        step = next((j for j, (start, end) in enumerate(ranks[0].trace.steps)
+                     if start <= ranks[0].calls[i].arrived < end), None)
+        if step is not None:
+            by_step.setdefault(step, [0.0] * n)[last] += held
     waits = [w / steps / 1e3 for w in waits]
     culprit = timed.straggler if timed is not None else ledger.dominant(caused) if n > 1 else None
-    # Recorded alone, it must also arrive last at most calls: one long hiccup can make three quarters of the waits
-    # (two gloo ranks of examples/ddp_train.py, no rank slowed, named one rank or the other in 5 runs of 6, once a
-    # rank last at 4 calls of 10)
-    if timed is None and culprit is not None and 2 * lasts.count(culprit) <= matched:
-        culprit = None
+    # Recorded alone, it must also hold the others back most in most steps (or, with no steps marked, arrive last
+    # at most calls): one long hiccup can make three quarters of the waits (two gloo ranks of examples/ddp_train.py,
+    # no rank slowed, named one rank or the other in 5 runs of 6, once a rank last at 4 calls of 10). By steps, not
+    # calls: a rank late once a step, to the first of several collectives, is last at few of them
+    if timed is None and culprit is not None:
+        most = ([max(range(n), key=held.__getitem__) for held in by_step.values()] if by_step else lasts)
+        if 2 * most.count(culprit) <= len(most):
+            culprit = None
     if culprit is None:
         return None, waits
     # Where it lost the time: the line at which its host spent the most beyond the other ranks' (the median), over

@@ -124,7 +124,7 @@ def launch(nproc: int, rank_argv: list[str], folder: Path, rendezvous: Rendezvou
                           rdzv_backend=rendezvous.backend,
                           rdzv_endpoint=rendezvous.endpoint, max_restarts=0, monitor_interval=0.1,
                           rdzv_configs={"rank": rendezvous.node_rank} if rendezvous.backend == "static" else {})
-    with quiet_launcher(), one_thread_a_rank(nproc), signals_said(nproc):
+    with quiet_launcher(), one_thread_a_rank(nproc), signals_said():
         try:
             ran = elastic_launch(config, sys.executable)("-m", "roofline", "profile", "--rank-dir", str(folder),
                                                          *rank_argv)

@@ -236,7 +236,11 @@ def _ranks(d: dict) -> str:
     matched = (f"{ranks['world_size']} ranks, {ranks['matched']} collective calls matched across them"
                + (f" ({ranks['mismatch']})" if ranks.get("mismatch") else "")
                + (f"; outside the window NCCL timed {timed['calls']} calls of {timed['steps']} steps" if timed else ""))
+    failed = (f'<div class="card"><b>The run failed.</b> <p>{escape(ranks["failed"])}. What follows is what the '
+              "ranks recorded before it; the findings across the ranks are left out.</p></div>"
+              if ranks.get("failed") else "")
     return "\n".join([
+        failed,
         f'<p class="note">{escape(matched)}. Figures a step. Recorded figures are the window\'s, which the recorder '
         "stretches; unrecorded ones come from the steps outside it, as the program runs.</p>",
         table(columns, rows, "ranks"),
