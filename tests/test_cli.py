@@ -261,3 +261,32 @@ def test_the_ranks_are_held_against_doctor_s_measurement_of_what_they_ran_over(m
         monkeypatch.setattr(torch.cuda, "is_available", lambda gpus=gpus: gpus > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
         assert cli._ranks_ceiling(device, world, hosts) == found, (gpus, device, world, hosts)
+
+
+def test_profile_on_a_cpu_prints_nothing_of_kineto_s_own(program):
+    """torch 2.13's CPU build logs "USDT:... profiler_start" and "profiler_stop" on stderr at every recording's
+    edges: not where roofline records on a machine without a GPU, unless the user set KINETO_LOG_LEVEL."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-m", "roofline", "profile", str(program)], capture_output=True,
+                          text=True, timeout=240, env=env, cwd=program.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "USDT" not in done.stderr and "profiler_start" not in done.stderr, done.stderr[-2000:]
+
+
+def test_kineto_is_quieted_only_on_cpus_and_only_where_the_user_said_nothing(monkeypatch):
+    import os
+
+    from roofline.profiler import capture
+
+    for gpu, set_before, after in ((False, None, capture.KINETO_QUIET), (True, None, None), (False, "2", "2")):
+        if set_before is None:
+            monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+        else:
+            monkeypatch.setenv("KINETO_LOG_LEVEL", set_before)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
+        capture._quiet_kineto_on_cpus()
+        assert os.environ.get("KINETO_LOG_LEVEL") == after

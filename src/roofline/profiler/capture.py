@@ -527,6 +527,19 @@ def _teardown_cupti_at_stop() -> None:
         _prime_cupti()
 
 
+# Above Kineto's highest level of log (USDT, 5): torch 2.13's CPU build prints "USDT:... profiler_start" and
+# "profiler_stop" on stderr at every recording's edges, twice a rank in a program of several
+KINETO_QUIET = "6"
+
+
+def _quiet_kineto_on_cpus() -> None:
+    """Silence Kineto's log where no GPU is: nothing of CUPTI's to say there, only its recordings' edges. The user's
+    own KINETO_LOG_LEVEL stands; with a GPU its errors (CUPTI's) are left to say what they say. Read by Kineto when
+    it first starts a recording: set before the window's."""
+    if "KINETO_LOG_LEVEL" not in os.environ and not torch.cuda.is_available():
+        os.environ["KINETO_LOG_LEVEL"] = KINETO_QUIET
+
+
 def _prime_cupti() -> None:
     """A recording of one launch, thrown away, that stops with CUPTI's finalize. The first recording to finalize
     CUPTI after one that left it subscribed (a torch.profiler recording made before TEARDOWN_CUPTI was set) holds
@@ -720,6 +733,7 @@ class Profiler:
         config = _experimental_config()
         schedule = _schedule(self.skip, self.active)
         _teardown_cupti_at_stop()
+        _quiet_kineto_on_cpus()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*warmup.*")
             self._torch = torch.profiler.profile(
