@@ -524,19 +524,17 @@ def _profile_ranks(nproc: int, rendezvous, recording: list[str], program: list[s
         paths, missing = profiling.wait_for(folder, world, since=began,
                                             timeout_s=profiling.RANK_WAIT_S if rendezvous.nnodes > 1 and not status
                                             else 0)
-        if 0 not in paths:
-            if failed:
-                err.print(f"roofline: {failed}", markup=False, highlight=False)
-            err.print(f"roofline: ranks {missing} recorded nothing"
-                      + ("" if status else " (fewer steps ran than --skip left out?)"))
-            return status or 2
-        if failed:   # said first, in the report itself: piped, it is what the file begins with
+        if failed and 0 not in paths:   # no report follows
+            err.print(f"roofline: {failed}", markup=False, highlight=False)
+        elif failed:   # said first, in the report itself: piped, it is what the file begins with
             console.print(f"[bold red]roofline: the run failed.[/bold red] {escape(str(failed))}. What follows is "
                           "what the ranks recorded before it; the findings across the ranks are left out (a rank "
                           "that stopped early is no straggler).", highlight=False, emoji=False)
         if missing:
             err.print(f"roofline: ranks {missing} recorded nothing"
                       + ("" if status else " (fewer steps ran than --skip left out?)"))
+        if 0 not in paths:
+            return status or 2
         _show_ranks(analyze(paths[0]), paths, world, rendezvous.nnodes, json_path, html_path, trace_path, top,
                     failed=str(failed) if failed else None)
     return status

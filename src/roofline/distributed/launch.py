@@ -131,9 +131,12 @@ def one_thread_a_rank(nproc: int):
         os.environ.pop("OMP_NUM_THREADS", None)
 
 
+ERROR_CHARS = 240   # of a rank's error in what the launcher says (gloo's lost peer alone is 200 and more)
+
+
 def note_error(reports: Path, rank: int, error: BaseException) -> None:
     """Note the rank's error in `reports` with the time it was raised, so that the rank whose error came first, the
-    cause, is told from the ranks that failed because it did (what_failed): its first line, at most ERROR_CHARS.
+    cause, is told from the ranks that failed because it did (what_failed): its lines in one, at most ERROR_CHARS.
     Written whole or not at all: the launcher may kill this rank mid-write (a rank that waited on one that died
     fails just as the launcher stops the rest), and a half-written note would hide every rank's cause."""
     # its lines in one (NCCL's DistBackendError gives the cause on a later line)
@@ -145,31 +148,29 @@ def note_error(reports: Path, rank: int, error: BaseException) -> None:
     os.replace(draft, note)
 
 
-ERROR_CHARS = 240   # of a rank's error in what the launcher says (gloo's lost peer alone is 200 and more)
-
-
 def rank_failed(launcher_failures: dict, reports: Path, world: int) -> RankFailed:
     """RankFailed for the launcher's record of the ranks that ended (ChildFailedError.failures) and the ranks'
     notes in `reports`; a rank the launcher stopped (SIGTERM) is counted apart from those that failed."""
     said = what_failed(launcher_failures, reports, world)
-    noted = {rank for rank in _notes(reports) if rank < world}
+    noted = set(_notes(reports, world))
     # SIGTERM's, and those the launcher does not list (a function's ranks) that said nothing but where they were
     stopped = frozenset(r for r, f in launcher_failures.items() if f.exitcode == -signal.SIGTERM.value) | \
         (set(said) - set(launcher_failures) - noted)
     return RankFailed(said, stopped, tuple(sorted(launcher_failures)))
 
 
-def _notes(reports: Path) -> dict[int, dict]:
-    """The ranks' notes of their errors (_in_group): rank -> {"time", "error"}."""
-    return {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in reports.glob(hang.NOTE.format("*"))}
+def _notes(reports: Path, world: int) -> dict[int, dict]:
+    """The notes of their errors (note_error) of this job's `world` ranks: rank -> {"time", "error"}. A note of a
+    rank past them is a larger job's, in a folder reused."""
+    notes = {int(p.stem.removeprefix("rank")): p for p in reports.glob(hang.NOTE.format("*"))}
+    return {rank: json.loads(path.read_text()) for rank, path in notes.items() if rank < world}
 
 
 def what_failed(launcher_failures: dict, reports: Path, world: int) -> dict[int, str]:
     """What happened to each failed rank, the first error first: the ranks' own notes (with the time each was
     raised), and for a rank that left none (killed by a signal, a crash in C++) the launcher's record; then what
     the ranks' flight records and stacks say (hang.explain: the collective a rank waited in, where it stopped)."""
-    # a note of a rank past this job's is a larger job's, in a folder reused
-    noted = {rank: note for rank, note in _notes(reports).items() if rank < world}
+    noted = _notes(reports, world)
     said = {}
     for rank, note in sorted(noted.items(), key=lambda kv: kv[1]["time"]):
         said[rank] = note["error"] + (" (the first error)" if not said and len(noted) > 1 else "")

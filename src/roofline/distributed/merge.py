@@ -351,7 +351,7 @@ def _straggler(ranks: list[Rank], matched: int, offsets: list[float],
     """The rank that holds the others back, and each rank's wait a step (ms), recorded. Where NCCL timed the
     steps outside the window, they say whether a rank holds the others back (the recorder's stretch can make one
     look late); else the recorded calls do. Either way one rank must make most of the waits (ledger.dominant):
-    ranks that take turns arriving last are noise; recorded, it must also arrive last at most of them."""
+    ranks that take turns arriving last are noise; recorded, it must also hold the others back most in most steps."""
     n, steps = len(ranks), max(ranks[0].steps, 1)
     waits, caused, lasts = [0.0] * n, [0.0] * n, []
     by_step: dict[int, list[float]] = {}   # a step of rank 0's -> what each rank held the others back in it
@@ -468,9 +468,7 @@ def collective_rows(merged: Merged) -> list[dict]:
         every = [c for calls in per_rank for c in calls]
         median_call = sorted(every, key=lambda c: c.us)[len(every) // 2]
         transfers = merged.ledger.transfers.get((kind, nbytes)) if merged.ledger else None
-        call_us = (statistics.median(transfers) * 1e3 if transfers else
-                   statistics.median(min(calls) for calls in zip(*([c.us for c in cs] for cs in per_rank)))
-                   if len({len(cs) for cs in per_rank}) == 1 and per_rank[0] else median_call.us)
+        call_us = statistics.median(transfers) * 1e3 if transfers else _recorded_transfer_us(per_rank, median_call)
         busbw = comms.busbw_gbps(kind, nbytes, call_us, merged.world)
         rows.append({"kind": kind, "bytes": nbytes, "where": where, "owner": comms.owners(per_rank[0]),
                      "calls": len(per_rank[0]) / steps,
@@ -478,6 +476,14 @@ def collective_rows(merged: Merged) -> list[dict]:
                      "unrecorded": bool(transfers), "on_gpu": median_call.on_gpu,
                      "asynchronous": median_call.asynchronous})
     return sorted(rows, key=lambda row: -row["ms"])
+
+
+def _recorded_transfer_us(per_rank: list[list[comms.Call]], median_call: comms.Call) -> float:
+    """The median over the calls of each call's shortest time over the ranks, where every rank made as many (the
+    n-th of each rank's is one call); else the median call's, its wait included."""
+    if len({len(calls) for calls in per_rank}) != 1 or not per_rank[0]:
+        return median_call.us
+    return statistics.median(min(c.us for c in call) for call in zip(*per_rank))
 
 
 def host_sync_rows(merged: Merged) -> list[dict]:

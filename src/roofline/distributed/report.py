@@ -68,9 +68,8 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
     if step and estimate > EXPOSED_SHARE * (least.unprofiled_ms if unrecorded is not None else step):
         # the collective whose transfers take longest a step: the table's first holds the most time with its waits,
         # and a broadcast right after a late rank's sleep held 10 of its 10.17 ms waiting (two gloo ranks)
-        heaviest = max(rows, key=lambda row: row["call_us"] * row["calls"]) if rows else None
-        top = heaviest["where"] if rows else None
-        owner = (heaviest.get("owner") or "") if rows else ""
+        heaviest = max(rows, key=lambda row: row["call_us"] * row["calls"]) if rows else {}
+        top, owner = heaviest.get("where"), heaviest.get("owner") or ""
         # the order is the measured one (benchmarks/results/h100x2-distributed.md, "Side by side"): bucket views
         # gained, larger buckets were not told apart from no gain, and bf16 compression cost more than it saved;
         # FSDP2's from h200x2-distributed.md, "FSDP2 in fewer units": its reduce-scatter in bf16 gained where it was
@@ -87,7 +86,7 @@ def findings(merged: Merged, ceiling=None) -> list[Finding]:
                 "backward.")
         # advice for whoever's tensors the top collective moves
         overlap = "async_op=True and a wait() just before the result is needed let computation run meanwhile."
-        asynchronous = heaviest["asynchronous"] if rows else False
+        asynchronous = heaviest.get("asynchronous", False)
         if owner.startswith("DDP"):
             advice = ddp
         elif owner.startswith("FSDP2"):
